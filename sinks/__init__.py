@@ -1,0 +1,1 @@
+"""Sinks: the two-phase-commit contract and its implementations (memory, files, http, ...)."""

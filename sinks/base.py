@@ -1,0 +1,78 @@
+"""The two-phase-commit sink contract: the protocol every sink implements."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any, Protocol, runtime_checkable
+
+from reconcile.contract import (
+    ContractViolationError,
+    Fatal,
+    Ok,
+    Retryable,
+    SinkOutcome,
+    SinkTxnId,
+)
+
+__all__ = ["TwoPhaseSink", "check_outcome"]
+
+
+@runtime_checkable
+class TwoPhaseSink(Protocol):
+    """A Flink-style two-phase-commit sink.
+
+    Every operation is idempotent: committing a committed txn is OK, aborting an
+    unknown txn is OK, preparing a txn that is already prepared replaces it with
+    the same content. Idempotency keys on ``txn_id.key`` (pipeline, sink, epoch),
+    not on the generation.
+
+    Operations return a :data:`SinkOutcome` (``OK``, ``Retryable(reason)``,
+    ``Fatal(reason)``) rather than raising for expected failures. An exception
+    that escapes an operation means its outcome is unknown to the caller.
+    """
+
+    @property
+    def name(self) -> str:
+        """The sink's name, unique within a pipeline."""
+        ...
+
+    def stage(self, txn_id: SinkTxnId, rows: Iterable[Any]) -> SinkOutcome:
+        """Buffer rows for ``txn_id``. Nothing becomes visible or durable."""
+        ...
+
+    def prepare(self, txn_id: SinkTxnId) -> SinkOutcome:
+        """Make the staged batch durable but invisible.
+
+        Once this returns OK, ``commit`` must eventually succeed, even after a
+        crash of this process.
+        """
+        ...
+
+    def commit(self, txn_id: SinkTxnId) -> SinkOutcome:
+        """Make the prepared batch visible atomically. OK if already committed."""
+        ...
+
+    def abort(self, txn_id: SinkTxnId) -> SinkOutcome:
+        """Discard the staged or prepared batch. OK if there is none."""
+        ...
+
+    def recover(self) -> Sequence[SinkTxnId]:
+        """List every txn that the external system holds prepared but not committed."""
+        ...
+
+
+def check_outcome(sink: str, operation: str, txn_id: SinkTxnId, value: object) -> SinkOutcome:
+    """Return ``value`` if it is a SinkOutcome, else raise ContractViolationError.
+
+    Raises:
+        ContractViolationError: naming the sink, the operation and what it returned.
+    """
+    if isinstance(value, Ok | Retryable | Fatal):
+        return value
+    raise ContractViolationError(
+        f"sink {sink!r} returned {value!r} (type {type(value).__name__}) from "
+        f"{operation}({txn_id}); a sink must return OK, Retryable(reason) or Fatal(reason)",
+        sink=sink,
+        operation=operation,
+        txn_id=str(txn_id),
+    )

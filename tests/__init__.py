@@ -1,0 +1,1 @@
+"""Test suite: unit (no services) and integration (real Postgres, Spark, Delta, HTTP)."""
