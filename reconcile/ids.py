@@ -41,11 +41,15 @@ def change_id(
     """
     validate_name("pipeline", pipeline)
     if epoch < 0 or ordinal < 0:
-        raise InvalidInputError(f"change_id: epoch and ordinal must be >= 0, got {epoch}, {ordinal}")
+        raise InvalidInputError(
+            f"change_id: epoch and ordinal must be >= 0, got {epoch}, {ordinal}"
+        )
     ts = epoch if epoch_time_ms is None else epoch_time_ms
     if not 0 <= ts <= _MAX_TS_MS:
         raise InvalidInputError(f"change_id: time field {ts} does not fit in 48 bits")
-    origin = f"{pipeline}\x1f{epoch}\x1f{type(source_position).__name__}:{source_position}\x1f{ordinal}"
+    origin = (
+        f"{pipeline}\x1f{epoch}\x1f{type(source_position).__name__}:{source_position}\x1f{ordinal}"
+    )
     digest = int.from_bytes(hashlib.blake2b(origin.encode(), digest_size=10).digest(), "big")
     rand_a = digest >> 68  # 12 bits
     rand_b = digest & ((1 << 62) - 1)  # 62 bits

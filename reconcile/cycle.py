@@ -1,0 +1,433 @@
+"""The commit cycle: the coordinator that owns the order of every epoch's 2PC steps."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from reconcile.contract import (
+    ConfigurationError,
+    ContractViolationError,
+    EpochOrderError,
+    Fatal,
+    FatalError,
+    FencedError,
+    InvalidInputError,
+    Ok,
+    OutcomeUnknownError,
+    ReconcileError,
+    Retryable,
+    SinkOutcome,
+    SinkTxnId,
+    UnknownSinkError,
+    validate_name,
+)
+from reconcile.faults import FaultPlan
+from reconcile.metrics import Metrics, NullMetrics, timed
+from reconcile.progress import EpochStatus, ProgressLog
+from sinks.base import TwoPhaseSink, check_outcome
+
+__all__ = [
+    "CommitAborted",
+    "CommitCycle",
+    "CommitFatal",
+    "CommitResult",
+    "CommitSucceeded",
+    "RecoveryReport",
+]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class CommitSucceeded:
+    """Epoch ``epoch`` is in every sink. ``replayed``: it already was, nothing ran."""
+
+    epoch: int
+    replayed: bool = False
+    finalized: bool = True
+
+
+@dataclass(frozen=True)
+class CommitAborted:
+    """Nothing of ``epoch`` is visible anywhere; run the same epoch again."""
+
+    epoch: int
+    step: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class CommitFatal:
+    """The cycle must stop. Whatever is in doubt is resolved by ``start()`` on restart."""
+
+    epoch: int
+    step: str
+    reason: str
+
+
+CommitResult = CommitSucceeded | CommitAborted | CommitFatal
+
+
+@dataclass
+class RecoveryReport:
+    """What ``start()`` found and did, as numbers and txn ids."""
+
+    generation: int
+    committed: list[str] = field(default_factory=list)
+    aborted: list[str] = field(default_factory=list)
+    finalized_epochs: list[int] = field(default_factory=list)
+    abandoned_epochs: list[int] = field(default_factory=list)
+
+
+class _StepFailed(Exception):
+    """Internal: a step failed; carries whether a retry can fix it."""
+
+    def __init__(self, step: str, reason: str, *, fatal: bool) -> None:
+        super().__init__(reason)
+        self.step, self.reason, self.fatal = step, reason, fatal
+
+
+class CommitCycle:
+    """Runs epochs through every sink with two-phase commit.
+
+    The order is fixed here and nowhere else (as in Flink's
+    TwoPhaseCommitSinkFunction): begin, stage, record progress, prepare,
+    commit progress, commit, finalize. Sinks own only their steps.
+
+    The commit point is "commit progress": before it, any failure aborts the
+    epoch everywhere; after it, the epoch must reach every sink, by retrying
+    the idempotent sink commit now or by ``start()`` after a restart.
+    """
+
+    def __init__(
+        self,
+        pipeline: str,
+        sinks: Sequence[TwoPhaseSink],
+        progress: ProgressLog,
+        *,
+        metrics: Metrics | None = None,
+        faults: FaultPlan | None = None,
+        commit_attempts: int = 3,
+    ) -> None:
+        self.pipeline = validate_name("pipeline", pipeline)
+        if not sinks:
+            raise ConfigurationError(f"pipeline {pipeline!r} declares no sinks")
+        names: list[str] = []
+        for sink in sinks:
+            if not isinstance(sink, TwoPhaseSink):
+                raise ConfigurationError(
+                    f"pipeline {pipeline!r}: {sink!r} does not implement the TwoPhaseSink protocol"
+                )
+            name = validate_name("sink", sink.name)
+            if name in names:
+                raise ConfigurationError(f"pipeline {pipeline!r} declares sink {name!r} twice")
+            names.append(name)
+        if commit_attempts < 1:
+            raise ConfigurationError(f"commit_attempts must be >= 1, got {commit_attempts}")
+        self.sinks: dict[str, TwoPhaseSink] = dict(zip(names, sinks, strict=True))
+        self.progress = progress
+        self.metrics: Metrics = metrics or NullMetrics()
+        self.faults = faults or FaultPlan()
+        self.commit_attempts = commit_attempts
+        self.generation: int | None = None
+
+    # ------------------------------------------------------------------ start
+
+    def start(self) -> RecoveryReport:
+        """Claim a new writer generation and resolve every stranded txn.
+
+        Raises:
+            OutcomeUnknownError: a stranded txn whose epoch the progress log no
+                longer knows; it names the txn. Every decidable txn is resolved first.
+            FatalError: a sink cannot list or resolve its stranded txns.
+        """
+        with timed(self.metrics, "cycle.start"):
+            # Claiming first fences any zombie of ours before we look at what it left.
+            self.generation = generation = self.progress.claim_generation()
+            report = RecoveryReport(generation)
+            unknown: list[str] = []
+            for name, sink in self.sinks.items():
+                try:
+                    stranded = list(sink.recover())
+                except ReconcileError as exc:
+                    raise FatalError(f"recover() of sink {name!r} failed: {exc}") from exc
+                except Exception as exc:
+                    raise FatalError(f"recover() of sink {name!r} failed: {exc!r}") from exc
+                for txn in stranded:
+                    if txn.pipeline != self.pipeline or txn.sink != name:
+                        continue  # another pipeline's txn: not ours to decide
+                    status = self.progress.status(txn.epoch)
+                    # The decision for a txn that is prepared but not committed:
+                    # - COMMITTED/FINALIZED: the commit point was passed, so the
+                    #   epoch must reach this sink: commit it.
+                    # - ABORTED, DECIDED or never recorded: the commit point was
+                    #   not passed, so no sink may keep it: abort it.
+                    # - UNKNOWN (the log was truncated past it): never guess;
+                    #   pull-and-diff decides (a later issue). Report it.
+                    if status in (EpochStatus.COMMITTED, EpochStatus.FINALIZED):
+                        self._settle(sink, "commit", txn)
+                        report.committed.append(str(txn))
+                    elif status is EpochStatus.UNKNOWN:
+                        unknown.append(str(txn))
+                    else:
+                        self._settle(sink, "abort", txn)
+                        report.aborted.append(str(txn))
+            # Epochs that were decided but never reached the commit point are dead.
+            for epoch in self.progress.epochs_in(EpochStatus.DECIDED):
+                self.progress.mark(epoch, EpochStatus.ABORTED, generation)
+                report.abandoned_epochs.append(epoch)
+            # Epochs past the commit point whose sinks all hold them now (the
+            # stranded ones were committed above) only lack their finalize entry.
+            for epoch in self.progress.epochs_in(EpochStatus.COMMITTED):
+                self.progress.mark(epoch, EpochStatus.FINALIZED, generation)
+                report.finalized_epochs.append(epoch)
+            self.metrics.count("recovery.committed", len(report.committed))
+            self.metrics.count("recovery.aborted", len(report.aborted))
+            if unknown:
+                self.metrics.count("recovery.unknown", len(unknown))
+                raise OutcomeUnknownError(
+                    f"pipeline {self.pipeline!r}: the progress log no longer knows the "
+                    f"epochs of stranded txns {unknown}; they were left prepared. "
+                    "Resolve them with pull-and-diff recovery (reconcile repair).",
+                    txns=unknown,
+                )
+            log.info("start: generation %d, %s", generation, report)
+            return report
+
+    def _settle(self, sink: TwoPhaseSink, operation: str, txn: SinkTxnId) -> None:
+        """Commit or abort a stranded txn, retrying Retryable outcomes."""
+        outcome: SinkOutcome = Retryable("not tried")
+        for _ in range(self.commit_attempts):
+            try:
+                outcome = check_outcome(sink.name, operation, txn, getattr(sink, operation)(txn))
+            except ContractViolationError:
+                raise
+            except Exception as exc:
+                outcome = Retryable(repr(exc))
+            if isinstance(outcome, Ok | Fatal):
+                break
+        if not isinstance(outcome, Ok):
+            raise FatalError(
+                f"recovery could not {operation} stranded txn {txn} in sink {sink.name!r}: "
+                f"{outcome}",
+                txn=str(txn),
+            )
+
+    # ------------------------------------------------------------- run_epoch
+
+    def run_epoch(self, epoch: int, outputs: Mapping[str, Iterable[Any]]) -> CommitResult:
+        """Run one epoch through the whole cycle.
+
+        Args:
+            epoch: the epoch number; must not go below the newest committed epoch.
+                Running the newest committed epoch again is a no-op (replay).
+            outputs: rows per sink name. A declared sink without rows commits an
+                empty batch, so that every sink holds every epoch.
+
+        Returns:
+            CommitSucceeded, CommitAborted (run the same epoch again) or
+            CommitFatal (stop; restart and call ``start()``).
+
+        Raises:
+            InvalidInputError: the epoch or the outputs are wrong; nothing was staged.
+            ContractViolationError: a sink returned something that is not an outcome;
+                the epoch was aborted everywhere.
+        """
+        if self.generation is None:
+            raise InvalidInputError("run_epoch() before start(): call start() to recover first")
+        generation = self.generation
+        self._check_epoch(epoch)
+        unknown = sorted(set(outputs) - set(self.sinks))
+        if unknown:
+            raise UnknownSinkError(
+                f"pipeline {self.pipeline!r}, epoch {epoch}: rows addressed to undeclared "
+                f"sink(s) {unknown}; declared: {sorted(self.sinks)}. Nothing was staged.",
+                sinks=unknown,
+            )
+        # An epoch left past the commit point by a failed sink commit or
+        # finalize in this process must reach every sink before anything else.
+        for pending in self.progress.epochs_in(EpochStatus.COMMITTED):
+            if pending != epoch:
+                done = self._complete(pending, self._txns(pending, generation), generation)
+                if not isinstance(done, CommitSucceeded):
+                    return done
+        txns = self._txns(epoch, generation)
+        status = self.progress.status(epoch)
+        with timed(self.metrics, "cycle.epoch"):
+            if status is EpochStatus.FINALIZED:
+                # Replay of the newest committed epoch (Spark re-runs its last
+                # batch after a restart): every sink already holds it.
+                self.metrics.count("cycle.outcome.replayed")
+                return CommitSucceeded(epoch, replayed=True)
+            if status is EpochStatus.COMMITTED:
+                # Decided and committed in the log, not yet in every sink:
+                # finish it; the replayed outputs are not needed.
+                result = self._complete(epoch, txns, generation)
+            else:
+                result = self._run(epoch, outputs, txns, generation)
+        self.metrics.count(f"cycle.outcome.{type(result).__name__}")
+        return result
+
+    def _txns(self, epoch: int, generation: int) -> dict[str, SinkTxnId]:
+        return {n: SinkTxnId(self.pipeline, n, epoch, generation) for n in self.sinks}
+
+    def _check_epoch(self, epoch: int) -> None:
+        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+            raise EpochOrderError(
+                f"pipeline {self.pipeline!r}: epoch must be an int >= 0, got {epoch!r}"
+            )
+        last = self.progress.last_committed()
+        if last is not None and epoch < last:
+            raise EpochOrderError(
+                f"pipeline {self.pipeline!r}: epoch {epoch} goes backwards; epoch {last} "
+                "is already committed. Nothing was staged.",
+                epoch=epoch,
+                last_committed=last,
+            )
+
+    def _run(
+        self,
+        epoch: int,
+        outputs: Mapping[str, Iterable[Any]],
+        txns: dict[str, SinkTxnId],
+        generation: int,
+    ) -> CommitResult:
+        # Failure matrix, before the commit point: begin failing is fatal
+        # (restart, resume from the last checkpoint); stage, record progress and
+        # prepare failing abort the epoch in every sink and in the log.
+        try:
+            self._step("begin", lambda: None, fatal=True)
+        except _StepFailed as failed:
+            return CommitFatal(epoch, failed.step, failed.reason)
+        try:
+            self._step(
+                "stage",
+                lambda: self._each_sink("stage", txns, lambda n: (outputs.get(n, ()),)),
+            )
+            self._step(
+                "record_progress",
+                lambda: self.progress.mark(epoch, EpochStatus.DECIDED, generation),
+            )
+            self._step("prepare", lambda: self._each_sink("prepare", txns))
+        except (_StepFailed, ContractViolationError) as failed:
+            return self._abort(epoch, txns, generation, failed)
+
+        # The commit point. If writing it fails we cannot tell whether it is
+        # durable, so we must NOT abort the sinks (the log may say committed).
+        # The prepared txns stay; start() on restart reads the log and commits
+        # or aborts them.
+        try:
+            self._step(
+                "commit_progress",
+                lambda: self.progress.mark(epoch, EpochStatus.COMMITTED, generation),
+                fatal=True,
+            )
+        except _StepFailed as failed:
+            return CommitFatal(epoch, failed.step, failed.reason)
+
+        return self._complete(epoch, txns, generation)
+
+    def _complete(self, epoch: int, txns: dict[str, SinkTxnId], generation: int) -> CommitResult:
+        """Take an epoch that passed the commit point into every sink, then finalize it."""
+        # Past the commit point: sink commits are idempotent, so retry them.
+        # If a sink still cannot commit, stop; start() commits it on restart.
+        try:
+            self._step(
+                "commit",
+                lambda: self._each_sink("commit", txns, attempts=self.commit_attempts),
+                fatal=True,
+            )
+        except _StepFailed as failed:
+            return CommitFatal(epoch, failed.step, failed.reason)
+
+        # Finalize is bookkeeping: the epoch is already in every sink. If it
+        # fails, start() (or the next run_epoch) finalizes it; the epoch succeeded.
+        try:
+            self._step(
+                "finalize",
+                lambda: self.progress.mark(epoch, EpochStatus.FINALIZED, generation),
+            )
+        except _StepFailed as failed:
+            log.warning("epoch %d committed but not finalized: %s", epoch, failed.reason)
+            self.metrics.count("cycle.finalize_failed")
+            return CommitSucceeded(epoch, finalized=False)
+        return CommitSucceeded(epoch)
+
+    def _step(self, step: str, action: Any, *, fatal: bool = False) -> None:
+        """Run one cycle step under its fault point and timer; map failures to _StepFailed."""
+        with timed(self.metrics, f"cycle.step.{step}"):
+            try:
+                injected = self.faults.hit(f"cycle.{step}")
+                if isinstance(injected, Retryable | Fatal):
+                    raise _StepFailed(
+                        step, injected.reason, fatal=fatal or isinstance(injected, Fatal)
+                    )
+                action()
+            except (_StepFailed, ContractViolationError):
+                raise
+            except FencedError as exc:
+                # A zombie must stop, whatever step it was in.
+                raise _StepFailed(step, str(exc), fatal=True) from exc
+            except Exception as exc:
+                raise _StepFailed(step, f"{type(exc).__name__}: {exc}", fatal=fatal) from exc
+
+    def _each_sink(
+        self,
+        operation: str,
+        txns: dict[str, SinkTxnId],
+        args: Any = lambda name: (),
+        *,
+        attempts: int = 1,
+    ) -> None:
+        """Run ``operation`` on every sink; raise _StepFailed on the first failure."""
+        for name, sink in self.sinks.items():
+            txn = txns[name]
+            outcome: SinkOutcome = Retryable("not tried")
+            for _ in range(attempts):
+                try:
+                    value = getattr(sink, operation)(txn, *args(name))
+                except Exception as exc:
+                    # An exception means the outcome is unknown; every sink
+                    # operation is idempotent, so treating it as Retryable is safe.
+                    value = Retryable(f"{type(exc).__name__}: {exc}")
+                outcome = check_outcome(name, operation, txn, value)
+                if not isinstance(outcome, Retryable):
+                    break
+                self.metrics.count(f"sink.{operation}.retryable")
+            if not isinstance(outcome, Ok):
+                raise _StepFailed(
+                    operation,
+                    f"sink {name!r} {operation}({txn}): {outcome}",
+                    fatal=isinstance(outcome, Fatal),
+                )
+
+    def _abort(
+        self,
+        epoch: int,
+        txns: dict[str, SinkTxnId],
+        generation: int,
+        failed: _StepFailed | ContractViolationError,
+    ) -> CommitResult:
+        """Abort the epoch in every sink and the log; never hide the first error."""
+        for name, sink in self.sinks.items():
+            try:
+                outcome = sink.abort(txns[name])
+                if not isinstance(outcome, Ok):
+                    log.warning("abort of %s in sink %r: %s", txns[name], name, outcome)
+            except Exception:
+                # A failed abort leaves a prepared txn at worst; start() aborts
+                # it on restart, since the log never says it committed.
+                log.exception("abort of %s in sink %r failed", txns[name], name)
+        try:
+            if self.progress.status(epoch) is EpochStatus.DECIDED:
+                self.progress.mark(epoch, EpochStatus.ABORTED, generation)
+        except Exception:
+            log.exception("could not record epoch %d as aborted", epoch)
+        if isinstance(failed, ContractViolationError):
+            raise failed
+        if failed.fatal:
+            return CommitFatal(epoch, failed.step, failed.reason)
+        return CommitAborted(epoch, failed.step, failed.reason)

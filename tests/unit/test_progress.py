@@ -1,0 +1,91 @@
+"""Unit tests of the progress log: transitions, fencing, durability of the file log."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from reconcile.contract import FatalError, FencedError
+from reconcile.progress import EpochStatus, FileProgressLog, MemoryProgressLog, ProgressLog
+
+D, C, F, A = (
+    EpochStatus.DECIDED,
+    EpochStatus.COMMITTED,
+    EpochStatus.FINALIZED,
+    EpochStatus.ABORTED,
+)
+
+
+@pytest.fixture(params=["memory", "file"])
+def make_log(request: pytest.FixtureRequest, tmp_path: Path):  # type: ignore[no-untyped-def]
+    if request.param == "memory":
+        log = MemoryProgressLog()
+        return lambda: log  # "reopening" a memory log returns the same object
+    return lambda: FileProgressLog(tmp_path, "pipe")
+
+
+def test_transitions_and_idempotency(make_log) -> None:  # type: ignore[no-untyped-def]
+    log: ProgressLog = make_log()
+    gen = log.claim_generation()
+    assert log.status(0) is None and log.last_committed() is None
+    for status in (D, D, C, C, F, F):  # writing a status twice is a no-op
+        log.mark(0, status, gen)
+    assert log.status(0) is F and log.last_committed() == 0
+    log.mark(1, D, gen)
+    log.mark(1, A, gen)
+    log.mark(1, D, gen)  # an aborted epoch may be decided again (retry)
+    assert log.epochs_in(D) == [1]
+    with pytest.raises(FatalError, match="epoch 0 cannot move from finalized to aborted"):
+        log.mark(0, A, gen)
+    with pytest.raises(FatalError, match="cannot move from unrecorded to committed"):
+        log.mark(5, C, gen)
+
+
+def test_state_survives_reopen(make_log) -> None:  # type: ignore[no-untyped-def]
+    log = make_log()
+    gen = log.claim_generation()
+    log.mark(3, D, gen)
+    log.mark(3, C, gen)
+    reopened = make_log()
+    assert reopened.status(3) is C
+    assert reopened.last_committed() == 3
+    assert reopened.claim_generation() == gen + 1
+
+
+def test_newer_generation_fences_the_older(make_log) -> None:  # type: ignore[no-untyped-def]
+    old = make_log()
+    old_gen = old.claim_generation()
+    new = make_log()
+    new_gen = new.claim_generation()
+    assert new_gen > old_gen
+    with pytest.raises(FencedError, match=f"generation {old_gen} rejected"):
+        old.mark(0, D, old_gen)
+    new.mark(0, D, new_gen)
+
+
+def test_torn_tail_is_dropped_on_open(tmp_path: Path) -> None:
+    log = FileProgressLog(tmp_path, "pipe")
+    gen = log.claim_generation()
+    log.mark(0, D, gen)
+    with open(log.path, "ab") as f:
+        f.write(b'{"t": "epoch", "epoch": 0, "status": "comm')  # crash mid-write
+    reopened = FileProgressLog(tmp_path, "pipe")
+    assert reopened.status(0) is D  # the torn COMMITTED never counted
+    reopened.mark(0, C, gen)
+    assert FileProgressLog(tmp_path, "pipe").status(0) is C
+
+
+def test_truncate_keeps_what_recovery_needs(tmp_path: Path) -> None:
+    log = FileProgressLog(tmp_path, "pipe")
+    gen = log.claim_generation()
+    for e in range(3):
+        for s in (D, C, F):
+            log.mark(e, s, gen)
+    log.mark(3, D, gen)
+    with pytest.raises(FatalError, match=r"epochs \[3\] are not finalized"):
+        log.truncate(4, gen)
+    log.truncate(2, gen)
+    assert log.status(1) is EpochStatus.UNKNOWN
+    assert log.status(2) is F
+    assert FileProgressLog(tmp_path, "pipe").status(0) is EpochStatus.UNKNOWN
