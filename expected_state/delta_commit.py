@@ -332,11 +332,13 @@ def commit_files(
     app_id: str,
     version: int,
     remove: Sequence[DataFile] = (),
+    extra_transactions: Sequence[tuple[str, int]] = (),
     partition_by: Sequence[str] = (),
     custom_metadata: Mapping[str, Any] | None = None,
     check_schema: bool = True,
     max_retries: int = DEFAULT_COMMIT_RETRIES,
     table_name: str | None = None,
+    table: DeltaTable | None = None,
 ) -> CommitResult:
     """Add ``files`` (and remove ``remove``) in ONE Delta commit tagged (app_id, version).
 
@@ -352,11 +354,18 @@ def commit_files(
         app_id: idempotency token's application id.
         version: idempotency token's version (an epoch), >= 0.
         remove: files of the current snapshot to remove in the same commit.
+        extra_transactions: more (app_id, version) tokens to record in the same commit,
+            e.g. the writer's fencing generation. Two concurrent commits that carry
+            the same app id conflict in delta-rs, so a shared token serialises writers.
         partition_by: partition columns, for a table created here.
         custom_metadata: extra commitInfo fields (JSON-serialisable).
         check_schema: read each file's footer and compare it to ``schema``.
         max_retries: bound on delta-rs' conflict retries.
         table_name: how errors name the table (default: the URI).
+        table: an open DeltaTable of ``table_uri`` to reuse, saving a log replay on hot
+            paths. The caller keeps it current; a stale one is still safe, because
+            delta-rs' conflict check rebases or rejects the commit. It is brought up
+            to date after the commit.
 
     Returns:
         Whether this call committed, and the table version holding the token.
@@ -378,7 +387,8 @@ def commit_files(
         )
     if check_schema and files:
         check_file_schema(table_uri, files, schema, table=name)
-    table = _open_or_create(table_uri, schema, partition_by)
+    if table is None:
+        table = _open_or_create(table_uri, schema, partition_by)
     already = table.transaction_version(app_id)
     if already is not None and already >= version:
         # Replay of a recorded (or superseded) token: the files of this attempt
@@ -401,7 +411,8 @@ def commit_files(
     properties = CommitProperties(
         custom_metadata=metadata,
         max_commit_retries=max_retries,
-        app_transactions=[Transaction(app_id=app_id, version=version)],
+        app_transactions=[Transaction(app_id=app_id, version=version)]
+        + [Transaction(app_id=token_id, version=token) for token_id, token in extra_transactions],
     )
     try:
         table.create_write_transaction(

@@ -1,0 +1,195 @@
+"""Turn an epoch's changes (Change objects or an Arrow table with an ``_op`` column) into Arrow."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
+import pyarrow.compute as pc  # type: ignore[import-untyped, unused-ignore]
+
+from reconcile.contract import Change, InvalidInputError
+
+__all__ = ["OP_COLUMN", "RESERVED_COLUMNS", "EpochChanges", "normalize_changes"]
+
+OP_COLUMN = "_op"
+RESERVED_COLUMNS = ("_row_hash", "_epoch")
+
+
+@dataclass(frozen=True, slots=True)
+class EpochChanges:
+    """One epoch's net changes: at most one operation per key, the last one given.
+
+    Attributes:
+        upserts: full rows (the user schema) to insert or replace.
+        deletes: key columns of the rows to delete.
+    """
+
+    upserts: pa.Table
+    deletes: pa.Table
+
+    @property
+    def touched(self) -> pa.Table:
+        """Every key this epoch touches."""
+        keys = self.deletes.column_names
+        return pa.concat_tables([self.upserts.select(keys), self.deletes])
+
+
+def _conform(data: pa.Table, schema: pa.Schema, *, table: str, what: str) -> pa.Table:
+    """Select and cast ``data`` to ``schema``, naming the column that does not fit."""
+    columns = []
+    for field in schema:
+        if field.name not in data.column_names:
+            raise InvalidInputError(
+                f"table {table!r}: {what} lack column {field.name!r} ({field.type}); "
+                "nothing was written",
+                table=table,
+                column=field.name,
+            )
+        column = data.column(field.name)
+        if not column.type.equals(field.type):
+            try:
+                column = column.cast(field.type, safe=True)
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
+                raise InvalidInputError(
+                    f"table {table!r}: column {field.name!r} of the {what} has type "
+                    f"{column.type}, the table has {field.type} and the values do not "
+                    f"convert ({exc}); nothing was written",
+                    table=table,
+                    column=field.name,
+                    expected=str(field.type),
+                    actual=str(column.type),
+                ) from exc
+        columns.append(column)
+    extra = [c for c in data.column_names if c not in schema.names and c not in (OP_COLUMN, "_seq")]
+    if extra:
+        raise InvalidInputError(
+            f"table {table!r}: {what} have column {extra[0]!r}, which the table does not have "
+            f"(columns: {schema.names}); nothing was written",
+            table=table,
+            column=extra[0],
+        )
+    return pa.table(columns, schema=schema)
+
+
+def _last_per_key(data: pa.Table, keys: Sequence[str]) -> pa.Table:
+    """Keep the last row of every key (the order of the input decides)."""
+    if data.num_rows <= 1:
+        return data
+    if len(keys) == 1 and pc.count_distinct(data.column(keys[0])).as_py() == data.num_rows:
+        return data  # the common case: no key repeats, nothing to drop
+    indexed = data.append_column("_seq", pa.array(np.arange(data.num_rows, dtype=np.int64)))
+    last = indexed.group_by(list(keys), use_threads=False).aggregate([("_seq", "max")])
+    order = pc.sort_indices(last.column("_seq_max"))
+    return data.take(pc.take(last.column("_seq_max"), order))
+
+
+def _from_change_objects(changes: Iterable[Change], keys: Sequence[str]) -> pa.Table:
+    """Arrow rows with ``_op`` from Change objects (small epochs; a Python loop is fine)."""
+    rows: list[dict[str, Any]] = []
+    for change in changes:
+        if not isinstance(change, Change):
+            raise InvalidInputError(
+                f"apply() takes Change objects or an Arrow table, got {type(change).__name__}; "
+                "nothing was written"
+            )
+        row = dict(change.row)
+        if change.op == "delete":
+            row = {k: row.get(k) for k in keys}
+        row[OP_COLUMN] = change.op
+        rows.append(row)
+    return pa.Table.from_pylist(rows)
+
+
+def normalize_changes(
+    changes: Iterable[Change] | pa.Table,
+    *,
+    keys: Sequence[str],
+    schema: pa.Schema | None,
+    table: str,
+) -> tuple[EpochChanges, pa.Schema]:
+    """Validate one epoch's changes and reduce them to one operation per key.
+
+    Args:
+        changes: Change objects, or an Arrow table with the user columns plus a
+            string column ``_op`` of "upsert"/"delete" (value columns of delete
+            rows are ignored and may be NULL).
+        keys: the key columns.
+        schema: the user schema (keys + values), or None to infer it from the upserts.
+        table: how errors name the table.
+
+    Returns:
+        The net changes, and the user schema.
+
+    Raises:
+        InvalidInputError: a missing/extra/mistyped column, a NULL key, a bad
+            ``_op``, or a reserved column name; nothing was written.
+    """
+    data = changes if isinstance(changes, pa.Table) else _from_change_objects(changes, keys)
+    if data.num_rows == 0 and OP_COLUMN not in data.column_names:
+        data = data.append_column(OP_COLUMN, pa.array([], pa.string()))
+    if OP_COLUMN not in data.column_names:
+        raise InvalidInputError(
+            f"table {table!r}: the changes lack the {OP_COLUMN!r} column "
+            "('upsert' or 'delete' per row); nothing was written",
+            table=table,
+            column=OP_COLUMN,
+        )
+    for reserved in RESERVED_COLUMNS:
+        if reserved in data.column_names:
+            raise InvalidInputError(
+                f"table {table!r}: column {reserved!r} is reserved (the store computes it); "
+                "nothing was written",
+                table=table,
+                column=reserved,
+            )
+    ops = data.column(OP_COLUMN)
+    is_upsert = pc.equal(ops, "upsert")
+    is_delete = pc.equal(ops, "delete")
+    bad = pc.invert(pc.fill_null(pc.or_(is_upsert, is_delete), False))
+    if pc.any(bad).as_py():
+        value = pc.filter(ops, bad)[0].as_py()
+        raise InvalidInputError(
+            f"table {table!r}: column {OP_COLUMN!r} has {value!r}; use 'upsert' or 'delete'; "
+            "nothing was written",
+            table=table,
+            column=OP_COLUMN,
+            value=repr(value),
+        )
+    for key in keys:
+        if key not in data.column_names:
+            raise InvalidInputError(
+                f"table {table!r}: the changes lack key column {key!r}; nothing was written",
+                table=table,
+                column=key,
+            )
+        if data.column(key).null_count:
+            raise InvalidInputError(
+                f"table {table!r}: key column {key!r} is NULL in "
+                f"{data.column(key).null_count} change(s); nothing was written",
+                table=table,
+                column=key,
+            )
+    if schema is None:
+        upsert_rows = data.filter(is_upsert).drop_columns([OP_COLUMN])
+        if upsert_rows.num_rows == 0:
+            raise InvalidInputError(
+                f"table {table!r}: cannot infer the table's schema from an epoch without "
+                "upserts; pass schema=; nothing was written",
+                table=table,
+            )
+        ordered = list(keys) + [c for c in upsert_rows.column_names if c not in keys]
+        schema = upsert_rows.select(ordered).schema
+    key_schema = pa.schema([schema.field(k) for k in keys])
+    net = _last_per_key(data, keys)
+    net_ops = net.column(OP_COLUMN)
+    upsert_rows = net.filter(pc.equal(net_ops, "upsert"))
+    if upsert_rows.num_rows == 0 and not isinstance(changes, pa.Table):
+        upserts = schema.empty_table()  # delete-only Change objects carry no value columns
+    else:
+        upserts = _conform(upsert_rows, schema, table=table, what="upserts")
+    delete_rows = net.filter(pc.equal(net_ops, "delete")).select(list(keys))
+    deletes = _conform(delete_rows, key_schema, table=table, what="deletes")
+    return EpochChanges(upserts=upserts, deletes=deletes), schema
