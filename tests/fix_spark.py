@@ -1,0 +1,49 @@
+"""Fixture plugin: the one local Spark session shared by every Spark test."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+# Spark's Python workers must run this interpreter (conftest sets it too; a plugin
+# may be imported on its own, e.g. by a benchmark).
+os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+
+
+def build_local_session(app_name: str = "reconcile-tests") -> Any:
+    """Start (or return) a ``local[2]`` Spark session tuned for small tests.
+
+    Raises whatever Spark raises if it cannot start: a test that needs Spark
+    must fail, never skip, when Spark is missing.
+    """
+    from pyspark.sql import SparkSession
+
+    return (
+        SparkSession.builder.master("local[2]")
+        .appName(app_name)
+        .config("spark.sql.shuffle.partitions", "4")
+        .config("spark.default.parallelism", "2")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.execution.arrow.pyspark.enabled", "true")
+        .config("spark.sql.execution.arrow.pyspark.fallback.enabled", "false")
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.driver.memory", "2g")
+        .config("spark.driver.extraJavaOptions", "-Duser.timezone=UTC")
+        .config("spark.executor.extraJavaOptions", "-Duser.timezone=UTC")
+        .getOrCreate()
+    )
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[Any]:
+    """The shared ``local[2]`` SparkSession (UI off, Arrow on, UTC, 4 shuffle partitions)."""
+    session = build_local_session()
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()
