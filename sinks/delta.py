@@ -1,0 +1,341 @@
+"""Delta Lake two-phase-commit sink: prepare writes Parquet, commit adds it in one Delta commit."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import uuid
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
+import pyarrow.parquet as pq  # type: ignore[import-untyped, unused-ignore]
+from deltalake import DeltaTable
+from deltalake.exceptions import TableNotFoundError
+
+from expected_state.delta_commit import DataFile, commit_files, write_data_file
+from expected_state.fencing import fence_app_id
+from reconcile.contract import (
+    OK,
+    Fatal,
+    FencedError,
+    InvalidInputError,
+    Retryable,
+    RetryableError,
+    SinkOutcome,
+    SinkTxnId,
+    TxnIdParseError,
+    validate_name,
+)
+
+__all__ = ["EPOCH_COLUMN", "DeltaSink"]
+
+EPOCH_COLUMN = "_epoch"
+_PREPARED = "_prepared"  # manifests: <pipeline>-<sink>-<epoch>.json
+# Data files live under a directory whose name starts with '_': Delta readers
+# read them through the log like any other file, and vacuum never deletes a
+# prepared-but-uncommitted file there (it skips '_' paths), which keeps the
+# promise of prepare: once it returned OK, commit can succeed after any delay.
+_FILES = "_txn_files"
+
+
+def _key_name(txn_id: SinkTxnId) -> str:
+    """The generation-free name of a txn: idempotency keys on (pipeline, sink, epoch)."""
+    return f"{txn_id.pipeline}-{txn_id.sink}-{txn_id.epoch}"
+
+
+class DeltaSink:
+    """A TwoPhaseSink writing a Delta table at ``<root>/<name>`` through delta-rs.
+
+    - ``stage`` buffers rows in memory (dicts; ``_epoch`` is added);
+    - ``prepare`` writes and fsyncs one Parquet file under ``_txn_files/<key>/``
+      and then, atomically (write, fsync, rename), the manifest
+      ``_prepared/<key>.json``: the manifest's presence is what "prepared" means;
+    - ``commit`` adds the manifest's files in ONE Delta commit carrying
+      ``Transaction("<pipeline>/<sink>", epoch)`` and the writer's generation
+      token, then deletes the manifest;
+    - ``abort`` deletes the manifest, then the files;
+    - ``recover`` lists manifests (and orphan file directories) of epochs that
+      no commit references.
+
+    The table is append-only: a replayed epoch is recognised by its token and
+    never added twice.
+    """
+
+    def __init__(
+        self, name: str, root: str | os.PathLike[str], *, schema: pa.Schema | None = None
+    ) -> None:
+        """Build a sink client on the table ``<root>/<name>``.
+
+        Args:
+            name: the sink name ([A-Za-z0-9_]).
+            root: the directory holding the sink's table (local filesystem).
+            schema: the row schema without ``_epoch``; default: the table's, or
+                inferred from the first staged rows.
+        """
+        self._name = validate_name("sink", name)
+        self.directory = Path(root) / name
+        self.uri = str(self.directory)
+        self._schema = schema
+        self._staged: dict[tuple[str, str, int], list[Any]] = {}
+
+    @property
+    def name(self) -> str:
+        """The sink's name."""
+        return self._name
+
+    # ------------------------------------------------------------------ contract
+
+    def stage(self, txn_id: SinkTxnId, rows: Iterable[Any]) -> SinkOutcome:
+        """Buffer ``rows`` for ``txn_id`` in memory (replacing an earlier staging)."""
+        batch = list(rows)
+        for i, row in enumerate(batch):
+            if not isinstance(row, dict):
+                return Fatal(
+                    f"sink {self._name!r}, {txn_id}: row {i} is {type(row).__name__}, not a "
+                    "dict; nothing was staged"
+                )
+        self._staged[txn_id.key] = batch
+        return OK
+
+    def prepare(self, txn_id: SinkTxnId) -> SinkOutcome:
+        """Write the staged rows as fsynced Parquet plus a manifest; invisible until commit."""
+        table = self._table()
+        fenced = self._fenced(table, txn_id)
+        if fenced is not None:
+            return fenced
+        if table is not None and self._is_committed(table, txn_id):
+            self._staged.pop(txn_id.key, None)
+            return OK  # this epoch is already in the table
+        rows = self._staged.get(txn_id.key)
+        if rows is None:
+            if self._manifest_path(txn_id).exists():
+                return OK  # prepared before (perhaps by a process that died)
+            return Retryable(f"sink {self._name!r}, {txn_id}: nothing staged in this process")
+        try:
+            data = self._to_arrow(table, rows, txn_id.epoch)
+        except InvalidInputError as exc:
+            return Fatal(f"sink {self._name!r}, {txn_id}: {exc}")
+        old = self._read_manifest(txn_id)
+        key = _key_name(txn_id)
+        files: list[DataFile] = []
+        try:
+            if data.num_rows:
+                rel = f"{_FILES}/{key}/part-g{txn_id.generation}-{uuid.uuid4().hex}.parquet"
+                files.append(write_data_file(self.uri, rel, data))
+            self._write_manifest(txn_id, files)
+        except OSError as exc:
+            return Retryable(f"sink {self._name!r}, {txn_id}: prepare failed: {exc}")
+        # Re-prepare replaces the content: drop the files of the previous manifest.
+        if old is not None:
+            for f in old["files"]:
+                if f["path"] not in {n.path for n in files}:
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(self.directory / f["path"])
+        del self._staged[txn_id.key]
+        return OK
+
+    def commit(self, txn_id: SinkTxnId) -> SinkOutcome:
+        """Add the prepared files in ONE Delta commit, tagged with the txn's epoch."""
+        table = self._table()
+        fenced = self._fenced(table, txn_id)
+        if fenced is not None:
+            return fenced
+        if table is not None and self._is_committed(table, txn_id):
+            # Committed before (the ack was lost, or a replay): only tidy up.
+            self._remove_manifest(txn_id)
+            return OK
+        last = None if table is None else table.transaction_version(self._app_id(txn_id))
+        if last is not None and last > txn_id.epoch:
+            # The token is a high-water mark: recording an older epoch after a newer
+            # one would move it backwards and make the newer one look uncommitted.
+            return Fatal(
+                f"sink {self._name!r}, {txn_id}: epoch {txn_id.epoch} is older than committed "
+                f"epoch {last}; committing it would reorder epochs; nothing was written"
+            )
+        manifest = self._read_manifest(txn_id)
+        if manifest is None:
+            return Fatal(f"sink {self._name!r}, {txn_id}: commit of a txn that was never prepared")
+        files = [DataFile(**{**f, "partition_values": {}}) for f in manifest["files"]]
+        for f in files:
+            if not (self.directory / f.path).exists():
+                return Fatal(
+                    f"sink {self._name!r}, {txn_id}: prepared file {f.path!r} is missing; "
+                    "nothing was written"
+                )
+        # The schema comes from the prepared file itself; commit_files then checks
+        # it against the table's, naming any column that does not match.
+        schema = pq.read_schema(self.directory / files[0].path) if files else None
+        schema = schema or self._state_schema(table)
+        if schema is None:
+            # An empty epoch before the table exists: there is nothing to make
+            # visible, and no schema to create the table with; done.
+            self._remove_manifest(txn_id)
+            return OK
+        try:
+            commit_files(
+                self.uri,
+                files,
+                schema,
+                app_id=self._app_id(txn_id),
+                version=txn_id.epoch,
+                extra_transactions=[(self._fence_id(txn_id), txn_id.generation)],
+                custom_metadata={"reconcile.txn": str(txn_id)},
+                table_name=self.uri,
+            )
+        except InvalidInputError as exc:
+            return Fatal(f"sink {self._name!r}, {txn_id}: {exc}")
+        except RetryableError as exc:
+            fresh = self._table()
+            fenced = self._fenced(fresh, txn_id)
+            return fenced if fenced is not None else Retryable(str(exc))
+        # OutcomeUnknownError propagates: the contract says an escaping exception
+        # means "outcome unknown", and the next commit() resolves it by the token.
+        self._remove_manifest(txn_id)
+        return OK
+
+    def abort(self, txn_id: SinkTxnId) -> SinkOutcome:
+        """Delete the staged rows, the manifest and the prepared files of ``txn_id``."""
+        self._staged.pop(txn_id.key, None)
+        table = self._table()
+        if table is not None and self._is_committed(table, txn_id):
+            self._remove_manifest(txn_id)
+            return Fatal(f"sink {self._name!r}, {txn_id}: abort of a committed txn; data stays")
+        # Manifest first: once it is gone the txn is no longer prepared, and a crash
+        # before the files are deleted leaves an orphan directory that recover()
+        # still reports, so a later abort finishes the job.
+        self._remove_manifest(txn_id)
+        shutil.rmtree(self.directory / _FILES / _key_name(txn_id), ignore_errors=True)
+        return OK
+
+    def recover(self) -> Sequence[SinkTxnId]:
+        """Txns prepared (manifest or leftover files) whose epoch no commit references."""
+        table = self._table()
+        found: dict[str, SinkTxnId] = {}
+        prepared_dir = self.directory / _PREPARED
+        for path in sorted(prepared_dir.glob("*.json")) if prepared_dir.exists() else []:
+            try:
+                txn = SinkTxnId.from_string(json.loads(path.read_text())["txn"])
+            except (OSError, ValueError, KeyError, TxnIdParseError):
+                continue  # a torn temp file is never renamed into place; not ours
+            found[_key_name(txn)] = txn
+        files_dir = self.directory / _FILES
+        for path in sorted(files_dir.iterdir()) if files_dir.exists() else []:
+            if path.name not in found:
+                with contextlib.suppress(TxnIdParseError):
+                    found[path.name] = SinkTxnId.from_string(f"{path.name}-g0")
+        stranded = []
+        for txn in found.values():
+            if table is not None and self._is_committed(table, txn):
+                self._remove_manifest(txn)  # committed: a leftover manifest only
+                continue
+            stranded.append(txn)
+        return sorted(stranded)
+
+    # ----------------------------------------------------------------- internals
+
+    def _table(self) -> DeltaTable | None:
+        try:
+            return DeltaTable(self.uri)
+        except TableNotFoundError:
+            return None
+
+    def _app_id(self, txn_id: SinkTxnId) -> str:
+        return f"{txn_id.pipeline}/{txn_id.sink}"
+
+    def _fence_id(self, txn_id: SinkTxnId) -> str:
+        return fence_app_id(txn_id.pipeline, txn_id.sink)
+
+    def _fenced(self, table: DeltaTable | None, txn_id: SinkTxnId) -> SinkOutcome | None:
+        """Fatal if a newer generation has committed to this table."""
+        if table is None:
+            return None
+        newest = table.transaction_version(self._fence_id(txn_id))
+        if newest is not None and newest > txn_id.generation:
+            err = FencedError(
+                f"sink {self._name!r}, {txn_id}: fenced, generation {newest} has taken over; "
+                "nothing was written"
+            )
+            return Fatal(str(err))
+        return None
+
+    def _is_committed(self, table: DeltaTable, txn_id: SinkTxnId) -> bool:
+        """Whether this exact epoch's commit is in the log (not just a newer one)."""
+        last = table.transaction_version(self._app_id(txn_id))
+        if last is None or last < txn_id.epoch:
+            return False
+        if last == txn_id.epoch:
+            return True
+        # An older epoch than the high-water mark: look for its own commit.
+        app_id = self._app_id(txn_id)
+        return any(
+            c.get("reconcile.app_id") == app_id and c.get("reconcile.version") == txn_id.epoch
+            for c in table.history()
+        )
+
+    def _state_schema(self, table: DeltaTable | None) -> pa.Schema | None:
+        if table is None:
+            return None
+        return pa.schema(table.schema().to_arrow())
+
+    def _to_arrow(self, table: DeltaTable | None, rows: list[Any], epoch: int) -> pa.Table:
+        stored = self._state_schema(table)
+        schema = stored if stored is not None and len(stored) > 1 else None
+        if schema is None and self._schema is not None:
+            schema = self._schema.append(pa.field(EPOCH_COLUMN, pa.int64()))
+        with_epoch = [{**row, EPOCH_COLUMN: epoch} for row in rows]
+        try:
+            if schema is not None:
+                extra = sorted({k for r in with_epoch for k in r} - set(schema.names))
+                if extra:
+                    raise InvalidInputError(
+                        f"column {extra[0]!r} is not in the table {self.uri!r} "
+                        f"(columns: {schema.names}); nothing was written"
+                    )
+                return pa.Table.from_pylist(with_epoch, schema=schema)
+            data = pa.Table.from_pylist(with_epoch)
+        except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
+            raise InvalidInputError(
+                f"rows do not fit the table {self.uri!r}: {exc}; nothing was written"
+            ) from exc
+        return data
+
+    def _manifest_path(self, txn_id: SinkTxnId) -> Path:
+        return self.directory / _PREPARED / f"{_key_name(txn_id)}.json"
+
+    def _read_manifest(self, txn_id: SinkTxnId) -> dict[str, Any] | None:
+        try:
+            manifest: dict[str, Any] = json.loads(self._manifest_path(txn_id).read_text())
+        except FileNotFoundError:
+            return None
+        return manifest
+
+    def _write_manifest(self, txn_id: SinkTxnId, files: list[DataFile]) -> None:
+        """Write the manifest atomically: temp file, fsync, rename, fsync the directory."""
+        final = self._manifest_path(txn_id)
+        final.parent.mkdir(parents=True, exist_ok=True)
+        body = {
+            "txn": str(txn_id),
+            "files": [
+                {k: v for k, v in asdict(f).items() if k != "partition_values"} for f in files
+            ],
+        }
+        tmp = final.with_suffix(".tmp")
+        with open(tmp, "w") as out:
+            json.dump(body, out)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp, final)
+        fd = os.open(final.parent, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def _remove_manifest(self, txn_id: SinkTxnId) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self._manifest_path(txn_id).unlink()
