@@ -85,9 +85,12 @@ class RecoveryReport:
 class _StepFailed(Exception):
     """Internal: a step failed; carries whether a retry can fix it."""
 
-    def __init__(self, step: str, reason: str, *, fatal: bool) -> None:
+    def __init__(self, step: str, reason: str, *, fatal: bool, definite: bool = True) -> None:
         super().__init__(reason)
         self.step, self.reason, self.fatal = step, reason, fatal
+        # definite: we know the step did not take effect (an outcome, or a
+        # rejection); otherwise an exception left its effect unknown.
+        self.definite = definite
 
 
 class CommitCycle:
@@ -157,6 +160,12 @@ class CommitCycle:
                 except Exception as exc:
                     raise FatalError(f"recover() of sink {name!r} failed: {exc!r}") from exc
                 for txn in stranded:
+                    if not isinstance(txn, SinkTxnId):
+                        raise ContractViolationError(
+                            f"recover() of sink {name!r} returned {txn!r}; it must return "
+                            "SinkTxnId values",
+                            sink=name,
+                        )
                     if txn.pipeline != self.pipeline or txn.sink != name:
                         continue  # another pipeline's txn: not ours to decide
                     status = self.progress.status(txn.epoch)
@@ -315,17 +324,21 @@ class CommitCycle:
         except (_StepFailed, ContractViolationError) as failed:
             return self._abort(epoch, txns, generation, failed)
 
-        # The commit point. If writing it fails we cannot tell whether it is
-        # durable, so we must NOT abort the sinks (the log may say committed).
-        # The prepared txns stay; start() on restart reads the log and commits
-        # or aborts them.
+        # The commit point. Two ways to fail here:
+        # - definite (the write was refused: Retryable, Fatal, fenced): nothing
+        #   is committed, so abort the epoch everywhere, as before it;
+        # - ambiguous (an exception: we cannot tell whether the entry is
+        #   durable): we must NOT abort the sinks, since the log may say
+        #   committed. The prepared txns stay; start() on restart reads the
+        #   log and commits or aborts them.
         try:
             self._step(
                 "commit_progress",
                 lambda: self.progress.mark(epoch, EpochStatus.COMMITTED, generation),
-                fatal=True,
             )
         except _StepFailed as failed:
+            if failed.definite:
+                return self._abort(epoch, txns, generation, failed)
             return CommitFatal(epoch, failed.step, failed.reason)
 
         return self._complete(epoch, txns, generation)
@@ -366,13 +379,16 @@ class CommitCycle:
                         step, injected.reason, fatal=fatal or isinstance(injected, Fatal)
                     )
                 action()
+                self.faults.hit(f"cycle.{step}", "after")
             except (_StepFailed, ContractViolationError):
                 raise
             except FencedError as exc:
                 # A zombie must stop, whatever step it was in.
                 raise _StepFailed(step, str(exc), fatal=True) from exc
             except Exception as exc:
-                raise _StepFailed(step, f"{type(exc).__name__}: {exc}", fatal=fatal) from exc
+                raise _StepFailed(
+                    step, f"{type(exc).__name__}: {exc}", fatal=fatal, definite=False
+                ) from exc
 
     def _each_sink(
         self,

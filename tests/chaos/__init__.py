@@ -1,0 +1,1 @@
+"""Chaos suite: fault injection at every step of the failure matrix."""

@@ -1,0 +1,158 @@
+"""The failure matrix, row by row: inject each fault, restart, assert the invariants."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from reconcile.contract import FencedError
+from reconcile.cycle import CommitCycle, CommitFatal, CommitSucceeded
+from reconcile.faults import Fault, FaultKind, FaultPlan
+from reconcile.progress import FileProgressLog
+from tests.harness import SinkHarness, rows_for
+from tests.invariants import PIPELINE, SINKS, Scenario
+
+pytestmark = [pytest.mark.chaos, pytest.mark.integration]
+
+EPOCHS = [0, 1, 2, 3]
+X, R, F, C = FaultKind.EXCEPTION, FaultKind.RETRYABLE, FaultKind.FATAL, FaultKind.CRASH
+
+# (failure-matrix row, faults). Faults fire on the 2nd hit of their point, so
+# during epoch 1, after epoch 0 went through cleanly.
+MATRIX: list[tuple[str, list[Fault]]] = []
+
+
+def _row(row: str, *faults: Fault) -> None:
+    MATRIX.append((row, list(faults)))
+
+
+for kind in (X, R, F, C):
+    _row(f"begin-{kind.value}", Fault("cycle.begin", kind, nth=2))
+    _row(f"stage-{kind.value}", Fault("cycle.stage", kind, nth=2))
+    _row(f"stage-sink-{kind.value}", Fault("sink.beta.stage", kind, nth=2))
+    _row(f"record_expected_state-{kind.value}", Fault("cycle.record_progress", kind, nth=2))
+    _row(f"prepare-{kind.value}", Fault("cycle.prepare", kind, nth=2))
+    _row(f"prepare-sink-{kind.value}", Fault("sink.beta.prepare", kind, nth=2))
+    _row(f"finalize-{kind.value}", Fault("cycle.finalize", kind, nth=2))
+    _row(f"engine_crash-recover-{kind.value}", Fault("sink.alpha.recover", kind, nth=1))
+# commit, definite failure: the commit point refused, or a sink refusing its commit.
+_row("commit-definite-progress-retryable", Fault("cycle.commit_progress", R, nth=2))
+_row("commit-definite-progress-fatal", Fault("cycle.commit_progress", F, nth=2))
+_row("commit-definite-sink-retryable", Fault("sink.beta.commit", R, nth=2))
+_row("commit-definite-sink-retryable-persistent", Fault("sink.beta.commit", R, nth=2, times=4))
+_row("commit-definite-sink-fatal", Fault("sink.beta.commit", F, nth=2))
+# commit, ambiguous: the outcome is unknown to the caller.
+_row("commit-ambiguous-progress-exception", Fault("cycle.commit_progress", X, nth=2))
+_row(
+    "commit-ambiguous-progress-written-reply-lost",
+    Fault("cycle.commit_progress", X, nth=2, when="after"),
+)
+_row("commit-ambiguous-sink-reply-lost", Fault("sink.beta.commit", X, nth=2, when="after"))
+_row("commit-ambiguous-sink-not-sent", Fault("sink.beta.commit", X, nth=2))
+# after commit, before ack: crash once the sink commit took effect.
+_row("after_commit_before_ack-sink", Fault("sink.alpha.commit", C, nth=2, when="after"))
+_row("after_commit_before_ack-both", Fault("sink.beta.commit", C, nth=2, when="after"))
+_row("after_commit_before_ack-progress", Fault("cycle.commit", C, nth=2))
+# engine crash anywhere: kill the engine between steps and inside sink operations.
+for point in ("cycle.stage", "cycle.record_progress", "cycle.prepare", "cycle.commit_progress"):
+    _row(f"engine_crash-{point}", Fault(point, C, nth=2))
+_row("engine_crash-after-prepare", Fault("sink.alpha.prepare", C, nth=2, when="after"))
+_row(
+    "engine_crash-after-commit-progress",
+    Fault("cycle.commit_progress", C, nth=2, when="after"),
+)
+_row("engine_crash-after-record-progress", Fault("cycle.record_progress", C, nth=2, when="after"))
+_row("engine_crash-during-start", Fault("sink.beta.recover", C, nth=1))
+# A failed abort after a failed prepare leaves a prepared txn; retry and recovery clear it.
+_row(
+    "prepare-then-abort-fails",
+    Fault("sink.beta.prepare", R, nth=2),
+    Fault("sink.alpha.abort", X, nth=1),
+)
+_row(
+    "prepare-then-crash-in-abort",
+    Fault("sink.beta.prepare", F, nth=2),
+    Fault("sink.alpha.abort", C, nth=1),
+)
+
+
+@pytest.mark.parametrize(("row", "faults"), MATRIX, ids=[r for r, _ in MATRIX])
+def test_failure_matrix(
+    row: str, faults: list[Fault], sink_harness: SinkHarness, tmp_path: Path
+) -> None:
+    plan = FaultPlan(faults)
+    scenario = Scenario(sink_harness, tmp_path / "state", plan)
+    report = scenario.run(EPOCHS)
+    assert plan.all_fired, f"{row}: a fault never fired: {plan.log}"
+    assert report.committed_epochs == EPOCHS
+    scenario.check(EPOCHS)
+
+
+def test_commit_reply_lost_is_not_recommitted(sink_harness: SinkHarness, tmp_path: Path) -> None:
+    # The sink committed and the reply was lost: the retry finds it committed.
+    plan = FaultPlan([Fault("sink.alpha.commit", X, nth=1, when="after")])
+    scenario = Scenario(sink_harness, tmp_path / "state", plan)
+    cycle = scenario.build()
+    cycle.start()
+    assert cycle.run_epoch(0, scenario.outputs(0)) == CommitSucceeded(0)
+    assert sink_harness.committed("alpha") == {0: rows_for(0)}
+
+
+def test_zombie_writer_is_fenced(sink_harness: SinkHarness, tmp_path: Path) -> None:
+    scenario = Scenario(sink_harness, tmp_path / "state")
+    zombie = scenario.build()
+    zombie.start()
+    assert zombie.run_epoch(0, scenario.outputs(0)) == CommitSucceeded(0)
+    successor = scenario.build()
+    successor.start()  # takes over: a newer generation
+    late = zombie.run_epoch(1, {n: [{"k": "e1-zombie", "v": -1}] for n in SINKS})
+    assert isinstance(late, CommitFatal)
+    assert "generation" in late.reason
+    assert successor.run_epoch(1, scenario.outputs(1)) == CommitSucceeded(1)
+    for name in SINKS:
+        assert sink_harness.committed(name) == {0: rows_for(0), 1: rows_for(1)}
+    # A zombie that skips the log and goes straight to a sink is fenced there too.
+    sink = sink_harness.new_sink("alpha")
+    from reconcile.contract import SinkTxnId
+
+    stale = SinkTxnId(PIPELINE, "alpha", 2, zombie.generation or 0)
+    sink.stage(stale, [{"k": "e2-zombie", "v": -1}])
+    outcome = sink.prepare(stale)
+    if outcome:  # a sink whose fence is checked at commit
+        outcome = sink.commit(stale)
+    assert not outcome, "a stale generation wrote to the sink"
+    assert 2 not in sink_harness.committed("alpha")
+
+
+def test_zombie_progress_write_raises_fenced(tmp_path: Path) -> None:
+    old = FileProgressLog(tmp_path, PIPELINE)
+    gen = old.claim_generation()
+    FileProgressLog(tmp_path, PIPELINE).claim_generation()
+    from reconcile.progress import EpochStatus
+
+    with pytest.raises(FencedError):
+        old.mark(0, EpochStatus.DECIDED, gen)
+
+
+def test_stranded_txn_of_truncated_epoch_is_reported_not_guessed(
+    sink_harness: SinkHarness, tmp_path: Path
+) -> None:
+    from reconcile.contract import OutcomeUnknownError, SinkTxnId
+
+    scenario = Scenario(sink_harness, tmp_path / "state", sinks=["alpha"])
+    cycle = scenario.build()
+    cycle.start()
+    for e in range(3):
+        assert cycle.run_epoch(e, scenario.outputs(e)) == CommitSucceeded(e)
+    log = FileProgressLog(tmp_path / "state", PIPELINE)
+    log.truncate(2, cycle.generation or 0)
+    # A txn of epoch 1 left prepared (by a crashed writer whose log entry is gone).
+    sink = sink_harness.new_sink("alpha")
+    ghost = SinkTxnId(PIPELINE, "alpha", 1, cycle.generation or 0)
+    sink.stage(ghost, rows_for(1))
+    assert sink.prepare(ghost) or sink_harness.prepared("alpha") == []
+    if sink_harness.prepared("alpha"):
+        with pytest.raises(OutcomeUnknownError, match=str(ghost)):
+            CommitCycle(PIPELINE, [sink_harness.new_sink("alpha")], log).start()
+        assert sink_harness.prepared("alpha") == [ghost]  # left for pull-and-diff
