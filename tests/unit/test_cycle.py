@@ -1,0 +1,195 @@
+"""Unit tests of the commit cycle over memory sinks: order, outcomes, metrics, bad input."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import pytest
+
+from reconcile.contract import (
+    OK,
+    ConfigurationError,
+    ContractViolationError,
+    EpochOrderError,
+    InvalidInputError,
+    SinkOutcome,
+    SinkTxnId,
+    UnknownSinkError,
+)
+from reconcile.cycle import CommitAborted, CommitCycle, CommitSucceeded
+from reconcile.faults import Fault, FaultKind, FaultPlan
+from reconcile.metrics import InMemoryMetrics
+from reconcile.progress import EpochStatus, MemoryProgressLog
+from sinks.memory import MemorySink, MemoryStore
+from tests.harness import rows_for
+
+
+class RecordingSink(MemorySink):
+    """A memory sink that records the order of the calls it receives."""
+
+    def __init__(self, name: str, store: MemoryStore, calls: list[str]) -> None:
+        super().__init__(name, store)
+        self.calls = calls
+
+    def stage(self, txn_id: SinkTxnId, rows: Iterable[Any]) -> SinkOutcome:
+        self.calls.append(f"{self.name}.stage")
+        return super().stage(txn_id, rows)
+
+    def prepare(self, txn_id: SinkTxnId) -> SinkOutcome:
+        self.calls.append(f"{self.name}.prepare")
+        return super().prepare(txn_id)
+
+    def commit(self, txn_id: SinkTxnId) -> SinkOutcome:
+        self.calls.append(f"{self.name}.commit")
+        return super().commit(txn_id)
+
+
+class BrokenSink(MemorySink):
+    """Returns ``None`` from prepare: a contract violation."""
+
+    def prepare(self, txn_id: SinkTxnId) -> SinkOutcome:
+        super().prepare(txn_id)
+        return None  # type: ignore[return-value]
+
+
+def _cycle(*names: str, store: MemoryStore | None = None, **kw: Any) -> CommitCycle:
+    store = store or MemoryStore()
+    return CommitCycle("pipe", [MemorySink(n, store) for n in names], MemoryProgressLog(), **kw)
+
+
+def test_steps_run_in_order_and_epochs_commit() -> None:
+    calls: list[str] = []
+    store = MemoryStore()
+    progress = MemoryProgressLog()
+    metrics = InMemoryMetrics()
+    sinks = [RecordingSink(n, store, calls) for n in ("a", "b")]
+    cycle = CommitCycle("pipe", sinks, progress, metrics=metrics)
+    assert cycle.start().generation == 1
+    for epoch in range(3):
+        assert cycle.run_epoch(epoch, {"a": rows_for(epoch)}) == CommitSucceeded(epoch)
+    assert calls[:6] == ["a.stage", "b.stage", "a.prepare", "b.prepare", "a.commit", "b.commit"]
+    assert {e: rows for (_, s, e), (_, rows) in store.committed.items() if s == "a"} == {
+        e: rows_for(e) for e in range(3)
+    }
+    # b was declared but got no rows: it still commits each epoch, empty.
+    assert [rows for (_, s, _), (_, rows) in store.committed.items() if s == "b"] == [[], [], []]
+    assert progress.epochs_in(EpochStatus.FINALIZED) == [0, 1, 2]
+    assert metrics.counters["cycle.outcome.CommitSucceeded"] == 3
+    assert len(metrics.timings["cycle.step.prepare"]) == 3
+    assert set(metrics.summary()["timings"]) >= {  # type: ignore[call-overload]
+        f"cycle.step.{s}" for s in ("begin", "stage", "record_progress", "commit", "finalize")
+    }
+
+
+def test_replay_of_committed_epoch_is_a_no_op() -> None:
+    store = MemoryStore()
+    cycle = _cycle("a", store=store)
+    cycle.start()
+    cycle.run_epoch(0, {"a": rows_for(0)})
+    again = cycle.run_epoch(0, {"a": rows_for(0)})
+    assert again == CommitSucceeded(0, replayed=True)
+    assert len(store.committed) == 1
+
+
+def test_aborted_epoch_leaves_nothing_and_retries() -> None:
+    store = MemoryStore()
+    plan = FaultPlan([Fault("sink.b.prepare", FaultKind.RETRYABLE)])
+    from reconcile.faults import FaultySink
+
+    cycle = CommitCycle(
+        "pipe",
+        [FaultySink(MemorySink(n, store), plan) for n in ("a", "b")],
+        MemoryProgressLog(),
+        faults=plan,
+    )
+    cycle.start()
+    result = cycle.run_epoch(0, {"a": rows_for(0), "b": rows_for(0)})
+    assert isinstance(result, CommitAborted) and result.step == "prepare"
+    assert "sink 'b'" in result.reason
+    assert store.committed == {} and store.prepared == {}
+    assert cycle.run_epoch(0, {"a": rows_for(0), "b": rows_for(0)}) == CommitSucceeded(0)
+
+
+# ------------------------------------------------------------------ bad input
+
+
+def test_sink_returning_a_non_outcome_is_a_clear_error_with_nothing_committed() -> None:
+    store = MemoryStore()
+    progress = MemoryProgressLog()
+    cycle = CommitCycle("pipe", [MemorySink("a", store), BrokenSink("b", store)], progress)
+    cycle.start()
+    with pytest.raises(ContractViolationError, match=r"sink 'b' returned None .* from prepare"):
+        cycle.run_epoch(0, {"a": rows_for(0), "b": rows_for(0)})
+    assert store.committed == {} and store.prepared == {}
+    assert progress.status(0) is EpochStatus.ABORTED
+
+
+def test_recover_returning_non_txn_ids_is_a_contract_violation() -> None:
+    class BadRecover(MemorySink):
+        def recover(self) -> Sequence[SinkTxnId]:
+            return ["pipe-a-0-g1"]  # type: ignore[list-item]
+
+    cycle = CommitCycle("pipe", [BadRecover("a", MemoryStore())], MemoryProgressLog())
+    with pytest.raises(ContractViolationError, match="must return SinkTxnId"):
+        cycle.start()
+
+
+def test_rows_for_an_undeclared_sink_are_rejected_before_staging() -> None:
+    store = MemoryStore()
+    cycle = _cycle("a", store=store)
+    cycle.start()
+    with pytest.raises(
+        UnknownSinkError, match=r"undeclared sink\(s\) \['zz'\].*Nothing was staged"
+    ):
+        cycle.run_epoch(0, {"a": rows_for(0), "zz": rows_for(0)})
+    assert store.committed == {} and store.prepared == {}
+
+
+def test_epoch_going_backwards_is_rejected() -> None:
+    store = MemoryStore()
+    cycle = _cycle("a", store=store)
+    cycle.start()
+    cycle.run_epoch(5, {"a": rows_for(5)})
+    with pytest.raises(
+        EpochOrderError, match="epoch 4 goes backwards; epoch 5 is already committed"
+    ):
+        cycle.run_epoch(4, {"a": rows_for(4)})
+    for bad in (-1, "6", True):
+        with pytest.raises(EpochOrderError):
+            cycle.run_epoch(bad, {})  # type: ignore[arg-type]
+    assert len(store.committed) == 1
+
+
+@pytest.mark.parametrize(
+    ("names", "message"),
+    [
+        ((), "declares no sinks"),
+        (("a", "a"), "declares sink 'a' twice"),
+        (("",), "sink name must be a non-empty string"),
+        (("a-b",), "sink name 'a-b' is invalid"),
+    ],
+)
+def test_sink_declarations_are_checked(names: tuple[str, ...], message: str) -> None:
+    class Named:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def stage(self, txn_id: SinkTxnId, rows: Iterable[Any]) -> SinkOutcome:
+            return OK
+
+        prepare = commit = abort = lambda self, txn_id: OK
+        recover = lambda self: []  # noqa: E731
+
+    with pytest.raises(ConfigurationError, match=message):
+        CommitCycle("pipe", [Named(n) for n in names], MemoryProgressLog())  # type: ignore[misc]
+
+
+def test_not_a_sink_is_rejected() -> None:
+    with pytest.raises(ConfigurationError, match="does not implement the TwoPhaseSink protocol"):
+        CommitCycle("pipe", [object()], MemoryProgressLog())  # type: ignore[list-item]
+
+
+def test_run_before_start_is_an_error() -> None:
+    with pytest.raises(InvalidInputError, match="call start"):
+        _cycle("a").run_epoch(0, {})
