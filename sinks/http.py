@@ -87,9 +87,11 @@ class HttpSink:
         txns = []
         for text in json.loads(body):
             try:
-                txns.append(SinkTxnId.from_string(text))
+                txn = SinkTxnId.from_string(text)
             except TxnIdParseError:
-                continue  # not ours
+                continue  # not a txn of this engine
+            if txn.sink == self._name:  # one receiver may serve several sinks
+                txns.append(txn)
         return txns
 
     def _post(self, path: str, body: bytes) -> SinkOutcome:
