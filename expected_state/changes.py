@@ -100,7 +100,10 @@ def _from_change_objects(changes: Iterable[Change], keys: Sequence[str]) -> pa.T
             row = {k: row.get(k) for k in keys}
         row[OP_COLUMN] = change.op
         rows.append(row)
-    return pa.Table.from_pylist(rows)
+    # Every column any row names, in first-seen order: from_pylist alone would
+    # take the columns of the first row only (a delete's keys, say).
+    names = list(dict.fromkeys(name for row in rows for name in row))
+    return pa.table({name: [row.get(name) for row in rows] for name in names})
 
 
 def normalize_changes(

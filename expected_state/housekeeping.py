@@ -117,6 +117,10 @@ class Housekeeping:
             dry_run=False,
             enforce_retention_duration=False,
             keep_versions=kept_versions,
+            # full: also delete files no log entry ever referenced (crash orphans of
+            # apply(), a fenced writer's files); the default "lite" mode only
+            # deletes files that a commit removed.
+            full=True,
         )
         return VacuumReport(
             kept_versions=kept_versions, kept_epochs=sorted(keep), deleted_files=list(deleted)

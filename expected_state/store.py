@@ -477,8 +477,10 @@ class ExpectedStateStore(Housekeeping):
             removed = pa.table({k: pa.array([], now.schema.field(k).type) for k in keys})
         return pa.concat_tables(
             [
-                upserted.append_column("_deleted", pa.array([False] * upserted.num_rows)),
-                removed.append_column("_deleted", pa.array([True] * removed.num_rows)),
+                upserted.append_column(
+                    "_deleted", pa.array([False] * upserted.num_rows, pa.bool_())
+                ),
+                removed.append_column("_deleted", pa.array([True] * removed.num_rows, pa.bool_())),
             ]
         )
 
