@@ -1,0 +1,85 @@
+"""Hypothesis explores random sequences of faults; the invariants must hold after each."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, seed, settings
+from hypothesis import strategies as st
+
+from reconcile.faults import CYCLE_POINTS, SINK_OPERATIONS, Fault, FaultKind, FaultPlan
+from tests.fix_sinks import FileHarness, MemoryHarness
+from tests.harness import SinkHarness
+from tests.invariants import SINKS, Scenario
+
+pytestmark = pytest.mark.chaos
+
+# CI bounds and seeds these (see .ci/run); the slow variant explores more.
+EXAMPLES = int(os.environ.get("RECONCILE_CHAOS_EXAMPLES", "200"))
+SEED = int(os.environ.get("RECONCILE_CHAOS_SEED", "20261122"))
+EPOCHS = [0, 1, 2, 3, 4]
+
+POINTS = [f"cycle.{p}" for p in CYCLE_POINTS] + [
+    f"sink.{s}.{op}" for s in SINKS for op in SINK_OPERATIONS
+]
+KINDS = [FaultKind.EXCEPTION, FaultKind.RETRYABLE, FaultKind.FATAL, FaultKind.CRASH]
+
+
+@st.composite
+def faults(draw: st.DrawFn) -> Fault:
+    kind = draw(st.sampled_from(KINDS))
+    after_ok = kind in (FaultKind.EXCEPTION, FaultKind.CRASH)
+    return Fault(
+        point=draw(st.sampled_from(POINTS)),
+        kind=kind,
+        nth=draw(st.integers(1, 8)),
+        when=draw(st.sampled_from(["before", "after"] if after_ok else ["before"])),
+        times=draw(st.integers(1, 2)),
+    )
+
+
+fault_plans = st.lists(faults(), min_size=1, max_size=4)
+
+
+def _check(harness: SinkHarness, root: Path, plan: list[Fault]) -> None:
+    scenario = Scenario(harness, root / "state", FaultPlan(plan))
+    report = scenario.run(EPOCHS)
+    assert report.committed_epochs == EPOCHS
+    scenario.check(EPOCHS)
+
+
+def _explore(examples: int) -> object:
+    return settings(
+        max_examples=examples,
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow],
+        database=None,
+    )
+
+
+@seed(SEED)
+@_explore(EXAMPLES)
+@given(plan=fault_plans)
+def test_random_faults_memory_sinks(plan: list[Fault]) -> None:
+    with tempfile.TemporaryDirectory() as root:
+        _check(MemoryHarness(), Path(root), plan)
+
+
+@seed(SEED)
+@_explore(max(5, EXAMPLES // 3))
+@given(plan=fault_plans)
+def test_random_faults_file_sinks(plan: list[Fault]) -> None:
+    with tempfile.TemporaryDirectory() as root:
+        _check(FileHarness(Path(root) / "sinks"), Path(root), plan)
+
+
+@pytest.mark.slow
+@seed(SEED + 1)
+@_explore(int(os.environ.get("RECONCILE_CHAOS_SLOW_EXAMPLES", "500")))
+@given(plan=fault_plans)
+def test_random_faults_long_run(plan: list[Fault]) -> None:
+    with tempfile.TemporaryDirectory() as root:
+        _check(FileHarness(Path(root) / "sinks"), Path(root), plan)
