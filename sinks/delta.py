@@ -120,6 +120,11 @@ class DeltaSink:
             data = self._to_arrow(table, rows, txn_id.epoch)
         except InvalidInputError as exc:
             return Fatal(f"sink {self._name!r}, {txn_id}: {exc}")
+        try:
+            self._claim_generation(table, txn_id, data.schema)
+        except RetryableError as exc:
+            fenced = self._fenced(self._table(), txn_id)
+            return fenced if fenced is not None else Retryable(str(exc))
         old = self._read_manifest(txn_id)
         key = _key_name(txn_id)
         files: list[DataFile] = []
@@ -263,6 +268,31 @@ class DeltaSink:
             return Fatal(str(err))
         return None
 
+    def _claim_generation(
+        self, table: DeltaTable | None, txn_id: SinkTxnId, schema: pa.Schema
+    ) -> None:
+        """Record a newer generation in the log before preparing, to fence older writers.
+
+        A newer writer's prepare must already shut out a zombie, not only its
+        commit: the generation token goes in with an empty Delta commit (no data),
+        once per generation. Racing claims conflict on the shared token in delta-rs,
+        so the loser re-checks the fence.
+        """
+        recorded = None if table is None else table.transaction_version(self._fence_id(txn_id))
+        if recorded is not None and recorded >= txn_id.generation:
+            return
+        if table is None and data_schema_is_empty(schema):
+            return  # nothing to create the table with yet; the commit records it
+        target = self._state_schema(table) if table is not None else schema
+        commit_files(
+            self.uri,
+            [],
+            target,
+            app_id=self._fence_id(txn_id),
+            version=txn_id.generation,
+            table_name=self.uri,
+        )
+
     def _is_committed(self, table: DeltaTable, txn_id: SinkTxnId) -> bool:
         """Whether this exact epoch's commit is in the log (not just a newer one)."""
         last = table.transaction_version(self._app_id(txn_id))
@@ -339,3 +369,8 @@ class DeltaSink:
     def _remove_manifest(self, txn_id: SinkTxnId) -> None:
         with contextlib.suppress(FileNotFoundError):
             self._manifest_path(txn_id).unlink()
+
+
+def data_schema_is_empty(schema: pa.Schema) -> bool:
+    """True if ``schema`` holds no column but ``_epoch`` (an empty batch's inferred schema)."""
+    return [n for n in schema.names if n != EPOCH_COLUMN] == []
