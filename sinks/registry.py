@@ -1,0 +1,77 @@
+"""Find a sink by URI scheme, importing its module only when it is asked for."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from typing import Any
+from urllib.parse import urlsplit
+
+from reconcile.contract import ConfigurationError
+from sinks.base import TwoPhaseSink
+
+__all__ = ["open_sink", "register"]
+
+# scheme -> (module, factory name, extra that provides its dependencies)
+_BUILTIN: dict[str, tuple[str, str, str | None]] = {
+    "memory": ("sinks.registry", "_memory", None),
+    "file": ("sinks.registry", "_file", None),
+    "http": ("sinks.registry", "_http", None),
+    "https": ("sinks.registry", "_http", None),
+}
+_CUSTOM: dict[str, Callable[[str, str], TwoPhaseSink]] = {}
+
+
+def register(scheme: str, factory: Callable[[str, str], TwoPhaseSink]) -> None:
+    """Make ``open_sink`` build ``scheme://...`` sinks with ``factory(name, uri)``."""
+    _CUSTOM[scheme] = factory
+
+
+def open_sink(name: str, uri: str) -> TwoPhaseSink:
+    """Build the sink named ``name`` that ``uri`` describes.
+
+    ``memory://`` (a process-local store), ``file:///path``, ``http(s)://host/base``.
+
+    Raises:
+        ConfigurationError: unknown scheme, or its module cannot be imported
+            (the error says which extra to install).
+    """
+    scheme = urlsplit(uri).scheme
+    if scheme in _CUSTOM:
+        return _CUSTOM[scheme](name, uri)
+    if scheme not in _BUILTIN:
+        known = sorted({*_BUILTIN, *_CUSTOM})
+        raise ConfigurationError(f"sink {name!r}: unknown scheme in {uri!r}; known: {known}")
+    module_name, factory_name, extra = _BUILTIN[scheme]
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        hint = f"pip install 'reconcile-engine[{extra}]'" if extra else "reinstall reconcile-engine"
+        raise ConfigurationError(f"sink {name!r} ({scheme}://) needs {exc.name}: {hint}") from exc
+    factory: Callable[[str, str], TwoPhaseSink] = getattr(module, factory_name)
+    return factory(name, uri)
+
+
+_MEMORY_STORES: dict[str, Any] = {}
+
+
+def _memory(name: str, uri: str) -> TwoPhaseSink:
+    from sinks.memory import MemorySink, MemoryStore
+
+    store = _MEMORY_STORES.setdefault(urlsplit(uri).netloc, MemoryStore())
+    return MemorySink(name, store)
+
+
+def _file(name: str, uri: str) -> TwoPhaseSink:
+    from sinks.files import FileSink
+
+    parts = urlsplit(uri)
+    if parts.netloc not in ("", "localhost"):
+        raise ConfigurationError(f"sink {name!r}: file URI {uri!r} must be local (file:///path)")
+    return FileSink(name, parts.path)
+
+
+def _http(name: str, uri: str) -> TwoPhaseSink:
+    from sinks.http import HttpSink
+
+    return HttpSink(name, uri)
