@@ -1,0 +1,1 @@
+"""Benchmarks: throughput and latency harnesses that write reports to benchmarks/results/."""
