@@ -339,6 +339,7 @@ def commit_files(
     max_retries: int = DEFAULT_COMMIT_RETRIES,
     table_name: str | None = None,
     table: DeltaTable | None = None,
+    token_checked: bool = False,
 ) -> CommitResult:
     """Add ``files`` (and remove ``remove``) in ONE Delta commit tagged (app_id, version).
 
@@ -366,6 +367,9 @@ def commit_files(
             paths. The caller keeps it current; a stale one is still safe, because
             delta-rs' conflict check rebases or rejects the commit. It is brought up
             to date after the commit.
+        token_checked: the caller has just read ``transaction_version(app_id)`` from
+            ``table`` and found it below ``version``; skips re-reading it. A
+            concurrent replay is still caught by delta-rs' conflict check.
 
     Returns:
         Whether this call committed, and the table version holding the token.
@@ -389,7 +393,7 @@ def commit_files(
         check_file_schema(table_uri, files, schema, table=name)
     if table is None:
         table = _open_or_create(table_uri, schema, partition_by)
-    already = table.transaction_version(app_id)
+    already = None if token_checked else table.transaction_version(app_id)
     if already is not None and already >= version:
         # Replay of a recorded (or superseded) token: the files of this attempt
         # are orphans that vacuum removes; committing them would duplicate rows.

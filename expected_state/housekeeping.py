@@ -77,9 +77,10 @@ class Housekeeping:
             ),
         )
         # The epochs table is shared append-only; compaction and appends do not conflict.
-        DeltaTable(self.epochs.uri).optimize.compact(
-            commit_properties=CommitProperties(max_commit_retries=3)
-        )
+        if DeltaTable.is_deltatable(self.epochs.uri):
+            DeltaTable(self.epochs.uri).optimize.compact(
+                commit_properties=CommitProperties(max_commit_retries=3)
+            )
         return dict(metrics)
 
     def vacuum(

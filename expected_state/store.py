@@ -33,9 +33,8 @@ from reconcile.contract import (
 )
 from reconcile.hashing import row_hash_arrow
 
-__all__ = ["APPLIED", "ApplyResult", "ExpectedStateStore"]
+__all__ = ["ApplyResult", "ExpectedStateStore"]
 
-APPLIED = "applied"
 # Table properties set at creation. Log cleanup is off so that every recorded
 # epoch stays reachable by time travel until vacuum() decides otherwise (the
 # epoch -> version map is only useful while the log still holds the version).
@@ -113,6 +112,8 @@ class ExpectedStateStore(Housekeeping):
         self._table: DeltaTable | None = None
         self._schema: pa.Schema | None = schema
         self._key_cache: dict[str, pa.Table] = {}
+        self._versions: dict[int, int] = {}
+        self._versions_upto = -1
         if schema is not None:
             missing = [k for k in self.key_columns if k not in schema.names]
             if missing:
@@ -225,7 +226,6 @@ class ExpectedStateStore(Housekeeping):
             # Only an epoch that was actually recorded is a no-op; going back to an
             # epoch that was skipped over would rewrite history, so it is an error.
             if epoch == last or epoch in self.epoch_versions():
-                self._repair_epoch_record(epoch)
                 return ApplyResult(epoch, applied=False, table_version=None)
             raise EpochOrderError(
                 f"table {self.uri!r}: epoch {epoch} goes backwards (last applied epoch is "
@@ -280,6 +280,7 @@ class ExpectedStateStore(Housekeeping):
                     "reconcile.deleted": deleted,
                 },
                 check_schema=False,  # every file was written here from `schema`
+                token_checked=True,  # `last` above was read from this table object
                 table_name=self.uri,
                 table=table,
             )
@@ -290,17 +291,10 @@ class ExpectedStateStore(Housekeeping):
             check_generation(fresh, self._fence, self.generation, table_name=self.uri)
             raise
         if not result.committed:
-            self._repair_epoch_record(epoch)
             return ApplyResult(epoch, applied=False, table_version=None)
-        # The epochs record is a second commit on another table: a crash between
-        # the two leaves the state committed and the record missing, which the next
-        # apply/replay of the epoch repairs from the state table's history.
-        self.epochs.record(
-            epoch,
-            APPLIED,
-            counts={"upserted": net.upserts.num_rows, "deleted": deleted},
-            delta_version=result.table_version,
-        )
+        # The epoch -> version map is read back from this very commit's commitInfo
+        # (epoch_versions), so there is no second table to keep consistent and no
+        # crash window between two commits.
         return ApplyResult(
             epoch,
             applied=True,
@@ -361,43 +355,26 @@ class ExpectedStateStore(Housekeeping):
                 kept.append(self._write(survivors, epoch))
         return removes, kept, deleted
 
-    def _repair_epoch_record(self, epoch: int) -> None:
-        """Write the epochs record of an applied epoch if a crash left it out."""
-        recorded = self.epochs.last_epoch(APPLIED)
-        if recorded is not None and recorded >= epoch:
-            return
-        version = self._versions_from_history().get(epoch)
-        self.epochs.record(epoch, APPLIED, delta_version=version)
-
     # -- reading ---------------------------------------------------------------
-
-    def _versions_from_history(self) -> dict[int, int]:
-        """Epoch -> Delta version, read from the commitInfo of the state table's log."""
-        table = self._delta()
-        if table is None:
-            return {}
-        found: dict[int, int] = {}
-        for commit in table.history():
-            epoch = commit.get("reconcile.epoch")
-            if epoch is not None and commit.get("reconcile.app_id") == self.app_id:
-                found.setdefault(int(epoch), int(commit["version"]))
-        return found
 
     def epoch_versions(self) -> dict[int, int]:
         """Epoch -> Delta version of every recorded epoch, oldest first.
 
-        The epochs table is the fast path; the state table's commit history fills
-        in epochs whose record a crash left out.
+        Read from the commitInfo that each apply() commit carries (the same
+        atomic commit as the data and the token), incrementally: only commits
+        newer than the last call are read.
         """
-        versions = {
-            r.epoch: r.delta_version
-            for r in self.epochs.records()
-            if r.status == APPLIED and r.delta_version is not None
-        }
-        last = self.last_epoch()
-        if last is not None and last not in versions:
-            versions.update(self._versions_from_history())
-        return dict(sorted(versions.items()))
+        table = self._delta()
+        if table is None:
+            return {}
+        current = table.version()
+        if current > self._versions_upto:
+            for commit in table.history(limit=current - self._versions_upto):
+                epoch = commit.get("reconcile.epoch")
+                if epoch is not None and commit.get("reconcile.app_id") == self.app_id:
+                    self._versions[int(epoch)] = int(commit["version"])
+            self._versions_upto = current
+        return dict(sorted(self._versions.items()))
 
     def version_of(self, epoch: int) -> int:
         """The Delta version holding the state as of ``epoch``.

@@ -66,7 +66,7 @@ def test_reapply_is_a_noop(tmp_path: Path) -> None:
     assert first.applied and not again.applied and not replay.applied
     assert DeltaTable(store.uri).version() == version
     assert as_map(store.snapshot()) == {"a": 1, "b": 2}
-    assert [r.epoch for r in store.epochs.records()] == [1]
+    assert list(store.epoch_versions()) == [1]
 
 
 def test_time_travel_to_every_epoch_matches_a_model(tmp_path: Path) -> None:
@@ -306,7 +306,7 @@ def test_two_processes_writing_one_table_do_not_corrupt_it(tmp_path: Path) -> No
     assert as_map(store.snapshot()) == expected
     commits = [c for c in DeltaTable(store.uri).history() if "reconcile.epoch" in c]
     assert sorted(c["reconcile.epoch"] for c in commits) == list(range(1, 16))
-    assert [r.epoch for r in store.epochs.records()] == list(range(1, 16))
+    assert list(store.epoch_versions()) == list(range(1, 16))
     for e in range(1, 16):
         assert store.snapshot(e).num_rows == min(e, 7) + e
 
