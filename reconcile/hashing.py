@@ -73,7 +73,14 @@ import pyarrow as pa  # type: ignore[import-untyped]
 import xxhash
 
 from reconcile.contract import InvalidInputError
-from reconcile.xxh64 import U64, hash_bytes_padded, hash_int32, hash_int64, to_signed
+from reconcile.xxh64 import (
+    U64,
+    hash_bytes_fixed,
+    hash_bytes_padded,
+    hash_int32,
+    hash_int64,
+    to_signed,
+)
 
 __all__ = ["HASH_SEED", "hash_kind", "null_mask_words", "row_hash", "row_hash_arrow"]
 
@@ -92,6 +99,8 @@ _US_PER_UNIT = {"s": 1_000_000, "ms": 1_000, "us": 1}
 _SLICE_ROWS = 1 << 18
 # Cap on rows * padded width of one byte matrix, for the same reason.
 _MAX_MATRIX_BYTES = 1 << 24
+# Up to this many distinct byte lengths in a slice, strings are hashed one length at a time.
+_MAX_EXACT_LENGTHS = 64
 
 
 def hash_kind(name: str, dtype: pa.DataType) -> str:
@@ -191,8 +200,25 @@ def _hash_var(
     if len(starts) == 0:
         return out
     widths = np.maximum(8, 2 ** np.ceil(np.log2(lengths + 1)).astype(np.int64))
-    pad = int(widths.max())
-    padded = np.concatenate([data, np.zeros(pad, dtype=np.uint8)])
+    # Copy only the bytes this slice uses (a slice shares its parent's whole buffer),
+    # plus zero padding so every row's window fits.
+    low = int(starts.min())
+    high = int((starts + lengths).max())
+    padded = np.concatenate([data[low:high], np.zeros(int(widths.max()), dtype=np.uint8)])
+    starts = starts - low
+    distinct = np.unique(lengths)
+    if len(distinct) <= _MAX_EXACT_LENGTHS:
+        # Few distinct lengths (the usual case): one unmasked pass per length.
+        for length in distinct.tolist():
+            width = max(8, -(-length // 8) * 8)
+            window = np.lib.stride_tricks.sliding_window_view(padded, width)
+            rows = np.flatnonzero(lengths == length)
+            step = max(1, _MAX_MATRIX_BYTES // width)
+            for lo in range(0, len(rows), step):
+                part = rows[lo : lo + step]
+                mat = np.ascontiguousarray(window[starts[part]])
+                out[part] = hash_bytes_fixed(mat, length, seeds[part])
+        return out
     for width in np.unique(widths).tolist():
         window = np.lib.stride_tricks.sliding_window_view(padded, width)
         rows = np.flatnonzero(widths == width)

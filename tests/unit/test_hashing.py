@@ -337,3 +337,19 @@ def test_vectorized_equals_scalar_reference(rows: list[dict[str, Any]]) -> None:
     """The numpy XXH64 agrees with the xxhash package on arbitrary rows."""
     table = pa.Table.from_pylist(rows, schema=ROW_SCHEMA)
     assert row_hash_arrow(table).to_pylist() == [row_hash(r, ROW_SCHEMA) for r in rows]
+
+
+@pytest.mark.parametrize("distinct_lengths", [3, 300], ids=["exact-length", "width-classes"])
+def test_byte_kernels_match_xxhash(distinct_lengths: int) -> None:
+    """Both string paths (one length at a time; masked width classes) equal the xxhash package."""
+    rng = np.random.default_rng(distinct_lengths)
+    if distinct_lengths == 3:
+        lengths = np.array([5, 37, 200])[np.arange(600) % 3]  # each path step, no masking
+    else:
+        lengths = rng.permutation(np.arange(600) % distinct_lengths)  # 0..299, masked classes
+    values = [rng.bytes(int(n)) for n in lengths]
+    hashes = row_hash_arrow(pa.table({"v": pa.array(values, pa.binary())})).to_pylist()
+    for value, got in zip(values, hashes, strict=True):
+        h = xxhash.xxh64_intdigest(value, seed=42)
+        h = xxhash.xxh64_intdigest(struct.pack("<q", 0), seed=h)
+        assert got == (h - (1 << 64) if h >= 1 << 63 else h)
