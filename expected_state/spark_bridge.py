@@ -18,6 +18,7 @@ detects them); that branch is deliberately thin.
 
 from __future__ import annotations
 
+import os
 import re
 import uuid
 from collections.abc import Callable, Iterator, Sequence
@@ -79,7 +80,8 @@ def _open(table_uri: str, version: int | None = None) -> DeltaTable:
         return DeltaTable(table_uri, version=version)
     except TableNotFoundError as exc:
         raise InvalidInputError(
-            f"no Delta table at {table_uri!r}" + (f" (version {version})" if version else ""),
+            f"no Delta table at {table_uri!r}"
+            + (f" (version {version})" if version is not None else ""),
             table=table_uri,
         ) from exc
 
@@ -167,7 +169,7 @@ def read_delta(
 def _filesystem(table_uri: str) -> tuple[pafs.FileSystem, str]:
     parsed = urlparse(table_uri)
     if parsed.scheme in ("", "file"):
-        return pafs.LocalFileSystem(), parsed.path if parsed.scheme else table_uri
+        return pafs.LocalFileSystem(), os.path.abspath(parsed.path if parsed.scheme else table_uri)
     fs, root = pafs.FileSystem.from_uri(table_uri)
     return fs, root
 
