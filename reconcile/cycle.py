@@ -188,9 +188,15 @@ class CommitCycle:
             for epoch in self.progress.epochs_in(EpochStatus.DECIDED):
                 self.progress.mark(epoch, EpochStatus.ABORTED, generation)
                 report.abandoned_epochs.append(epoch)
-            # Epochs past the commit point whose sinks all hold them now (the
-            # stranded ones were committed above) only lack their finalize entry.
+            # Epochs past the commit point but not finalized: every sink must
+            # hold them now. Do not assume it from recover() (a sink that lost
+            # or never listed a prepared txn would make us finalize a hole):
+            # commit each one again. That is a no-op where the epoch is in the
+            # sink, and not OK where it is neither committed nor prepared, which
+            # stops here with an error instead of silently losing the epoch.
             for epoch in self.progress.epochs_in(EpochStatus.COMMITTED):
+                for name, sink in self.sinks.items():
+                    self._settle(sink, "commit", SinkTxnId(self.pipeline, name, epoch, generation))
                 self.progress.mark(epoch, EpochStatus.FINALIZED, generation)
                 report.finalized_epochs.append(epoch)
             self.metrics.count("recovery.committed", len(report.committed))

@@ -12,6 +12,7 @@ from reconcile.contract import (
     ConfigurationError,
     ContractViolationError,
     EpochOrderError,
+    FatalError,
     InvalidInputError,
     SinkOutcome,
     SinkTxnId,
@@ -193,3 +194,17 @@ def test_not_a_sink_is_rejected() -> None:
 def test_run_before_start_is_an_error() -> None:
     with pytest.raises(InvalidInputError, match="call start"):
         _cycle("a").run_epoch(0, {})
+
+
+def test_start_never_finalizes_an_epoch_a_sink_does_not_hold() -> None:
+    # The log says epoch 0 passed the commit point, but the sink lost its
+    # prepared batch (and so does not list it): finalizing would hide a hole.
+    store = MemoryStore()
+    progress = MemoryProgressLog()
+    gen = progress.claim_generation()
+    progress.mark(0, EpochStatus.DECIDED, gen)
+    progress.mark(0, EpochStatus.COMMITTED, gen)
+    cycle = CommitCycle("pipe", [MemorySink("a", store)], progress)
+    with pytest.raises(FatalError, match=r"could not commit stranded txn pipe-a-0-g2 in sink 'a'"):
+        cycle.start()
+    assert progress.status(0) is EpochStatus.COMMITTED
