@@ -56,8 +56,8 @@ class BridgeWriteResult:
     Attributes:
         committed: True if this call made the commit; False if the token was already there.
         table_version: the Delta version of the commit (None for a no-op).
-        files: how many data files the commit added.
-        rows: how many rows the commit added.
+        files: how many data files the commit added (-1: unknown, on the native path).
+        rows: how many rows the commit added (-1: unknown, on the native path).
     """
 
     committed: bool
