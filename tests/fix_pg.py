@@ -208,7 +208,8 @@ class PgServer:
         return " ".join(f"{k}={v}" for k, v in parts.items())
 
     def connect(self, dbname: str = "postgres", **kw: Any) -> psycopg.Connection[Any]:
-        return psycopg.connect(self.dsn(dbname), autocommit=True, **kw)
+        kw.setdefault("autocommit", True)
+        return psycopg.connect(self.dsn(dbname), **kw)
 
     def create_database(self, prefix: str = "t") -> str:
         name = f"{prefix}_{next(self._ids)}_{next(self._dbs)}"
