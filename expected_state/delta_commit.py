@@ -20,6 +20,7 @@ from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundErr
 from deltalake.transaction import AddAction, RemoveAction
 
 from reconcile.contract import InvalidInputError, OutcomeUnknownError, RetryableError
+from reconcile.durable import fsync_path
 
 __all__ = [
     "DEFAULT_COMMIT_RETRIES",
@@ -179,16 +180,8 @@ def write_data_file(
     fs.create_dir(full.rsplit("/", 1)[0], recursive=True)
     pq.write_table(data, full, filesystem=fs, compression="snappy")
     if fsync and isinstance(fs, pafs.LocalFileSystem):
-        fd = os.open(full, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        dir_fd = os.open(os.path.dirname(full), os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+        fsync_path(full)
+        fsync_path(os.path.dirname(full))
     size = fs.get_file_info(full).size
     return DataFile(
         path=rel_path,

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from reconcile.contract import FatalError, FencedError, InvalidInputError, validate_name
+from reconcile.durable import fsync_path
 
 __all__ = [
     "EpochStatus",
@@ -218,7 +219,7 @@ class FileProgressLog(_StateBackedLog):
             self._read_new(fd, repair=True)
         finally:
             os.close(fd)
-        _fsync_dir(self.directory)
+        fsync_path(self.directory)
 
     def _read_new(self, fd: int, *, repair: bool) -> None:
         size = os.fstat(fd).st_size
@@ -271,11 +272,3 @@ def _numbered(entry: dict[str, Any], state: ProgressState) -> dict[str, Any]:
     if entry["t"] == "gen":
         return {"t": "gen", "gen": state.generation + 1}
     return entry
-
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

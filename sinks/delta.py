@@ -31,6 +31,7 @@ from reconcile.contract import (
     TxnIdParseError,
     validate_name,
 )
+from reconcile.durable import write_atomically
 
 __all__ = ["EPOCH_COLUMN", "DeltaSink"]
 
@@ -354,17 +355,7 @@ class DeltaSink:
                 {k: v for k, v in asdict(f).items() if k != "partition_values"} for f in files
             ],
         }
-        tmp = final.with_suffix(".tmp")
-        with open(tmp, "w") as out:
-            json.dump(body, out)
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(tmp, final)
-        fd = os.open(final.parent, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        write_atomically(final, json.dumps(body).encode())
 
     def _remove_manifest(self, txn_id: SinkTxnId) -> None:
         with contextlib.suppress(FileNotFoundError):

@@ -19,6 +19,7 @@ from reconcile.contract import (
     TxnIdParseError,
     validate_name,
 )
+from reconcile.durable import fsync_path
 
 __all__ = ["FileSink", "read_batch"]
 
@@ -88,7 +89,7 @@ class FileSink:
             # The rename makes the prepared batch appear whole or not at all;
             # the directory fsync makes the rename itself durable.
             os.replace(tmp, final)
-            _fsync_dir(self.prepared_dir)
+            fsync_path(self.prepared_dir)
             del self._staged[txn_id]
             return OK
 
@@ -102,8 +103,8 @@ class FileSink:
             if not source.exists():
                 return Fatal(f"{txn_id}: commit of a batch that was never prepared")
             os.rename(source, self.committed_dir / source.name)
-            _fsync_dir(self.committed_dir)
-            _fsync_dir(self.prepared_dir)
+            fsync_path(self.committed_dir)
+            fsync_path(self.prepared_dir)
             return OK
 
     def abort(self, txn_id: SinkTxnId) -> SinkOutcome:
@@ -116,7 +117,7 @@ class FileSink:
         for path in (prepared, prepared.with_suffix(".tmp")):
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()
-        _fsync_dir(self.prepared_dir)
+        fsync_path(self.prepared_dir)
         return OK
 
     def recover(self) -> Sequence[SinkTxnId]:
@@ -168,11 +169,3 @@ def read_batch(path: str | os.PathLike[str]) -> tuple[SinkTxnId, list[Any]]:
         header = json.loads(f.readline())
         rows = [json.loads(line) for line in f]
     return SinkTxnId.from_string(header["txn"]), rows
-
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
