@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import shutil
@@ -159,7 +160,9 @@ class PgServer:
             except RuntimeError:
                 if attempt == attempts - 1:
                     tail = Path(log).read_text()[-3000:] if Path(log).exists() else ""
-                    raise RuntimeError(f"postgres did not start on port {self.port}:\n{tail}")
+                    raise RuntimeError(
+                        f"postgres did not start on port {self.port}:\n{tail}"
+                    ) from None
                 time.sleep(0.25)
 
     def postmaster_pid(self) -> int:
@@ -181,10 +184,8 @@ class PgServer:
         self.start()
 
     def stop(self) -> None:
-        try:
+        with contextlib.suppress(RuntimeError, subprocess.TimeoutExpired):
             self._pg_ctl("-m", "immediate", "stop", timeout=30)
-        except (RuntimeError, subprocess.TimeoutExpired):
-            pass
         shutil.rmtree(self.root, ignore_errors=True)
 
     # -- access ---------------------------------------------------------------
@@ -250,3 +251,94 @@ def private_pg_server() -> Iterator[PgServer]:
     server = PgServer()
     yield server
     server.stop()
+
+
+# ---------------------------------------------------------------------------
+# The sink harness for the shared contract and chaos suites
+# ---------------------------------------------------------------------------
+
+
+class PostgresHarness:
+    """Postgres sinks (one table per sink name) in a fresh database of the shared server.
+
+    ``committed`` and ``prepared`` read the database directly: the sink table
+    grouped by its ``_epoch`` column, and ``pg_prepared_xacts``.
+    """
+
+    def __init__(self, server: PgServer, dbname: str, mode: str) -> None:
+        self.kind = "postgres" if mode == "transactional" else "postgres_prepared"
+        self.server, self.dbname, self.mode = server, dbname, mode
+        self.dsn = server.dsn(dbname)
+
+    def new_sink(self, name: str) -> Any:
+        from sinks.postgres import postgres_sink
+
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            conn.execute(
+                sql.SQL(
+                    "CREATE TABLE IF NOT EXISTS {} (k text PRIMARY KEY, v bigint NOT NULL, "
+                    "_epoch bigint NOT NULL)"
+                ).format(sql.Identifier(name))
+            )
+        return postgres_sink(self.dsn, name, mode=self.mode, name=name)
+
+    def committed(self, name: str) -> dict[int, list[dict[str, Any]]]:
+        out: dict[int, list[dict[str, Any]]] = {}
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            exists = conn.execute("SELECT to_regclass(%s)", (f'"{name}"',)).fetchone()
+            if exists is None or exists[0] is None:
+                return out
+            query = sql.SQL("SELECT _epoch, k, v FROM {} ORDER BY _epoch, k").format(
+                sql.Identifier(name)
+            )
+            for epoch, k, v in conn.execute(query):
+                out.setdefault(int(epoch), []).append({"k": k, "v": int(v)})
+            has_markers = conn.execute("SELECT to_regclass('reconcile_commits')").fetchone()
+            markers: set[int] = set()
+            if has_markers is not None and has_markers[0] is not None:
+                markers = {
+                    int(r[0])
+                    for r in conn.execute(
+                        "SELECT epoch FROM reconcile_commits WHERE sink = %s", (name,)
+                    )
+                }
+        # I2: no row without its epoch's marker (the marker commits with the data).
+        assert set(out) <= markers, f"rows of epochs {set(out) - markers} have no marker"
+        return out
+
+    def prepared(self, name: str) -> list[Any]:
+        from reconcile.contract import SinkTxnId, TxnIdParseError
+
+        found = []
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            for (gid,) in conn.execute(
+                "SELECT gid FROM pg_prepared_xacts WHERE database = current_database()"
+            ):
+                try:
+                    txn_id = SinkTxnId.from_string(gid)
+                except TxnIdParseError:
+                    continue
+                if txn_id.sink == name:
+                    found.append(txn_id)
+        return sorted(found)
+
+
+@pytest.fixture
+def postgres_harness(pg_server: PgServer) -> Iterator[PostgresHarness]:
+    """Transactional mode: prepare keeps the txn open (not durable across a restart)."""
+    name = pg_server.create_database("h")
+    yield PostgresHarness(pg_server, name, "transactional")
+    pg_server.drop_database(name)
+
+
+@pytest.fixture
+def postgres_prepared_harness(pg_server: PgServer) -> Iterator[PostgresHarness]:
+    """Prepared mode: PREPARE TRANSACTION, durable across restarts."""
+    name = pg_server.create_database("hp")
+    yield PostgresHarness(pg_server, name, "prepared")
+    with pg_server.connect(name) as conn:
+        for (gid,) in conn.execute(
+            "SELECT gid FROM pg_prepared_xacts WHERE database = current_database()"
+        ).fetchall():
+            conn.execute(sql.SQL("ROLLBACK PREPARED {}").format(sql.Literal(gid)))
+    pg_server.drop_database(name)

@@ -2,7 +2,29 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+from reconcile.contract import ConfigurationError
+
 from .connection import PgTarget, redact_text
+from .prepared import PreparedPostgresSink
 from .sink import PostgresSink
 
-__all__ = ["PgTarget", "PostgresSink", "redact_text"]
+__all__ = ["PgTarget", "PostgresSink", "PreparedPostgresSink", "postgres_sink", "redact_text"]
+
+
+def postgres_sink(
+    dsn: str | PgTarget, table: str, *, mode: str = "transactional", **options: Any
+) -> PostgresSink:
+    """Build a Postgres sink in ``mode`` 'transactional' (default) or 'prepared'.
+
+    Raises:
+        ConfigurationError: for an unknown mode (and any bad option).
+    """
+    if mode == "transactional":
+        return PostgresSink(dsn, table, **options)
+    if mode == "prepared":
+        return PreparedPostgresSink(dsn, table, **options)
+    raise ConfigurationError(
+        f"postgres sink: mode must be 'transactional' or 'prepared', got {mode!r}"
+    )

@@ -70,18 +70,21 @@ class StateTables:
         self.markers = sql.Identifier(schema, MARKERS_TABLE)
         self.fences = sql.Identifier(schema, FENCES_TABLE)
 
-    def ensure(self, conn: psycopg.Connection[Any], pipeline: str, sink: str) -> None:
-        """Create both tables if missing and the fence row of this sink (autocommit).
-
-        The fence row is created here, outside any epoch transaction, so that
-        two open epoch transactions never wait on each other's insert of it.
-        """
+    def create(self, conn: psycopg.Connection[Any]) -> None:
+        """Create both tables if missing (autocommit)."""
         for statement in (_CREATE_MARKERS, _CREATE_FENCES):
             query = sql.SQL(statement).format(markers=self.markers, fences=self.fences)
             # Two sessions may run CREATE TABLE IF NOT EXISTS at once; the
             # loser gets a unique violation, and the table exists anyway.
             with contextlib.suppress(errors.UniqueViolation):
                 conn.execute(query)
+
+    def ensure(self, conn: psycopg.Connection[Any], pipeline: str, sink: str) -> None:
+        """Create the fence row of (pipeline, sink) if missing (autocommit).
+
+        The fence row is created here, outside any epoch transaction, so that
+        two open epoch transactions never wait on each other's insert of it.
+        """
         # NOT EXISTS first: a bare ON CONFLICT would wait for a writer that is
         # updating the row inside an open or prepared epoch txn.
         conn.execute(
@@ -102,7 +105,10 @@ class StateTables:
         several prepared transactions of one generation can coexist; a takeover
         (UPDATE) still waits for all of them.
         """
-        lock = sql.SQL("FOR SHARE" if share else "FOR UPDATE")
+        # NOWAIT: a locked fence row means another writer of this sink has an
+        # epoch txn open (a zombie, or a takeover in progress); waiting could
+        # last forever, so fail at once with LockNotAvailable (retryable).
+        lock = sql.SQL("FOR SHARE NOWAIT" if share else "FOR UPDATE NOWAIT")
         query = sql.SQL(
             "WITH fence AS (SELECT generation FROM {fences} "
             " WHERE pipeline = %(p)s AND sink = %(s)s {lock}) "

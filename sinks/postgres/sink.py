@@ -72,7 +72,8 @@ class PostgresSink:
         dsn: libpq DSN or URL, or an SQLAlchemy URL (``postgresql+psycopg://``).
         table: target table name (unquoted; any characters).
         name: the sink's name within the pipeline.
-        pipeline: the pipeline's name.
+        pipeline: the pipeline's name; None accepts txns of any pipeline (the
+            markers and fences are keyed by each txn's own pipeline).
         schema: the target's schema; default the session's current schema.
         key: key columns; default the primary key.
         append_only: the target is keyed by a stable change id and written with
@@ -95,7 +96,7 @@ class PostgresSink:
         table: str,
         *,
         name: str,
-        pipeline: str,
+        pipeline: str | None = None,
         schema: str | None = None,
         key: Sequence[str] | None = None,
         append_only: bool = False,
@@ -106,7 +107,7 @@ class PostgresSink:
         resolve_timeout_s: float = 30.0,
     ) -> None:
         self._name = validate_name("sink", name)
-        self.pipeline = validate_name("pipeline", pipeline)
+        self.pipeline = None if pipeline is None else validate_name("pipeline", pipeline)
         self.target = PgTarget.parse(dsn)
         if not isinstance(table, str) or not table:
             raise ConfigurationError(f"postgres sink {name!r}: table must be a non-empty str")
@@ -124,6 +125,7 @@ class PostgresSink:
         self._idle: _Session | None = None
         self._staged: dict[Key, EpochBatch] = {}
         self._open: dict[Key, _OpenTxn] = {}
+        self._ensured: set[str] = set()  # pipelines whose fence row exists
 
     # -- identity -----------------------------------------------------------
 
@@ -135,7 +137,7 @@ class PostgresSink:
     @property
     def application_name(self) -> str:
         """The application_name of this sink's sessions (visible in pg_stat_activity)."""
-        return f"reconcile:{self.pipeline}:{self._name}"[:63]
+        return f"reconcile:{self.pipeline or '*'}:{self._name}"[:63]
 
     def __repr__(self) -> str:
         return (
@@ -174,7 +176,10 @@ class PostgresSink:
                     f"keyed by one change-id column, not {list(schema.key)}"
                 )
             state = StateTables(self.state_schema or schema.schema)
-            state.ensure(conn, self.pipeline, self._name)
+            state.create(conn)
+            if self.pipeline is not None:
+                state.ensure(conn, self.pipeline, self._name)
+                self._ensured.add(self.pipeline)
         self._schema, self._state = schema, state
         return schema
 
@@ -230,7 +235,7 @@ class PostgresSink:
     # -- the contract -------------------------------------------------------
 
     def _check_txn(self, txn_id: SinkTxnId) -> Fatal | None:
-        if (txn_id.pipeline, txn_id.sink) != (self.pipeline, self._name):
+        if txn_id.sink != self._name or self.pipeline not in (None, txn_id.pipeline):
             return Fatal(
                 f"postgres sink {self._name!r} of pipeline {self.pipeline!r} got txn {txn_id}, "
                 "which belongs to another sink"
@@ -241,22 +246,43 @@ class PostgresSink:
         """Buffer rows (dicts, Changes or Arrow tables) in memory; nothing is sent."""
         if (bad := self._check_txn(txn_id)) is not None:
             return bad
-        if txn_id.key in self._open:
-            return Fatal(f"postgres sink {self._name!r}: cannot stage into prepared txn {txn_id}")
-        batch = self._staged.setdefault(txn_id.key, EpochBatch())
+        # Staging again replaces the epoch's rows (a retry re-stages them).
+        batch = EpochBatch()
         try:
             id_column = self.setup().key[0] if self.append_only else None
             batch.add(rows, id_column=id_column)
+            self._staged[txn_id.key] = batch
         except InvalidInputError as err:
             return Fatal(f"postgres sink {self._name!r}, epoch {txn_id.epoch}: {err}")
         except psycopg.Error as err:
             return Retryable(self.target.redact(f"postgres sink {self._name!r}: {err}"))
         return OK
 
-    def _validated(self, txn_id: SinkTxnId) -> ValidatedBatch:
+    def _validated(self, txn_id: SinkTxnId) -> ValidatedBatch | None:
+        """The staged batch, validated; None if nothing was staged in this client."""
         schema = self.setup()
-        batch = self._staged.get(txn_id.key) or EpochBatch()
+        batch = self._staged.get(txn_id.key)
+        if batch is None:
+            return None
         return validate_batch(schema, batch, sink=self._name, epoch=txn_id.epoch)
+
+    def _ensure_pipeline(self, session: _Session, pipeline: str) -> None:
+        """Create the fence row of (pipeline, sink) once, outside any epoch txn."""
+        if pipeline in self._ensured:
+            return
+        assert self._state is not None
+        session.conn.autocommit = True
+        try:
+            self._state.ensure(session.conn, pipeline, self._name)
+        finally:
+            session.conn.autocommit = False
+        self._ensured.add(pipeline)
+
+    def _not_staged(self, txn_id: SinkTxnId) -> Retryable:
+        return Retryable(
+            f"postgres sink {self._name!r}: nothing staged for {txn_id} in this client "
+            "(staged rows die with their process): stage the epoch again"
+        )
 
     def prepare(self, txn_id: SinkTxnId) -> SinkOutcome:
         """Open the epoch txn: xid, fence, bulk apply, marker. It stays open until commit."""
@@ -280,10 +306,13 @@ class PostgresSink:
             return Retryable(self._describe_error("prepare", txn_id, err))
         conn = session.conn
         try:
+            self._ensure_pipeline(session, txn_id.pipeline)
             with conn.cursor() as cur:
                 state = self._state
                 assert state is not None and self._schema is not None
-                start = state.start_epoch(cur, self.pipeline, self._name, txn_id.epoch, share=False)
+                start = state.start_epoch(
+                    cur, txn_id.pipeline, self._name, txn_id.epoch, share=False
+                )
                 if start.marker is not None:
                     # Already committed (by us before a crash, or by another
                     # generation): a replay must not write it again.
@@ -291,6 +320,10 @@ class PostgresSink:
                     self._release(session)
                     self._open[txn_id.key] = _OpenTxn(txn_id, None)
                     return OK
+                if batch is None:
+                    conn.rollback()
+                    self._release(session)
+                    return self._not_staged(txn_id)
                 fenced = self._check_fence(cur, txn_id, start.fence_generation)
                 if fenced is not None:
                     conn.rollback()
@@ -301,7 +334,7 @@ class PostgresSink:
                 )
                 state.insert_marker(
                     cur,
-                    self.pipeline,
+                    txn_id.pipeline,
                     self._name,
                     txn_id.epoch,
                     txn_id.generation,
@@ -330,7 +363,7 @@ class PostgresSink:
             return None
         if fence is None or fence < txn_id.generation:
             assert self._state is not None
-            fence = self._state.raise_fence(cur, self.pipeline, self._name, txn_id.generation)
+            fence = self._state.raise_fence(cur, txn_id.pipeline, self._name, txn_id.generation)
             if fence == txn_id.generation:
                 return None
         return Fatal(
@@ -385,7 +418,7 @@ class PostgresSink:
             self.setup()
             assert self._state is not None
             with self.target.connect(autocommit=True, application_name=self.application_name) as c:
-                marker = self._state.find_marker(c, self.pipeline, self._name, txn_id.epoch)
+                marker = self._state.find_marker(c, txn_id.pipeline, self._name, txn_id.epoch)
         except ConfigurationError as err:
             return Fatal(self.target.redact(str(err)))
         except psycopg.Error as err:
@@ -403,8 +436,28 @@ class PostgresSink:
         """Roll back the open epoch txn and drop the staged rows. OK if there is none."""
         if (bad := self._check_txn(txn_id)) is not None:
             return bad
+        had_open = txn_id.key in self._open
         self._discard_open(txn_id.key)
         self._staged.pop(txn_id.key, None)
+        if not had_open:
+            try:
+                self.setup()
+                assert self._state is not None
+                with self.target.connect(
+                    autocommit=True, application_name=self.application_name
+                ) as conn:
+                    marker = self._state.find_marker(
+                        conn, txn_id.pipeline, self._name, txn_id.epoch
+                    )
+            except (psycopg.Error, ConfigurationError):
+                # Nothing of this epoch is open in this process, and an epoch
+                # txn never outlives its process: there is nothing to discard.
+                return OK
+            if marker is not None:
+                return Fatal(
+                    f"postgres sink {self._name!r}: abort of {txn_id}, an epoch that is "
+                    "already committed; committed data stays"
+                )
         return OK
 
     def recover(self) -> Sequence[SinkTxnId]:

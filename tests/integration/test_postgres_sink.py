@@ -11,7 +11,7 @@ import pyarrow as pa
 import pytest
 from psycopg import sql
 
-from reconcile.contract import OK, Change, ConfigurationError, Fatal, SinkTxnId
+from reconcile.contract import OK, Change, ConfigurationError, Fatal, Retryable, SinkTxnId
 from reconcile.ids import change_id
 from sinks.base import TwoPhaseSink
 from sinks.postgres import PgTarget, PostgresSink
@@ -76,6 +76,10 @@ def test_upserts_deletes_epoch_column_and_marker(orders: str) -> None:
 
 def test_empty_epoch_writes_only_its_marker(orders: str) -> None:
     sink = PostgresSink(orders, "orders", name="orders", pipeline=PIPE)
+    # Nothing staged in this client (e.g. after a restart) is not an empty epoch.
+    outcome = sink.prepare(txn(7))
+    assert isinstance(outcome, Retryable) and "stage the epoch again" in outcome.reason
+    assert sink.stage(txn(7), []) == OK
     assert sink.prepare(txn(7)) == OK
     assert sink.commit(txn(7)) == OK
     assert rows_of(orders, "SELECT epoch FROM reconcile_commits") == [(7,)]
@@ -258,7 +262,10 @@ def test_password_never_in_errors_reprs_or_logs(
     caplog.set_level(logging.DEBUG)
     name = pg_server.create_database()
     make_table(pg_server.dsn(name))
-    good = f"postgresql://{PASSWORD_USER}:{PASSWORD.replace('!', '%21')}@127.0.0.1:{pg_server.port}/{name}?sslmode=disable"
+    secret = PASSWORD.replace("!", "%21")
+    good = (
+        f"postgresql://{PASSWORD_USER}:{secret}@127.0.0.1:{pg_server.port}/{name}?sslmode=disable"
+    )
     sink = PostgresSink(good, "orders", name="orders", pipeline=PIPE)
     run_epoch(sink, txn(1), [{"k": "a", "v": 1}])  # the password works
     wrong = good.replace("Pa55", "Fa1l")

@@ -1,0 +1,306 @@
+"""The PostgreSQL sink in prepared-transaction (2PC) mode: PREPARE TRANSACTION per epoch."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import psycopg
+from psycopg import errors, sql
+
+from reconcile.contract import (
+    OK,
+    ConfigurationError,
+    Fatal,
+    InvalidInputError,
+    OutcomeUnknownError,
+    Retryable,
+    RetryableError,
+    SinkOutcome,
+    SinkTxnId,
+    TxnIdParseError,
+)
+
+from .apply import apply_with_arrays
+from .resolve import InFlightTxn, Resolution, resolve_commit
+from .sink import PostgresSink, _Session
+
+__all__ = ["PreparedPostgresSink"]
+
+log = logging.getLogger("reconcile.sinks.postgres")
+
+_TAKEOVER_LOCK_TIMEOUT_MS = 5000
+_COMMIT_ATTEMPTS = 5
+
+
+class PreparedPostgresSink(PostgresSink):
+    """Exactly-once sink whose prepare is ``PREPARE TRANSACTION '<txn id>'``.
+
+    A prepared epoch survives a crash of this process and of the server;
+    ``recover()`` lists them from ``pg_prepared_xacts`` (our pipeline and sink
+    only), ``commit`` is ``COMMIT PREPARED`` and ``abort`` is ``ROLLBACK
+    PREPARED``. The marker is written inside the prepared txn, so it proves
+    a commit later. Several epochs (and several sinks) may be prepared at once:
+    the fence row is locked FOR SHARE, which a takeover's UPDATE still waits for.
+
+    Postgres does not allow temporary tables in a prepared transaction, so the
+    batch is applied with one ``unnest()`` statement per operation, not COPY.
+    The server needs ``max_prepared_transactions > 0``. Arguments as for
+    :class:`PostgresSink`.
+    """
+
+    mode = "prepared"
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._inflight: dict[tuple[str, str, int], str] = {}  # key -> xid of the prepared txn
+
+    def _check_server(self, conn: psycopg.Connection[Any]) -> None:
+        row = conn.execute("SELECT current_setting('max_prepared_transactions')::int").fetchone()
+        if row is None or int(row[0]) <= 0:
+            raise ConfigurationError(
+                f"postgres sink {self.name!r} (prepared mode): server {self.target.describe()} "
+                "has max_prepared_transactions = 0, so PREPARE TRANSACTION is disabled. Set "
+                "max_prepared_transactions in postgresql.conf to at least the number of epochs "
+                "prepared at once across all sinks (e.g. 100; it must be >= max_connections "
+                "on a standby too) and restart the server, or use transactional mode"
+            )
+
+    # -- helpers ----------------------------------------------------------------
+
+    def _prepared_here(self, conn: psycopg.Connection[Any]) -> list[SinkTxnId]:
+        """Prepared txns of this pipeline and sink in this database (parsed from gids)."""
+        found = []
+        for (gid,) in conn.execute(
+            "SELECT gid FROM pg_prepared_xacts WHERE database = current_database()"
+        ):
+            try:
+                txn_id = SinkTxnId.from_string(gid)
+            except TxnIdParseError:
+                continue  # another application's prepared txn
+            if txn_id.sink == self.name and self.pipeline in (None, txn_id.pipeline):
+                found.append(txn_id)
+        return found
+
+    @staticmethod
+    def _finish(conn: psycopg.Connection[Any], verb: str, txn_id: SinkTxnId) -> None:
+        """COMMIT PREPARED / ROLLBACK PREPARED, which must run outside a txn block."""
+        conn.autocommit = True
+        try:
+            conn.execute(sql.SQL(verb + " {}").format(sql.Literal(str(txn_id))))
+        finally:
+            if not conn.closed:
+                conn.autocommit = False
+
+    # -- the contract -------------------------------------------------------------
+
+    def prepare(self, txn_id: SinkTxnId) -> SinkOutcome:
+        """Apply the epoch and PREPARE TRANSACTION it: durable, invisible, recoverable."""
+        if (bad := self._check_txn(txn_id)) is not None:
+            return bad
+        try:
+            batch = self._validated(txn_id)
+            session = self._session()
+        except (InvalidInputError, ConfigurationError) as err:
+            return Fatal(self.target.redact(str(err)))
+        except psycopg.Error as err:
+            return Retryable(self._describe_error("prepare", txn_id, err))
+        conn = session.conn
+        state, schema = self._state, self._schema
+        assert state is not None and schema is not None
+        try:
+            self._ensure_pipeline(session, txn_id.pipeline)
+            # Preparing a prepared epoch replaces it. A prepared txn of this
+            # epoch by a newer generation means that we are the zombie.
+            for other in self._prepared_here(conn):
+                if other.epoch != txn_id.epoch:
+                    continue
+                if other.generation > txn_id.generation:
+                    conn.rollback()
+                    self._release(session)
+                    return Fatal(
+                        f"postgres sink {self.name!r}: writer generation {txn_id.generation} "
+                        f"is fenced off: {other} is prepared by a newer generation; nothing "
+                        "was written"
+                    )
+                conn.rollback()
+                self._finish(conn, "ROLLBACK PREPARED", other)
+            with conn.cursor() as cur:
+                start = state.start_epoch(cur, txn_id.pipeline, self.name, txn_id.epoch, share=True)
+                if start.marker is not None:
+                    conn.rollback()
+                    self._release(session)
+                    return OK  # already committed: commit() will find the marker
+                if batch is None:
+                    conn.rollback()
+                    self._release(session)
+                    return self._not_staged(txn_id)
+                if start.fence_generation != txn_id.generation and self.lock_timeout_ms is None:
+                    # A takeover waits for the older generation's prepared
+                    # txns, which only recover() + commit/abort can end.
+                    cur.execute(f"SET LOCAL lock_timeout = {_TAKEOVER_LOCK_TIMEOUT_MS}")
+                fenced = self._check_fence(cur, txn_id, start.fence_generation)
+                if fenced is not None:
+                    conn.rollback()
+                    self._release(session)
+                    return fenced
+                apply_with_arrays(cur, schema, batch, txn_id.epoch, append_only=self.append_only)
+                state.insert_marker(
+                    cur,
+                    txn_id.pipeline,
+                    self.name,
+                    txn_id.epoch,
+                    txn_id.generation,
+                    batch.row_count,
+                )
+                cur.execute(sql.SQL("PREPARE TRANSACTION {}").format(sql.Literal(str(txn_id))))
+        except errors.UniqueViolation as err:
+            self._rollback_quietly(session)
+            if err.diag.table_name == "reconcile_commits":
+                return OK  # committed meanwhile by another writer
+            return self._classify("prepare", txn_id, err)
+        except psycopg.Error as err:
+            # If PREPARE TRANSACTION itself lost its reply, the txn may be
+            # prepared after all: recover() lists it, and a retried prepare
+            # replaces it (see above), so Retryable is safe.
+            self._rollback_quietly(session)
+            return self._classify("prepare", txn_id, err)
+        self._inflight[txn_id.key] = start.xid
+        self._release(session)
+        return OK
+
+    def commit(self, txn_id: SinkTxnId) -> SinkOutcome:
+        """COMMIT PREPARED; OK if the marker shows the epoch already committed.
+
+        Raises:
+            OutcomeUnknownError: the reply was lost and neither the prepared
+                txn list, pg_xact_status nor the marker settles it.
+        """
+        if (bad := self._check_txn(txn_id)) is not None:
+            return bad
+        for _attempt in range(_COMMIT_ATTEMPTS):
+            try:
+                session = self._session()
+            except psycopg.Error as err:
+                return Retryable(self._describe_error("commit", txn_id, err))
+            outcome = self._commit_once(session, txn_id)
+            if outcome is not None:
+                return outcome
+        raise OutcomeUnknownError(
+            f"postgres sink {self.name!r}: COMMIT PREPARED {txn_id} kept failing after "
+            f"{_COMMIT_ATTEMPTS} attempts; it is still prepared (see pg_prepared_xacts)",
+            txn_id=str(txn_id),
+        )
+
+    def _commit_once(self, session: _Session, txn_id: SinkTxnId) -> SinkOutcome | None:
+        """One COMMIT PREPARED attempt; None means "still prepared, try again"."""
+        conn = session.conn
+        state = self._state
+        try:
+            target = txn_id
+            listed = [t for t in self._prepared_here(conn) if t.epoch == txn_id.epoch]
+            conn.rollback()
+            if listed and txn_id not in listed:
+                # Idempotency keys on the epoch: commit the one that is prepared.
+                target = max(listed, key=lambda t: t.generation)
+            if not listed:
+                self.setup()
+                state = self._state
+                assert state is not None
+                marker = state.find_marker(conn, txn_id.pipeline, self.name, txn_id.epoch)
+                conn.rollback()
+                self._release(session)
+                if marker is not None:
+                    self._forget(txn_id)
+                    return OK
+                return Fatal(
+                    f"postgres sink {self.name!r}: {txn_id} is neither prepared nor committed "
+                    "(no marker): it was rolled back; replay the epoch"
+                )
+            self._finish(conn, "COMMIT PREPARED", target)
+        except psycopg.Error as err:
+            log.warning("%s", self._describe_error("COMMIT PREPARED", txn_id, err))
+            conn.close()
+            xid = self._inflight.get(txn_id.key)
+            if xid is None or state is None:
+                return None  # no xid known here: look at pg_prepared_xacts again
+            resolution = resolve_commit(
+                self.target,
+                state,
+                InFlightTxn(txn_id, xid, session.backend, str(txn_id)),
+                timeout=self.resolve_timeout_s,
+                app=self.application_name,
+            )
+            if resolution is Resolution.PREPARED:
+                return None
+            if resolution is Resolution.ABORTED:
+                return Retryable(
+                    f"postgres sink {self.name!r}: prepared txn {txn_id} (xid {xid}) was rolled "
+                    "back; retry the epoch"
+                )
+            self._forget(txn_id)
+            return OK
+        self._release(session)
+        self._forget(txn_id)
+        return OK
+
+    def _forget(self, txn_id: SinkTxnId) -> None:
+        self._inflight.pop(txn_id.key, None)
+        self._staged.pop(txn_id.key, None)
+
+    def abort(self, txn_id: SinkTxnId) -> SinkOutcome:
+        """ROLLBACK PREPARED this epoch's txns of our generation or older. OK if none."""
+        if (bad := self._check_txn(txn_id)) is not None:
+            return bad
+        self._forget(txn_id)
+        try:
+            session = self._session()
+        except psycopg.Error as err:
+            return Retryable(self._describe_error("abort", txn_id, err))
+        conn = session.conn
+        try:
+            listed = [t for t in self._prepared_here(conn) if t.epoch == txn_id.epoch]
+            conn.rollback()
+            for other in listed:
+                # Never roll back a newer generation's txn: we may be the zombie.
+                if other.generation <= txn_id.generation:
+                    try:
+                        self._finish(conn, "ROLLBACK PREPARED", other)
+                    except errors.UndefinedObject:
+                        conn.rollback()  # finished meanwhile by someone else
+            if not listed:
+                self.setup()
+                assert self._state is not None
+                marker = self._state.find_marker(conn, txn_id.pipeline, self.name, txn_id.epoch)
+                conn.rollback()
+                if marker is not None:
+                    self._release(session)
+                    return Fatal(
+                        f"postgres sink {self.name!r}: abort of {txn_id}, an epoch that is "
+                        "already committed; committed data stays"
+                    )
+        except ConfigurationError as err:
+            self._rollback_quietly(session)
+            return Fatal(self.target.redact(str(err)))
+        except psycopg.Error as err:
+            self._rollback_quietly(session)
+            return Retryable(self._describe_error("abort", txn_id, err))
+        self._release(session)
+        return OK
+
+    def recover(self) -> Sequence[SinkTxnId]:
+        """The txns of this pipeline and sink that the server holds prepared.
+
+        Raises:
+            RetryableError: the server cannot be reached (password redacted).
+        """
+        try:
+            with self.target.connect(
+                autocommit=True, application_name=self.application_name
+            ) as conn:
+                return sorted(self._prepared_here(conn))
+        except psycopg.Error as err:
+            raise RetryableError(
+                self.target.redact(f"postgres sink {self.name!r}: recover() failed: {err}")
+            ) from None
