@@ -201,22 +201,27 @@ def _arrow_fits(col: Column, typ: pa.DataType) -> bool:
     return bool(checks.get(kind, stringy))
 
 
+_NO_VALUE: Any = object()
+
+
 class _Checker:
     """Builds the errors: each names the sink, the table, the column and the value."""
 
     def __init__(self, sink: str, schema: TableSchema, epoch: int) -> None:
         self.sink, self.schema, self.epoch = sink, schema, epoch
 
-    def error(self, what: str, column: str | None = None, value: Any = None) -> InvalidInputError:
+    def error(
+        self, what: str, column: str | None = None, value: Any = _NO_VALUE
+    ) -> InvalidInputError:
         where = f" column {column!r}" if column is not None else ""
-        shown = f" value {value!r:.200}" if value is not None or column is not None else ""
+        shown = f" value {value!r:.200}" if value is not _NO_VALUE else ""
         return InvalidInputError(
             f"postgres sink {self.sink!r}, table {self.schema.display}{where}{shown}: {what} "
             f"(epoch {self.epoch}); nothing was written",
             sink=self.sink,
             table=self.schema.display,
             column=column,
-            value=repr(value)[:200],
+            value=None if value is _NO_VALUE else repr(value)[:200],
             epoch=self.epoch,
         )
 
@@ -247,9 +252,11 @@ def validate_batch(
     given = given or set()
     for name in sorted(given):
         if name == EPOCH_COLUMN:
-            raise check.error("the sink writes this column itself; do not give it", name)
+            value = next((r[name] for r in batch.upserts if name in r), _NO_VALUE)
+            raise check.error("the sink writes this column itself; do not give it", name, value)
         if name not in cols:
-            raise check.error("the table has no such column (missing column)", name)
+            value = next((r[name] for r in batch.upserts if name in r), _NO_VALUE)
+            raise check.error("the table has no such column (missing column)", name, value)
     if given:
         for name in schema.key:
             if name not in given:

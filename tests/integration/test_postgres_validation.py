@@ -1,0 +1,162 @@
+"""Postgres sink: every bad input is refused before anything is written, with a precise error."""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+from typing import Any
+
+import psycopg
+import pyarrow as pa
+import pytest
+
+from reconcile.contract import OK, Change, ConfigurationError, Fatal, SinkTxnId
+from sinks.postgres import PostgresSink, PreparedPostgresSink
+
+pytestmark = pytest.mark.integration
+
+PIPE = "pipe"
+DDL = (
+    "CREATE TABLE items (id bigint PRIMARY KEY, name varchar(5) NOT NULL, qty int4, "
+    "price numeric(10,2), at timestamptz, tag uuid, doc jsonb, _epoch bigint)"
+)
+GOOD = {"id": 1, "name": "ok", "qty": 1, "price": 1.5, "at": None, "tag": None, "doc": None}
+
+
+def row(**changes: Any) -> dict[str, Any]:
+    return {**GOOD, **changes}
+
+
+# (case, staged rows, the column the error must name, a fragment of the value shown)
+CASES: list[tuple[str, list[Any], str, str]] = [
+    ("missing column", [row(colour="red")], "colour", "red"),
+    ("int as str", [row(qty="3")], "qty", "'3'"),
+    ("bool for int", [row(qty=True)], "qty", "True"),
+    ("int4 out of range", [row(qty=2**31)], "qty", str(2**31)),
+    ("text too long", [row(name="toolong")], "name", "toolong"),
+    ("NUL in text", [row(name="a\x00")], "name", "a\\x00"),
+    ("not a uuid", [row(tag="nope")], "tag", "nope"),
+    ("naive timestamptz", [row(at=dt.datetime(2024, 1, 1))], "at", "2024"),
+    ("not JSON", [row(doc={1, 2})], "doc", "{1, 2}"),
+    ("NULL key", [row(id=None)], "id", "None"),
+    ("NULL in NOT NULL", [row(name=None)], "name", "None"),
+    ("NOT NULL column missing", [{"id": 1}], "name", ""),
+    ("key column missing", [{"name": "x"}], "id", ""),
+    ("duplicate keys", [row(id=7), row(id=7, name="b")], "id", "7"),
+    ("upsert and delete of one key", [row(id=8), Change("delete", {"id": 8})], "id", "8"),
+    ("delete without key", [Change("delete", {"name": "x"})], "id", "None"),
+    ("ragged columns", [row(id=1), {"id": 2, "name": "x"}], "at", ""),
+    ("_epoch given", [row(_epoch=3)], "_epoch", "3"),
+    ("arrow: wrong type", [pa.table({"id": [1], "name": [5]})], "name", "int64"),
+    ("arrow: NULL key", [pa.table({"id": pa.array([1, None]), "name": ["a", "b"]})], "id", ""),
+    ("arrow: duplicate keys", [pa.table({"id": [4, 4], "name": ["a", "b"]})], "id", "4"),
+    ("arrow: missing column", [pa.table({"id": [1], "name": ["a"], "zz": [1]})], "zz", ""),
+    (
+        "arrow + dict duplicate",
+        [
+            row(id=9),
+            pa.table(
+                {
+                    "id": [9],
+                    "name": ["a"],
+                    "qty": [1],
+                    "price": [1.0],
+                    "at": pa.array([None], pa.null()),
+                    "tag": pa.array([None], pa.null()),
+                    "doc": pa.array([None], pa.null()),
+                }
+            ),
+        ],
+        "id",
+        "9",
+    ),
+]
+
+
+@pytest.fixture
+def items(pg_db: str) -> str:
+    with psycopg.connect(pg_db, autocommit=True) as conn:
+        conn.execute(DDL)
+    return pg_db
+
+
+def nothing_written(dsn: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        assert conn.execute("SELECT count(*) FROM items").fetchone() == (0,)
+        assert conn.execute("SELECT count(*) FROM reconcile_commits").fetchone() == (0,)
+
+
+@pytest.mark.parametrize("mode", [PostgresSink, PreparedPostgresSink])
+def test_every_bad_input_is_refused_with_nothing_written(items: str, mode: type) -> None:
+    sink = mode(items, "items", name="items", pipeline=PIPE)
+    for epoch, (case, rows, column, value) in enumerate(CASES):
+        txn = SinkTxnId(PIPE, "items", epoch, 0)
+        staged = sink.stage(txn, rows)
+        outcome = staged if not staged else sink.prepare(txn)
+        assert isinstance(outcome, Fatal), (case, outcome)
+        reason = outcome.reason
+        assert "public.items" in reason, (case, reason)
+        assert f"column {column!r}" in reason, (case, reason)
+        assert value in reason, (case, reason)
+        assert "nothing was written" in reason, (case, reason)
+        assert sink.abort(txn) == OK
+        nothing_written(items)
+    assert list(sink.recover()) == []
+
+
+def test_valid_values_of_every_kind_are_written(items: str) -> None:
+    sink = PostgresSink(items, "items", name="items", pipeline=PIPE)
+    txn = SinkTxnId(PIPE, "items", 1, 0)
+    tag = uuid.uuid4()
+    rows = [
+        row(
+            id=1,
+            price=2,
+            at=dt.datetime(2024, 1, 1, tzinfo=dt.timezone.utc),
+            tag=str(tag),
+            doc={"a": [1, "x"]},
+        ),
+        row(id=2, name="héé", qty=-5, price=None, doc="s"),
+    ]
+    assert sink.stage(txn, rows) == OK and sink.prepare(txn) == OK and sink.commit(txn) == OK
+    with psycopg.connect(items, autocommit=True) as conn:
+        got = conn.execute(
+            "SELECT id, name, qty, price::text, tag, doc, _epoch FROM items ORDER BY id"
+        ).fetchall()
+    assert got == [
+        (1, "ok", 1, "2.00", tag, {"a": [1, "x"]}, 1),
+        (2, "héé", -5, None, None, "s", 1),
+    ]
+
+
+def test_server_side_rejection_is_fatal_and_rolled_back(items: str) -> None:
+    # A CHECK constraint is only known to the server: the error comes back
+    # from inside the txn, which is rolled back, so nothing is written either.
+    with psycopg.connect(items, autocommit=True) as conn:
+        conn.execute("ALTER TABLE items ADD CONSTRAINT qty_positive CHECK (qty > 0)")
+    sink = PostgresSink(items, "items", name="items", pipeline=PIPE)
+    txn = SinkTxnId(PIPE, "items", 1, 0)
+    assert sink.stage(txn, [row(id=1), row(id=2, qty=-1)]) == OK
+    outcome = sink.prepare(txn)
+    assert isinstance(outcome, Fatal)
+    assert "qty_positive" in outcome.reason and "nothing was written" in outcome.reason
+    nothing_written(items)
+
+
+def test_unusable_targets_are_configuration_errors(pg_db: str) -> None:
+    with psycopg.connect(pg_db, autocommit=True) as conn:
+        conn.execute("CREATE TABLE nokey (a int)")
+    for table in ("absent", "nokey"):
+        sink = PostgresSink(pg_db, table, name="s", pipeline=PIPE)
+        with pytest.raises(ConfigurationError) as err:
+            sink.setup()
+        assert table in str(err.value)
+        txn = SinkTxnId(PIPE, "s", 1, 0)
+        assert sink.stage(txn, [{"a": 1}]) == OK
+        outcome = sink.prepare(txn)
+        assert isinstance(outcome, Fatal) and table in outcome.reason
+    with pytest.raises(ConfigurationError):
+        PostgresSink(pg_db, "nokey", name="bad-name", pipeline=PIPE)
+    other = PostgresSink(pg_db, "nokey", name="s", pipeline=PIPE)
+    outcome = other.prepare(SinkTxnId(PIPE, "t", 1, 0))
+    assert isinstance(outcome, Fatal) and "another sink" in outcome.reason
