@@ -6,10 +6,12 @@ import hashlib
 import io
 from typing import Any
 
+import numpy as np
 import psycopg
 import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
+import pyarrow.compute as pc  # type: ignore[import-untyped, unused-ignore]
 import pyarrow.csv as pacsv  # type: ignore[import-untyped, unused-ignore]
-from psycopg import sql
+from psycopg import errors, sql
 
 from .schema import EPOCH_COLUMN, TableSchema
 from .staging import ValidatedBatch
@@ -17,6 +19,8 @@ from .staging import ValidatedBatch
 __all__ = ["apply_with_arrays", "apply_with_copy"]
 
 _COPY_CHUNK = 1 << 20
+# Below this many Arrow rows the key-range probe is not worth a round trip.
+_DIRECT_MIN_ROWS = 10_000
 
 
 def _upsert_tail(schema: TableSchema, columns: tuple[str, ...], append_only: bool) -> sql.Composed:
@@ -90,7 +94,7 @@ def _copy_rows(
             copy.write_row(row)
 
 
-def _copy_arrow(cur: psycopg.Cursor[Any], name: sql.Identifier, table: pa.Table) -> None:
+def _copy_arrow(cur: psycopg.Cursor[Any], name: sql.Composable, table: pa.Table) -> None:
     # CSV written by Arrow's C++ writer: no per-row Python. Strings are always
     # quoted, NULLs are empty and unquoted, which is exactly COPY CSV's NULL.
     buffer = io.BytesIO()
@@ -113,7 +117,32 @@ def apply_with_copy(
     *,
     append_only: bool,
 ) -> None:
-    """COPY the batch into session temp tables, then upsert and delete in bulk."""
+    """COPY the batch into session temp tables, then upsert and delete in bulk.
+
+    Fast path: a large Arrow batch whose integer key range holds no row of
+    the target yet is COPied straight into the target, under a savepoint; if
+    a key turns out to exist after all (a concurrent writer), the savepoint is
+    rolled back and the batch takes the temp table + ON CONFLICT path.
+    """
+    if batch.delete_keys:
+        # Deletes first: validation guarantees they share no key with upserts.
+        stage = _stage_name("d", schema, schema.key)
+        _ensure_stage(cur, stage, schema, schema.key)
+        _copy_rows(cur, stage, schema, schema.key, batch.delete_keys)
+        cur.execute(_delete_sql(schema, stage))
+    if not batch.rows and batch.arrow is not None and _range_is_free(cur, schema, batch.arrow):
+        direct = batch.arrow
+        if schema.has_epoch_column:
+            epochs = pa.array(np.full(direct.num_rows, epoch, dtype=np.int64))
+            direct = direct.append_column(EPOCH_COLUMN, epochs)
+        cur.execute("SAVEPOINT reconcile_direct_copy")
+        try:
+            _copy_arrow(cur, schema.ident, direct)
+        except errors.UniqueViolation:
+            cur.execute("ROLLBACK TO SAVEPOINT reconcile_direct_copy")
+        else:
+            cur.execute("RELEASE SAVEPOINT reconcile_direct_copy")
+            return
     if batch.rows or batch.arrow is not None:
         stage = _stage_name("u", schema, batch.columns)
         _ensure_stage(cur, stage, schema, batch.columns)
@@ -131,11 +160,23 @@ def apply_with_copy(
             + _upsert_tail(schema, batch.columns, append_only),
             {"epoch": epoch},
         )
-    if batch.delete_keys:
-        stage = _stage_name("d", schema, schema.key)
-        _ensure_stage(cur, stage, schema, schema.key)
-        _copy_rows(cur, stage, schema, schema.key, batch.delete_keys)
-        cur.execute(_delete_sql(schema, stage))
+
+
+def _range_is_free(cur: psycopg.Cursor[Any], schema: TableSchema, table: pa.Table) -> bool:
+    """True if no target row has a key within [min, max] of the batch's integer key."""
+    if table.num_rows < _DIRECT_MIN_ROWS or len(schema.key) != 1:
+        return False
+    key = schema.key[0]
+    if schema.columns[key].kind != "int" or not pa.types.is_integer(table.schema.field(key).type):
+        return False
+    bounds = pc.min_max(table.column(key)).as_py()
+    row = cur.execute(
+        sql.SQL("SELECT EXISTS (SELECT 1 FROM {} WHERE {} BETWEEN %s AND %s)").format(
+            schema.ident, sql.Identifier(key)
+        ),
+        (bounds["min"], bounds["max"]),
+    ).fetchone()
+    return row is not None and not row[0]
 
 
 def _delete_sql(schema: TableSchema, source: sql.Composable) -> sql.Composed:

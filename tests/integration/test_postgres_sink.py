@@ -289,3 +289,27 @@ def test_password_never_in_errors_reprs_or_logs(
     texts.append(caplog.text)
     for text in texts:
         assert PASSWORD not in text and "Fa1lword" not in text and "Pa55word" not in text, text
+
+
+def test_large_arrow_epoch_direct_copy_and_its_fallback(
+    pg_db: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from sinks.postgres import apply
+
+    make_table(pg_db, "id bigint PRIMARY KEY, v bigint, _epoch bigint", "big")
+    sink = PostgresSink(pg_db, "big", name="big", pipeline=PIPE)
+    n = 20_000
+    first = pa.table({"id": pa.array(range(n), pa.int64()), "v": pa.array([1] * n, pa.int64())})
+    run_epoch(sink, txn(1, sink="big"), first)  # key range free: straight COPY
+    # Overlapping keys: the probe sees them, so the upsert path runs.
+    second = pa.table(
+        {"id": pa.array(range(n // 2, n + n // 2), pa.int64()), "v": pa.array([2] * n)}
+    )
+    run_epoch(sink, txn(2, sink="big"), second)
+    # A probe that misses a conflict (as with a concurrent writer): the direct
+    # COPY fails on the key, its savepoint is rolled back, the upsert runs.
+    monkeypatch.setattr(apply, "_range_is_free", lambda *a: True)
+    third = pa.table({"id": pa.array(range(n), pa.int64()), "v": pa.array([3] * n)})
+    run_epoch(sink, txn(3, sink="big"), third)
+    got = rows_of(pg_db, "SELECT v, _epoch, count(*) FROM big GROUP BY 1, 2 ORDER BY 1")
+    assert got == [(2, 2, n // 2), (3, 3, n)]
