@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import select
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -51,6 +52,21 @@ class _OpenTxn:
     txn_id: SinkTxnId
     session: _Session | None  # None: the epoch was already committed (marker found)
     xid: str = ""
+
+
+def _looks_alive(conn: psycopg.Connection[Any]) -> bool:
+    """An idle connection with bytes to read was closed by the server (restart, terminate).
+
+    A zero-timeout poll of the socket costs no round trip; reusing a dead
+    connection would turn the next epoch into a needless Retryable.
+    """
+    if conn.closed or conn.broken:
+        return False
+    try:
+        readable, _, _ = select.select([conn.fileno()], [], [], 0)
+    except (OSError, ValueError, psycopg.Error):
+        return False
+    return not readable
 
 
 class PostgresSink:
@@ -189,8 +205,10 @@ class PostgresSink:
     def _session(self) -> _Session:
         """The idle session, or a new one; it is owned by the caller until released."""
         session, self._idle = self._idle, None
-        if session is not None and not session.conn.closed:
+        if session is not None and _looks_alive(session.conn):
             return session
+        if session is not None:
+            session.conn.close()
         conn = self.target.connect(autocommit=True, application_name=self.application_name)
         try:
             self._apply_settings(conn)
