@@ -198,7 +198,7 @@ class PreparedPostgresSink(PostgresSink):
         conn = session.conn
         state = self._state
         try:
-            target = txn_id
+            target = txn_id  # the gid to commit (idempotency keys on the epoch)
             listed = [t for t in self._prepared_here(conn) if t.epoch == txn_id.epoch]
             conn.rollback()
             if listed and txn_id not in listed:
@@ -228,7 +228,7 @@ class PreparedPostgresSink(PostgresSink):
             resolution = resolve_commit(
                 self.target,
                 state,
-                InFlightTxn(txn_id, xid, session.backend, str(txn_id)),
+                InFlightTxn(txn_id, xid, session.backend, str(target)),
                 timeout=self.resolve_timeout_s,
                 app=self.application_name,
             )
