@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import itertools
 import os
@@ -102,7 +103,31 @@ def _template() -> Path:
             "host all all 127.0.0.1/32 trust\n" + rules
         )
         _TEMPLATE = data
+        atexit.register(shutil.rmtree, root, True)
+        _watchdog(root, None)
     return _TEMPLATE
+
+
+def _watchdog(root: Path, data: Path | None) -> None:
+    """Stop the server and delete its directory if this process dies without doing it.
+
+    A test run killed by a timeout (SIGKILL/SIGTERM) runs no finalizer; this
+    detached shell notices that the test process is gone and cleans up. After
+    a normal stop() the directory is gone and the shell exits by itself.
+    """
+    pg_ctl = " ".join([*_as_postgres(), str(pg_bindir() / "pg_ctl")])
+    stop = f"{pg_ctl} -D '{data}' -m immediate stop >/dev/null 2>&1; " if data else ""
+    script = (
+        f"while kill -0 {os.getpid()} 2>/dev/null && [ -d '{root}' ]; do sleep 1; done; "
+        f"if [ -d '{root}' ]; then {stop}rm -rf '{root}'; fi"
+    )
+    subprocess.Popen(
+        ["sh", "-c", script],
+        start_new_session=True,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
 
 
 class PgServer:
@@ -134,6 +159,7 @@ class PgServer:
         conf = "".join(f"{k} = '{v}'\n" for k, v in self.settings.items())
         (self.data / "postgresql.auto.conf").write_text(conf)
         self._dbs = itertools.count()
+        _watchdog(self.root, self.data)
         self.start()
         with self.connect() as conn:
             conn.execute(
