@@ -129,7 +129,7 @@ def apply_with_copy(
         stage = _stage_name("d", schema, schema.key)
         _ensure_stage(cur, stage, schema, schema.key)
         _copy_rows(cur, stage, schema, schema.key, batch.delete_keys)
-        cur.execute(_delete_sql(schema, stage))
+        cur.execute(_delete_sql(schema, sql.SQL("{} AS d").format(stage)))
     if not batch.rows and batch.arrow is not None and _range_is_free(cur, schema, batch.arrow):
         direct = batch.arrow
         if schema.has_epoch_column:
@@ -180,10 +180,11 @@ def _range_is_free(cur: psycopg.Cursor[Any], schema: TableSchema, table: pa.Tabl
 
 
 def _delete_sql(schema: TableSchema, source: sql.Composable) -> sql.Composed:
+    """DELETE the target rows whose key matches a row of ``source`` (aliased ``d``)."""
     match = sql.SQL(" AND ").join(
         sql.SQL("t.{0} = d.{0}").format(sql.Identifier(k)) for k in schema.key
     )
-    return sql.SQL("DELETE FROM {} AS t USING {} AS d WHERE {}").format(schema.ident, source, match)
+    return sql.SQL("DELETE FROM {} AS t USING {} WHERE {}").format(schema.ident, source, match)
 
 
 def _unnest(schema: TableSchema, columns: tuple[str, ...], alias: str) -> sql.Composed:

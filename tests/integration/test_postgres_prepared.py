@@ -192,3 +192,30 @@ def test_prepared_epoch_survives_kill9_of_the_postmaster(private_pg_server: PgSe
     assert sink.stage(txn(3), rows(3)) == OK
     assert sink.prepare(txn(3)) == OK and sink.commit(txn(3)) == OK
     assert visible(dsn) == expected(1, 2, 3)
+
+
+@pytest.mark.parametrize("mode", ["transactional", "prepared"])
+def test_every_row_form_without_epoch_column(pg_server: PgServer, db: str, mode: str) -> None:
+    import pyarrow as pa
+
+    from reconcile.contract import Change
+
+    dsn = pg_server.dsn(db)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE plain (a int, b text, v float8, PRIMARY KEY (a, b))")
+    sink = postgres_sink(dsn, "plain", mode=mode, name="plain", pipeline=PIPE)
+    t1 = txn(1, sink="plain")
+    arrow = pa.table({"a": [1, 1, 2], "b": ["x", "y", "x"], "v": [0.5, 1.5, 2.5]})
+    assert sink.stage(t1, arrow) == OK
+    assert sink.prepare(t1) == OK and sink.commit(t1) == OK
+    t2 = txn(2, sink="plain")
+    changes = [
+        Change("delete", {"a": 1, "b": "y"}),
+        Change("upsert", {"a": 2, "b": "x", "v": 9.0}),
+        {"a": 3, "b": "z", "v": None},
+    ]
+    assert sink.stage(t2, changes) == OK
+    assert sink.prepare(t2) == OK and sink.commit(t2) == OK
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        got = conn.execute("SELECT a, b, v FROM plain ORDER BY a, b").fetchall()
+    assert got == [(1, "x", 0.5), (2, "x", 9.0), (3, "z", None)]
