@@ -410,7 +410,17 @@ class PostgresSink:
             session.conn.commit()
         except psycopg.Error as err:
             log.warning("%s", self._describe_error("COMMIT", txn_id, err))
+            answered = not session.conn.broken and isinstance(
+                err, psycopg.IntegrityError | psycopg.DataError
+            )
             session.conn.close()
+            if answered:
+                # The server itself rejected the COMMIT (e.g. a deferred
+                # constraint): that reply is definite, the txn rolled back, and
+                # a retry of the same data would fail again.
+                return self._classify("COMMIT", txn_id, err)
+            # Anything else (no reply, a broken connection, a timeout): the
+            # outcome is asked from the database; see resolve.py.
             assert self._state is not None
             inflight = InFlightTxn(txn_id, txn.xid, session.backend)
             resolution = resolve_commit(

@@ -104,8 +104,9 @@ def test_every_bad_input_is_refused_with_nothing_written(items: str, mode: type)
     assert list(sink.recover()) == []
 
 
-def test_valid_values_of_every_kind_are_written(items: str) -> None:
-    sink = PostgresSink(items, "items", name="items", pipeline=PIPE)
+@pytest.mark.parametrize("mode", [PostgresSink, PreparedPostgresSink])
+def test_valid_values_of_every_kind_are_written(items: str, mode: type) -> None:
+    sink = mode(items, "items", name="items", pipeline=PIPE)
     txn = SinkTxnId(PIPE, "items", 1, 0)
     tag = uuid.uuid4()
     rows = [
@@ -160,3 +161,20 @@ def test_unusable_targets_are_configuration_errors(pg_db: str) -> None:
     other = PostgresSink(pg_db, "nokey", name="s", pipeline=PIPE)
     outcome = other.prepare(SinkTxnId(PIPE, "t", 1, 0))
     assert isinstance(outcome, Fatal) and "another sink" in outcome.reason
+
+
+def test_commit_rejected_by_a_deferred_constraint_is_fatal(items: str) -> None:
+    with psycopg.connect(items, autocommit=True) as conn:
+        conn.execute("CREATE TABLE parent (id int PRIMARY KEY)")
+        conn.execute(
+            "ALTER TABLE items ADD CONSTRAINT qty_fk FOREIGN KEY (qty) "
+            "REFERENCES parent (id) DEFERRABLE INITIALLY DEFERRED"
+        )
+    sink = PostgresSink(items, "items", name="items", pipeline=PIPE)
+    txn = SinkTxnId(PIPE, "items", 1, 0)
+    assert sink.stage(txn, [row(id=1, qty=42)]) == OK
+    assert sink.prepare(txn) == OK  # the FK is checked only at COMMIT
+    outcome = sink.commit(txn)
+    assert isinstance(outcome, Fatal) and "qty_fk" in outcome.reason
+    assert "nothing was written" in outcome.reason
+    nothing_written(items)
