@@ -24,7 +24,8 @@ from reconcile.contract import (
 
 from .apply import apply_with_arrays
 from .resolve import InFlightTxn, Resolution, resolve_commit
-from .sink import PostgresSink, _Session
+from .session import Session
+from .sink import PostgresSink
 
 __all__ = ["PreparedPostgresSink"]
 
@@ -193,7 +194,7 @@ class PreparedPostgresSink(PostgresSink):
             txn_id=str(txn_id),
         )
 
-    def _commit_once(self, session: _Session, txn_id: SinkTxnId) -> SinkOutcome | None:
+    def _commit_once(self, session: Session, txn_id: SinkTxnId) -> SinkOutcome | None:
         """One COMMIT PREPARED attempt; None means "still prepared, try again"."""
         conn = session.conn
         state = self._state

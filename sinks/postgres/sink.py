@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import select
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -26,8 +25,9 @@ from reconcile.contract import (
 from .apply import apply_with_copy
 from .connection import PgTarget
 from .markers import StateTables
-from .resolve import BackendIdentity, InFlightTxn, Resolution, backend_identity, resolve_commit
+from .resolve import InFlightTxn, Resolution, resolve_commit
 from .schema import EPOCH_COLUMN, TableSchema, reflect_table
+from .session import Session, SessionSlot, classify_failure, describe_failure
 from .staging import EpochBatch, ValidatedBatch, validate_batch
 
 __all__ = ["PostgresSink"]
@@ -38,35 +38,12 @@ Key = tuple[str, str, int]
 
 
 @dataclass
-class _Session:
-    """A connection and the identity of its backend (recorded once per connection)."""
-
-    conn: psycopg.Connection[Any]
-    backend: BackendIdentity
-
-
-@dataclass
 class _OpenTxn:
     """An epoch txn that prepare() left open, waiting for commit()."""
 
     txn_id: SinkTxnId
-    session: _Session | None  # None: the epoch was already committed (marker found)
+    session: Session | None  # None: the epoch was already committed (marker found)
     xid: str = ""
-
-
-def _looks_alive(conn: psycopg.Connection[Any]) -> bool:
-    """An idle connection with bytes to read was closed by the server (restart, terminate).
-
-    A zero-timeout poll of the socket costs no round trip; reusing a dead
-    connection would turn the next epoch into a needless Retryable.
-    """
-    if conn.closed or conn.broken:
-        return False
-    try:
-        readable, _, _ = select.select([conn.fileno()], [], [], 0)
-    except (OSError, ValueError, psycopg.Error):
-        return False
-    return not readable
 
 
 class PostgresSink:
@@ -138,7 +115,12 @@ class PostgresSink:
         self.resolve_timeout_s = resolve_timeout_s
         self._schema: TableSchema | None = None
         self._state: StateTables | None = None
-        self._idle: _Session | None = None
+        self._sessions = SessionSlot(
+            self.target,
+            self.application_name,
+            statement_timeout=statement_timeout_ms,
+            lock_timeout=lock_timeout_ms,
+        )
         self._staged: dict[Key, EpochBatch] = {}
         self._open: dict[Key, _OpenTxn] = {}
         self._ensured: set[str] = set()  # pipelines whose fence row exists
@@ -176,7 +158,7 @@ class PostgresSink:
         if self._schema is not None and self._state is not None:
             return self._schema
         with self.target.connect(autocommit=True, application_name=self.application_name) as conn:
-            self._apply_settings(conn)
+            self._sessions.apply_settings(conn)
             self._check_server(conn)
             schema = reflect_table(conn, self.schema_name, self.table, self.key)
             if self.create_epoch_column and not schema.has_epoch_column:
@@ -202,47 +184,18 @@ class PostgresSink:
     def _check_server(self, conn: psycopg.Connection[Any]) -> None:
         """Mode-specific server requirements (none in transactional mode)."""
 
-    def _session(self) -> _Session:
+    def _session(self) -> Session:
         """The idle session, or a new one; it is owned by the caller until released."""
-        session, self._idle = self._idle, None
-        if session is not None and _looks_alive(session.conn):
-            return session
-        if session is not None:
-            session.conn.close()
-        conn = self.target.connect(autocommit=True, application_name=self.application_name)
-        try:
-            self._apply_settings(conn)
-            # Large epochs stage in temp tables; give them memory before the
-            # session first touches one (the setting is fixed after that).
-            conn.execute("SET temp_buffers = '128MB'")
-            identity = backend_identity(conn)
-            conn.autocommit = False
-        except BaseException:
-            conn.close()
-            raise
-        return _Session(conn, identity)
+        return self._sessions.take()
 
-    def _apply_settings(self, conn: psycopg.Connection[Any]) -> None:
-        for setting, value in (
-            ("statement_timeout", self.statement_timeout_ms),
-            ("lock_timeout", self.lock_timeout_ms),
-        ):
-            if value is not None:
-                conn.execute("SELECT set_config(%s, %s, false)", (setting, str(int(value))))
-
-    def _release(self, session: _Session) -> None:
-        if self._idle is None and not session.conn.closed and not session.conn.broken:
-            self._idle = session
-        else:
-            session.conn.close()
+    def _release(self, session: Session) -> None:
+        self._sessions.release(session)
 
     def close(self) -> None:
         """Roll back open epochs and close connections."""
         for key in list(self._open):
             self._discard_open(key)
-        if self._idle is not None:
-            self._idle.conn.close()
-            self._idle = None
+        self._sessions.close()
 
     def __enter__(self) -> PostgresSink:
         return self
@@ -284,7 +237,7 @@ class PostgresSink:
             return None
         return validate_batch(schema, batch, sink=self._name, epoch=txn_id.epoch)
 
-    def _ensure_pipeline(self, session: _Session, pipeline: str) -> None:
+    def _ensure_pipeline(self, session: Session, pipeline: str) -> None:
         """Create the fence row of (pipeline, sink) once, outside any epoch txn."""
         if pipeline in self._ensured:
             return
@@ -499,36 +452,14 @@ class PostgresSink:
         if txn is not None and txn.session is not None:
             self._rollback_quietly(txn.session)
 
-    def _rollback_quietly(self, session: _Session) -> None:
-        """Roll back after an error; a failing rollback is logged, never raised over it."""
-        try:
-            session.conn.rollback()
-        except psycopg.Error as err:
-            log.warning("rollback failed (%s); closing", self.target.redact(str(err)))
-            session.conn.close()
-        self._release(session)
+    def _rollback_quietly(self, session: Session) -> None:
+        self._sessions.rollback_quietly(session)
 
     def _describe_error(self, op: str, txn_id: SinkTxnId, err: BaseException) -> str:
         table = self._schema.display if self._schema else self.table
-        state = getattr(err, "sqlstate", None)
-        return self.target.redact(
-            f"postgres sink {self._name!r}, table {table}, {op}({txn_id}) on "
-            f"{self.target.describe()} failed{f' [{state}]' if state else ''}: "
-            f"{str(err).strip()}"
-        )
+        return describe_failure(self.target, self._name, table, op, txn_id, err)
 
     def _classify(self, op: str, txn_id: SinkTxnId, err: psycopg.Error) -> SinkOutcome:
-        """Sort a failure before COMMIT: bad data is fatal, anything else may pass on retry.
-
-        Either way the txn was rolled back, so nothing of the epoch was written.
-        """
+        """Either way the txn was rolled back, so nothing of the epoch was written."""
         message = self._describe_error(op, txn_id, err) + "; nothing was written"
-        terminal = (
-            psycopg.DataError,
-            psycopg.IntegrityError,
-            psycopg.ProgrammingError,
-            psycopg.NotSupportedError,
-        )
-        if isinstance(err, terminal) and not isinstance(err, errors.InsufficientPrivilege):
-            return Fatal(message)
-        return Retryable(message)
+        return classify_failure(message, err)
