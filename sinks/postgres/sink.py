@@ -441,6 +441,33 @@ class PostgresSink:
                 )
         return OK
 
+    def fence(self, pipeline: str, generation: int, *, lock_timeout_ms: int = 5000) -> None:
+        """Take over eagerly: raise the fence to ``generation`` now, not at the next epoch.
+
+        From then on, a writer of an older generation is rejected inside its
+        own txn. Waits (up to ``lock_timeout_ms``) for an older writer's open
+        or prepared epoch txn, which holds the fence row locked.
+
+        Raises:
+            FencedError: a newer generation already holds the fence.
+            psycopg.Error: the server is unreachable or the wait timed out (redacted).
+        """
+        self.setup()
+        assert self._state is not None
+        validate_name("pipeline", pipeline)
+        with self.target.connect(autocommit=False, application_name=self.application_name) as c:
+            c.execute("SELECT set_config('lock_timeout', %s, true)", (str(int(lock_timeout_ms)),))
+            with c.cursor() as cur:
+                current = self._state.raise_fence(cur, pipeline, self._name, generation)
+            c.commit()
+        if current != generation:
+            raise FencedError(
+                f"postgres sink {self._name!r}: cannot take over with generation {generation}: "
+                f"the fence is already at generation {current}",
+                generation=generation,
+                fence=current,
+            )
+
     def recover(self) -> Sequence[SinkTxnId]:
         """Always []: in transactional mode an open epoch txn never outlives its connection."""
         return []

@@ -313,3 +313,19 @@ def test_large_arrow_epoch_direct_copy_and_its_fallback(
     run_epoch(sink, txn(3, sink="big"), third)
     got = rows_of(pg_db, "SELECT v, _epoch, count(*) FROM big GROUP BY 1, 2 ORDER BY 1")
     assert got == [(2, 2, n // 2), (3, 3, n)]
+
+
+def test_eager_takeover_fences_the_old_writer_before_the_new_one_writes(orders: str) -> None:
+    from reconcile.contract import FencedError
+
+    old = PostgresSink(orders, "orders", name="orders", pipeline=PIPE)
+    run_epoch(old, txn(1, generation=1), [{"k": "a", "v": 1}])
+    new = PostgresSink(orders, "orders", name="orders", pipeline=PIPE)
+    new.fence(PIPE, 2)
+    new.fence(PIPE, 2)  # idempotent
+    assert old.stage(txn(2, generation=1), [{"k": "zombie", "v": 0}]) == OK
+    outcome = old.prepare(txn(2, generation=1))
+    assert isinstance(outcome, Fatal) and "fenced" in outcome.reason
+    with pytest.raises(FencedError):
+        old.fence(PIPE, 1)
+    assert rows_of(orders, "SELECT k FROM orders") == [("a",)]
