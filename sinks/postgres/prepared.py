@@ -115,7 +115,7 @@ class PreparedPostgresSink(PostgresSink):
             # Preparing a prepared epoch replaces it. A prepared txn of this
             # epoch by a newer generation means that we are the zombie.
             for other in self._prepared_here(conn):
-                if other.epoch != txn_id.epoch:
+                if other.key != txn_id.key:
                     continue
                 if other.generation > txn_id.generation:
                     conn.rollback()
@@ -200,10 +200,18 @@ class PreparedPostgresSink(PostgresSink):
         state = self._state
         try:
             target = txn_id  # the gid to commit (idempotency keys on the epoch)
-            listed = [t for t in self._prepared_here(conn) if t.epoch == txn_id.epoch]
+            same_epoch = [t for t in self._prepared_here(conn) if t.key == txn_id.key]
             conn.rollback()
+            # Idempotency keys on the epoch: commit the one that is prepared,
+            # but never a newer generation's txn (we may be the zombie).
+            listed = [t for t in same_epoch if t.generation <= txn_id.generation]
+            if same_epoch and not listed:
+                self._release(session)
+                return Fatal(
+                    f"postgres sink {self.name!r}: writer generation {txn_id.generation} is "
+                    f"fenced off: {same_epoch[0]} is prepared by a newer generation"
+                )
             if listed and txn_id not in listed:
-                # Idempotency keys on the epoch: commit the one that is prepared.
                 target = max(listed, key=lambda t: t.generation)
             if not listed:
                 self.setup()
@@ -261,7 +269,7 @@ class PreparedPostgresSink(PostgresSink):
             return Retryable(self._describe_error("abort", txn_id, err))
         conn = session.conn
         try:
-            listed = [t for t in self._prepared_here(conn) if t.epoch == txn_id.epoch]
+            listed = [t for t in self._prepared_here(conn) if t.key == txn_id.key]
             conn.rollback()
             for other in listed:
                 # Never roll back a newer generation's txn: we may be the zombie.

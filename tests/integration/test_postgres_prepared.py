@@ -219,3 +219,18 @@ def test_every_row_form_without_epoch_column(pg_server: PgServer, db: str, mode:
     with psycopg.connect(dsn, autocommit=True) as conn:
         got = conn.execute("SELECT a, b, v FROM plain ORDER BY a, b").fetchall()
     assert got == [(1, "x", 0.5), (2, "x", 9.0), (3, "z", None)]
+
+
+def test_zombie_cannot_commit_a_newer_generations_prepared_txn(
+    pg_server: PgServer, db: str
+) -> None:
+    dsn = pg_server.dsn(db)
+    new = PreparedPostgresSink(dsn, "orders", name="orders", pipeline=PIPE)
+    assert new.stage(txn(1, 2), rows(1)) == OK and new.prepare(txn(1, 2)) == OK
+    zombie = PreparedPostgresSink(dsn, "orders", name="orders", pipeline=PIPE)
+    outcome = zombie.commit(txn(1, 1))
+    assert isinstance(outcome, Fatal) and "fenced" in outcome.reason
+    assert gids(dsn) == [str(txn(1, 2))] and visible(dsn) == {}
+    # The newer generation decides: here it aborts, and nothing is visible.
+    assert new.abort(txn(1, 2)) == OK
+    assert gids(dsn) == [] and visible(dsn) == {}
