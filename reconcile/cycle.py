@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,7 +27,7 @@ from reconcile.contract import (
 from reconcile.faults import FaultPlan
 from reconcile.metrics import Metrics, NullMetrics, timed
 from reconcile.progress import EpochStatus, ProgressLog
-from sinks.base import TwoPhaseSink, check_outcome
+from sinks.base import TwoPhaseSink, check_outcome, has_durable_prepare
 
 __all__ = [
     "CommitAborted",
@@ -80,6 +80,9 @@ class RecoveryReport:
     aborted: list[str] = field(default_factory=list)
     finalized_epochs: list[int] = field(default_factory=list)
     abandoned_epochs: list[int] = field(default_factory=list)
+    # Committed epochs that sinks without a durable prepare still lack: the
+    # next run_epoch() of that epoch replays its outputs into them.
+    replay_needed: dict[int, list[str]] = field(default_factory=dict)
 
 
 class _StepFailed(Exception):
@@ -194,9 +197,21 @@ class CommitCycle:
             # commit each one again. That is a no-op where the epoch is in the
             # sink, and not OK where it is neither committed nor prepared, which
             # stops here with an error instead of silently losing the epoch.
+            # A sink without a durable prepare (its open txn died with the old
+            # process) may lack the epoch with nothing to commit: that is
+            # expected, and the epoch stays COMMITTED until run_epoch() replays
+            # its outputs into that sink.
             for epoch in self.progress.epochs_in(EpochStatus.COMMITTED):
+                lacking = []
                 for name, sink in self.sinks.items():
-                    self._settle(sink, "commit", SinkTxnId(self.pipeline, name, epoch, generation))
+                    txn = SinkTxnId(self.pipeline, name, epoch, generation)
+                    if has_durable_prepare(sink):
+                        self._settle(sink, "commit", txn)
+                    elif not isinstance(self._try(sink, "commit", txn), Ok):
+                        lacking.append(name)
+                if lacking:
+                    report.replay_needed[epoch] = lacking
+                    continue
                 self.progress.mark(epoch, EpochStatus.FINALIZED, generation)
                 report.finalized_epochs.append(epoch)
             self.metrics.count("recovery.committed", len(report.committed))
@@ -212,8 +227,8 @@ class CommitCycle:
             log.info("start: generation %d, %s", generation, report)
             return report
 
-    def _settle(self, sink: TwoPhaseSink, operation: str, txn: SinkTxnId) -> None:
-        """Commit or abort a stranded txn, retrying Retryable outcomes."""
+    def _try(self, sink: TwoPhaseSink, operation: str, txn: SinkTxnId) -> SinkOutcome:
+        """Run an idempotent txn operation, retrying Retryable outcomes and exceptions."""
         outcome: SinkOutcome = Retryable("not tried")
         for _ in range(self.commit_attempts):
             try:
@@ -224,6 +239,12 @@ class CommitCycle:
                 outcome = Retryable(repr(exc))
             if isinstance(outcome, Ok | Fatal):
                 break
+            self.metrics.count(f"sink.{operation}.retryable")
+        return outcome
+
+    def _settle(self, sink: TwoPhaseSink, operation: str, txn: SinkTxnId) -> None:
+        """Commit or abort a stranded txn, or raise FatalError naming it."""
+        outcome = self._try(sink, operation, txn)
         if not isinstance(outcome, Ok):
             raise FatalError(
                 f"recovery could not {operation} stranded txn {txn} in sink {sink.name!r}: "
@@ -266,9 +287,13 @@ class CommitCycle:
         # finalize in this process must reach every sink before anything else.
         for pending in self.progress.epochs_in(EpochStatus.COMMITTED):
             if pending != epoch:
-                done = self._complete(pending, self._txns(pending, generation), generation)
+                done = self._complete(pending, self._txns(pending, generation), generation, None)
                 if not isinstance(done, CommitSucceeded):
                     return done
+        if not all(has_durable_prepare(s) for s in self.sinks.values()):
+            # A sink without a durable prepare may need the outputs a second
+            # time (a replay after its open txn died): keep one-shot iterators.
+            outputs = {n: list(v) if isinstance(v, Iterator) else v for n, v in outputs.items()}
         txns = self._txns(epoch, generation)
         status = self.progress.status(epoch)
         with timed(self.metrics, "cycle.epoch"):
@@ -280,7 +305,7 @@ class CommitCycle:
             if status is EpochStatus.COMMITTED:
                 # Decided and committed in the log, not yet in every sink:
                 # finish it; the replayed outputs are not needed.
-                result = self._complete(epoch, txns, generation)
+                result = self._complete(epoch, txns, generation, outputs)
             else:
                 result = self._run(epoch, outputs, txns, generation)
         self.metrics.count(f"cycle.outcome.{type(result).__name__}")
@@ -347,18 +372,20 @@ class CommitCycle:
                 return self._abort(epoch, txns, generation, failed)
             return CommitFatal(epoch, failed.step, failed.reason)
 
-        return self._complete(epoch, txns, generation)
+        return self._complete(epoch, txns, generation, outputs)
 
-    def _complete(self, epoch: int, txns: dict[str, SinkTxnId], generation: int) -> CommitResult:
+    def _complete(
+        self,
+        epoch: int,
+        txns: dict[str, SinkTxnId],
+        generation: int,
+        outputs: Mapping[str, Iterable[Any]] | None,
+    ) -> CommitResult:
         """Take an epoch that passed the commit point into every sink, then finalize it."""
         # Past the commit point: sink commits are idempotent, so retry them.
         # If a sink still cannot commit, stop; start() commits it on restart.
         try:
-            self._step(
-                "commit",
-                lambda: self._each_sink("commit", txns, attempts=self.commit_attempts),
-                fatal=True,
-            )
+            self._step("commit", lambda: self._commit_sinks(epoch, txns, outputs), fatal=True)
         except _StepFailed as failed:
             return CommitFatal(epoch, failed.step, failed.reason)
 
@@ -396,29 +423,60 @@ class CommitCycle:
                     step, f"{type(exc).__name__}: {exc}", fatal=fatal, definite=False
                 ) from exc
 
-    def _each_sink(
+    def _commit_sinks(
         self,
-        operation: str,
+        epoch: int,
         txns: dict[str, SinkTxnId],
-        args: Any = lambda name: (),
-        *,
-        attempts: int = 1,
+        outputs: Mapping[str, Iterable[Any]] | None,
     ) -> None:
-        """Run ``operation`` on every sink; raise _StepFailed on the first failure."""
+        """Commit ``epoch`` in every sink, replaying it where a prepare was not durable."""
         for name, sink in self.sinks.items():
             txn = txns[name]
-            outcome: SinkOutcome = Retryable("not tried")
-            for _ in range(attempts):
-                try:
-                    value = getattr(sink, operation)(txn, *args(name))
-                except Exception as exc:
-                    # An exception means the outcome is unknown; every sink
-                    # operation is idempotent, so treating it as Retryable is safe.
-                    value = Retryable(f"{type(exc).__name__}: {exc}")
-                outcome = check_outcome(name, operation, txn, value)
-                if not isinstance(outcome, Retryable):
-                    break
-                self.metrics.count(f"sink.{operation}.retryable")
+            outcome = self._try(sink, "commit", txn)
+            if isinstance(outcome, Ok):
+                continue
+            if has_durable_prepare(sink):
+                # A durable prepare that will not commit: stop; start() retries it.
+                raise _StepFailed("commit", f"sink {name!r} commit({txn}): {outcome}", fatal=True)
+            # The sink's open txn is gone (a dropped connection, an aborted
+            # ambiguous COMMIT, a restart) and the epoch is not in it, while the
+            # log says the epoch committed: replay its outputs into this sink.
+            # Its commit marker makes the replay exactly-once.
+            if outputs is None:
+                raise _StepFailed(
+                    "commit",
+                    f"epoch {epoch} is committed but sink {name!r} lacks it and cannot keep a "
+                    f"prepared txn across restarts: run_epoch({epoch}, outputs) to replay it",
+                    fatal=True,
+                )
+            self.metrics.count("sink.commit.replayed")
+            for operation, args in (("stage", (outputs.get(name, ()),)), ("prepare", ())):
+                step = check_outcome(name, operation, txn, getattr(sink, operation)(txn, *args))
+                if not isinstance(step, Ok):
+                    raise _StepFailed(
+                        "commit",
+                        f"replay of {txn} into sink {name!r}: {operation}: {step}",
+                        fatal=True,
+                    )
+            outcome = self._try(sink, "commit", txn)
+            if not isinstance(outcome, Ok):
+                raise _StepFailed(
+                    "commit", f"replay of {txn} into sink {name!r}: commit: {outcome}", fatal=True
+                )
+
+    def _each_sink(
+        self, operation: str, txns: dict[str, SinkTxnId], args: Any = lambda name: ()
+    ) -> None:
+        """Run stage or prepare on every sink; raise _StepFailed on the first failure."""
+        for name, sink in self.sinks.items():
+            txn = txns[name]
+            try:
+                value = getattr(sink, operation)(txn, *args(name))
+            except Exception as exc:
+                # Before the commit point an unknown outcome is harmless: the
+                # epoch is aborted everywhere, and abort is idempotent.
+                value = Retryable(f"{type(exc).__name__}: {exc}")
+            outcome = check_outcome(name, operation, txn, value)
             if not isinstance(outcome, Ok):
                 raise _StepFailed(
                     operation,

@@ -17,6 +17,7 @@ from reconcile.contract import (
     SinkOutcome,
     SinkTxnId,
 )
+from sinks.base import has_durable_prepare
 
 __all__ = [
     "CYCLE_POINTS",
@@ -148,6 +149,10 @@ class FaultySink:
     @property
     def name(self) -> str:
         return str(self.inner.name)
+
+    @property
+    def durable_prepare(self) -> bool:
+        return has_durable_prepare(self.inner)
 
     def _call(self, operation: str, *args: Any) -> Any:
         point = f"sink.{self.name}.{operation}"

@@ -14,7 +14,7 @@ from reconcile.contract import (
     SinkTxnId,
 )
 
-__all__ = ["TwoPhaseSink", "check_outcome"]
+__all__ = ["TwoPhaseSink", "check_outcome", "has_durable_prepare"]
 
 
 @runtime_checkable
@@ -59,6 +59,19 @@ class TwoPhaseSink(Protocol):
     def recover(self) -> Sequence[SinkTxnId]:
         """List every txn that the external system holds prepared but not committed."""
         ...
+
+
+def has_durable_prepare(sink: object) -> bool:
+    """Whether ``sink``'s prepared txns survive a crash of the process that prepared them.
+
+    A sink may set ``durable_prepare = False`` (Postgres in transactional mode,
+    whose "prepared" txn is an open transaction that dies with its connection).
+    Such a sink's ``recover()`` lists nothing, and after a crash past the commit
+    point its ``commit`` is OK only if the epoch got in; otherwise the cycle
+    replays the epoch's outputs into it (stage, prepare, commit), which its
+    own idempotency (a commit marker) makes exactly-once. Default: True.
+    """
+    return bool(getattr(sink, "durable_prepare", True))
 
 
 def check_outcome(sink: str, operation: str, txn_id: SinkTxnId, value: object) -> SinkOutcome:

@@ -52,6 +52,7 @@ class PreparedPostgresSink(PostgresSink):
     """
 
     mode = "prepared"
+    durable_prepare = True  # PREPARE TRANSACTION survives crashes and restarts
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

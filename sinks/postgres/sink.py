@@ -82,6 +82,8 @@ class PostgresSink:
     """
 
     mode = "transactional"
+    # The open epoch txn dies with its connection: see sinks.base.has_durable_prepare.
+    durable_prepare = False
 
     def __init__(
         self,

@@ -12,8 +12,10 @@ from reconcile.contract import (
     ConfigurationError,
     ContractViolationError,
     EpochOrderError,
+    Fatal,
     FatalError,
     InvalidInputError,
+    Retryable,
     SinkOutcome,
     SinkTxnId,
     UnknownSinkError,
@@ -208,3 +210,61 @@ def test_start_never_finalizes_an_epoch_a_sink_does_not_hold() -> None:
     with pytest.raises(FatalError, match=r"could not commit stranded txn pipe-a-0-g2 in sink 'a'"):
         cycle.start()
     assert progress.status(0) is EpochStatus.COMMITTED
+
+
+class VolatileSink(MemorySink):
+    """Like Postgres in transactional mode: the prepared batch lives in the client only."""
+
+    durable_prepare = False
+
+    def __init__(self, name: str, store: MemoryStore) -> None:
+        super().__init__(name, store)
+        self._open: dict[SinkTxnId, list[Any]] = {}
+
+    def prepare(self, txn_id: SinkTxnId) -> SinkOutcome:
+        if txn_id not in self._staged:
+            return Retryable("nothing staged")
+        self._open[txn_id] = self._staged.pop(txn_id)
+        return OK
+
+    def commit(self, txn_id: SinkTxnId) -> SinkOutcome:
+        if txn_id.key in self.store.committed:
+            return OK  # the "marker": this epoch is in
+        if txn_id not in self._open:
+            return Fatal(f"{txn_id}: the open txn died; replay the epoch")
+        self.store.committed[txn_id.key] = (txn_id, self._open.pop(txn_id))
+        return OK
+
+    def recover(self) -> Sequence[SinkTxnId]:
+        return []
+
+
+def test_a_sink_without_durable_prepare_gets_the_epoch_replayed_after_a_crash() -> None:
+    store = MemoryStore()
+    progress = MemoryProgressLog()
+    plan = FaultPlan([Fault("cycle.commit_progress", FaultKind.CRASH, when="after")])
+    from reconcile.faults import FaultySink, SimulatedCrash
+
+    doomed = CommitCycle(
+        "pipe", [FaultySink(VolatileSink("v", store), plan)], progress, faults=plan
+    )
+    doomed.start()
+    with pytest.raises(SimulatedCrash):
+        doomed.run_epoch(0, {"v": rows_for(0)})
+    assert progress.status(0) is EpochStatus.COMMITTED and store.committed == {}
+    metrics = InMemoryMetrics()
+    cycle = CommitCycle("pipe", [VolatileSink("v", store)], progress, metrics=metrics)
+    report = cycle.start()
+    assert report.replay_needed == {0: ["v"]}
+    assert progress.status(0) is EpochStatus.COMMITTED  # not finalized over a hole
+    # Another epoch first: refused, since epoch 0's outputs are not at hand.
+    result = cycle.run_epoch(1, {"v": rows_for(1)})
+    assert result.__class__.__name__ == "CommitFatal"
+    assert "run_epoch(0, outputs) to replay it" in result.reason  # type: ignore[union-attr]
+    assert cycle.run_epoch(0, {"v": iter(rows_for(0))}) == CommitSucceeded(0)
+    assert metrics.counters["sink.commit.replayed"] == 1
+    assert cycle.run_epoch(1, {"v": rows_for(1)}) == CommitSucceeded(1)
+    assert {k: rows for k, (_, rows) in store.committed.items()} == {
+        ("pipe", "v", 0): rows_for(0),
+        ("pipe", "v", 1): rows_for(1),
+    }
