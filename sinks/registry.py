@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from reconcile.contract import ConfigurationError
 from sinks.base import TwoPhaseSink
@@ -18,6 +18,10 @@ _BUILTIN: dict[str, tuple[str, str, str | None]] = {
     "file": ("sinks.registry", "_file", None),
     "http": ("sinks.registry", "_http", None),
     "https": ("sinks.registry", "_http", None),
+    "postgresql": ("sinks.registry", "_postgres", None),
+    "postgres": ("sinks.registry", "_postgres", None),
+    "postgresql+psycopg": ("sinks.registry", "_postgres", None),
+    "delta": ("sinks.registry", "_delta", None),
 }
 _CUSTOM: dict[str, Callable[[str, str], TwoPhaseSink]] = {}
 
@@ -30,7 +34,10 @@ def register(scheme: str, factory: Callable[[str, str], TwoPhaseSink]) -> None:
 def open_sink(name: str, uri: str) -> TwoPhaseSink:
     """Build the sink named ``name`` that ``uri`` describes.
 
-    ``memory://`` (a process-local store), ``file:///path``, ``http(s)://host/base``.
+    ``memory://`` (a process-local store), ``file:///path``, ``http(s)://host/base``,
+    ``delta:///path`` (the Delta sink's tables under that folder), and
+    ``postgresql://user:pw@host/db?table=T&mode=prepared`` (``table`` defaults to
+    the sink name, ``mode`` to transactional; other parameters go to libpq).
 
     Raises:
         ConfigurationError: unknown scheme, or its module cannot be imported
@@ -69,6 +76,28 @@ def _file(name: str, uri: str) -> TwoPhaseSink:
     if parts.netloc not in ("", "localhost"):
         raise ConfigurationError(f"sink {name!r}: file URI {uri!r} must be local (file:///path)")
     return FileSink(name, parts.path)
+
+
+def _postgres(name: str, uri: str) -> TwoPhaseSink:
+    from sinks.postgres import postgres_sink
+
+    parts = urlsplit(uri)
+    params = parse_qsl(parts.query, keep_blank_values=True)
+    ours = {k: v for k, v in params if k in ("table", "mode")}
+    libpq = urlencode([(k, v) for k, v in params if k not in ours])
+    dsn = urlunsplit((parts.scheme, parts.netloc, parts.path, libpq, ""))
+    return postgres_sink(
+        dsn, ours.get("table", name), mode=ours.get("mode", "transactional"), name=name
+    )
+
+
+def _delta(name: str, uri: str) -> TwoPhaseSink:
+    from sinks.delta import DeltaSink
+
+    parts = urlsplit(uri)
+    if parts.netloc not in ("", "localhost"):
+        raise ConfigurationError(f"sink {name!r}: delta URI {uri!r} must be local (delta:///path)")
+    return DeltaSink(name, parts.path)
 
 
 def _http(name: str, uri: str) -> TwoPhaseSink:
