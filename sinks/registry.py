@@ -72,10 +72,7 @@ def _memory(name: str, uri: str) -> TwoPhaseSink:
 def _file(name: str, uri: str) -> TwoPhaseSink:
     from sinks.files import FileSink
 
-    parts = urlsplit(uri)
-    if parts.netloc not in ("", "localhost"):
-        raise ConfigurationError(f"sink {name!r}: file URI {uri!r} must be local (file:///path)")
-    return FileSink(name, parts.path)
+    return FileSink(name, _local_path(name, uri))
 
 
 def _postgres(name: str, uri: str) -> TwoPhaseSink:
@@ -94,10 +91,16 @@ def _postgres(name: str, uri: str) -> TwoPhaseSink:
 def _delta(name: str, uri: str) -> TwoPhaseSink:
     from sinks.delta import DeltaSink
 
+    return DeltaSink(name, _local_path(name, uri))
+
+
+def _local_path(name: str, uri: str) -> str:
     parts = urlsplit(uri)
     if parts.netloc not in ("", "localhost"):
-        raise ConfigurationError(f"sink {name!r}: delta URI {uri!r} must be local (delta:///path)")
-    return DeltaSink(name, parts.path)
+        raise ConfigurationError(
+            f"sink {name!r}: {parts.scheme} URI {uri!r} must be local ({parts.scheme}:///path)"
+        )
+    return parts.path
 
 
 def _http(name: str, uri: str) -> TwoPhaseSink:

@@ -13,7 +13,6 @@ from reconcile.contract import (
     OK,
     ConfigurationError,
     Fatal,
-    InvalidInputError,
     OutcomeUnknownError,
     Retryable,
     RetryableError,
@@ -101,13 +100,10 @@ class PreparedPostgresSink(PostgresSink):
         """Apply the epoch and PREPARE TRANSACTION it: durable, invisible, recoverable."""
         if (bad := self._check_txn(txn_id)) is not None:
             return bad
-        try:
-            batch = self._validated(txn_id)
-            session = self._session()
-        except (InvalidInputError, ConfigurationError) as err:
-            return Fatal(self.target.redact(str(err)))
-        except psycopg.Error as err:
-            return Retryable(self._describe_error("prepare", txn_id, err))
+        got = self._prepare_inputs(txn_id)
+        if not isinstance(got, tuple):
+            return got
+        batch, session = got
         conn = session.conn
         state, schema = self._state, self._schema
         assert state is not None and schema is not None

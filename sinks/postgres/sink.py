@@ -239,6 +239,19 @@ class PostgresSink:
             return None
         return validate_batch(schema, batch, sink=self._name, epoch=txn_id.epoch)
 
+    def _prepare_inputs(
+        self, txn_id: SinkTxnId
+    ) -> tuple[ValidatedBatch | None, Session] | SinkOutcome:
+        """The validated staged batch and a session for prepare, or the outcome that stops it."""
+        try:
+            batch = self._validated(txn_id)
+            session = self._session()
+        except (InvalidInputError, ConfigurationError) as err:
+            return Fatal(self.target.redact(str(err)))
+        except psycopg.Error as err:
+            return Retryable(self._describe_error("prepare", txn_id, err))
+        return batch, session
+
     def _ensure_pipeline(self, session: Session, pipeline: str) -> None:
         """Create the fence row of (pipeline, sink) once, outside any epoch txn."""
         if pipeline in self._ensured:
@@ -270,13 +283,10 @@ class PostgresSink:
                 f"postgres sink {self._name!r} (transactional mode) holds one open epoch txn; "
                 f"commit or abort {other} before preparing {txn_id}"
             )
-        try:
-            batch = self._validated(txn_id)
-            session = self._session()
-        except (InvalidInputError, ConfigurationError) as err:
-            return Fatal(self.target.redact(str(err)))
-        except psycopg.Error as err:
-            return Retryable(self._describe_error("prepare", txn_id, err))
+        got = self._prepare_inputs(txn_id)
+        if not isinstance(got, tuple):
+            return got
+        batch, session = got
         conn = session.conn
         try:
             self._ensure_pipeline(session, txn_id.pipeline)
