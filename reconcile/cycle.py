@@ -303,8 +303,8 @@ class CommitCycle:
                 self.metrics.count("cycle.outcome.replayed")
                 return CommitSucceeded(epoch, replayed=True)
             if status is EpochStatus.COMMITTED:
-                # Decided and committed in the log, not yet in every sink:
-                # finish it; the replayed outputs are not needed.
+                # Committed in the log, not yet in every sink: finish it. The
+                # outputs matter only to a sink without a durable prepare.
                 result = self._complete(epoch, txns, generation, outputs)
             else:
                 result = self._run(epoch, outputs, txns, generation)
