@@ -233,7 +233,9 @@ class CommitCycle:
         for _ in range(self.commit_attempts):
             try:
                 outcome = check_outcome(sink.name, operation, txn, getattr(sink, operation)(txn))
-            except ContractViolationError:
+            except (ContractViolationError, OutcomeUnknownError):
+                # A sink that says it cannot tell (I4) is not retried into a
+                # guess, nor replayed over: the error reaches the operator.
                 raise
             except Exception as exc:
                 outcome = Retryable(repr(exc))
@@ -310,6 +312,17 @@ class CommitCycle:
                 result = self._run(epoch, outputs, txns, generation)
         self.metrics.count(f"cycle.outcome.{type(result).__name__}")
         return result
+
+    def close(self) -> None:
+        """Close every sink that has ``close()`` (connections, open txns), as an exit would."""
+        for name, sink in self.sinks.items():
+            closer = getattr(sink, "close", None)
+            if closer is None:
+                continue
+            try:
+                closer()
+            except Exception:
+                log.exception("closing sink %r failed", name)
 
     def _txns(self, epoch: int, generation: int) -> dict[str, SinkTxnId]:
         return {n: SinkTxnId(self.pipeline, n, epoch, generation) for n in self.sinks}

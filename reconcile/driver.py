@@ -57,6 +57,8 @@ def drive(
                 result = cycle.run_epoch(epoch, outputs(epoch))
             except SimulatedCrash as crash:
                 log.info("epoch %d: crash (%s); restarting", epoch, crash)
+                # A dead process's connections close with it: so do these.
+                _close(cycle)
                 cycle = None
                 report.restarts += 1
                 continue
@@ -66,6 +68,7 @@ def drive(
                 # start() could not resolve the stranded txns (a sink is down,
                 # say): restart and try again, up to the attempt limit.
                 log.warning("epoch %d: %s; restarting", epoch, exc)
+                _close(cycle)
                 cycle = None
                 report.restarts += 1
                 continue
@@ -78,6 +81,7 @@ def drive(
             if isinstance(result, CommitAborted):
                 report.retries += 1
             elif isinstance(result, CommitFatal):
+                _close(cycle)
                 cycle = None
                 report.restarts += 1
         else:
@@ -86,4 +90,10 @@ def drive(
                 f"last results: {report.results[-3:]}",
                 epoch=epoch,
             )
+    _close(cycle)
     return report
+
+
+def _close(cycle: CommitCycle | None) -> None:
+    if cycle is not None:
+        cycle.close()

@@ -168,6 +168,11 @@ class FaultySink:
         self.plan.hit(point, "after")
         return result
 
+    def close(self) -> None:
+        closer = getattr(self.inner, "close", None)
+        if closer is not None:
+            closer()
+
     def stage(self, txn_id: SinkTxnId, rows: Iterable[Any]) -> SinkOutcome:
         return self._call("stage", txn_id, rows)  # type: ignore[no-any-return]
 

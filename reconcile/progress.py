@@ -180,7 +180,7 @@ class _StateBackedLog:
                 f"progress log: cannot truncate below {before_epoch}: "
                 f"epochs {pending} are not finalized"
             )
-        self._append({"t": "horizon", "epoch": before_epoch})
+        self._append({"t": "horizon", "epoch": before_epoch, "gen": generation})
 
 
 class MemoryProgressLog(_StateBackedLog):
@@ -204,6 +204,11 @@ class FileProgressLog(_StateBackedLog):
     appended, so a zombie sees the newer generation before it writes. A torn
     last line (a crash mid-write) never reached fsync, so it was never
     acknowledged: it is dropped on open, as if it had not been written.
+
+    Another process can read a line that is written but not yet fsynced (the
+    page cache is shared) and act on it; only a power loss at that moment
+    could then drop a line that was acted on. A local log cannot close that
+    window; the Delta-backed log of a later issue does.
     """
 
     def __init__(self, directory: str | os.PathLike[str], pipeline: str) -> None:
@@ -255,7 +260,7 @@ class FileProgressLog(_StateBackedLog):
             # Under the lock, number a new generation and re-check the fence:
             # another process may have claimed one since our caller looked.
             entry = _numbered(entry, self._state)
-            if entry["t"] == "epoch":
+            if entry["t"] in ("epoch", "horizon"):
                 self._state.check_generation(int(entry["gen"]))
             line = json.dumps(entry, sort_keys=True).encode() + b"\n"
             os.write(fd, line)

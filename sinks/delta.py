@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import uuid
 from collections.abc import Iterable, Sequence
@@ -34,6 +35,8 @@ from reconcile.contract import (
 from reconcile.durable import write_atomically
 
 __all__ = ["EPOCH_COLUMN", "DeltaSink"]
+
+_FILE_GENERATION = re.compile(r"part-g(\d+)-")
 
 EPOCH_COLUMN = "_epoch"
 _PREPARED = "_prepared"  # manifests: <pipeline>-<sink>-<epoch>.json
@@ -127,6 +130,8 @@ class DeltaSink:
             fenced = self._fenced(self._table(), txn_id)
             return fenced if fenced is not None else Retryable(str(exc))
         old = self._read_manifest(txn_id)
+        if old is not None and SinkTxnId.from_string(old["txn"]).generation > txn_id.generation:
+            return Fatal(f"sink {self._name!r}, {txn_id}: fenced, a newer writer prepared it")
         key = _key_name(txn_id)
         files: list[DataFile] = []
         try:
@@ -148,13 +153,15 @@ class DeltaSink:
     def commit(self, txn_id: SinkTxnId) -> SinkOutcome:
         """Add the prepared files in ONE Delta commit, tagged with the txn's epoch."""
         table = self._table()
+        if table is not None and self._is_committed(table, txn_id):
+            # Committed before (the ack was lost, a replay, or a recovering
+            # writer settling a stale writer's leftover): only tidy up.
+            # (The epoch's data files live under _txn_files/ too: keep them.)
+            self._remove_manifest(txn_id)
+            return OK
         fenced = self._fenced(table, txn_id)
         if fenced is not None:
             return fenced
-        if table is not None and self._is_committed(table, txn_id):
-            # Committed before (the ack was lost, or a replay): only tidy up.
-            self._remove_manifest(txn_id)
-            return OK
         last = None if table is None else table.transaction_version(self._app_id(txn_id))
         if last is not None and last > txn_id.epoch:
             # The token is a high-water mark: recording an older epoch after a newer
@@ -211,11 +218,26 @@ class DeltaSink:
         if table is not None and self._is_committed(table, txn_id):
             self._remove_manifest(txn_id)
             return Fatal(f"sink {self._name!r}, {txn_id}: abort of a committed txn; data stays")
+        # A stale writer's abort must not discard a newer writer's prepared batch
+        # of the same epoch (the manifest and files are keyed by epoch only).
+        manifest = self._read_manifest(txn_id)
+        if manifest is not None:
+            holder = SinkTxnId.from_string(manifest["txn"])
+            if holder.generation > txn_id.generation:
+                return OK  # nothing of this txn is prepared
         # Manifest first: once it is gone the txn is no longer prepared, and a crash
         # before the files are deleted leaves an orphan directory that recover()
         # still reports, so a later abort finishes the job.
         self._remove_manifest(txn_id)
-        shutil.rmtree(self.directory / _FILES / _key_name(txn_id), ignore_errors=True)
+        folder = self.directory / _FILES / _key_name(txn_id)
+        for path in folder.glob("part-g*.parquet") if folder.exists() else []:
+            # Files are named part-g<generation>-...: leave a newer writer's
+            # files alone (it may be between its file writes and its manifest).
+            match = _FILE_GENERATION.match(path.name)
+            if match is None or int(match[1]) <= txn_id.generation:
+                path.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            folder.rmdir()  # only once empty
         return OK
 
     def recover(self) -> Sequence[SinkTxnId]:

@@ -94,11 +94,14 @@ class FileSink:
             return OK
 
     def commit(self, txn_id: SinkTxnId) -> SinkOutcome:
+        if self._committed_file(txn_id) is not None:
+            # Idempotent, whoever asks: committed before (perhaps the ack was
+            # lost). A prepared batch of this txn is a stale leftover: drop it.
+            self._prepared_path(txn_id).unlink(missing_ok=True)
+            return OK
         with self._fence(txn_id) as fenced:
             if fenced is not None:
                 return fenced
-            if self._committed_file(txn_id) is not None:
-                return OK  # idempotent: committed before (perhaps the ack was lost)
             source = self._prepared_path(txn_id)
             if not source.exists():
                 return Fatal(f"{txn_id}: commit of a batch that was never prepared")

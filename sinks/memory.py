@@ -66,11 +66,16 @@ class MemorySink:
 
     def commit(self, txn_id: SinkTxnId) -> SinkOutcome:
         with self.store.lock:
+            # Before the fence: committing an epoch that is in is OK whoever
+            # asks (a recovering writer may hold a stale writer's leftover).
+            if txn_id.key in self.store.committed:
+                held = self.store.prepared.get(txn_id.key)
+                if held is not None and held[0] == txn_id:
+                    del self.store.prepared[txn_id.key]  # a leftover of this epoch
+                return OK  # idempotent: this epoch is already in the sink
             fenced = self._fenced(txn_id)
             if fenced is not None:
                 return fenced
-            if txn_id.key in self.store.committed:
-                return OK  # idempotent: this epoch is already in the sink
             if txn_id.key not in self.store.prepared:
                 return Fatal(f"{txn_id}: commit of a txn that was never prepared")
             self.store.committed[txn_id.key] = self.store.prepared.pop(txn_id.key)

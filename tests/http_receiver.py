@@ -72,10 +72,11 @@ class _Handler(BaseHTTPRequestHandler):
                     state.prepared[str(txn)] = rows
                     self._reply(200, {"status": "prepared"})
             elif action == "commit":
-                if state.fenced(txn):
-                    self._reply(409, {"error": "fenced"})
-                elif txn.key in state.committed:
+                if txn.key in state.committed:
+                    state.prepared.pop(str(txn), None)  # a stale leftover of this epoch
                     self._reply(200, {"status": "already committed"})
+                elif state.fenced(txn):
+                    self._reply(409, {"error": "fenced"})
                 elif str(txn) in state.prepared:
                     state.committed[txn.key] = (str(txn), state.prepared.pop(str(txn)))
                     self._reply(200, {"status": "committed"})

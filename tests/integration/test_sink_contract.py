@@ -122,3 +122,34 @@ def _plain(committed: dict[int, list[dict[str, object]]]) -> dict[int, list[dict
         )
         for e, rows in committed.items()
     }
+
+
+def test_stale_leftover_of_an_epoch_committed_by_a_newer_writer(sink_harness: SinkHarness) -> None:
+    # A stale writer's prepared batch of epoch 1 survives while a newer writer
+    # commits epoch 1. Recovery later commits the leftover under its own (old)
+    # txn id: that must be OK (the epoch is in), add nothing, and clear it.
+    stale = sink_harness.new_sink("s1")
+    stale.stage(_txn(1, generation=1), rows_for(1))
+    assert stale.prepare(_txn(1, generation=1)) == Ok()
+    if not has_durable_prepare(stale):
+        stale.abort(_txn(1, generation=1))  # its open txn dies with its process
+    new = sink_harness.new_sink("s1")
+    new.stage(_txn(1, generation=2), rows_for(1))
+    assert new.prepare(_txn(1, generation=2)) == Ok()
+    assert new.commit(_txn(1, generation=2)) == Ok()
+    recovering = sink_harness.new_sink("s1")
+    for txn in recovering.recover():
+        assert recovering.commit(txn) == Ok()
+    assert recovering.commit(_txn(1, generation=1)) == Ok()
+    assert _plain(sink_harness.committed("s1")) == {1: rows_for(1)}
+    assert sink_harness.prepared("s1") == [] and list(recovering.recover()) == []
+
+
+def test_stale_writer_abort_keeps_the_newer_writers_batch(sink_harness: SinkHarness) -> None:
+    new = sink_harness.new_sink("s1")
+    new.stage(_txn(2, generation=5), rows_for(2))
+    assert new.prepare(_txn(2, generation=5)) == Ok()
+    zombie = sink_harness.new_sink("s1")
+    zombie.abort(_txn(2, generation=4))  # whatever it answers, it must not discard gen 5
+    assert new.commit(_txn(2, generation=5)) == Ok()
+    assert _plain(sink_harness.committed("s1")) == {2: rows_for(2)}

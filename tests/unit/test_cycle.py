@@ -15,6 +15,7 @@ from reconcile.contract import (
     Fatal,
     FatalError,
     InvalidInputError,
+    OutcomeUnknownError,
     Retryable,
     SinkOutcome,
     SinkTxnId,
@@ -268,3 +269,18 @@ def test_a_sink_without_durable_prepare_gets_the_epoch_replayed_after_a_crash() 
         ("pipe", "v", 0): rows_for(0),
         ("pipe", "v", 1): rows_for(1),
     }
+
+
+def test_a_sink_that_cannot_tell_is_not_retried_into_a_guess() -> None:
+    class Unsure(VolatileSink):
+        def commit(self, txn_id: SinkTxnId) -> SinkOutcome:
+            raise OutcomeUnknownError(f"{txn_id}: xid committed but no marker")
+
+    store = MemoryStore()
+    metrics = InMemoryMetrics()
+    cycle = CommitCycle("pipe", [Unsure("u", store)], MemoryProgressLog(), metrics=metrics)
+    cycle.start()
+    result = cycle.run_epoch(0, {"u": rows_for(0)})
+    assert result.__class__.__name__ == "CommitFatal"
+    assert "OutcomeUnknownError: pipe-u-0-g1: xid committed but no marker" in result.reason  # type: ignore[union-attr]
+    assert metrics.counters["sink.commit.replayed"] == 0 and store.committed == {}

@@ -89,3 +89,11 @@ def test_truncate_keeps_what_recovery_needs(tmp_path: Path) -> None:
     assert log.status(1) is EpochStatus.UNKNOWN
     assert log.status(2) is F
     assert FileProgressLog(tmp_path, "pipe").status(0) is EpochStatus.UNKNOWN
+
+
+def test_a_zombie_cannot_truncate(tmp_path: Path) -> None:
+    old = FileProgressLog(tmp_path, "pipe")
+    gen = old.claim_generation()
+    FileProgressLog(tmp_path, "pipe").claim_generation()
+    with pytest.raises(FencedError):
+        old.truncate(0, gen)
