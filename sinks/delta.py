@@ -6,7 +6,6 @@ import contextlib
 import json
 import os
 import re
-import shutil
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict
