@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from reconcile.contract import ContractViolationError, FatalError, FencedError
-from reconcile.cycle import CommitAborted, CommitCycle, CommitFatal, CommitResult, CommitSucceeded
+from reconcile.cycle import CommitAborted, CommitCycle, CommitResult, CommitSucceeded
 from reconcile.faults import SimulatedCrash
 
 __all__ = ["DriveReport", "drive"]
@@ -54,36 +54,29 @@ def drive(
                 if cycle is None:
                     cycle = build()
                     cycle.start()
-                result = cycle.run_epoch(epoch, outputs(epoch))
-            except SimulatedCrash as crash:
-                log.info("epoch %d: crash (%s); restarting", epoch, crash)
-                # A dead process's connections close with it: so do these.
-                _close(cycle)
-                cycle = None
-                report.restarts += 1
-                continue
+                result: CommitResult | None = cycle.run_epoch(epoch, outputs(epoch))
             except (ContractViolationError, FencedError):
                 raise  # a broken sink or a zombie: restarting cannot fix either
-            except FatalError as exc:
-                # start() could not resolve the stranded txns (a sink is down,
-                # say): restart and try again, up to the attempt limit.
+            except (SimulatedCrash, FatalError) as exc:
+                # A crash, or a start() that could not resolve the stranded
+                # txns (a sink is down, say): restart, up to the attempt limit.
                 log.warning("epoch %d: %s; restarting", epoch, exc)
-                _close(cycle)
-                cycle = None
-                report.restarts += 1
-                continue
-            report.results.append(result)
-            if on_progress is not None:
-                on_progress(epoch, result)
-            if isinstance(result, CommitSucceeded):
-                report.committed_epochs.append(epoch)
-                break
-            if isinstance(result, CommitAborted):
-                report.retries += 1
-            elif isinstance(result, CommitFatal):
-                _close(cycle)
-                cycle = None
-                report.restarts += 1
+                result = None
+            if result is not None:
+                report.results.append(result)
+                if on_progress is not None:
+                    on_progress(epoch, result)
+                if isinstance(result, CommitSucceeded):
+                    report.committed_epochs.append(epoch)
+                    break
+                if isinstance(result, CommitAborted):
+                    report.retries += 1
+                    continue
+            # Restart (crash, failed start, CommitFatal). A dead process's
+            # connections close with it: so do these.
+            _close(cycle)
+            cycle = None
+            report.restarts += 1
         else:
             raise FatalError(
                 f"epoch {epoch} did not commit in {max_attempts_per_epoch} attempts; "

@@ -95,10 +95,6 @@ class FaultPlan:
     hits: dict[str, int] = field(default_factory=dict)
     log: list[str] = field(default_factory=list)
 
-    @classmethod
-    def of(cls, *faults: Fault) -> FaultPlan:
-        return cls(list(faults))
-
     def hit(self, point: str, when: Literal["before", "after"] = "before") -> SinkOutcome | None:
         """Count a hit of ``point`` and fire a due fault.
 

@@ -188,12 +188,10 @@ class MemoryProgressLog(_StateBackedLog):
 
     def __init__(self) -> None:
         self._state = ProgressState()
-        self.entries: list[dict[str, Any]] = []
 
     def _append(self, entry: dict[str, Any]) -> dict[str, Any]:
         entry = _numbered(entry, self._state)
         self._state.apply(entry)
-        self.entries.append(entry)
         return entry
 
 
