@@ -15,7 +15,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -252,7 +252,7 @@ def main() -> None:
         },
         "machine": machine(),
         "versions": versions(),
-        "run_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "run_at": datetime.now(UTC).isoformat(timespec="seconds"),
         "command": f"python -m benchmarks.expected_state --scale {scale}",
     }
     args.out.mkdir(parents=True, exist_ok=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
 import pyarrow.compute as pc  # type: ignore[import-untyped, unused-ignore]
@@ -130,7 +130,7 @@ class EpochLog:
                 "delta_version": [delta_version],
                 "rows_upserted": [int(counts.get("upserted", 0))],
                 "rows_deleted": [int(counts.get("deleted", 0))],
-                "recorded_at": [datetime.now(timezone.utc)],
+                "recorded_at": [datetime.now(UTC)],
             },
             schema=EPOCHS_SCHEMA,
         )

@@ -18,6 +18,7 @@ __all__ = [
     "FatalError",
     "FencedError",
     "InvalidInputError",
+    "MarkerMismatchError",
     "Ok",
     "OutcomeUnknownError",
     "ReconcileError",
@@ -28,6 +29,7 @@ __all__ = [
     "SinkTxnId",
     "TxnIdParseError",
     "UnknownSinkError",
+    "WriterIdentity",
     "validate_name",
 ]
 
@@ -84,6 +86,16 @@ class FencedError(FatalError):
     """A stale writer (an older generation) tried to write after a newer one took over."""
 
 
+class MarkerMismatchError(FatalError):
+    """A sink holds a commit of this epoch that the pipeline's state did not write.
+
+    The marker (or batch header, or commit record) names another target table
+    or another progress log: a smoke run into another table under the same
+    names, or a re-run with fresh state. Treating it as "already committed"
+    would skip the epoch silently, so it is an error that says what was found.
+    """
+
+
 class InvalidInputError(ReconcileError):
     """Bad input from the caller; nothing was written."""
 
@@ -125,10 +137,20 @@ class Ok:
 
 @dataclass(frozen=True, slots=True)
 class Retryable:
-    """The operation did not take effect; running it again may succeed."""
+    """The operation did not take effect; running it again may succeed.
+
+    ``error``, when set, is the typed cause (picklable, like every ReconcileError);
+    it is not part of equality, which compares what the outcome says.
+    """
 
     reason: str
+    error: ReconcileError | None = field(default=None, compare=False)
     kind: Literal["retryable"] = field(default="retryable", init=False)
+
+    @classmethod
+    def of(cls, error: ReconcileError) -> Retryable:
+        """The outcome that carries ``error`` as its cause and its message as its reason."""
+        return cls(str(error), error)
 
     def __bool__(self) -> bool:
         return False
@@ -136,10 +158,20 @@ class Retryable:
 
 @dataclass(frozen=True, slots=True)
 class Fatal:
-    """The operation cannot succeed by retrying; the cycle must stop."""
+    """The operation cannot succeed by retrying; the cycle must stop.
+
+    ``error``, when set, is the typed cause (e.g. a FencedError or a
+    MarkerMismatchError), so the cycle and the operator keep its type.
+    """
 
     reason: str
+    error: ReconcileError | None = field(default=None, compare=False)
     kind: Literal["fatal"] = field(default="fatal", init=False)
+
+    @classmethod
+    def of(cls, error: ReconcileError) -> Fatal:
+        """The outcome that carries ``error`` as its cause and its message as its reason."""
+        return cls(str(error), error)
 
     def __bool__(self) -> bool:
         return False
@@ -232,6 +264,29 @@ class SinkTxnId:
 
     def __str__(self) -> str:
         return f"{self.pipeline}-{self.sink}-{self.epoch}-g{self.generation}"
+
+
+@dataclass(frozen=True, slots=True)
+class WriterIdentity:
+    """Who decides a pipeline's epochs: the pipeline and the identity of its progress log.
+
+    ``log_id`` is fixed when the durable progress log (or expected-state store)
+    is created and never changes after, so a sink that records it beside each
+    commit marker can tell its own pipeline's commits from those of another
+    state that used the same pipeline and sink names (see MarkerMismatchError).
+    The writer generation travels in every SinkTxnId.
+    """
+
+    pipeline: str
+    log_id: str
+
+    def __post_init__(self) -> None:
+        validate_name("pipeline", self.pipeline)
+        if not isinstance(self.log_id, str) or not self.log_id:
+            raise ConfigurationError(
+                f"pipeline {self.pipeline!r}: writer log_id must be a non-empty string, "
+                f"got {self.log_id!r}"
+            )
 
 
 # ---------------------------------------------------------------------------

@@ -19,15 +19,17 @@ from reconcile.contract import (
     OutcomeUnknownError,
     ReconcileError,
     Retryable,
+    RetryableError,
     SinkOutcome,
     SinkTxnId,
     UnknownSinkError,
+    WriterIdentity,
     validate_name,
 )
 from reconcile.faults import FaultPlan
 from reconcile.metrics import Metrics, NullMetrics, timed
 from reconcile.progress import EpochStatus, ProgressLog
-from sinks.base import TwoPhaseSink, check_outcome, has_durable_prepare
+from sinks.base import TwoPhaseSink, bind_writer, check_outcome, has_durable_prepare
 
 __all__ = [
     "CommitAborted",
@@ -151,7 +153,20 @@ class CommitCycle:
             FatalError: a sink cannot list or resolve its stranded txns.
         """
         with timed(self.metrics, "cycle.start"):
-            # Claiming first fences any zombie of ours before we look at what it left.
+            # Bind before claiming: a sink that cannot be reached, or whose target
+            # is unusable, fails here without burning a writer generation.
+            writer = WriterIdentity(self.pipeline, self.progress.log_id)
+            for name, sink in self.sinks.items():
+                try:
+                    bind_writer(sink, writer)
+                except ReconcileError:
+                    raise
+                except Exception as exc:
+                    raise RetryableError(
+                        f"pipeline {self.pipeline!r}: bind() of sink {name!r} failed: {exc!r}",
+                        sink=name,
+                    ) from exc
+            # Claiming next fences any zombie of ours before we look at what it left.
             self.generation = generation = self.progress.claim_generation()
             report = RecoveryReport(generation)
             unknown: list[str] = []

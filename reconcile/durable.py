@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-__all__ = ["fsync_path", "write_atomically"]
+__all__ = ["fsync_path", "write_all", "write_atomically"]
 
 
 def fsync_path(path: str | os.PathLike[str]) -> None:
@@ -17,6 +17,20 @@ def fsync_path(path: str | os.PathLike[str]) -> None:
         os.close(fd)
 
 
+def write_all(fd: int, data: bytes) -> None:
+    """``os.write`` until every byte is written (a short write is not an error).
+
+    Raises:
+        OSError: from the write; a write that makes no progress raises too.
+    """
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        if written <= 0:
+            raise OSError(f"write made no progress ({written} of {len(view)} bytes)")
+        view = view[written:]
+
+
 def write_atomically(path: str | os.PathLike[str], data: bytes) -> None:
     """Make ``path`` hold ``data``, whole or not at all, durably.
 
@@ -26,9 +40,14 @@ def write_atomically(path: str | os.PathLike[str], data: bytes) -> None:
     """
     final = Path(path)
     tmp = final.with_name(final.name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
+    # O_NOFOLLOW: a symlink planted at the temp name is refused, not written
+    # through; 0600: what the engine writes is its own (the umask may narrow it).
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW
+    fd = os.open(tmp, flags, 0o600)
+    try:
+        write_all(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
     os.replace(tmp, final)
     fsync_path(final.parent)

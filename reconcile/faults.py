@@ -16,8 +16,9 @@ from reconcile.contract import (
     RetryableError,
     SinkOutcome,
     SinkTxnId,
+    WriterIdentity,
 )
-from sinks.base import has_durable_prepare
+from sinks.base import bind_writer, has_durable_prepare
 
 __all__ = [
     "CYCLE_POINTS",
@@ -163,6 +164,9 @@ class FaultySink:
         result = getattr(self.inner, operation)(*args)
         self.plan.hit(point, "after")
         return result
+
+    def bind(self, writer: WriterIdentity) -> None:
+        bind_writer(self.inner, writer)
 
     def close(self) -> None:
         closer = getattr(self.inner, "close", None)

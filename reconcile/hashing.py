@@ -90,7 +90,7 @@ _DOUBLE_NAN_BITS = 0x7FF8000000000000
 _FLOAT_NAN_BITS = 0x7FC00000
 _EPOCH_DATE = dt.date(1970, 1, 1)
 _EPOCH_NAIVE = dt.datetime(1970, 1, 1)
-_EPOCH_UTC = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
+_EPOCH_UTC = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 _ONE_US = dt.timedelta(microseconds=1)
 # Exact for 38-digit decimals (the default context rounds to 28 digits).
 _DECIMAL_CONTEXT = Context(prec=100)

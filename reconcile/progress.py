@@ -6,12 +6,20 @@ import enum
 import fcntl
 import json
 import os
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from reconcile.contract import FatalError, FencedError, InvalidInputError, validate_name
-from reconcile.durable import fsync_path
+from reconcile import hooks
+from reconcile.contract import (
+    ConfigurationError,
+    FatalError,
+    FencedError,
+    InvalidInputError,
+    validate_name,
+)
+from reconcile.durable import fsync_path, write_all
 
 __all__ = [
     "EpochStatus",
@@ -19,7 +27,12 @@ __all__ = [
     "MemoryProgressLog",
     "ProgressLog",
     "ProgressState",
+    "read_progress",
 ]
+
+# The window between a writer's fence check and its locked append: a takeover
+# that lands here must still be caught by the re-check under the lock.
+MARK_CHECKED = hooks.declare("progress.mark.fence_checked")
 
 
 class EpochStatus(enum.Enum):
@@ -43,11 +56,18 @@ _NEXT: dict[EpochStatus | None, set[EpochStatus]] = {
 
 
 class ProgressLog(Protocol):
-    """Durable record of progress. The Delta expected-state store plugs in here later.
+    """Durable record of progress: which epochs are decided, committed, finalized.
 
     Writes carry the writer's generation; a write from a generation older than
-    the newest claimed one raises FencedError (I5).
+    the newest claimed one raises FencedError (I5). ``log_id`` identifies the
+    log itself: it is fixed at creation, so sinks can tell this pipeline's
+    commits from those of another (or a wiped and recreated) state.
     """
+
+    @property
+    def log_id(self) -> str:
+        """The log's identity, fixed when it was created."""
+        ...
 
     def claim_generation(self) -> int:
         """Start a new writer generation and fence every older one. Returns it."""
@@ -75,6 +95,7 @@ class ProgressState:
     """The pure state machine behind every progress log: entries in, statuses out."""
 
     generation: int = 0
+    log_id: str | None = None  # set by the log's first entry
     horizon: int = 0  # epochs below this were truncated; their status is UNKNOWN
     statuses: dict[int, EpochStatus] = field(default_factory=dict)
     last_committed: int | None = None
@@ -110,7 +131,10 @@ class ProgressState:
 
     def apply(self, entry: dict[str, Any]) -> None:
         kind = entry["t"]
-        if kind == "gen":
+        if kind == "id":
+            # The first identity wins: a second one (two creators racing) is ignored.
+            self.log_id = self.log_id or str(entry["log_id"])
+        elif kind == "gen":
             self.generation = max(self.generation, int(entry["gen"]))
         elif kind == "epoch":
             epoch, status = int(entry["epoch"]), EpochStatus(entry["status"])
@@ -143,10 +167,17 @@ class _StateBackedLog:
     def claim_generation(self) -> int:
         return int(self._append({"t": "gen"})["gen"])
 
+    @property
+    def log_id(self) -> str:
+        if self._state.log_id is None:
+            raise FatalError("progress log has no identity entry")
+        return self._state.log_id
+
     def mark(self, epoch: int, status: EpochStatus, generation: int) -> None:
         self._refresh()
         self._state.check_generation(generation)
         if self._state.check_move(epoch, status):
+            hooks.point(MARK_CHECKED)
             self._append({"t": "epoch", "epoch": epoch, "status": status.value, "gen": generation})
 
     def status(self, epoch: int) -> EpochStatus | None:
@@ -187,7 +218,7 @@ class MemoryProgressLog(_StateBackedLog):
     """Progress log in memory: "durable" for as long as the object lives (tests)."""
 
     def __init__(self) -> None:
-        self._state = ProgressState()
+        self._state = ProgressState(log_id=uuid.uuid4().hex)
 
     def _append(self, entry: dict[str, Any]) -> dict[str, Any]:
         entry = _numbered(entry, self._state)
@@ -216,10 +247,14 @@ class FileProgressLog(_StateBackedLog):
         self.path = self.directory / f"{pipeline}.progress.jsonl"
         self._state = ProgressState()
         self._offset = 0
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             self._read_new(fd, repair=True)
+            if self._state.log_id is None:
+                # A new log (or one from before identities): give it one, once.
+                entry = {"t": "id", "log_id": uuid.uuid4().hex}
+                self._write_entry(fd, entry)
         finally:
             os.close(fd)
         fsync_path(self.directory)
@@ -260,14 +295,41 @@ class FileProgressLog(_StateBackedLog):
             entry = _numbered(entry, self._state)
             if entry["t"] in ("epoch", "horizon"):
                 self._state.check_generation(int(entry["gen"]))
-            line = json.dumps(entry, sort_keys=True).encode() + b"\n"
-            os.write(fd, line)
-            os.fsync(fd)
-            self._state.apply(entry)
-            self._offset += len(line)
+            self._write_entry(fd, entry)
             return entry
         finally:
             os.close(fd)
+
+    def _write_entry(self, fd: int, entry: dict[str, Any]) -> None:
+        """Append one line at the end (the fd is locked exclusively), fsync, apply."""
+        line = json.dumps(entry, sort_keys=True).encode() + b"\n"
+        os.lseek(fd, 0, os.SEEK_END)
+        write_all(fd, line)
+        os.fsync(fd)
+        self._state.apply(entry)
+        self._offset += len(line)
+
+
+def read_progress(directory: str | os.PathLike[str], pipeline: str) -> ProgressState:
+    """Read a pipeline's file progress log without writing anything (for ``status``).
+
+    A torn last line is ignored, not repaired; nothing is created.
+
+    Raises:
+        ConfigurationError: the log does not exist (naming the path).
+    """
+    validate_name("pipeline", pipeline)
+    path = Path(directory) / f"{pipeline}.progress.jsonl"
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise ConfigurationError(
+            f"no progress log for pipeline {pipeline!r} at {path}", path=str(path)
+        ) from None
+    state = ProgressState()
+    for line in data[: data.rfind(b"\n") + 1].splitlines():
+        state.apply(json.loads(line))
+    return state
 
 
 def _numbered(entry: dict[str, Any], state: ProgressState) -> dict[str, Any]:

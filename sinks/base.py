@@ -12,9 +12,10 @@ from reconcile.contract import (
     Retryable,
     SinkOutcome,
     SinkTxnId,
+    WriterIdentity,
 )
 
-__all__ = ["TwoPhaseSink", "check_outcome", "has_durable_prepare"]
+__all__ = ["TwoPhaseSink", "bind_writer", "check_outcome", "has_durable_prepare"]
 
 
 @runtime_checkable
@@ -59,6 +60,27 @@ class TwoPhaseSink(Protocol):
     def recover(self) -> Sequence[SinkTxnId]:
         """List every txn that the external system holds prepared but not committed."""
         ...
+
+
+def bind_writer(sink: object, writer: WriterIdentity) -> None:
+    """Tell ``sink`` who writes through it, if it wants to know (optional ``bind``).
+
+    ``CommitCycle.start()`` calls ``sink.bind(writer)`` before it claims a
+    generation and before ``recover()``. A sink uses it to:
+
+    - check that it can reach its system and that its target is usable, so a
+      bad DSN or a missing table fails at start-up (raise ConfigurationError
+      for what no retry can fix, RetryableError for what may pass);
+    - record ``writer.log_id`` beside each commit marker, and refuse (with a
+      ``Fatal`` carrying MarkerMismatchError) an epoch whose marker was written
+      by another progress log or for another target, instead of answering
+      "already committed".
+
+    ``bind`` must be idempotent; a sink without it is used as it is.
+    """
+    binder = getattr(sink, "bind", None)
+    if binder is not None:
+        binder(writer)
 
 
 def has_durable_prepare(sink: object) -> bool:

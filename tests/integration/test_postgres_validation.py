@@ -113,7 +113,7 @@ def test_valid_values_of_every_kind_are_written(items: str, mode: type) -> None:
         row(
             id=1,
             price=2,
-            at=dt.datetime(2024, 1, 1, tzinfo=dt.timezone.utc),
+            at=dt.datetime(2024, 1, 1, tzinfo=dt.UTC),
             tag=str(tag),
             doc={"a": [1, "x"]},
         ),

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from reconcile.contract import InvalidInputError
 from reconcile.hashing import null_mask_words, row_hash, row_hash_arrow
 
-UTC = dt.timezone.utc
+UTC = dt.UTC
 
 # One column ``v`` per vector: (id, Arrow type, value).
 SINGLE: list[tuple[str, pa.DataType, Any]] = [

@@ -97,3 +97,48 @@ def test_a_zombie_cannot_truncate(tmp_path: Path) -> None:
     FileProgressLog(tmp_path, "pipe").claim_generation()
     with pytest.raises(FencedError):
         old.truncate(0, gen)
+
+
+def test_takeover_inside_the_fence_window_is_caught_under_the_lock(tmp_path: Path) -> None:
+    # The zombie checks its generation, then a newer writer claims one, then the
+    # zombie appends: the re-check under the flock must refuse the write.
+    from reconcile import hooks
+    from reconcile.progress import MARK_CHECKED
+
+    zombie = FileProgressLog(tmp_path, "pipe")
+    gen = zombie.claim_generation()
+    successor = FileProgressLog(tmp_path, "pipe")
+    with (
+        hooks.at(MARK_CHECKED, successor.claim_generation) as window,
+        pytest.raises(FencedError, match=f"generation {gen} rejected"),
+    ):
+        zombie.mark(0, D, gen)
+    assert window.fired == 1
+    # Nothing of the zombie's reached the file: a fresh reader sees no epoch 0.
+    assert FileProgressLog(tmp_path, "pipe").status(0) is None
+
+
+def test_log_identity_is_fixed_at_creation(tmp_path: Path) -> None:
+    from reconcile.progress import read_progress
+
+    first = FileProgressLog(tmp_path, "pipe")
+    assert FileProgressLog(tmp_path, "pipe").log_id == first.log_id
+    assert read_progress(tmp_path, "pipe").log_id == first.log_id
+    assert FileProgressLog(tmp_path / "other", "pipe").log_id != first.log_id
+    assert MemoryProgressLog().log_id != MemoryProgressLog().log_id
+
+
+def test_read_progress_writes_nothing(tmp_path: Path) -> None:
+    from reconcile.contract import ConfigurationError
+    from reconcile.progress import read_progress
+
+    with pytest.raises(ConfigurationError, match="no progress log for pipeline 'pipe'"):
+        read_progress(tmp_path, "pipe")
+    assert list(tmp_path.iterdir()) == []
+    log = FileProgressLog(tmp_path, "pipe")
+    log.mark(0, D, log.claim_generation())
+    with open(log.path, "ab") as f:
+        f.write(b'{"t": "epo')  # a torn tail: read-only readers leave it alone
+    size = log.path.stat().st_size
+    assert read_progress(tmp_path, "pipe").statuses == {0: D}
+    assert log.path.stat().st_size == size

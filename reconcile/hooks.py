@@ -1,0 +1,112 @@
+"""Named points inside race windows, where a test runs the other party (a takeover, a writer).
+
+A race is tested by putting the other party exactly inside the window, not by
+sleeping. Engine code marks a window with ``point(NAME)``; a test arms the
+point with ``at(NAME, action)``, and ``action`` runs right there, in the
+engine's thread, before the engine goes on. The names are declared once by the
+module that owns the window (``declare``), so a test cannot arm a point that
+does not exist, and a mutant that deletes a point makes its test fail (the
+action never ran, and the test asserts that it did).
+
+A subprocess can also be told to die by SIGKILL at a point, for real-crash
+tests: ``RECONCILE_KILL_AT=<point>[:<nth>]`` in its environment.
+
+An unarmed point costs one dictionary lookup.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+__all__ = ["Arming", "at", "declare", "declared", "point"]
+
+_DECLARED: set[str] = set()
+_ARMED: dict[str, Arming] = {}
+_LOCK = threading.Lock()
+
+
+@dataclass
+class Arming:
+    """One armed point: what runs there, on which hits, and how often it ran."""
+
+    name: str
+    action: Callable[[], None]
+    nth: int = 1  # the first hit (1-based) on which the action runs
+    times: int = 1  # how many consecutive hits run it
+    hits: int = 0
+    fired: int = 0
+
+
+def declare(name: str) -> str:
+    """Declare a window point owned by the calling module; returns ``name``."""
+    _DECLARED.add(name)
+    return name
+
+
+def declared() -> frozenset[str]:
+    """Every point declared by the modules imported so far."""
+    return frozenset(_DECLARED)
+
+
+def _kill_spec() -> tuple[str, int] | None:
+    raw = os.environ.get("RECONCILE_KILL_AT")
+    if not raw:
+        return None
+    name, _, nth = raw.partition(":")
+    return name, int(nth or "1")
+
+
+_KILL_AT = _kill_spec()
+_KILL_HITS: dict[str, int] = {}
+
+
+def point(name: str) -> None:
+    """Mark a window: run the action armed here, if any (never re-entered)."""
+    if _KILL_AT is not None and _KILL_AT[0] == name:
+        _KILL_HITS[name] = _KILL_HITS.get(name, 0) + 1
+        if _KILL_HITS[name] == _KILL_AT[1]:
+            os.kill(os.getpid(), signal.SIGKILL)
+    arming = _ARMED.get(name)
+    if arming is None:
+        return
+    with _LOCK:
+        arming.hits += 1
+        due = arming.nth <= arming.hits < arming.nth + arming.times
+        if due:
+            arming.fired += 1
+            # Disarmed while the action runs: the other party may pass the same point.
+            del _ARMED[name]
+    if due:
+        try:
+            arming.action()
+        finally:
+            with _LOCK:
+                if arming.fired < arming.times:
+                    _ARMED[name] = arming
+
+
+@contextmanager
+def at(name: str, action: Callable[[], None], *, nth: int = 1, times: int = 1) -> Iterator[Arming]:
+    """Arm ``name`` for the duration of the block; yields the arming (check ``fired``).
+
+    Raises:
+        KeyError: ``name`` is not a declared point (import its module first).
+        RuntimeError: the point is armed already.
+    """
+    if name not in _DECLARED:
+        raise KeyError(f"no hook point {name!r}; declared: {sorted(_DECLARED)}")
+    arming = Arming(name, action, nth=nth, times=times)
+    with _LOCK:
+        if name in _ARMED:
+            raise RuntimeError(f"hook point {name!r} is armed already")
+        _ARMED[name] = arming
+    try:
+        yield arming
+    finally:
+        with _LOCK:
+            _ARMED.pop(name, None)
