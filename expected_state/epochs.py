@@ -143,7 +143,7 @@ class EpochLog:
             EPOCHS_SCHEMA,
             app_id=app_id,
             version=epoch,
-            extra_transactions=[(self._fence, self.generation)],
+            fence=(self._fence, self.generation),  # checked on `table`, the commit's snapshot
             check_schema=False,  # we wrote the file from EPOCHS_SCHEMA just above
             table_name=self.uri,
             table=table,
@@ -214,7 +214,9 @@ class EpochLog:
             EPOCHS_SCHEMA,
             app_id=self._fence,
             version=self.generation,
+            fence=(self._fence, self.generation),  # a claim never lowers the fence
             table_name=self.uri,
+            table=table,
         )
 
     def _open(self) -> DeltaTable | None:

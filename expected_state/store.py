@@ -16,24 +16,22 @@ from deltalake import DeltaTable
 from deltalake.exceptions import TableNotFoundError
 
 from expected_state.changes import normalize_changes
-from expected_state.delta_commit import (
-    DataFile,
-    commit_files,
-    write_data_file,
-)
+from expected_state.delta_commit import DataFile, commit_files, make_durable, write_data_file
 from expected_state.epochs import EpochLog
 from expected_state.fencing import check_generation, fence_app_id, validate_generation
 from expected_state.housekeeping import Housekeeping
-from reconcile.contract import (
-    Change,
-    EpochOrderError,
-    InvalidInputError,
-    RetryableError,
-    validate_name,
-)
+from reconcile import hooks
+from reconcile.contract import Change, EpochOrderError, InvalidInputError, validate_name
 from reconcile.hashing import row_hash_arrow
 
-__all__ = ["ApplyResult", "ExpectedStateStore"]
+__all__ = ["APPLY_CHECKED", "APPLY_TABLE_MISSING", "ApplyResult", "ExpectedStateStore"]
+
+# Between apply()'s order and fence checks and its commit (data files are written
+# in between): a takeover here must still make the commit fail.
+APPLY_CHECKED = hooks.declare("expected_state.apply.checked")
+# apply() found no table and is about to create it: another writer may create
+# it, and record epochs, right here.
+APPLY_TABLE_MISSING = hooks.declare("expected_state.apply.table_missing")
 
 # Table properties set at creation. Log cleanup is off so that every recorded
 # epoch stays reachable by time travel until vacuum() decides otherwise (the
@@ -174,8 +172,10 @@ class ExpectedStateStore(Housekeeping):
             assert table is not None
         check_generation(table, self._fence, self.generation, table_name=self.uri)
         if table.transaction_version(self._fence) != self.generation:
+            # Fenced on the snapshot the claim commits on: a claim never lowers the fence.
             commit_files(self.uri, [], self._state_schema(self._schema), app_id=self._fence,
-                         version=self.generation, table_name=self.uri)  # fmt: skip
+                         version=self.generation, fence=(self._fence, self.generation),
+                         table_name=self.uri, table=table)  # fmt: skip
         self.epochs.claim()
 
     # -- writing ---------------------------------------------------------------
@@ -220,13 +220,87 @@ class ExpectedStateStore(Housekeeping):
                 value=repr(epoch),
             )
         table = self._delta()
-        last = None if table is None else table.transaction_version(self.app_id)
+        if table is not None:
+            if self._already_applied(table, epoch, allow_gap=allow_gap):
+                return ApplyResult(epoch, applied=False, table_version=None)
+            check_generation(table, self._fence, self.generation, table_name=self.uri)
+        net, user_schema = normalize_changes(
+            changes, keys=self.key_columns, schema=self._schema, table=self.uri
+        )
+        self._schema = user_schema
+        schema = self._state_schema(user_schema)
+        if table is None:
+            hooks.point(APPLY_TABLE_MISSING)
+            DeltaTable.create(self.uri, schema, mode="ignore", configuration=_TABLE_CONFIG)
+            make_durable(self.uri, 0, 0)
+            table = self._delta()
+            assert table is not None
+            # Another writer may have created the table, and recorded epochs in it,
+            # since we found none: the order and the fence are decided on this
+            # snapshot, the one the commit is based on, never on the empty look.
+            if self._already_applied(table, epoch, allow_gap=allow_gap):
+                return ApplyResult(epoch, applied=False, table_version=None)
+            check_generation(table, self._fence, self.generation, table_name=self.uri)
+        hooks.point(APPLY_CHECKED)
+        adds: list[DataFile] = []
+        removes, kept, deleted = self._rewrite_touched(table, net.touched, net.deletes, epoch)
+        adds.extend(kept)
+        if net.upserts.num_rows:
+            hashes = row_hash_arrow(net.upserts, user_schema.names)
+            rows = net.upserts.append_column("_row_hash", hashes).append_column(
+                "_epoch", pa.array(np.full(net.upserts.num_rows, epoch, dtype=np.int64))
+            )
+            rows = pa.table(rows.columns, schema=schema)
+            adds.append(self._write(rows, epoch))
+        # The snapshot the token, order and fence were read from is the one the
+        # commit is based on: a commit by another writer (a takeover, a replay of
+        # this epoch) after it makes delta-rs reject ours (FencedError, or a no-op).
+        result = commit_files(
+            self.uri,
+            adds,
+            schema,
+            app_id=self.app_id,
+            version=epoch,
+            remove=removes,
+            fence=(self._fence, self.generation),
+            custom_metadata={
+                "reconcile.epoch": epoch,
+                "reconcile.generation": self.generation,
+                "reconcile.upserted": net.upserts.num_rows,
+                "reconcile.deleted": deleted,
+            },
+            check_schema=False,  # every file was written here from `schema`
+            token_checked=True,  # read by _already_applied from this very snapshot
+            table_name=self.uri,
+            table=table,
+        )
+        if not result.committed:
+            return ApplyResult(epoch, applied=False, table_version=None)
+        # The epoch -> version map is read back from this very commit's commitInfo
+        # (epoch_versions), so there is no second table to keep consistent and no
+        # crash window between two commits.
+        return ApplyResult(
+            epoch,
+            applied=True,
+            table_version=result.table_version,
+            upserted=net.upserts.num_rows,
+            deleted=deleted,
+        )
+
+    def _already_applied(self, table: DeltaTable, epoch: int, *, allow_gap: bool) -> bool:
+        """Whether ``epoch`` is recorded in ``table``'s snapshot; raise if it is out of order.
+
+        Raises:
+            EpochOrderError: the epoch goes back to an epoch never recorded, or
+                skips epochs without ``allow_gap``; nothing was written.
+        """
+        last = table.transaction_version(self.app_id)
         if last is not None and epoch <= last:
             # Replay after a crash or a retried cycle: the token says it is in.
             # Only an epoch that was actually recorded is a no-op; going back to an
             # epoch that was skipped over would rewrite history, so it is an error.
             if epoch == last or epoch in self.epoch_versions():
-                return ApplyResult(epoch, applied=False, table_version=None)
+                return True
             raise EpochOrderError(
                 f"table {self.uri!r}: epoch {epoch} goes backwards (last applied epoch is "
                 f"{last}, and {epoch} was never recorded); nothing was written",
@@ -242,66 +316,7 @@ class ExpectedStateStore(Housekeeping):
                 epoch=epoch,
                 last_epoch=last,
             )
-        if table is not None:
-            check_generation(table, self._fence, self.generation, table_name=self.uri)
-        net, user_schema = normalize_changes(
-            changes, keys=self.key_columns, schema=self._schema, table=self.uri
-        )
-        self._schema = user_schema
-        schema = self._state_schema(user_schema)
-        if table is None:
-            DeltaTable.create(self.uri, schema, mode="ignore", configuration=_TABLE_CONFIG)
-            table = self._delta()
-            assert table is not None
-            check_generation(table, self._fence, self.generation, table_name=self.uri)
-        adds: list[DataFile] = []
-        removes, kept, deleted = self._rewrite_touched(table, net.touched, net.deletes, epoch)
-        adds.extend(kept)
-        if net.upserts.num_rows:
-            hashes = row_hash_arrow(net.upserts, user_schema.names)
-            rows = net.upserts.append_column("_row_hash", hashes).append_column(
-                "_epoch", pa.array(np.full(net.upserts.num_rows, epoch, dtype=np.int64))
-            )
-            rows = pa.table(rows.columns, schema=schema)
-            adds.append(self._write(rows, epoch))
-        try:
-            result = commit_files(
-                self.uri,
-                adds,
-                schema,
-                app_id=self.app_id,
-                version=epoch,
-                remove=removes,
-                extra_transactions=[(self._fence, self.generation)],
-                custom_metadata={
-                    "reconcile.epoch": epoch,
-                    "reconcile.generation": self.generation,
-                    "reconcile.upserted": net.upserts.num_rows,
-                    "reconcile.deleted": deleted,
-                },
-                check_schema=False,  # every file was written here from `schema`
-                token_checked=True,  # `last` above was read from this table object
-                table_name=self.uri,
-                table=table,
-            )
-        except RetryableError:
-            # A lost race may mean a newer generation took over meanwhile; say so
-            # precisely, because a fenced writer must stop rather than retry.
-            fresh = DeltaTable(self.uri)
-            check_generation(fresh, self._fence, self.generation, table_name=self.uri)
-            raise
-        if not result.committed:
-            return ApplyResult(epoch, applied=False, table_version=None)
-        # The epoch -> version map is read back from this very commit's commitInfo
-        # (epoch_versions), so there is no second table to keep consistent and no
-        # crash window between two commits.
-        return ApplyResult(
-            epoch,
-            applied=True,
-            table_version=result.table_version,
-            upserted=net.upserts.num_rows,
-            deleted=deleted,
-        )
+        return False
 
     def _write(self, rows: pa.Table, epoch: int) -> DataFile:
         rel = f"part-e{epoch:012d}-{uuid.uuid4().hex}.parquet"

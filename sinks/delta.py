@@ -19,6 +19,7 @@ from deltalake.exceptions import TableNotFoundError
 
 from expected_state.delta_commit import DataFile, commit_files, write_data_file
 from expected_state.fencing import fence_app_id
+from reconcile import hooks
 from reconcile.contract import (
     OK,
     Fatal,
@@ -33,7 +34,10 @@ from reconcile.contract import (
 )
 from reconcile.durable import write_atomically
 
-__all__ = ["EPOCH_COLUMN", "DeltaSink"]
+__all__ = ["COMMIT_CHECKED", "EPOCH_COLUMN", "DeltaSink"]
+
+# Between commit()'s reading of the table (token, order) and its Delta commit.
+COMMIT_CHECKED = hooks.declare("delta_sink.commit.checked")
 
 _FILE_GENERATION = re.compile(r"part-g(\d+)-")
 
@@ -125,6 +129,8 @@ class DeltaSink:
             return Fatal(f"sink {self._name!r}, {txn_id}: {exc}")
         try:
             self._claim_generation(table, txn_id, data.schema)
+        except FencedError as exc:
+            return Fatal.of(exc)
         except RetryableError as exc:
             fenced = self._fenced(self._table(), txn_id)
             return fenced if fenced is not None else Retryable(str(exc))
@@ -158,9 +164,6 @@ class DeltaSink:
             # (The epoch's data files live under _txn_files/ too: keep them.)
             self._remove_manifest(txn_id)
             return OK
-        fenced = self._fenced(table, txn_id)
-        if fenced is not None:
-            return fenced
         last = None if table is None else table.transaction_version(self._app_id(txn_id))
         if last is not None and last > txn_id.epoch:
             # The token is a high-water mark: recording an older epoch after a newer
@@ -171,7 +174,10 @@ class DeltaSink:
             )
         manifest = self._read_manifest(txn_id)
         if manifest is None:
-            return Fatal(f"sink {self._name!r}, {txn_id}: commit of a txn that was never prepared")
+            fenced = self._fenced(table, txn_id)  # a zombie's txn was discarded by the taker
+            return fenced or Fatal(
+                f"sink {self._name!r}, {txn_id}: commit of a txn that was never prepared"
+            )
         files = [DataFile(**{**f, "partition_values": {}}) for f in manifest["files"]]
         for f in files:
             if not (self.directory / f.path).exists():
@@ -188,23 +194,29 @@ class DeltaSink:
             # visible, and no schema to create the table with; done.
             self._remove_manifest(txn_id)
             return OK
+        hooks.point(COMMIT_CHECKED)
         try:
+            # The fence is checked on `table`, the snapshot whose token said the
+            # epoch is not in yet, and the commit is based on that same snapshot
+            # and carries the fence: a takeover that commits after it conflicts,
+            # so a zombie can neither write after it nor lower the fence.
             commit_files(
                 self.uri,
                 files,
                 schema,
                 app_id=self._app_id(txn_id),
                 version=txn_id.epoch,
-                extra_transactions=[(self._fence_id(txn_id), txn_id.generation)],
+                fence=(self._fence_id(txn_id), txn_id.generation),
                 custom_metadata={"reconcile.txn": str(txn_id)},
                 table_name=self.uri,
+                table=table,
             )
+        except FencedError as exc:
+            return Fatal.of(exc)
         except InvalidInputError as exc:
-            return Fatal(f"sink {self._name!r}, {txn_id}: {exc}")
+            return Fatal(f"sink {self._name!r}, {txn_id}: {exc}", exc)
         except RetryableError as exc:
-            fresh = self._table()
-            fenced = self._fenced(fresh, txn_id)
-            return fenced if fenced is not None else Retryable(str(exc))
+            return Retryable.of(exc)
         # OutcomeUnknownError propagates: the contract says an escaping exception
         # means "outcome unknown", and the next commit() resolves it by the token.
         self._remove_manifest(txn_id)
@@ -283,11 +295,14 @@ class DeltaSink:
             return None
         newest = table.transaction_version(self._fence_id(txn_id))
         if newest is not None and newest > txn_id.generation:
-            err = FencedError(
-                f"sink {self._name!r}, {txn_id}: fenced, generation {newest} has taken over; "
-                "nothing was written"
+            return Fatal.of(
+                FencedError(
+                    f"sink {self._name!r}, {txn_id}: fenced, generation {newest} has taken "
+                    "over; nothing was written",
+                    generation=txn_id.generation,
+                    fence=newest,
+                )
             )
-            return Fatal(str(err))
         return None
 
     def _claim_generation(
@@ -312,7 +327,9 @@ class DeltaSink:
             target,
             app_id=self._fence_id(txn_id),
             version=txn_id.generation,
+            fence=(self._fence_id(txn_id), txn_id.generation),  # never lowers the fence
             table_name=self.uri,
+            table=table,
         )
 
     def _is_committed(self, table: DeltaTable, txn_id: SinkTxnId) -> bool:

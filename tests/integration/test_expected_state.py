@@ -25,7 +25,6 @@ from reconcile.contract import (
     EpochOrderError,
     FencedError,
     InvalidInputError,
-    RetryableError,
 )
 from reconcile.hashing import row_hash_arrow
 
@@ -200,14 +199,14 @@ def test_fence_holds_when_takeover_lands_between_check_and_commit(tmp_path: Path
     zombie_view = DeltaTable(uri)
     commit_files(uri, [], data.schema, app_id=fence, version=2)  # take-over
     f = write_data_file(uri, "zombie.parquet", data)
-    with pytest.raises(RetryableError, match="nothing was written"):
+    with pytest.raises(FencedError, match="generation 1 is fenced off by generation 2"):
         commit_files(
             uri,
             [f],
             data.schema,
             app_id="pipe/orders",
             version=1,
-            extra_transactions=[(fence, 1)],
+            fence=(fence, 1),
             table=zombie_view,
             max_retries=2,
         )
