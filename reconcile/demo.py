@@ -12,8 +12,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from reconcile.contract import FatalError
 from reconcile.cycle import CommitCycle, CommitResult, CommitSucceeded
-from reconcile.driver import drive
+from reconcile.driver import RetryPolicy, drive
 from reconcile.faults import CYCLE_POINTS, SINK_OPERATIONS, Fault, FaultKind, FaultPlan, FaultySink
 from reconcile.metrics import InMemoryMetrics
 from reconcile.progress import EpochStatus, FileProgressLog
@@ -114,12 +115,25 @@ def run_demo(
             say(f"epoch {epoch + 1}/{epochs}: {type(result).__name__} at {result.step}, retrying")
 
     started = time.perf_counter()
-    drive_report = drive(
-        build,
-        range(resumed_from, epochs),
-        lambda e: epoch_outputs(e, rows),
-        on_progress=report_progress,
-    )
+    # An injected Fatal outcome stops the drive, as a real one would (no retry
+    # can cure it); the demo then does what an operator does after a fix: run
+    # the same drive again, which resumes where it stopped.
+    operator_restarts = 0
+    while True:
+        try:
+            drive_report = drive(
+                build,
+                range(resumed_from, epochs),
+                lambda e: epoch_outputs(e, rows),
+                retry=RetryPolicy(initial_s=0.01, max_s=0.2),
+                on_progress=report_progress,
+            )
+            break
+        except FatalError as exc:
+            if "injected" not in str(exc) or operator_restarts >= 10 * max(1, len(plan.faults)):
+                raise
+            operator_restarts += 1
+            say(f"stopped: {exc}; running it again (resumes)")
     # A last restart, as after a crash at the very end, resolves anything in doubt.
     CommitCycle(
         PIPELINE, [FileSink(n, sink_root) for n in SINKS], FileProgressLog(state, PIPELINE)
@@ -132,7 +146,7 @@ def run_demo(
         resumed_from=resumed_from,
         faults_planned=len(plan.faults),
         faults_fired=plan.log,
-        restarts=drive_report.restarts,
+        restarts=drive_report.restarts + operator_restarts,
         retries=drive_report.retries,
         seconds=round(time.perf_counter() - started, 3),
         audit_ok=not problems,

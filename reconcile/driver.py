@@ -1,4 +1,11 @@
-"""Drives a pipeline epoch by epoch: retries aborted epochs, restarts after fatal ones."""
+"""Drives a pipeline epoch by epoch: retries with backoff, restarts when in doubt, resumes.
+
+``drive(build, epochs, outputs)`` is the loop a pipeline runs. Calling it again
+with the same arguments after it stopped (a crash, a kill, an error an
+operator fixed) continues where it stopped: epochs already in every sink are
+skipped, an epoch left in doubt is finished (replayed into sinks that need
+its outputs again), and the rest run.
+"""
 
 from __future__ import annotations
 
@@ -7,23 +14,174 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from reconcile.contract import ContractViolationError, FatalError, FencedError
-from reconcile.cycle import CommitAborted, CommitCycle, CommitResult, CommitSucceeded
+from tenacity import (
+    RetryCallState,
+    Retrying,
+    retry_if_exception_type,
+    stop_after_delay,
+    wait_exponential_jitter,
+)
+
+from reconcile.contract import (
+    ContractViolationError,
+    FatalError,
+    OutcomeUnknownError,
+    ReconcileError,
+    RetryableError,
+)
+from reconcile.cycle import CommitCycle
+from reconcile.decisions import is_terminal
 from reconcile.faults import SimulatedCrash
+from reconcile.progress import EpochStatus
+from reconcile.results import CommitAborted, CommitResult, CommitSucceeded
 
-__all__ = ["DriveReport", "drive"]
+__all__ = ["DriveReport", "RetryPolicy", "drive"]
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("reconcile.driver")
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How long and how fast ``drive`` retries an epoch that does not go through.
+
+    Waits grow exponentially from ``initial_s`` up to ``max_s``, with random
+    jitter (so restarted writers do not retry in lock-step), until the epoch
+    has been failing for ``give_up_after_s`` seconds. The default rides out a
+    database restart of well over 30 seconds.
+    """
+
+    give_up_after_s: float = 120.0
+    initial_s: float = 0.05
+    max_s: float = 5.0
+    jitter_s: float = 0.25
+
+    def __post_init__(self) -> None:
+        if self.give_up_after_s <= 0 or self.initial_s < 0 or self.max_s < self.initial_s:
+            raise ValueError(f"invalid retry policy {self}")
 
 
 @dataclass
 class DriveReport:
-    """What a drive did: every cycle result, and how often it retried and restarted."""
+    """What a drive did: every cycle result, and how often it retried and restarted.
+
+    ``restarts`` counts new cycles built after the first (each one claims a
+    writer generation); ``retries`` counts epochs run again in the same cycle.
+    """
 
     results: list[CommitResult] = field(default_factory=list)
     restarts: int = 0
     retries: int = 0
     committed_epochs: list[int] = field(default_factory=list)
+    skipped_epochs: list[int] = field(default_factory=list)  # already in: not run again
+
+
+class _Again(Exception):
+    """Internal: the epoch did not go through; wait, then try again (restart if asked)."""
+
+    def __init__(self, reason: str, *, restart: bool, error: BaseException | None = None) -> None:
+        super().__init__(reason)
+        self.reason, self.restart, self.error = reason, restart, error
+
+
+class _Stop(Exception):
+    """Internal: no retry can cure this; ``drive`` raises ``error`` itself."""
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+class _Run:
+    """One drive: the current cycle, the report, and the first real error seen."""
+
+    def __init__(
+        self,
+        build: Callable[[], CommitCycle],
+        outputs: Callable[[int], Mapping[str, Iterable[Any]]],
+        on_progress: Callable[[int, CommitResult], None] | None,
+    ) -> None:
+        self.build, self.outputs, self.on_progress = build, outputs, on_progress
+        self.report = DriveReport()
+        self.cycle: CommitCycle | None = None
+        self.started = False
+        self.to_finish: list[int] = []  # committed epochs a sink still lacks
+        self.first_error: str | None = None
+
+    def restart(self) -> None:
+        """Throw the cycle and its sink clients away, as a process exit would."""
+        if self.cycle is not None:
+            self.cycle.close()
+            self.report.restarts += 1
+        self.cycle, self.started, self.to_finish = None, False, []
+
+    def started_cycle(self) -> CommitCycle:
+        """The current cycle, built and started if needed, with in-doubt epochs finished."""
+        if self.cycle is None:
+            self.cycle = self.build()
+        cycle = self.cycle
+        if not self.started:
+            report = cycle.start()
+            self.started = True
+            self.to_finish = sorted(report.replay_needed)
+        while self.to_finish:
+            # The log says committed, a sink without a durable prepare lacks it:
+            # replay its outputs into that sink before anything newer runs.
+            epoch = self.to_finish[0]
+            self.record(epoch, cycle.run_epoch(epoch, self.outputs(epoch)), finishing=True)
+            self.to_finish.pop(0)
+        return cycle
+
+    def record(self, epoch: int, result: CommitResult, *, finishing: bool = False) -> None:
+        """Keep a result; raise _Again or _Stop if it did not go through."""
+        self.report.results.append(result)
+        if self.on_progress is not None:
+            self.on_progress(epoch, result)
+        if isinstance(result, CommitSucceeded):
+            if not finishing:
+                self.report.committed_epochs.append(epoch)
+            return
+        if self.first_error is None:
+            self.first_error = f"epoch {epoch} {result.step}: {result.reason}"
+        if isinstance(result, CommitAborted):
+            self.report.retries += 1
+            raise _Again(result.reason, restart=False, error=result.error)
+        if not result.restart:
+            raise _Stop(result.error or FatalError(result.reason, epoch=epoch))
+        raise _Again(result.reason, restart=True, error=result.error)
+
+    def attempt(self, epoch: int) -> None:
+        """Run ``epoch`` once; map every way it can fail to _Again or _Stop."""
+        try:
+            cycle = self.started_cycle()
+            if self._already_in(cycle, epoch):
+                self.report.skipped_epochs.append(epoch)
+                return
+            self.record(epoch, cycle.run_epoch(epoch, self.outputs(epoch)))
+        except (_Again, _Stop):
+            raise
+        except (ContractViolationError, OutcomeUnknownError) as exc:
+            # A broken sink, or an outcome only an operator (or repair) can settle.
+            raise _Stop(exc) from exc
+        except ReconcileError as exc:
+            if is_terminal(exc):
+                raise _Stop(exc) from exc
+            self.first_error = self.first_error or f"epoch {epoch}: {exc}"
+            # A sink unreachable during start(): start() again on the same cycle
+            # (same generation) after a wait. Anything else that is not terminal
+            # (a start() that could not settle a stranded txn) restarts: a new
+            # cycle's start() resolves what is in doubt.
+            again_start = isinstance(exc, RetryableError) and not self.started
+            raise _Again(str(exc), restart=not again_start, error=exc) from exc
+        except SimulatedCrash as exc:
+            raise _Again(f"crash: {exc}", restart=True) from None
+
+    @staticmethod
+    def _already_in(cycle: CommitCycle, epoch: int) -> bool:
+        """An epoch finalized below the newest committed one is in: skip it."""
+        last = cycle.progress.last_committed()
+        if last is None or epoch >= last:
+            return False
+        return cycle.progress.status(epoch) is EpochStatus.FINALIZED
 
 
 def drive(
@@ -31,62 +189,78 @@ def drive(
     epochs: Iterable[int],
     outputs: Callable[[int], Mapping[str, Iterable[Any]]],
     *,
-    max_attempts_per_epoch: int = 25,
+    retry: RetryPolicy | None = None,
     on_progress: Callable[[int, CommitResult], None] | None = None,
 ) -> DriveReport:
-    """Run ``epochs`` in order until each one has committed.
+    """Run ``epochs`` in order until each one is in every sink.
 
     ``build`` makes a fresh cycle over fresh sink clients, as a restarted
-    process would; ``outputs(epoch)`` recomputes an epoch's rows (a replay gives
-    the same rows). CommitAborted retries the epoch; CommitFatal, a failed
-    ``start()`` and a SimulatedCrash restart: a new cycle from ``build``, whose
-    ``start()`` resolves what was in doubt, then the same epoch again.
+    process would; ``outputs(epoch)`` recomputes an epoch's rows. What happens
+    when an epoch does not go through:
+
+    - CommitAborted (nothing of it is anywhere): run it again in the same
+      cycle after a backoff wait;
+    - CommitFatal with ``restart`` (something is in doubt), a crash, or a
+      start() that could not settle what it found: restart (a new cycle, whose
+      start() resolves what is in doubt), then the same epoch again;
+    - a sink unreachable during start(): start() again after a wait (no new
+      generation is claimed);
+    - an error no retry can cure (bad input, configuration, a fenced zombie, a
+      marker of another state, a broken sink, a Fatal outcome before the commit
+      point): raised at once.
+
+    Waits follow ``retry`` (exponential with jitter); an epoch that keeps failing
+    for ``retry.give_up_after_s`` raises FatalError with its first and last errors.
+
+    Resuming: epochs already finalized before this call (below the newest
+    committed one) are skipped and listed in ``skipped_epochs``, so running the
+    same call again after a stop continues where it stopped.
 
     Raises:
-        FatalError: an epoch did not commit within ``max_attempts_per_epoch``.
-        OutcomeUnknownError: from ``start()``, which needs an operator.
+        FatalError: an epoch kept failing for longer than the policy allows, or
+            a Fatal outcome stopped it (the typed cause when there is one).
+        InvalidInputError, ConfigurationError, FencedError, MarkerMismatchError,
+        ContractViolationError: at once, as above.
+        OutcomeUnknownError: from start(): only pull-and-diff (or an operator) can settle it.
     """
-    report = DriveReport()
-    cycle: CommitCycle | None = None
-    for epoch in epochs:
-        for _attempt in range(max_attempts_per_epoch):
-            try:
-                if cycle is None:
-                    cycle = build()
-                    cycle.start()
-                result: CommitResult | None = cycle.run_epoch(epoch, outputs(epoch))
-            except (ContractViolationError, FencedError):
-                raise  # a broken sink or a zombie: restarting cannot fix either
-            except (SimulatedCrash, FatalError) as exc:
-                # A crash, or a start() that could not resolve the stranded
-                # txns (a sink is down, say): restart, up to the attempt limit.
-                log.warning("epoch %d: %s; restarting", epoch, exc)
-                result = None
-            if result is not None:
-                report.results.append(result)
-                if on_progress is not None:
-                    on_progress(epoch, result)
-                if isinstance(result, CommitSucceeded):
-                    report.committed_epochs.append(epoch)
-                    break
-                if isinstance(result, CommitAborted):
-                    report.retries += 1
-                    continue
-            # Restart (crash, failed start, CommitFatal). A dead process's
-            # connections close with it: so do these.
-            _close(cycle)
-            cycle = None
-            report.restarts += 1
-        else:
-            raise FatalError(
-                f"epoch {epoch} did not commit in {max_attempts_per_epoch} attempts; "
-                f"last results: {report.results[-3:]}",
-                epoch=epoch,
+    policy = retry or RetryPolicy()
+    run = _Run(build, outputs, on_progress)
+
+    def before_sleep(state: RetryCallState) -> None:
+        again = state.outcome.exception() if state.outcome else None
+        if isinstance(again, _Again):
+            if again.restart:
+                run.restart()
+            log.warning(
+                "retrying in %.2fs (%s, attempt %d): %s",
+                state.next_action.sleep if state.next_action else 0.0,
+                "restart" if again.restart else "same cycle",
+                state.attempt_number,
+                again.reason,
             )
-    _close(cycle)
-    return report
 
-
-def _close(cycle: CommitCycle | None) -> None:
-    if cycle is not None:
-        cycle.close()
+    try:
+        for epoch in epochs:
+            retrying = Retrying(
+                retry=retry_if_exception_type(_Again),
+                stop=stop_after_delay(policy.give_up_after_s),
+                wait=wait_exponential_jitter(
+                    multiplier=policy.initial_s, max=policy.max_s, jitter=policy.jitter_s
+                ),
+                before_sleep=before_sleep,
+                reraise=True,
+            )
+            try:
+                retrying(run.attempt, epoch)
+            except _Stop as stop:
+                raise stop.error from None
+            except _Again as last:
+                raise FatalError(
+                    f"epoch {epoch} did not commit within {policy.give_up_after_s:g}s: first "
+                    f"error: {run.first_error or last.reason}; last error: {last.reason}",
+                    epoch=epoch,
+                ) from last.error
+    finally:
+        if run.cycle is not None:
+            run.cycle.close()  # a clean exit closes connections, as a process end would
+    return run.report

@@ -95,6 +95,9 @@ class FaultPlan:
     faults: list[Fault] = field(default_factory=list)
     hits: dict[str, int] = field(default_factory=dict)
     log: list[str] = field(default_factory=list)
+    # Every hit in order, as (point, when, count), when asked for (tests use it
+    # to know which fault a run must reach first).
+    trace: list[tuple[str, str, int]] | None = None
 
     def hit(self, point: str, when: Literal["before", "after"] = "before") -> SinkOutcome | None:
         """Count a hit of ``point`` and fire a due fault.
@@ -108,6 +111,8 @@ class FaultPlan:
         if when == "before":
             self.hits[point] = self.hits.get(point, 0) + 1
         count = self.hits.get(point, 0)
+        if self.trace is not None:
+            self.trace.append((point, when, count))
         for fault in self.faults:
             if fault.point != point or fault.when != when:
                 continue

@@ -190,7 +190,10 @@ def test_sink_declarations_are_checked(names: tuple[str, ...], message: str) -> 
 
 
 def test_not_a_sink_is_rejected() -> None:
-    with pytest.raises(ConfigurationError, match="does not implement the TwoPhaseSink protocol"):
+    with pytest.raises(
+        ConfigurationError,
+        match="is not a TwoPhaseSink: it lacks name, stage, prepare, commit, abort, recover",
+    ):
         CommitCycle("pipe", [object()], MemoryProgressLog())  # type: ignore[list-item]
 
 
