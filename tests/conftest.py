@@ -9,4 +9,10 @@ import sys
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 
-pytest_plugins = ["tests.fix_sinks", "tests.fix_spark", "tests.fix_delta", "tests.fix_pg"]
+pytest_plugins = [
+    "tests.fix_sinks",
+    "tests.fix_spark",
+    "tests.fix_delta",
+    "tests.fix_pg",
+    "tests.fix_chaos",
+]

@@ -284,28 +284,58 @@ def private_pg_server() -> Iterator[PgServer]:
 # ---------------------------------------------------------------------------
 
 
+_AUDIT = """
+CREATE TABLE IF NOT EXISTS harness_writes (
+    sink text NOT NULL, k text NOT NULL, v bigint NOT NULL, _epoch bigint NOT NULL,
+    op text NOT NULL, xid xid8 NOT NULL DEFAULT pg_current_xact_id()
+);
+CREATE OR REPLACE FUNCTION harness_audit() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO harness_writes (sink, k, v, _epoch, op)
+    VALUES (TG_TABLE_NAME, NEW.k, NEW.v, NEW._epoch, TG_OP);
+    RETURN NULL;
+END $$;
+"""
+
+
 class PostgresHarness:
     """Postgres sinks (one table per sink name) in a fresh database of the shared server.
 
-    ``committed`` and ``prepared`` read the database directly: the sink table
-    grouped by its ``_epoch`` column, and ``pg_prepared_xacts``.
+    ``committed`` reads the database directly. The sink upserts into a keyed
+    table, where a second write of a row would replace the first and vanish;
+    so every table has an AFTER INSERT OR UPDATE trigger that appends each row
+    write to ``harness_writes`` in the writing transaction. A committed write
+    is there exactly once; a rolled-back one is not there at all; an epoch
+    written twice appears twice. ``prepared`` reads ``pg_prepared_xacts``.
     """
 
-    def __init__(self, server: PgServer, dbname: str, mode: str) -> None:
+    def __init__(self, dsn: str, mode: str) -> None:
         self.kind = "postgres" if mode == "transactional" else "postgres_prepared"
-        self.server, self.dbname, self.mode = server, dbname, mode
-        self.dsn = server.dsn(dbname)
+        self.mode = mode
+        self.dsn = dsn
+
+    @classmethod
+    def on(cls, server: PgServer, dbname: str, mode: str) -> PostgresHarness:
+        return cls(server.dsn(dbname), mode)
 
     def new_sink(self, name: str) -> Any:
         from sinks.postgres import postgres_sink
 
         with psycopg.connect(self.dsn, autocommit=True) as conn:
-            conn.execute(
-                sql.SQL(
-                    "CREATE TABLE IF NOT EXISTS {} (k text PRIMARY KEY, v bigint NOT NULL, "
-                    "_epoch bigint NOT NULL)"
-                ).format(sql.Identifier(name))
-            )
+            # Set up once per table: a restarted process must not take a lock on
+            # a table that a stranded prepared txn holds (the DDL would wait forever).
+            exists = conn.execute("SELECT to_regclass(%s)", (f'"{name}"',)).fetchone()
+            if exists is None or exists[0] is None:
+                with conn.transaction():
+                    conn.execute(_AUDIT)
+                    conn.execute(
+                        sql.SQL(
+                            "CREATE TABLE {0} (k text PRIMARY KEY, v bigint NOT NULL, "
+                            "_epoch bigint NOT NULL); "
+                            "CREATE TRIGGER harness_audit AFTER INSERT OR UPDATE ON {0} "
+                            "FOR EACH ROW EXECUTE FUNCTION harness_audit()"
+                        ).format(sql.Identifier(name))
+                    )
         return postgres_sink(self.dsn, name, mode=self.mode, name=name)
 
     def committed(self, name: str) -> dict[int, list[dict[str, Any]]]:
@@ -314,20 +344,27 @@ class PostgresHarness:
             exists = conn.execute("SELECT to_regclass(%s)", (f'"{name}"',)).fetchone()
             if exists is None or exists[0] is None:
                 return out
-            query = sql.SQL("SELECT _epoch, k, v FROM {} ORDER BY _epoch, k").format(
-                sql.Identifier(name)
+            writes = conn.execute(
+                "SELECT _epoch, k, v FROM harness_writes WHERE sink = %s ORDER BY _epoch, k, v",
+                (name,),
             )
-            for epoch, k, v in conn.execute(query):
+            for epoch, k, v in writes:
                 out.setdefault(int(epoch), []).append({"k": k, "v": int(v)})
-            has_markers = conn.execute("SELECT to_regclass('reconcile_commits')").fetchone()
-            markers: set[int] = set()
-            if has_markers is not None and has_markers[0] is not None:
-                markers = {
+            # The table holds the last write of each key: the audit must agree with it.
+            query = sql.SQL("SELECT _epoch, k, v FROM {}").format(sql.Identifier(name))
+            current = {(int(e), k, int(v)) for e, k, v in conn.execute(query)}
+            last_writes = {(e, r["k"], r["v"]) for e, rows in out.items() for r in rows}
+            assert current <= last_writes, f"rows not seen by the audit: {current - last_writes}"
+            markers = (
+                {
                     int(r[0])
                     for r in conn.execute(
                         "SELECT epoch FROM reconcile_commits WHERE sink = %s", (name,)
                     )
                 }
+                if _markers_table(conn)
+                else set()
+            )
         # I2: no row without its epoch's marker (the marker commits with the data).
         assert set(out) <= markers, f"rows of epochs {set(out) - markers} have no marker"
         return out
@@ -349,11 +386,20 @@ class PostgresHarness:
         return sorted(found)
 
 
+def _markers_table(conn: psycopg.Connection[Any]) -> bool:
+    """Whether the marker table exists (in the default or the ``reconcile`` schema)."""
+    row = conn.execute(
+        "SELECT count(*) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+        "WHERE c.relname = 'reconcile_commits'"
+    ).fetchone()
+    return bool(row and row[0])
+
+
 @pytest.fixture
 def postgres_harness(pg_server: PgServer) -> Iterator[PostgresHarness]:
     """Transactional mode: prepare keeps the txn open (not durable across a restart)."""
     name = pg_server.create_database("h")
-    yield PostgresHarness(pg_server, name, "transactional")
+    yield PostgresHarness.on(pg_server, name, "transactional")
     pg_server.drop_database(name)
 
 
@@ -361,7 +407,7 @@ def postgres_harness(pg_server: PgServer) -> Iterator[PostgresHarness]:
 def postgres_prepared_harness(pg_server: PgServer) -> Iterator[PostgresHarness]:
     """Prepared mode: PREPARE TRANSACTION, durable across restarts."""
     name = pg_server.create_database("hp")
-    yield PostgresHarness(pg_server, name, "prepared")
+    yield PostgresHarness.on(pg_server, name, "prepared")
     with pg_server.connect(name) as conn:
         for (gid,) in conn.execute(
             "SELECT gid FROM pg_prepared_xacts WHERE database = current_database()"

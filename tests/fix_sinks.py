@@ -20,11 +20,20 @@ from tests.http_receiver import ReceiverServer
 # Every sink kind with a ``<kind>_harness`` fixture somewhere in the plugins.
 # The contract and chaos suites run once per kind listed here.
 SINK_KINDS = ["memory", "file", "http", "delta", "postgres", "postgres_prepared"]
+# The kinds whose prepared txns outlive the process that prepared them.
+DURABLE_SINK_KINDS = [k for k in SINK_KINDS if k != "postgres"]
 
 
 @pytest.fixture(params=SINK_KINDS)
 def sink_harness(request: pytest.FixtureRequest) -> SinkHarness:
     """A harness for each sink kind, built by that kind's own fixture."""
+    harness: SinkHarness = request.getfixturevalue(f"{request.param}_harness")
+    return harness
+
+
+@pytest.fixture(params=DURABLE_SINK_KINDS)
+def durable_sink_harness(request: pytest.FixtureRequest) -> SinkHarness:
+    """A harness for each sink kind with a durable prepare."""
     harness: SinkHarness = request.getfixturevalue(f"{request.param}_harness")
     return harness
 

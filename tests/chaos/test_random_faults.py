@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
 from reconcile.faults import CYCLE_POINTS, SINK_OPERATIONS, Fault, FaultKind, FaultPlan
+from tests.fix_chaos import record
 from tests.fix_delta import DeltaHarness
 from tests.fix_pg import PgServer, PostgresHarness
 from tests.fix_sinks import FileHarness, MemoryHarness
@@ -46,11 +47,53 @@ def faults(draw: st.DrawFn) -> Fault:
 fault_plans = st.lists(faults(), min_size=1, max_size=4)
 
 
+def _clean_trace() -> list[tuple[str, str, int]]:
+    """Every hit of a clean run of EPOCHS (no fault), in order."""
+    if not _CLEAN_TRACE:
+        with tempfile.TemporaryDirectory() as root:
+            scenario = Scenario(MemoryHarness(), Path(root) / "state", FaultPlan(trace=[]))
+            scenario.run(EPOCHS)
+            assert scenario.plan.trace
+            _CLEAN_TRACE.extend(scenario.plan.trace)
+    return _CLEAN_TRACE
+
+
+_CLEAN_TRACE: list[tuple[str, str, int]] = []
+
+
+def _first_due(plan: list[Fault]) -> Fault | None:
+    """The fault a run must reach first: until a fault fires, the run IS the clean run.
+
+    (After that, a fault may change the path: recovery can finish an epoch
+    without passing a step again, so later faults need not fire.)
+    """
+    trace = _clean_trace()
+    best: tuple[int, int] | None = None
+    chosen = None
+    for index, fault in enumerate(plan):
+        position = next(
+            (
+                i
+                for i, (p, w, n) in enumerate(trace)
+                if (p, w, n) == (fault.point, fault.when, fault.nth)
+            ),
+            None,
+        )
+        if position is not None and (best is None or (position, index) < best):
+            best, chosen = (position, index), fault
+    return chosen
+
+
 def _check(harness: SinkHarness, root: Path, plan: list[Fault]) -> None:
-    scenario = Scenario(harness, root / "state", FaultPlan(plan))
+    faults = FaultPlan(plan)
+    scenario = Scenario(harness, root / "state", faults)
     report = scenario.run(EPOCHS)
     assert report.committed_epochs == EPOCHS
     scenario.check(EPOCHS)
+    record(faults)
+    first = _first_due(plan)
+    if first is not None:
+        assert first.fired, f"{first} is reached first by a clean run but never fired"
 
 
 def _explore(examples: int) -> object:
@@ -97,7 +140,7 @@ def _explore_postgres(pg_server: PgServer, mode: str, examples: int, at_seed: in
         dbname = pg_server.create_database("rf")
         try:
             with tempfile.TemporaryDirectory() as root:
-                _check(PostgresHarness(pg_server, dbname, mode), Path(root), plan)
+                _check(PostgresHarness.on(pg_server, dbname, mode), Path(root), plan)
         finally:
             pg_server.drop_database(dbname)
 
