@@ -163,13 +163,14 @@ class _Run:
             # A broken sink, or an outcome only an operator (or repair) can settle.
             raise _Stop(exc) from exc
         except ReconcileError as exc:
-            if is_terminal(exc):
+            if is_terminal(exc) or isinstance(exc, FatalError):
+                # FatalError from start(): a sink cannot list or settle what it
+                # holds, in a way it says no retry fixes. A restart would only
+                # claim generation after generation to fail the same way.
                 raise _Stop(exc) from exc
             self.first_error = self.first_error or f"epoch {epoch}: {exc}"
-            # A sink unreachable during start(): start() again on the same cycle
-            # (same generation) after a wait. Anything else that is not terminal
-            # (a start() that could not settle a stranded txn) restarts: a new
-            # cycle's start() resolves what is in doubt.
+            # Retryable: a sink unreachable or busy during start(): start() again
+            # on the same cycle (the same generation) after a wait.
             again_start = isinstance(exc, RetryableError) and not self.started
             raise _Again(str(exc), restart=not again_start, error=exc) from exc
         except SimulatedCrash as exc:

@@ -14,6 +14,7 @@ from reconcile.contract import (
     OutcomeUnknownError,
     ReconcileError,
     Retryable,
+    RetryableError,
     SinkOutcome,
     SinkTxnId,
 )
@@ -84,12 +85,16 @@ class SinkSteps:
     def settle(self, sink: TwoPhaseSink, operation: str, txn: SinkTxnId) -> None:
         """Commit or abort a stranded txn, or raise FatalError naming it."""
         outcome = self.try_op(sink, operation, txn)
-        if not isinstance(outcome, Ok):
-            raise FatalError(
-                f"recovery could not {operation} stranded txn {txn} in sink {sink.name!r}: "
-                f"{outcome}",
-                txn=str(txn),
-            )
+        if isinstance(outcome, Ok):
+            return
+        message = (
+            f"recovery could not {operation} stranded txn {txn} in sink {sink.name!r}: "
+            f"{outcome.reason}"
+        )
+        if isinstance(outcome, Retryable):
+            # The sink is down or busy: start() may be tried again, as the same writer.
+            raise RetryableError(message, txn=str(txn))
+        raise FatalError(message, txn=str(txn))
 
     def each(
         self,
