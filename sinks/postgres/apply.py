@@ -69,10 +69,19 @@ def _chunks(
 
 
 def _table_chunks(table: pa.Table, limits: ChunkLimits) -> Iterator[pa.Table]:
-    """Zero-copy slices of ``table`` within ``limits``."""
-    sizes = arrow_row_bytes(table) if table.nbytes > limits.bytes else None
-    for start, stop in _chunks(sizes, table.num_rows, limits):
-        yield table.slice(start, stop - start)
+    """Zero-copy slices of ``table`` within ``limits``.
+
+    Row sizes are measured one block of ``limits.rows`` rows at a time, and
+    only for a block over the byte limit, so this costs memory in proportion
+    to a block, not to the table.
+    """
+    for start in range(0, table.num_rows, limits.rows):
+        block = table.slice(start, limits.rows)
+        if block.nbytes <= limits.bytes:
+            yield block
+            continue
+        for first, stop in _chunks(arrow_row_bytes(block), block.num_rows, limits):
+            yield block.slice(first, stop - first)
 
 
 def _upsert_tail(schema: TableSchema, columns: tuple[str, ...], append_only: bool) -> sql.Composed:

@@ -10,8 +10,9 @@ import pyarrow.compute as pc  # type: ignore[import-untyped, unused-ignore]
 
 from reconcile.decimals import DecimalFitError, check_decimal_array
 
+from . import values
 from .schema import TableSchema
-from .values import MAX_ROW_BYTES, BatchErrors, arrow_type_fits
+from .values import BatchErrors, arrow_type_fits
 
 __all__ = ["arrow_row_bytes", "hashable_key", "shown_key", "validate_arrow"]
 
@@ -57,16 +58,12 @@ def arrow_row_bytes(table: pa.Table) -> np.ndarray[Any, np.dtype[np.int64]]:
 
 def _check_row_sizes(check: BatchErrors, table: pa.Table) -> None:
     """Refuse a row too large to send (skipped when the whole table is smaller)."""
-    if table.nbytes < MAX_ROW_BYTES:
+    if table.nbytes <= values.MAX_ROW_BYTES:
         return
     sizes = arrow_row_bytes(table)
     biggest = int(np.argmax(sizes))
-    if int(sizes[biggest]) > MAX_ROW_BYTES:
-        raise check.error(
-            f"Arrow row {biggest} is about {int(sizes[biggest]) // 2**20} MiB; the sink sends "
-            f"rows of at most {MAX_ROW_BYTES // 2**20} MiB (PostgreSQL refuses any message "
-            "or value of 1 GB, so it would fail on every retry)"
-        )
+    if (too_large := values.oversize(f"Arrow row {biggest}", int(sizes[biggest]))) is not None:
+        raise check.error(too_large)
 
 
 def validate_arrow(

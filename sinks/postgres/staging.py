@@ -12,7 +12,7 @@ from reconcile.contract import Change, InvalidInputError
 
 from .arrow_batch import hashable_key, shown_key, validate_arrow
 from .schema import EPOCH_COLUMN, TableSchema
-from .values import MAX_ROW_BYTES, NO_VALUE, BadValue, BatchErrors, approx_bytes, coerce_value
+from .values import NO_VALUE, BadValue, BatchErrors, approx_bytes, coerce_value, oversize
 
 __all__ = ["EpochBatch", "ValidatedBatch", "validate_batch"]
 
@@ -163,12 +163,8 @@ def validate_batch(
             except BadValue as bad:
                 raise check.error(f"{bad.phrase} (row {index})", name, value) from None
         size = sum(approx_bytes(v) for v in out)
-        if size > MAX_ROW_BYTES:
-            raise check.error(
-                f"row {index} is about {size // 2**20} MiB; the sink sends rows of at most "
-                f"{MAX_ROW_BYTES // 2**20} MiB (PostgreSQL refuses any message or value of "
-                "1 GB, so it would fail on every retry)"
-            )
+        if (too_large := oversize(f"row {index}", size)) is not None:
+            raise check.error(too_large)
         row_bytes.append(size)
         key = hashable_key(tuple(out[p] for p in key_pos))
         if key in seen:

@@ -26,6 +26,7 @@ __all__ = [
     "approx_bytes",
     "arrow_type_fits",
     "coerce_value",
+    "oversize",
 ]
 
 _INT_RANGES = {"int2": 2**15, "int4": 2**31, "int8": 2**63}
@@ -47,6 +48,21 @@ class DumpedJson:
 
     def __call__(self, _obj: Any) -> str:
         return self.text
+
+
+def _bytes_text(size: int) -> str:
+    return f"{size / 2**20:.0f} MiB" if size >= 2**20 else f"{size:,} bytes"
+
+
+def oversize(where: str, size: int) -> str | None:
+    """The error phrase for a row (``where``) of about ``size`` bytes; None if it may be sent."""
+    if size <= MAX_ROW_BYTES:
+        return None
+    return (
+        f"{where} is about {_bytes_text(size)}; the sink sends rows of at most "
+        f"{_bytes_text(MAX_ROW_BYTES)} (PostgreSQL refuses any message or value of 1 GB, "
+        "so it would fail on every retry)"
+    )
 
 
 def approx_bytes(value: Any) -> int:
