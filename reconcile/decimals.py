@@ -197,7 +197,7 @@ def check_decimal_array(
     """Check every value of an Arrow array as :func:`check_decimal` does, vectorized.
 
     Args:
-        array: integers, floats, decimals or nulls.
+        array: integers, floats, decimals or nulls (dictionary-encoded or not).
         precision, scale: the declared type (precision None: unconstrained).
 
     Returns:
@@ -209,6 +209,8 @@ def check_decimal_array(
         DecimalFitError: naming the first value that does not fit and its row.
         TypeError: for an array of another type.
     """
+    if pa.types.is_dictionary(array.type):
+        array = array.cast(array.type.value_type)
     typ = array.type
     if not (
         pa.types.is_integer(typ)

@@ -22,6 +22,8 @@ import pyarrow.compute as pc  # type: ignore[import-untyped, unused-ignore]
 import pyarrow.csv as pacsv  # type: ignore[import-untyped, unused-ignore]
 from psycopg import errors, sql
 
+from reconcile import hooks
+
 from .arrow_batch import arrow_row_bytes
 from .schema import EPOCH_COLUMN, TableSchema, direct_copy_blockers
 from .staging import ValidatedBatch
@@ -29,6 +31,10 @@ from .staging import ValidatedBatch
 __all__ = ["ARRAY_CHUNK", "COPY_CHUNK", "ChunkLimits", "apply_with_arrays", "apply_with_copy"]
 
 log = logging.getLogger("reconcile.sinks.postgres")
+
+# Between reading the catalog facts that allow the direct COPY and the COPY
+# itself: the table lock must keep any DDL out of this window.
+DIRECT_COPY_CHECKED = hooks.declare("pg.apply.direct_copy_checked")
 
 
 @dataclass(frozen=True)
@@ -274,6 +280,7 @@ def _direct_copy_ok(
     cur.execute(sql.SQL("LOCK TABLE {} IN ROW EXCLUSIVE MODE").format(schema.ident))
     written = (*table.column_names, *([EPOCH_COLUMN] if schema.has_epoch_column else []))
     blockers = direct_copy_blockers(cur, schema, written, allow_triggers=allow_triggers)
+    hooks.point(DIRECT_COPY_CHECKED)
     if blockers:
         log.debug(
             "table %s: no direct COPY (%s); using the temp table path",

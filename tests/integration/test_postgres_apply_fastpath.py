@@ -338,3 +338,43 @@ def test_triggers_take_the_fast_path_only_when_the_user_opts_in(
     # statement trigger: that is what the user accepts.
     assert got == ({"INSERT ROW": n} if opt_in else {"INSERT ROW": n, "UPDATE STATEMENT": 1})
     assert conn.execute("SELECT count(*) FROM t").fetchone() == (n,)
+
+
+def test_no_ddl_can_change_the_table_between_the_catalog_read_and_the_copy(
+    pg_db: str,
+) -> None:
+    from reconcile import hooks
+    from sinks.postgres.apply import DIRECT_COPY_CHECKED
+
+    with psycopg.connect(pg_db, autocommit=True) as conn:
+        conn.execute("CREATE TABLE t (id bigint PRIMARY KEY, v bigint)")
+        conn.execute("CREATE TABLE audit (id bigint)")
+        conn.execute(
+            "CREATE FUNCTION note() RETURNS trigger LANGUAGE plpgsql AS "
+            "$$ BEGIN INSERT INTO audit VALUES (NEW.id); RETURN NULL; END $$"
+        )
+    refused: list[str] = []
+
+    def add_a_rule_and_a_trigger() -> None:
+        # Another session tries the DDL that would change what COPY does.
+        with psycopg.connect(pg_db, autocommit=True) as other:
+            other.execute("SET lock_timeout = '300ms'")
+            for ddl in (
+                "CREATE RULE audit_insert AS ON INSERT TO t DO ALSO INSERT INTO audit "
+                "VALUES (NEW.id)",
+                "CREATE TRIGGER t_ins AFTER INSERT ON t FOR EACH ROW EXECUTE FUNCTION note()",
+                "ALTER TABLE t ENABLE ROW LEVEL SECURITY",
+            ):
+                try:
+                    other.execute(ddl)
+                except psycopg.errors.LockNotAvailable:
+                    refused.append(ddl.split()[1])
+
+    sink = PostgresSink(pg_db, "t", name="t", pipeline=PIPE)
+    with hooks.at(DIRECT_COPY_CHECKED, add_a_rule_and_a_trigger) as window:
+        assert one_epoch(sink, arrow_rows(20_000)) == OK
+    sink.close()
+    assert window.fired == 1
+    assert refused == ["RULE", "TRIGGER", "TABLE"]
+    assert query(pg_db, "SELECT count(*) FROM t") == [(20_000,)]
+    assert query(pg_db, "SELECT count(*) FROM audit") == [(0,)]

@@ -271,3 +271,35 @@ def test_values_that_fit_numeric_exactly_are_written_exactly(items: str, mode: t
         (21, "1.10"),
         (22, "2.25"),
     ]
+
+
+def test_declared_precision_and_scale_are_read_from_the_catalog(pg_db: str) -> None:
+    # PostgreSQL 15 allows a negative scale (rounding to tens, hundreds...) and
+    # a scale above the precision; the rule reads both from the typmod.
+    with psycopg.connect(pg_db, autocommit=True) as conn:
+        conn.execute(
+            "CREATE TABLE odd (id int PRIMARY KEY, hundreds numeric(5,-2), tiny numeric(3,5), "
+            "free numeric)"
+        )
+    sink = PostgresSink(pg_db, "odd", name="odd", pipeline=PIPE)
+    good = {"id": 1, "hundreds": 9_999_900, "tiny": Decimal("0.00999"), "free": 2**80}
+    txn = SinkTxnId(PIPE, "odd", 1, 0)
+    assert sink.stage(txn, [good]) == OK and sink.prepare(txn) == OK and sink.commit(txn) == OK
+    for epoch, (column, value, declared) in enumerate(
+        [
+            ("hundreds", 12_350, "numeric(5,-2)"),
+            ("hundreds", 10**7, "numeric(5,-2)"),
+            ("tiny", Decimal("0.01"), "numeric(3,5)"),
+            ("tiny", Decimal("0.000001"), "numeric(3,5)"),
+        ],
+        start=2,
+    ):
+        txn = SinkTxnId(PIPE, "odd", epoch, 0)
+        assert sink.stage(txn, [{**good, "id": epoch, column: value}]) == OK
+        outcome = sink.prepare(txn)
+        assert isinstance(outcome, Fatal), (column, value, outcome)
+        assert f"column {column!r}" in outcome.reason and declared in outcome.reason
+        assert sink.abort(txn) == OK
+    with psycopg.connect(pg_db, autocommit=True) as conn:
+        got = conn.execute("SELECT hundreds::text, tiny::text, free::text FROM odd").fetchall()
+    assert got == [("9999900", "0.00999", str(2**80))]

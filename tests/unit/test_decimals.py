@@ -115,6 +115,10 @@ def test_arrow_arrays_convert_exactly_and_name_the_first_misfit() -> None:
     assert err.value.index == 1
     with pytest.raises(TypeError):
         check_decimal_array(pa.array(["1.5"]), 12, 2)
+    encoded = pa.array([1.5, 1.5, 2.0]).dictionary_encode()
+    assert check_decimal_array(encoded, 12, 2).to_pylist() == [Decimal("1.50")] * 2 + [
+        Decimal("2.00")
+    ]
 
 
 def _agree(values: list[Any], arrow_type: pa.DataType, precision: int, scale: int) -> None:
@@ -192,3 +196,20 @@ def test_arrow_decimal_type_bounds() -> None:
     assert arrow_decimal_type(77, 2) is None
     assert arrow_decimal_type(5, -2) is None
     assert arrow_decimal_type(3, 5) is None
+
+
+@pytest.mark.parametrize(
+    ("value", "precision", "scale"),
+    [
+        (2.2250738585e-313, 2, 2),  # Arrow's string-to-decimal cast reads it as 0.00
+        (907598747074959.0, 30, 30),  # the rescaled value wraps around in 128 bits
+    ],
+)
+def test_arrow_cast_pitfalls_are_caught_before_the_cast(
+    value: float, precision: int, scale: int
+) -> None:
+    with pytest.raises(DecimalFitError):
+        check_decimal(value, precision, scale)
+    with pytest.raises(DecimalFitError) as err:
+        check_decimal_array(pa.array([1.0 if precision > scale else 0.5, value]), precision, scale)
+    assert err.value.index == 1
