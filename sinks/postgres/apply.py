@@ -274,6 +274,9 @@ def _direct_copy_ok(
     """
     if table.num_rows < _DIRECT_MIN_ROWS or len(schema.key) != 1:
         return False
+    key = schema.key[0]
+    if schema.columns[key].kind != "int" or not pa.types.is_integer(table.schema.field(key).type):
+        return False  # the key-range probe below needs an integer key
     # Lock as the INSERT would (ROW EXCLUSIVE): from here until the txn ends no
     # DDL can add a rule, trigger, policy or identity, so the catalog read
     # below stays true for the COPY.

@@ -53,12 +53,12 @@ SELECT a.attname, t.typname, format_type(a.atttypid, a.atttypmod), a.atttypmod,
 """
 
 _KEYS_SQL = """
-SELECT i.indisprimary, array_agg(a.attname ORDER BY k.ord)
+SELECT i.indisprimary, array_agg(a.attname ORDER BY k.ord), i.indimmediate
   FROM pg_index i
   CROSS JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord)
   JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
  WHERE i.indrelid = %s AND i.indisunique AND i.indpred IS NULL AND i.indexprs IS NULL
- GROUP BY i.indexrelid, i.indisprimary
+ GROUP BY i.indexrelid, i.indisprimary, i.indimmediate
  ORDER BY i.indisprimary DESC, i.indexrelid
 """
 
@@ -160,7 +160,8 @@ def reflect_table(
 
     Raises:
         ConfigurationError: naming the table if it does not exist, has no
-            usable key, or ``key`` names unknown columns.
+            usable key (a deferrable one is not: ON CONFLICT refuses it), or
+            ``key`` names unknown columns.
     """
     with conn.cursor() as cur:
         if schema is None:
@@ -182,7 +183,9 @@ def reflect_table(
             r[0]: Column(r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7], r[8])
             for r in cur.execute(_COLUMNS_SQL, (oid,)).fetchall()
         }
-        unique_keys = [(bool(r[0]), tuple(r[1])) for r in cur.execute(_KEYS_SQL, (oid,))]
+        found_keys = cur.execute(_KEYS_SQL, (oid,)).fetchall()
+    unique_keys = [(bool(r[0]), tuple(r[1])) for r in found_keys]
+    immediate = [set(r[1]) for r in found_keys if r[2]]
     display = f"{schema}.{table}"
     if key is not None:
         unknown = [c for c in key if c not in columns]
@@ -205,6 +208,15 @@ def reflect_table(
         raise ConfigurationError(
             f"postgres sink: table {display} has no primary key; give key=(...) columns "
             "covered by a unique index",
+            table=display,
+        )
+    if set(chosen) not in immediate:
+        # ON CONFLICT cannot use a deferrable unique index as its arbiter: every
+        # epoch would fail the same way, so say so now.
+        raise ConfigurationError(
+            f"postgres sink: key {list(chosen)} of table {display} is covered only by a "
+            "DEFERRABLE unique index, which INSERT ... ON CONFLICT cannot use; make it NOT "
+            "DEFERRABLE or give key=(...) columns covered by an immediate unique index",
             table=display,
         )
     return TableSchema(schema=schema, table=table, columns=columns, key=chosen)

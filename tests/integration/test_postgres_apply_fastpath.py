@@ -171,6 +171,20 @@ def test_a_table_with_an_insert_rule_is_refused_at_every_size(
 
 
 @pytest.mark.parametrize("mode", MODES)
+def test_a_deferrable_key_is_refused_at_every_size(pg_server: PgServer, mode: str) -> None:
+    # ON CONFLICT cannot use a deferrable unique index as its arbiter; a COPY
+    # into a free key range would not notice.
+    def setup(conn: psycopg.Connection[Any]) -> None:
+        conn.execute("CREATE TABLE t (id bigint PRIMARY KEY DEFERRABLE, v bigint)")
+
+    for n in SIZES:
+        got = run_case(pg_server, mode, n, setup, arrow_rows(n), counts)
+        assert isinstance(got.outcome, Fatal), (n, got.outcome)
+        assert "DEFERRABLE" in got.outcome.reason and "public.t" in got.outcome.reason
+        assert got.state == {"rows": 0, "markers": 0}, n
+
+
+@pytest.mark.parametrize("mode", MODES)
 def test_triggers_fire_alike_at_every_size(pg_server: PgServer, mode: str) -> None:
     # ON CONFLICT DO UPDATE fires the UPDATE statement trigger even when no
     # row conflicts; a COPY would not.
