@@ -1,9 +1,18 @@
-"""Applying a validated batch inside the epoch txn: COPY into temp tables, or unnest() arrays."""
+"""Applying a validated batch inside the epoch txn: COPY into temp tables, or unnest() arrays.
+
+Both paths send the epoch in bounded chunks, so that neither the client's
+memory nor any one protocol message grows with the epoch: Arrow data is turned
+into CSV one slice at a time for COPY, and prepared mode sends several bounded
+``INSERT ... SELECT FROM unnest(...)`` statements inside the same transaction.
+"""
 
 from __future__ import annotations
 
 import hashlib
 import io
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -13,14 +22,72 @@ import pyarrow.compute as pc  # type: ignore[import-untyped, unused-ignore]
 import pyarrow.csv as pacsv  # type: ignore[import-untyped, unused-ignore]
 from psycopg import errors, sql
 
-from .schema import EPOCH_COLUMN, TableSchema
+from reconcile import hooks
+
+from .arrow_batch import arrow_row_bytes
+from .schema import EPOCH_COLUMN, TableSchema, direct_copy_blockers
 from .staging import ValidatedBatch
 
-__all__ = ["apply_with_arrays", "apply_with_copy"]
+__all__ = ["ARRAY_CHUNK", "COPY_CHUNK", "ChunkLimits", "apply_with_arrays", "apply_with_copy"]
 
-_COPY_CHUNK = 1 << 20
+log = logging.getLogger("reconcile.sinks.postgres")
+
+# Between reading the catalog facts that allow the direct COPY and the COPY
+# itself: the table lock must keep any DDL out of this window.
+DIRECT_COPY_CHECKED = hooks.declare("pg.apply.direct_copy_checked")
+
+
+@dataclass(frozen=True)
+class ChunkLimits:
+    """At most this many rows, and about this many bytes, in one chunk (at least one row)."""
+
+    rows: int
+    bytes: int
+
+
+# One CSV slice for COPY: what the client holds at once besides the epoch's own
+# Arrow data.
+COPY_CHUNK = ChunkLimits(rows=65_536, bytes=8 << 20)
+# One unnest() statement of prepared mode: one bind message, far below
+# PostgreSQL's 1 GB message limit even with a maximal row (staging.py refuses
+# rows above values.MAX_ROW_BYTES).
+ARRAY_CHUNK = ChunkLimits(rows=50_000, bytes=32 << 20)
 # Below this many Arrow rows the key-range probe is not worth a round trip.
 _DIRECT_MIN_ROWS = 10_000
+
+
+def _chunks(
+    sizes: np.ndarray[Any, np.dtype[np.int64]] | None, count: int, limits: ChunkLimits
+) -> Iterator[tuple[int, int]]:
+    """[start, stop) ranges over ``count`` rows within ``limits``; ``sizes``: bytes a row."""
+    if sizes is None:
+        for start in range(0, count, limits.rows):
+            yield start, min(count, start + limits.rows)
+        return
+    ends = np.cumsum(sizes)
+    start = 0
+    while start < count:
+        base = int(ends[start - 1]) if start else 0
+        by_bytes = int(np.searchsorted(ends, base + limits.bytes, side="right"))
+        stop = min(count, start + limits.rows, max(by_bytes, start + 1))
+        yield start, stop
+        start = stop
+
+
+def _table_chunks(table: pa.Table, limits: ChunkLimits) -> Iterator[pa.Table]:
+    """Zero-copy slices of ``table`` within ``limits``.
+
+    Row sizes are measured one block of ``limits.rows`` rows at a time, and
+    only for a block over the byte limit, so this costs memory in proportion
+    to a block, not to the table.
+    """
+    for start in range(0, table.num_rows, limits.rows):
+        block = table.slice(start, limits.rows)
+        if block.nbytes <= limits.bytes:
+            yield block
+            continue
+        for first, stop in _chunks(arrow_row_bytes(block), block.num_rows, limits):
+            yield block.slice(first, stop - first)
 
 
 def _upsert_tail(schema: TableSchema, columns: tuple[str, ...], append_only: bool) -> sql.Composed:
@@ -49,13 +116,23 @@ def _select_list(schema: TableSchema, columns: tuple[str, ...], alias: str) -> s
     return sql.SQL(", ").join(parts)
 
 
-def _stage_name(kind: str, schema: TableSchema, columns: tuple[str, ...]) -> sql.Identifier:
-    """A per-session temp table name for (table, columns): reused by every epoch."""
+def stage_table_name(kind: str, schema: TableSchema, columns: tuple[str, ...]) -> str:
+    """The unqualified name of the session's temp table for (table, columns)."""
     types = [f"{c}:{schema.columns[c].sql_type}" for c in columns]
     digest = hashlib.blake2b(
         "\x1f".join([schema.schema, schema.table, *types]).encode(), digest_size=8
     ).hexdigest()
-    return sql.Identifier(f"_reconcile_{kind}_{digest}")
+    return f"_reconcile_{kind}_{digest}"
+
+
+def _stage_name(kind: str, schema: TableSchema, columns: tuple[str, ...]) -> sql.Identifier:
+    """A per-session temp table for (table, columns), reused by every epoch.
+
+    Always qualified with ``pg_temp``: unqualified, a table of the same name in
+    a schema listed before ``pg_temp`` on the ``search_path`` would receive the
+    epoch's rows (and could feed rows of its own into the target).
+    """
+    return sql.Identifier("pg_temp", stage_table_name(kind, schema, columns))
 
 
 def _ensure_stage(
@@ -97,16 +174,19 @@ def _copy_rows(
 def _copy_arrow(cur: psycopg.Cursor[Any], name: sql.Composable, table: pa.Table) -> None:
     # CSV written by Arrow's C++ writer: no per-row Python. Strings are always
     # quoted, NULLs are empty and unquoted, which is exactly COPY CSV's NULL.
-    buffer = io.BytesIO()
-    pacsv.write_csv(table, buffer, pacsv.WriteOptions(include_header=False, batch_size=65536))
-    view = buffer.getbuffer()
+    # One bounded slice at a time: the CSV of the whole epoch is never held.
     query = sql.SQL("COPY {} ({}) FROM STDIN (FORMAT CSV)").format(
         name, sql.SQL(", ").join(map(sql.Identifier, table.column_names))
     )
+    options = pacsv.WriteOptions(include_header=False)
+    buffer = io.BytesIO()
     with cur.copy(query) as copy:
-        for start in range(0, len(view), _COPY_CHUNK):
-            copy.write(view[start : start + _COPY_CHUNK])
-    view.release()
+        for part in _table_chunks(table, COPY_CHUNK):
+            buffer.seek(0)
+            buffer.truncate()
+            pacsv.write_csv(part, buffer, options)
+            with buffer.getbuffer() as view:
+                copy.write(view)
 
 
 def apply_with_copy(
@@ -116,13 +196,26 @@ def apply_with_copy(
     epoch: int,
     *,
     append_only: bool,
+    direct_copy_triggers: bool = False,
 ) -> None:
     """COPY the batch into session temp tables, then upsert and delete in bulk.
 
     Fast path: a large Arrow batch whose integer key range holds no row of
     the target yet is COPied straight into the target, under a savepoint; if
     a key turns out to exist after all (a concurrent writer), the savepoint is
-    rolled back and the batch takes the temp table + ON CONFLICT path.
+    rolled back and the batch takes the temp table + ON CONFLICT path. It is
+    taken only where it is equivalent to that path (see ``_direct_copy_ok``),
+    so the same rows get the same outcome whatever the epoch's size.
+
+    Args:
+        cur: a cursor in the epoch txn.
+        schema: the target.
+        batch: the validated epoch.
+        epoch: written into ``_epoch`` if the table has it.
+        append_only: ON CONFLICT DO NOTHING instead of DO UPDATE.
+        direct_copy_triggers: let the fast path run on a table with triggers
+            (COPY fires its row and INSERT statement triggers, but not the
+            UPDATE statement triggers of ON CONFLICT DO UPDATE).
     """
     if batch.delete_keys:
         # Deletes first: validation guarantees they share no key with upserts.
@@ -130,7 +223,11 @@ def apply_with_copy(
         _ensure_stage(cur, stage, schema, schema.key)
         _copy_rows(cur, stage, schema, schema.key, batch.delete_keys)
         cur.execute(_delete_sql(schema, sql.SQL("{} AS d").format(stage)))
-    if not batch.rows and batch.arrow is not None and _range_is_free(cur, schema, batch.arrow):
+    if (
+        not batch.rows
+        and batch.arrow is not None
+        and _direct_copy_ok(cur, schema, batch.arrow, direct_copy_triggers)
+    ):
         direct = batch.arrow
         if schema.has_epoch_column:
             epochs = pa.array(np.full(direct.num_rows, epoch, dtype=np.int64))
@@ -139,6 +236,8 @@ def apply_with_copy(
         try:
             _copy_arrow(cur, schema.ident, direct)
         except errors.UniqueViolation:
+            # A key exists after all; any other error would fail the general
+            # path the same way, so it is not caught.
             cur.execute("ROLLBACK TO SAVEPOINT reconcile_direct_copy")
         else:
             cur.execute("RELEASE SAVEPOINT reconcile_direct_copy")
@@ -160,6 +259,39 @@ def apply_with_copy(
             + _upsert_tail(schema, batch.columns, append_only),
             {"epoch": epoch},
         )
+
+
+def _direct_copy_ok(
+    cur: psycopg.Cursor[Any], schema: TableSchema, table: pa.Table, allow_triggers: bool
+) -> bool:
+    """True if COPY straight into the target is equivalent to the general path, and worth it.
+
+    COPY ignores rules, writes identity columns without OVERRIDING SYSTEM
+    VALUE, is refused under row security, and fires other triggers than
+    INSERT ... ON CONFLICT. So it is taken only on a table with none of these
+    (triggers if the user opted in), and only if no target row has a key in
+    the batch's range (then no ON CONFLICT branch could have been taken).
+    """
+    if table.num_rows < _DIRECT_MIN_ROWS or len(schema.key) != 1:
+        return False
+    key = schema.key[0]
+    if schema.columns[key].kind != "int" or not pa.types.is_integer(table.schema.field(key).type):
+        return False  # the key-range probe below needs an integer key
+    # Lock as the INSERT would (ROW EXCLUSIVE): from here until the txn ends no
+    # DDL can add a rule, trigger, policy or identity, so the catalog read
+    # below stays true for the COPY.
+    cur.execute(sql.SQL("LOCK TABLE {} IN ROW EXCLUSIVE MODE").format(schema.ident))
+    written = (*table.column_names, *([EPOCH_COLUMN] if schema.has_epoch_column else []))
+    blockers = direct_copy_blockers(cur, schema, written, allow_triggers=allow_triggers)
+    hooks.point(DIRECT_COPY_CHECKED)
+    if blockers:
+        log.debug(
+            "table %s: no direct COPY (%s); using the temp table path",
+            schema.display,
+            ", ".join(blockers),
+        )
+        return False
+    return _range_is_free(cur, schema, table)
 
 
 def _range_is_free(cur: psycopg.Cursor[Any], schema: TableSchema, table: pa.Table) -> bool:
@@ -189,12 +321,16 @@ def _delete_sql(schema: TableSchema, source: sql.Composable) -> sql.Composed:
 
 def _unnest(schema: TableSchema, columns: tuple[str, ...], alias: str) -> sql.Composed:
     # Casts use format_type() text from the catalog, which the server already
-    # quotes (quote_identifier) wherever a type name needs it.
+    # quotes (quote_identifier) wherever a type name needs it. unnest is
+    # qualified so that no function on the search_path can stand in for it;
+    # ROWS FROM (...) is what the multi-argument unnest(a, b) stands for, and
+    # that shorthand exists only for the unqualified name.
     arrays = sql.SQL(", ").join(
-        sql.SQL("%s::{}[]").format(sql.SQL(schema.columns[c].sql_type)) for c in columns
+        sql.SQL("pg_catalog.unnest(%s::{}[])").format(sql.SQL(schema.columns[c].sql_type))
+        for c in columns
     )
     names = sql.SQL(", ").join(map(sql.Identifier, columns))
-    return sql.SQL("unnest({}) AS {}({})").format(arrays, sql.Identifier(alias), names)
+    return sql.SQL("ROWS FROM ({}) AS {}({})").format(arrays, sql.Identifier(alias), names)
 
 
 def apply_with_arrays(
@@ -204,29 +340,45 @@ def apply_with_arrays(
     epoch: int,
     *,
     append_only: bool,
-) -> None:
-    """Upsert and delete with one unnest() statement each: no temp table.
+) -> int:
+    """Upsert and delete with unnest() statements of bounded size: no temp table.
 
     Prepared transactions cannot touch temporary tables, so prepared mode
-    sends each column as one array parameter instead of COPY.
+    sends each column as an array parameter instead of COPY, in chunks of at
+    most ``ARRAY_CHUNK`` (rows and bytes), all in the caller's transaction:
+    one bind message never nears PostgreSQL's 1 GB limit, and the client holds
+    the Python values of one chunk at a time, not of the whole epoch.
+
+    Returns:
+        The number of statements sent.
     """
-    if batch.rows or batch.arrow is not None:
-        rows = list(batch.rows)
-        if batch.arrow is not None:
-            rows.extend(tuple(r.values()) for r in batch.arrow.to_pylist())
-        arrays = [list(col) for col in zip(*rows, strict=True)] if rows else []
-        if rows:
-            query = sql.SQL("INSERT INTO {} ({}) SELECT {} FROM {}").format(
-                schema.ident,
-                _target_columns(schema, batch.columns),
-                sql.SQL(", ").join(
-                    [sql.Identifier("s", c) for c in batch.columns]
-                    + ([sql.SQL("%s::bigint")] if schema.has_epoch_column else [])
-                ),
-                _unnest(schema, batch.columns, "s"),
-            ) + _upsert_tail(schema, batch.columns, append_only)
-            params: list[Any] = [epoch] if schema.has_epoch_column else []
-            cur.execute(query, [*params, *arrays])
-    if batch.delete_keys:
-        arrays = [list(col) for col in zip(*batch.delete_keys, strict=True)]
+    limits = ARRAY_CHUNK
+    sent = 0
+    upsert = sql.SQL("INSERT INTO {} ({}) SELECT {} FROM {}").format(
+        schema.ident,
+        _target_columns(schema, batch.columns),
+        sql.SQL(", ").join(
+            [sql.Identifier("s", c) for c in batch.columns]
+            + ([sql.SQL("%s::bigint")] if schema.has_epoch_column else [])
+        ),
+        _unnest(schema, batch.columns, "s"),
+    ) + _upsert_tail(schema, batch.columns, append_only)
+    head: list[Any] = [epoch] if schema.has_epoch_column else []
+    rows = batch.rows
+    known = rows and len(batch.row_bytes) == len(rows)
+    sizes = np.asarray(batch.row_bytes, dtype=np.int64) if known else None
+    for start, stop in _chunks(sizes, len(rows), limits):
+        arrays = [list(col) for col in zip(*rows[start:stop], strict=True)]
+        cur.execute(upsert, [*head, *arrays])
+        sent += 1
+    if batch.arrow is not None and batch.arrow.num_rows:
+        for part in _table_chunks(batch.arrow, limits):
+            cur.execute(upsert, [*head, *(column.to_pylist() for column in part.columns)])
+            sent += 1
+    keys = batch.delete_keys
+    for start, stop in _chunks(None, len(keys), limits):
+        # Key values are small (a btree entry is at most about 2.7 kB).
+        arrays = [list(col) for col in zip(*keys[start:stop], strict=True)]
         cur.execute(_delete_sql(schema, _unnest(schema, schema.key, "d")), arrays)
+        sent += 1
+    return sent

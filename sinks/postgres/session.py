@@ -10,14 +10,61 @@ from typing import Any
 import psycopg
 from psycopg import errors
 
-from reconcile.contract import Fatal, Retryable, SinkOutcome, SinkTxnId
+from reconcile.contract import (
+    Fatal,
+    FatalError,
+    Retryable,
+    RetryableError,
+    SinkOutcome,
+    SinkTxnId,
+)
 
 from .connection import PgTarget
 from .resolve import BackendIdentity, backend_identity
 
-__all__ = ["Session", "SessionSlot", "classify_failure", "describe_failure", "looks_alive"]
+__all__ = [
+    "DEFAULT_TIMEOUTS_MS",
+    "Session",
+    "SessionSlot",
+    "classify_failure",
+    "describe_failure",
+    "looks_alive",
+]
 
 log = logging.getLogger("reconcile.sinks.postgres")
+
+# Session timeouts (milliseconds) for a setting that the sink's constructor
+# leaves at None and that the server, database or role does not set already.
+# They bound how long an epoch txn can hold the fence row and its row locks;
+# each is far above what a normal epoch needs, so that only a stuck one ends:
+# - statement_timeout, 15 min: the longest single statement of an epoch is its
+#   COPY or INSERT ... SELECT (or one chunk in prepared mode); at the slowest
+#   measured rate (~140k rows/s, every row an ON CONFLICT update) that is
+#   over 100 million rows.
+# - lock_timeout, 60 s: waits for row locks of other writers and for DDL; a
+#   longer wait ends as Retryable, and the epoch is retried.
+# - idle_in_transaction_session_timeout, 5 min: in transactional mode the epoch
+#   txn waits, idle, from its prepare() to its commit() while the other sinks
+#   prepare and the progress log is made durable. If a slow sink keeps it
+#   waiting longer, the server ends the session and rolls the txn back; the
+#   ambiguous COMMIT then resolves as aborted and the commit cycle replays the
+#   epoch into this sink (exactly once: the marker). Prepared mode is not
+#   affected: a prepared txn belongs to no session.
+DEFAULT_TIMEOUTS_MS: dict[str, int] = {
+    "statement_timeout": 15 * 60_000,
+    "lock_timeout": 60_000,
+    "idle_in_transaction_session_timeout": 5 * 60_000,
+}
+
+# One round trip: an explicit value is always set; a default only where the
+# session's value (from the server, database or role) is 0, i.e. disabled.
+_SETTINGS_SQL = """
+SELECT pg_catalog.set_config(s.name, COALESCE(s.explicit, s.fallback), false)
+  FROM ROWS FROM (pg_catalog.unnest(%s::text[]), pg_catalog.unnest(%s::text[]),
+                 pg_catalog.unnest(%s::text[])) AS s(name, explicit, fallback)
+ WHERE s.explicit IS NOT NULL
+    OR (s.fallback IS NOT NULL AND pg_catalog.current_setting(s.name) = '0')
+"""
 
 
 @dataclass
@@ -57,10 +104,19 @@ class SessionSlot:
         self._idle: Session | None = None
 
     def apply_settings(self, conn: psycopg.Connection[Any]) -> None:
-        """Session settings (statement_timeout, lock_timeout, ...), as parameters."""
-        for setting, value in self.settings.items():
-            if value is not None:
-                conn.execute("SELECT set_config(%s, %s, false)", (setting, str(int(value))))
+        """Session settings (statement_timeout, lock_timeout, ...), as parameters.
+
+        A setting given as None gets ``DEFAULT_TIMEOUTS_MS``, unless the server,
+        database or role already sets it (non-zero): a DBA's choice stands.
+        """
+        names = sorted(set(self.settings) | set(DEFAULT_TIMEOUTS_MS))
+        explicit = [
+            None if self.settings.get(n) is None else str(int(self.settings[n] or 0)) for n in names
+        ]
+        fallback = [
+            None if n not in DEFAULT_TIMEOUTS_MS else str(DEFAULT_TIMEOUTS_MS[n]) for n in names
+        ]
+        conn.execute(_SETTINGS_SQL, (names, explicit, fallback))
 
     def take(self) -> Session:
         """The idle session, or a new one."""
@@ -118,10 +174,11 @@ def describe_failure(
 def classify_failure(message: str, err: psycopg.Error) -> SinkOutcome:
     """Sort a failure that rolled the txn back: bad data is fatal, the rest may pass on retry.
 
-    Data, integrity and SQL errors (22xxx, 23xxx, 42xxx except privileges) fail
-    again on a retry of the same epoch; connection loss, timeouts (57014), lock
-    conflicts (55P03), terminated backends (57P01) and serialization failures
-    (40xxx) may not.
+    Data, integrity and SQL errors (22xxx, 23xxx, 42xxx except privileges) and
+    program limits (54xxx: a statement, row or index entry too large or too
+    complex, e.g. "index row size exceeds maximum") fail again on a retry of
+    the same epoch; connection loss, timeouts (57014), lock conflicts (55P03),
+    terminated backends (57P01) and serialization failures (40xxx) may not.
     """
     terminal = (
         psycopg.DataError,
@@ -129,6 +186,9 @@ def classify_failure(message: str, err: psycopg.Error) -> SinkOutcome:
         psycopg.ProgrammingError,
         psycopg.NotSupportedError,
     )
+    state = getattr(err, "sqlstate", None) or ""
+    if state.startswith("54"):
+        return Fatal.of(FatalError(message, sqlstate=state))
     if isinstance(err, terminal) and not isinstance(err, errors.InsufficientPrivilege):
-        return Fatal(message)
-    return Retryable(message)
+        return Fatal.of(FatalError(message, sqlstate=state))
+    return Retryable.of(RetryableError(message, sqlstate=state))
