@@ -158,9 +158,10 @@ def test_the_driver_replays_an_epoch_in_doubt_into_a_sink_that_lost_it() -> None
     # commit: the open txn of a non-durable sink dies with it.
     first.progress.mark(0, EpochStatus.DECIDED, first.generation or 0)
     first.progress.mark(0, EpochStatus.COMMITTED, first.generation or 0)
-    report = drive(
-        lambda: CommitCycle("pipe", [Forgetful("out", store)], log), range(0, 3), outputs, retry=FAST
-    )
+    def build() -> CommitCycle:
+        return CommitCycle("pipe", [Forgetful("out", store)], log)
+
+    report = drive(build, range(0, 3), outputs, retry=FAST)
     assert committed(store) == [0, 1, 2]
     assert report.committed_epochs == [0, 1, 2]
 
@@ -195,5 +196,6 @@ def test_a_start_that_cannot_settle_stops_instead_of_claiming_generations() -> N
     log.mark(0, EpochStatus.DECIDED, cycle.generation or 0)
     log.mark(0, EpochStatus.COMMITTED, cycle.generation or 0)
     with pytest.raises(FatalError, match="could not commit stranded txn pipe-out-0"):
-        drive(lambda: CommitCycle("pipe", [MemorySink("out", store)], log), range(2), outputs, retry=FAST)
+        drive(lambda: CommitCycle("pipe", [MemorySink("out", store)], log), range(2), outputs,
+              retry=FAST)  # fmt: skip
     assert log.claim_generation() == 3  # the drive claimed one generation, not thousands
