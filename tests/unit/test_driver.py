@@ -100,7 +100,7 @@ def test_an_epoch_that_keeps_failing_gives_up_with_its_first_and_last_error() ->
     reasons = [Retryable("first: lock not available")] + [Retryable("later: timeout")] * 10_000
     sink = Flaky(store, prepare=reasons)
     policy = RetryPolicy(give_up_after_s=0.3, initial_s=0.0, max_s=0.0, jitter_s=0.0)
-    with pytest.raises(FatalError, match="first error: .*first: lock not available.*later"):
+    with pytest.raises(FatalError, match=r"first error: .*first: lock not available.*later"):
         drive(lambda: CommitCycle("pipe", [sink], log), range(1), outputs, retry=policy)
     assert committed(store) == []
 
@@ -158,6 +158,7 @@ def test_the_driver_replays_an_epoch_in_doubt_into_a_sink_that_lost_it() -> None
     # commit: the open txn of a non-durable sink dies with it.
     first.progress.mark(0, EpochStatus.DECIDED, first.generation or 0)
     first.progress.mark(0, EpochStatus.COMMITTED, first.generation or 0)
+
     def build() -> CommitCycle:
         return CommitCycle("pipe", [Forgetful("out", store)], log)
 
