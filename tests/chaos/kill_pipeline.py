@@ -1,4 +1,14 @@
-"""A file-sink pipeline run in a subprocess, SIGKILLed at a named point by the chaos suite."""
+"""A pipeline run in a subprocess, SIGKILLed at a named point by the chaos suite.
+
+``python -m tests.chaos.kill_pipeline KIND TARGET ROOT EPOCHS NONCE [POINT NTH WHEN]``
+
+KIND is file, delta, postgres or postgres_prepared; TARGET is the sink root
+folder (file, delta) or the database DSN (postgres). The pipeline dies by
+SIGKILL at POINT (a fault point of the cycle or a sink); a hook point inside
+a sink can be armed instead with RECONCILE_KILL_AT in the environment. NONCE
+is the first run number of this process's outputs, so a restarted process
+computes rows that differ from the killed one's.
+"""
 
 from __future__ import annotations
 
@@ -6,22 +16,35 @@ import sys
 from pathlib import Path
 
 from reconcile.faults import Fault, FaultKind, FaultPlan
-from reconcile.progress import FileProgressLog
-from tests.fix_sinks import FileHarness
-from tests.invariants import PIPELINE, Scenario
+from tests.harness import SinkHarness
+from tests.invariants import Scenario
+
+
+def harness_for(kind: str, target: str) -> SinkHarness:
+    """The harness of ``kind`` on ``target`` (a folder, or a DSN for Postgres)."""
+    if kind == "file":
+        from tests.fix_sinks import FileHarness
+
+        return FileHarness(Path(target))
+    if kind == "delta":
+        from tests.fix_delta import DeltaHarness
+
+        return DeltaHarness(Path(target))
+    from tests.fix_pg import PostgresHarness
+
+    return PostgresHarness(target, "prepared" if kind == "postgres_prepared" else "transactional")
 
 
 def main(argv: list[str]) -> int:
-    """``kill_pipeline ROOT EPOCHS [POINT NTH WHEN]``: run; die by SIGKILL at POINT."""
-    root, epochs = Path(argv[0]), int(argv[1])
+    kind, target, root, epochs, nonce = argv[0], argv[1], Path(argv[2]), int(argv[3]), int(argv[4])
     plan = FaultPlan()
-    if len(argv) > 2:
-        point, nth, when = argv[2], int(argv[3]), argv[4]
+    if len(argv) > 5:
+        point, nth, when = argv[5], int(argv[6]), argv[7]
         plan = FaultPlan([Fault(point, FaultKind.KILL, nth=nth, when=when)])  # type: ignore[arg-type]
-    # Resume like Spark does: from the newest committed epoch (its replay is a
-    # no-op), never from the beginning.
-    last = FileProgressLog(root / "state", PIPELINE).last_committed() or 0
-    Scenario(FileHarness(root / "sinks"), root / "state", plan).run(list(range(last, epochs)))
+    # The same call every time: the driver skips what is in and resumes.
+    Scenario(harness_for(kind, target), root / "state", plan, nonce_base=nonce).run(
+        list(range(epochs))
+    )
     return 0
 
 

@@ -1,15 +1,23 @@
-"""A real ``kill -9`` of a file-sink pipeline at named points, then a restart."""
+"""A real ``kill -9`` of a pipeline process at named points, for every durable sink kind.
+
+The pipeline runs in a subprocess and is SIGKILLed at a named point (no
+finalizer, no cleanup code runs); a fresh process then runs the same pipeline
+again, and the invariants are checked on the sink's own state.
+"""
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.fix_sinks import FileHarness
+from tests.chaos.kill_pipeline import harness_for
+from tests.fix_pg import PgServer
 from tests.invariants import SINKS, Scenario
 
 pytestmark = [pytest.mark.chaos, pytest.mark.integration]
@@ -29,32 +37,77 @@ KILL_POINTS = [
     ("finalize", "cycle.finalize", 2, "before"),
     ("engine_crash-before-commit-progress", "cycle.commit_progress", 2, "before"),
 ]
+# Points inside the Delta commit protocol, armed through RECONCILE_KILL_AT:
+# after the sink's checks and right before delta-rs writes the log entry.
+DELTA_HOOK_POINTS = [
+    ("delta-commit-checked", "delta_sink.commit.checked:2"),
+    ("delta-before-log-write", "delta.commit_files.before_write:3"),
+]
+KINDS = ["file", "delta", "postgres", "postgres_prepared"]
 
 
-def _run(root: Path, *fault: str) -> subprocess.CompletedProcess[str]:
+def _run(
+    kind: str, target: str, root: Path, nonce: int, *fault: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "tests.chaos.kill_pipeline", str(root), str(EPOCHS), *fault],
+        [sys.executable, "-m", "tests.chaos.kill_pipeline", kind, target, str(root),
+         str(EPOCHS), str(nonce), *fault],
         cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})},
         capture_output=True,
         text=True,
-        timeout=120,
-    )
+        timeout=180,
+    )  # fmt: skip
 
 
+@pytest.fixture
+def target(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[str, str]]:
+    kind = request.param
+    if not kind.startswith("postgres"):
+        yield kind, str(tmp_path / "sinks")
+        return
+    server: PgServer = request.getfixturevalue("pg_server")
+    dbname = server.create_database("k9")
+    try:
+        yield kind, server.dsn(dbname)
+    finally:
+        with server.connect(dbname) as conn:
+            for (gid,) in conn.execute("SELECT gid FROM pg_prepared_xacts").fetchall():
+                conn.execute("ROLLBACK PREPARED %s", (gid,))  # type: ignore[arg-type]
+        server.drop_database(dbname)
+
+
+def _kill_then_restart(
+    kind: str, target: str, root: Path, fault: tuple[str, ...], env: dict[str, str]
+) -> None:
+    killed = _run(kind, target, root, 0, *fault, env=env)
+    assert killed.returncode == -signal.SIGKILL, (killed.stdout, killed.stderr[-3000:])
+    restarted = _run(kind, target, root, 100)
+    assert restarted.returncode == 0, restarted.stderr[-3000:]
+    harness = harness_for(kind, target)
+    Scenario(harness, root / "state", sinks=SINKS, nonce_base=200).check(list(range(EPOCHS)))
+
+
+@pytest.mark.parametrize("target", KINDS, indirect=True)
 @pytest.mark.parametrize(
     ("row", "point", "nth", "when"), KILL_POINTS, ids=[k[0] for k in KILL_POINTS]
 )
 def test_kill9_then_restart_converges(
-    row: str, point: str, nth: int, when: str, tmp_path: Path
+    target: tuple[str, str], row: str, point: str, nth: int, when: str, tmp_path: Path
 ) -> None:
-    killed = _run(tmp_path, point, str(nth), when)
-    assert killed.returncode == -signal.SIGKILL, (row, killed.stdout, killed.stderr)
-    harness = FileHarness(tmp_path / "sinks")
-    # Something of epoch 1 is on disk, half-done: that is the point of the test.
-    restarted = _run(tmp_path)
-    assert restarted.returncode == 0, restarted.stderr
-    Scenario(harness, tmp_path / "state", sinks=SINKS).check(list(range(EPOCHS)))
-    for name in SINKS:
+    kind, where = target
+    _kill_then_restart(kind, where, tmp_path, (point, str(nth), when), {})
+    if kind == "file":
         # No epoch committed twice: exactly one committed batch file per epoch.
-        files = sorted(p.name for p in (tmp_path / "sinks" / name / "committed").iterdir())
-        assert len(files) == EPOCHS, files
+        for name in SINKS:
+            files = sorted(p.name for p in (Path(where) / name / "committed").iterdir())
+            assert len(files) == EPOCHS, files
+
+
+@pytest.mark.parametrize("target", ["delta"], indirect=True)
+@pytest.mark.parametrize(("row", "spec"), DELTA_HOOK_POINTS, ids=[k[0] for k in DELTA_HOOK_POINTS])
+def test_kill9_inside_the_delta_commit(
+    target: tuple[str, str], row: str, spec: str, tmp_path: Path
+) -> None:
+    kind, where = target
+    _kill_then_restart(kind, where, tmp_path, (), {"RECONCILE_KILL_AT": spec})
