@@ -135,6 +135,10 @@ def _read_bounded(response: http.client.HTTPResponse, limit: int) -> tuple[bytes
     while size <= limit:
         chunk = response.read(min(_CHUNK, limit + 1 - size))
         if not chunk:
+            if response.length:
+                # http.client returns b"" when the connection ends before the
+                # announced Content-Length (a drop, or the watchdog): a cut reply.
+                raise http.client.IncompleteRead(b"".join(chunks), response.length)
             return b"".join(chunks), False
         chunks.append(chunk)
         size += len(chunk)
@@ -197,6 +201,8 @@ def exchange(
         connection.request(method, endpoint.target(path), body=body, headers=dict(headers))
         response = connection.getresponse()
         data, truncated = _read_bounded(response, limit)
+        if expired.is_set():  # a reply that ended because the watchdog cut it
+            raise TimeoutError("deadline passed while reading the reply")
         return Reply(response.status, response.getheader("Location"), data, truncated)
     except (OSError, http.client.HTTPException) as exc:
         if expired.is_set():
