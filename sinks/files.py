@@ -114,7 +114,11 @@ class FileSink:
             # planted at its name is refused, never written through), fsynced,
             # renamed into place, the folder fsynced: the prepared batch appears
             # whole or not at all, and the rename is durable.
-            write_atomically(self._prepared_path(txn_id), body)
+            final = self._prepared_path(txn_id)
+            # A temp file left by a prepare that died, or anything planted at its
+            # name, goes first: unlink removes a symlink itself, never its target.
+            final.with_name(final.name + ".tmp").unlink(missing_ok=True)
+            write_atomically(final, body)
             del self._staged[txn_id]
             return OK
 
