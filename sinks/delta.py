@@ -24,6 +24,7 @@ from reconcile.contract import (
     Fatal,
     FencedError,
     InvalidInputError,
+    MarkerMismatchError,
     Retryable,
     RetryableError,
     SinkOutcome,
@@ -456,22 +457,33 @@ class DeltaSink:
         too: answering OK on a guess is what would skip an epoch silently.
         """
         record = commit_record(table, self._app_id(txn_id), txn_id.epoch)
-        found = None if record is None else record.get(LOG_ID_KEY)
-        if record is not None and found == self._binding.log_id:
+        if record is None:
+            return Fatal.of(
+                MarkerMismatchError(
+                    f"Delta sink {self._name!r}, {where} of {txn_id}: the table {self.uri!r} "
+                    f"records epoch {txn_id.epoch} as committed, but the commit that recorded "
+                    "it is no longer in the Delta log (log retention removed it), so which "
+                    "progress log wrote it cannot be read. The epoch is NOT treated as "
+                    "committed and nothing was written. Compare the table's rows with "
+                    f"_epoch = {txn_id.epoch} to this pipeline's output before going on; a "
+                    "Delta table's commits cannot be taken back.",
+                    pipeline=txn_id.pipeline,
+                    sink=txn_id.sink,
+                    epoch=txn_id.epoch,
+                    log_id=self._binding.log_id,
+                )
+            )
+        found = record.get(LOG_ID_KEY)
+        if found == self._binding.log_id:
             return None
-        location = f"Delta table {self.uri!r}" + (
-            f" (version {record.get('version')})"
-            if record is not None
-            else " (its commit is no longer in the Delta log, so its writer cannot be read)"
-        )
         return foreign_commit(
             f"Delta sink {self._name!r}",
             txn_id,
             where,
-            found_txn=str(record.get("reconcile.txn")) if record is not None else "unknown",
+            found_txn=str(record.get("reconcile.txn")),
             found_log=found,
             log_id=self._binding.log_id,
-            location=location,
+            location=f"Delta table {self.uri!r} (version {record.get('version')})",
             advice=(
                 "to write this pipeline's epochs again, give it a new table (another sink "
                 "root or sink name): a Delta table's commits cannot be taken back."

@@ -14,7 +14,15 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
-from reconcile.contract import OK, Fatal, FatalError, Retryable, SinkTxnId
+from reconcile.contract import (
+    OK,
+    Fatal,
+    FatalError,
+    MarkerMismatchError,
+    Retryable,
+    SinkTxnId,
+    WriterIdentity,
+)
 from sinks.base import TwoPhaseSink
 from sinks.delta import DeltaSink
 from tests.fix_delta import DeltaHarness
@@ -292,3 +300,36 @@ def test_a_manifest_naming_another_epoch_is_refused(tmp_path: Path) -> None:
     outcome = sink.commit(t1)
     assert isinstance(outcome, Fatal) and "pipe-out-2" in outcome.reason
     assert sink.commit(t2) == OK
+
+
+def test_abort_of_an_orphan_folder_symlinked_out_of_the_root_deletes_nothing(
+    tmp_path: Path,
+) -> None:
+    # No manifest (a prepare that died before writing it): abort cleans up by
+    # name in _txn_files/<key>/, which here is a link to a folder elsewhere.
+    sink = DeltaSink("out", tmp_path / "tables")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    victim = elsewhere / f"part-g0-{'0' * 32}.parquet"
+    victim.write_bytes(b"someone else's")
+    (sink.directory / "_txn_files").mkdir(parents=True)
+    (sink.directory / "_txn_files" / "pipe-out-1").symlink_to(elsewhere, target_is_directory=True)
+    assert sink.recover() == [txn(1)]  # listed as an orphan, so start() would abort it
+    outcome = sink.abort(txn(1))
+    assert isinstance(outcome, Fatal) and "symlink" in outcome.reason
+    assert victim.read_bytes() == b"someone else's"
+
+
+def test_an_epoch_whose_commit_left_the_delta_log_is_not_taken_as_written(tmp_path: Path) -> None:
+    sink = DeltaSink("out", tmp_path)
+    sink.bind(WriterIdentity("pipe", "log-a"))
+    t = prepared_txn(sink, 0, generation=1)
+    assert sink.commit(t) == OK
+    table = DeltaTable(sink.uri)
+    table.create_checkpoint()
+    for commit in (tmp_path / "out" / "_delta_log").glob("*.json"):
+        commit.unlink()  # what log retention does to commits older than a checkpoint
+    assert DeltaTable(sink.uri).transaction_version("pipe/out") == 0  # still recorded
+    outcome = sink.commit(t)
+    assert isinstance(outcome, Fatal) and isinstance(outcome.error, MarkerMismatchError)
+    assert "no longer in the Delta log" in outcome.reason

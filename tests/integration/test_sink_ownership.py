@@ -148,6 +148,21 @@ def test_the_sink_itself_refuses_another_logs_commit(harness: SinkHarness) -> No
     assert _plain(harness.committed(SINK)[5]) == _plain(_rows("a", 5))
 
 
+def test_a_batch_prepared_for_another_log_is_never_committed(harness: SinkHarness) -> None:
+    # Two logs' writers can use the same txn id (both start at generation 1).
+    txn = SinkTxnId(PIPELINE, SINK, 6, 1)
+    a, b = harness.new_sink(SINK), harness.new_sink(SINK)
+    bind_writer(a, WriterIdentity(PIPELINE, "log-a"))
+    bind_writer(b, WriterIdentity(PIPELINE, "log-b"))
+    assert a.stage(txn, _rows("a", 6)) == Ok() and a.prepare(txn) == Ok()
+    outcome = b.commit(txn)
+    assert isinstance(outcome, Fatal) and isinstance(outcome.error, MarkerMismatchError)
+    assert "'log-a'" in outcome.reason and "'log-b'" in outcome.reason
+    assert 6 not in harness.committed(SINK)
+    assert a.commit(txn) == Ok()  # its own writer still can
+    assert _plain(harness.committed(SINK)[6]) == _plain(_rows("a", 6))
+
+
 def test_bind_is_idempotent_and_a_client_serves_one_writer(harness: SinkHarness) -> None:
     sink = harness.new_sink(SINK)
     writer = WriterIdentity(PIPELINE, "log-a")
