@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import contextlib
-import functools
 import os
 import re
 import uuid
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import asdict
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +22,6 @@ from reconcile.contract import (
     Fatal,
     FencedError,
     InvalidInputError,
-    MarkerMismatchError,
     Retryable,
     RetryableError,
     SinkOutcome,
@@ -35,17 +32,18 @@ from reconcile.contract import (
 )
 from reconcile.durable import write_atomically
 from sinks.delta_manifest import FILES_DIR as _FILES
+from sinks.delta_manifest import PREPARED_DIR as _PREPARED
 from sinks.delta_manifest import (
-    LOG_ID_KEY,
-    BadManifestError,
     check_own_folder,
-    commit_record,
+    commit_metadata,
+    commit_owner_outcome,
+    manifest_as_dict,
     manifest_body,
     read_manifest,
+    refuse_bad_manifest,
 )
-from sinks.delta_manifest import PREPARED_DIR as _PREPARED
 from sinks.delta_manifest import key_name as _key_name
-from sinks.ownership import WriterBinding, foreign_commit, foreign_prepare
+from sinks.ownership import WriterBinding, foreign_prepare
 
 __all__ = ["EPOCH_COLUMN", "DeltaSink"]
 
@@ -56,24 +54,6 @@ __all__ = ["EPOCH_COLUMN", "DeltaSink"]
 _FILE_GENERATION = re.compile(r"part-g(\d+)-")
 
 EPOCH_COLUMN = "_epoch"
-
-
-def _refuse_bad_manifest(operation: Callable[..., SinkOutcome]) -> Callable[..., SinkOutcome]:
-    """Turn a manifest that fails its checks into a Fatal outcome naming it.
-
-    A manifest whose paths are not the sink's own files (tampered, or written
-    by another program) must never lead to a deletion or a Delta commit: the
-    check raises before either, and the operator is told which entry it was.
-    """
-
-    @functools.wraps(operation)
-    def checked(self: DeltaSink, txn_id: SinkTxnId) -> SinkOutcome:
-        try:
-            return operation(self, txn_id)
-        except BadManifestError as exc:
-            return Fatal.of(exc)
-
-    return checked
 
 
 class DeltaSink:
@@ -143,7 +123,7 @@ class DeltaSink:
         self._staged[txn_id.key] = batch
         return OK
 
-    @_refuse_bad_manifest
+    @refuse_bad_manifest
     def prepare(self, txn_id: SinkTxnId) -> SinkOutcome:
         """Write the staged rows as fsynced Parquet plus a manifest; invisible until commit."""
         table = self._table()
@@ -191,7 +171,7 @@ class DeltaSink:
         del self._staged[txn_id.key]
         return OK
 
-    @_refuse_bad_manifest
+    @refuse_bad_manifest
     def commit(self, txn_id: SinkTxnId) -> SinkOutcome:
         """Add the prepared files in ONE Delta commit, tagged with the txn's epoch."""
         table = self._table()
@@ -250,7 +230,7 @@ class DeltaSink:
                 app_id=self._app_id(txn_id),
                 version=txn_id.epoch,
                 extra_transactions=[(self._fence_id(txn_id), txn_id.generation)],
-                custom_metadata=self._commit_metadata(txn_id),
+                custom_metadata=commit_metadata(txn_id, self._binding.log_id),
                 table_name=self.uri,
             )
         except InvalidInputError as exc:
@@ -264,7 +244,7 @@ class DeltaSink:
         self._remove_manifest(txn_id)
         return OK
 
-    @_refuse_bad_manifest
+    @refuse_bad_manifest
     def abort(self, txn_id: SinkTxnId) -> SinkOutcome:
         """Delete the staged rows, the manifest and the prepared files of ``txn_id``."""
         self._staged.pop(txn_id.key, None)
@@ -422,16 +402,7 @@ class DeltaSink:
             BadManifestError: a path that is not one of the sink's own files, or garbage.
         """
         manifest = read_manifest(self.directory, _key_name(txn_id))
-        if manifest is None:
-            return None
-        return {
-            "txn": str(manifest.txn),
-            "files": [
-                {k: v for k, v in asdict(f).items() if k != "partition_values"}
-                for f in manifest.files
-            ],
-            "log_id": manifest.log_id,
-        }
+        return None if manifest is None else manifest_as_dict(manifest)
 
     def _write_manifest(self, txn_id: SinkTxnId, files: list[DataFile]) -> None:
         """Write the manifest atomically: temp file, fsync, rename, fsync the directory."""
@@ -439,55 +410,18 @@ class DeltaSink:
         final.parent.mkdir(parents=True, exist_ok=True)
         write_atomically(final, manifest_body(txn_id, files, self._binding.log_id))
 
-    def _commit_metadata(self, txn_id: SinkTxnId) -> dict[str, Any]:
-        """The commitInfo fields of ``txn_id``'s commit: the txn and the writer's log id."""
-        metadata: dict[str, Any] = {"reconcile.txn": str(txn_id)}
-        if self._binding.log_id is not None:
-            metadata[LOG_ID_KEY] = self._binding.log_id
-        return metadata
-
     def _foreign_commit(
         self, table: DeltaTable, txn_id: SinkTxnId, where: str
     ) -> SinkOutcome | None:
-        """None if the commit of ``txn_id``'s epoch was made for this writer's log, else Fatal.
-
-        Only called once the epoch is known to be committed. The log id is read
-        from that commit's metadata; if the commit is no longer in the Delta
-        log (log retention), whose it was cannot be told, and that is an error
-        too: answering OK on a guess is what would skip an epoch silently.
-        """
-        record = commit_record(table, self._app_id(txn_id), txn_id.epoch)
-        if record is None:
-            return Fatal.of(
-                MarkerMismatchError(
-                    f"Delta sink {self._name!r}, {where} of {txn_id}: the table {self.uri!r} "
-                    f"records epoch {txn_id.epoch} as committed, but the commit that recorded "
-                    "it is no longer in the Delta log (log retention removed it), so which "
-                    "progress log wrote it cannot be read. The epoch is NOT treated as "
-                    "committed and nothing was written. Compare the table's rows with "
-                    f"_epoch = {txn_id.epoch} to this pipeline's output before going on; a "
-                    "Delta table's commits cannot be taken back.",
-                    pipeline=txn_id.pipeline,
-                    sink=txn_id.sink,
-                    epoch=txn_id.epoch,
-                    log_id=self._binding.log_id,
-                )
-            )
-        found = record.get(LOG_ID_KEY)
-        if found == self._binding.log_id:
-            return None
-        return foreign_commit(
-            f"Delta sink {self._name!r}",
+        """None if ``txn_id``'s committed epoch was committed for this writer's log, else Fatal."""
+        return commit_owner_outcome(
+            table,
+            self._app_id(txn_id),
             txn_id,
             where,
-            found_txn=str(record.get("reconcile.txn")),
-            found_log=found,
+            sink=self._name,
+            uri=self.uri,
             log_id=self._binding.log_id,
-            location=f"Delta table {self.uri!r} (version {record.get('version')})",
-            advice=(
-                "to write this pipeline's epochs again, give it a new table (another sink "
-                "root or sink name): a Delta table's commits cannot be taken back."
-            ),
         )
 
     def _remove_manifest(self, txn_id: SinkTxnId) -> None:

@@ -13,17 +13,27 @@ Fatal naming the manifest and the entry, and nothing is deleted or committed.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from deltalake import DeltaTable
 
 from expected_state.delta_commit import DataFile
-from reconcile.contract import FatalError, SinkTxnId, TxnIdParseError
+from reconcile.contract import (
+    Fatal,
+    FatalError,
+    MarkerMismatchError,
+    SinkOutcome,
+    SinkTxnId,
+    TxnIdParseError,
+)
+from sinks.ownership import foreign_commit
 
 __all__ = [
     "FILES_DIR",
@@ -32,11 +42,15 @@ __all__ = [
     "BadManifestError",
     "Manifest",
     "check_own_folder",
+    "commit_metadata",
+    "commit_owner_outcome",
     "commit_record",
     "data_file_name",
     "key_name",
+    "manifest_as_dict",
     "manifest_body",
     "read_manifest",
+    "refuse_bad_manifest",
 ]
 
 PREPARED_DIR = "_prepared"  # manifests: <pipeline>-<sink>-<epoch>.json
@@ -54,6 +68,29 @@ _ENTRY_FIELDS = {"path", "size", "num_records", "stats", "modification_time"}
 
 class BadManifestError(FatalError):
     """A manifest the sink did not write as it is: a path outside its own files, or garbage."""
+
+
+_Sink = TypeVar("_Sink")
+
+
+def refuse_bad_manifest(
+    operation: Callable[[_Sink, SinkTxnId], SinkOutcome],
+) -> Callable[[_Sink, SinkTxnId], SinkOutcome]:
+    """Turn a manifest that fails its checks into a Fatal outcome naming it.
+
+    A manifest whose paths are not the sink's own files (tampered, or written
+    by another program) must never lead to a deletion or a Delta commit: the
+    check raises before either, and the operator is told which entry it was.
+    """
+
+    @functools.wraps(operation)
+    def checked(sink: _Sink, txn_id: SinkTxnId) -> SinkOutcome:
+        try:
+            return operation(sink, txn_id)
+        except BadManifestError as exc:
+            return Fatal.of(exc)
+
+    return checked
 
 
 def key_name(txn_id: SinkTxnId) -> str:
@@ -88,6 +125,17 @@ def manifest_body(txn_id: SinkTxnId, files: list[DataFile], log_id: str | None) 
         for f in files
     ]
     return json.dumps({"txn": str(txn_id), "files": entries, "log_id": log_id}).encode()
+
+
+def manifest_as_dict(manifest: Manifest) -> dict[str, Any]:
+    """A checked manifest in the shape the sink reads (txn, files, log_id)."""
+    return {
+        "txn": str(manifest.txn),
+        "files": [
+            {k: v for k, v in asdict(f).items() if k != "partition_values"} for f in manifest.files
+        ],
+        "log_id": manifest.log_id,
+    }
 
 
 def _inside(root: Path, path: Path) -> bool:
@@ -187,3 +235,70 @@ def commit_record(table: DeltaTable, app_id: str, epoch: int) -> dict[str, Any] 
         if info.get("reconcile.app_id") == app_id and info.get("reconcile.version") == epoch:
             return dict(info)
     return None
+
+
+def commit_metadata(txn_id: SinkTxnId, log_id: str | None) -> dict[str, Any]:
+    """The commitInfo fields of ``txn_id``'s commit: the txn and the writer's log id (if bound)."""
+    metadata: dict[str, Any] = {"reconcile.txn": str(txn_id)}
+    if log_id is not None:
+        metadata[LOG_ID_KEY] = log_id
+    return metadata
+
+
+def commit_owner_outcome(
+    table: DeltaTable,
+    app_id: str,
+    txn_id: SinkTxnId,
+    where: str,
+    *,
+    sink: str,
+    uri: str,
+    log_id: str | None,
+) -> SinkOutcome | None:
+    """None if the commit of ``txn_id``'s (committed) epoch was made for ``log_id``, else Fatal.
+
+    The log id is read from that commit's metadata. If the commit is no longer
+    in the Delta log (log retention), whose it was cannot be told, and that is
+    an error too: answering OK on a guess is what would skip an epoch silently.
+
+    Args:
+        table: the table, whose token says the epoch is committed.
+        app_id: the token's app id (``<pipeline>/<sink>``).
+        txn_id: the txn being prepared or committed.
+        where: "prepare" or "commit", for the message.
+        sink: the sink's name; uri: its table, for the message.
+        log_id: the bound writer's log id (None: unbound).
+    """
+    record = commit_record(table, app_id, txn_id.epoch)
+    if record is None:
+        return Fatal.of(
+            MarkerMismatchError(
+                f"Delta sink {sink!r}, {where} of {txn_id}: the table {uri!r} records epoch "
+                f"{txn_id.epoch} as committed, but the commit that recorded it is no longer "
+                "in the Delta log (log retention removed it), so which progress log wrote it "
+                "cannot be read. The epoch is NOT treated as committed and nothing was "
+                f"written. Compare the table's rows with _epoch = {txn_id.epoch} to this "
+                "pipeline's output before going on; a Delta table's commits cannot be taken "
+                "back.",
+                pipeline=txn_id.pipeline,
+                sink=txn_id.sink,
+                epoch=txn_id.epoch,
+                log_id=log_id,
+            )
+        )
+    found = record.get(LOG_ID_KEY)
+    if found == log_id:
+        return None
+    return foreign_commit(
+        f"Delta sink {sink!r}",
+        txn_id,
+        where,
+        found_txn=str(record.get("reconcile.txn")),
+        found_log=found,
+        log_id=log_id,
+        location=f"Delta table {uri!r} (version {record.get('version')})",
+        advice=(
+            "to write this pipeline's epochs again, give it a new table (another sink root "
+            "or sink name): a Delta table's commits cannot be taken back."
+        ),
+    )
