@@ -32,8 +32,8 @@ from sinks.ownership import WriterBinding, foreign_commit
 
 __all__ = ["LOG_ID_HEADER", "HttpSink"]
 
-# The request header that carries the writer's progress log id on prepare,
-# commit and abort; the receiver stores it with the batch and echoes it.
+# The request header that carries the writer's progress log id on every call;
+# the receiver stores it with a prepared batch and echoes it with a commit.
 LOG_ID_HEADER = "Reconcile-Log-Id"
 # Headers the sink sets itself: a caller's ``headers`` may not override them.
 _OWN_HEADERS = {"content-type", "content-length", "host", LOG_ID_HEADER.lower()}
@@ -76,7 +76,7 @@ class HttpSink:
     None of them appears in a reason, an error or the repr.
 
     ``bind(writer)`` sends the writer's progress log id (``Reconcile-Log-Id``)
-    with prepare, commit and abort; a commit the receiver reports for another
+    with every call; a commit the receiver reports for another
     log (or for none, when bound) is a Fatal MarkerMismatchError, never OK.
     Unbound, the header is not sent and the sink accepts only commits the
     receiver holds without a log id.
