@@ -70,6 +70,10 @@ def test_a_sigkill_inside_the_fence_update_never_leaves_a_lower_fence(tmp_path: 
     assert run_writer(tmp_path, 1, 5, kill_at=FENCE_WRITE) == -9
     fence = read_fences(tmp_path / "orders" / "fence").generation("shop")
     assert fence.generation in (2, 5)  # the old fence or the new one, readable
+    # A kill inside the atomic write, before its rename, leaves a torn temp file
+    # beside the intact fence: it changes nothing, and the next update overwrites it.
+    (tmp_path / "orders" / "fence.tmp").write_bytes(b"")
+    assert read_fences(tmp_path / "orders" / "fence").generation("shop") == fence
     stale = prepare(FileSink("orders", tmp_path), txn(2, 1))
     assert isinstance(stale, Fatal) and isinstance(stale.error, FencedError)
     assert prepare(FileSink("orders", tmp_path), txn(2, 5)) == Ok()  # not stuck either
