@@ -110,14 +110,14 @@ class FileSink:
                 "log_id": self._binding.log_id,
             }
             body = b"".join([json.dumps(header).encode() + b"\n", *(r + b"\n" for r in rows)])
-            # write_atomically: a temp file created 0600 with O_NOFOLLOW (a symlink
-            # planted at its name is refused, never written through), fsynced,
-            # renamed into place, the folder fsynced: the prepared batch appears
-            # whole or not at all, and the rename is durable.
             final = self._prepared_path(txn_id)
             # A temp file left by a prepare that died, or anything planted at its
             # name, goes first: unlink removes a symlink itself, never its target.
             final.with_name(final.name + ".tmp").unlink(missing_ok=True)
+            # write_atomically: a temp file created 0600 with O_NOFOLLOW (a symlink
+            # planted at its name is refused, never written through), fsynced,
+            # renamed into place, the folder fsynced: the prepared batch appears
+            # whole or not at all, and the rename is durable.
             write_atomically(final, body)
             del self._staged[txn_id]
             return OK
