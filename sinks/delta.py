@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import re
 import uuid
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -30,29 +28,36 @@ from reconcile.contract import (
     SinkOutcome,
     SinkTxnId,
     TxnIdParseError,
+    WriterIdentity,
     validate_name,
 )
 from reconcile.durable import write_atomically
+from sinks.delta_manifest import FILES_DIR as _FILES
+from sinks.delta_manifest import PREPARED_DIR as _PREPARED
+from sinks.delta_manifest import (
+    check_own_folder,
+    commit_metadata,
+    commit_owner_outcome,
+    manifest_as_dict,
+    manifest_body,
+    read_manifest,
+    refuse_bad_manifest,
+)
+from sinks.delta_manifest import key_name as _key_name
+from sinks.ownership import WriterBinding, foreign_prepare
 
 __all__ = ["COMMIT_CHECKED", "EPOCH_COLUMN", "DeltaSink"]
 
 # Between commit()'s reading of the table (token, order) and its Delta commit.
 COMMIT_CHECKED = hooks.declare("delta_sink.commit.checked")
 
+# sinks/delta_manifest.py owns where manifests and prepared data files live
+# (_PREPARED, _FILES), how they are named (_key_name), and the checks every
+# manifest passes before a path in it is deleted or committed.
+
 _FILE_GENERATION = re.compile(r"part-g(\d+)-")
 
 EPOCH_COLUMN = "_epoch"
-_PREPARED = "_prepared"  # manifests: <pipeline>-<sink>-<epoch>.json
-# Data files live under a directory whose name starts with '_': Delta readers
-# read them through the log like any other file, and vacuum never deletes a
-# prepared-but-uncommitted file there (it skips '_' paths), which keeps the
-# promise of prepare: once it returned OK, commit can succeed after any delay.
-_FILES = "_txn_files"
-
-
-def _key_name(txn_id: SinkTxnId) -> str:
-    """The generation-free name of a txn: idempotency keys on (pipeline, sink, epoch)."""
-    return f"{txn_id.pipeline}-{txn_id.sink}-{txn_id.epoch}"
 
 
 class DeltaSink:
@@ -71,6 +76,14 @@ class DeltaSink:
 
     The table is append-only: a replayed epoch is recognised by its token and
     never added twice.
+
+    ``bind(writer)`` records the writer's progress log id in each manifest and
+    in each commit's metadata (``reconcile.log_id``); an epoch whose commit
+    was made for another log (or by an unbound sink) is a Fatal
+    MarkerMismatchError, never OK. Unbound, the sink is its own writer and
+    records no log id. Every manifest is checked before it is used
+    (sinks/delta_manifest.py): only the sink's own files inside the table
+    root are ever deleted or committed.
     """
 
     def __init__(
@@ -89,11 +102,16 @@ class DeltaSink:
         self.uri = str(self.directory)
         self._schema = schema
         self._staged: dict[tuple[str, str, int], list[Any]] = {}
+        self._binding = WriterBinding(f"Delta sink {self._name!r}")
 
     @property
     def name(self) -> str:
         """The sink's name."""
         return self._name
+
+    def bind(self, writer: WriterIdentity) -> None:
+        """Serve ``writer`` (idempotent); see :class:`sinks.ownership.WriterBinding`."""
+        self._binding.bind(writer)
 
     # ------------------------------------------------------------------ contract
 
@@ -109,6 +127,7 @@ class DeltaSink:
         self._staged[txn_id.key] = batch
         return OK
 
+    @refuse_bad_manifest
     def prepare(self, txn_id: SinkTxnId) -> SinkOutcome:
         """Write the staged rows as fsynced Parquet plus a manifest; invisible until commit."""
         table = self._table()
@@ -117,10 +136,13 @@ class DeltaSink:
             return fenced
         if table is not None and self._is_committed(table, txn_id):
             self._staged.pop(txn_id.key, None)
+            foreign = self._foreign_commit(table, txn_id, "prepare")
+            if foreign is not None:
+                return foreign
             return OK  # this epoch is already in the table
         rows = self._staged.get(txn_id.key)
         if rows is None:
-            if self._manifest_path(txn_id).exists():
+            if self._read_manifest(txn_id) is not None:
                 return OK  # prepared before (perhaps by a process that died)
             return Retryable(f"sink {self._name!r}, {txn_id}: nothing staged in this process")
         try:
@@ -155,6 +177,7 @@ class DeltaSink:
         del self._staged[txn_id.key]
         return OK
 
+    @refuse_bad_manifest
     def commit(self, txn_id: SinkTxnId) -> SinkOutcome:
         """Add the prepared files in ONE Delta commit, tagged with the txn's epoch."""
         table = self._table()
@@ -162,6 +185,9 @@ class DeltaSink:
             # Committed before (the ack was lost, a replay, or a recovering
             # writer settling a stale writer's leftover): only tidy up.
             # (The epoch's data files live under _txn_files/ too: keep them.)
+            foreign = self._foreign_commit(table, txn_id, "commit")
+            if foreign is not None:
+                return foreign
             self._remove_manifest(txn_id)
             return OK
         last = None if table is None else table.transaction_version(self._app_id(txn_id))
@@ -175,9 +201,9 @@ class DeltaSink:
         manifest = self._read_manifest(txn_id)
         if manifest is None:
             fenced = self._fenced(table, txn_id)  # a zombie's txn was discarded by the taker
-            return fenced or Fatal(
-                f"sink {self._name!r}, {txn_id}: commit of a txn that was never prepared"
-            )
+            if fenced is not None:  # (a Fatal is falsy: never `fenced or ...`)
+                return fenced
+            return Fatal(f"sink {self._name!r}, {txn_id}: commit of a txn that was never prepared")
         files = [DataFile(**{**f, "partition_values": {}}) for f in manifest["files"]]
         for f in files:
             if not (self.directory / f.path).exists():
@@ -185,6 +211,14 @@ class DeltaSink:
                     f"sink {self._name!r}, {txn_id}: prepared file {f.path!r} is missing; "
                     "nothing was written"
                 )
+        if manifest.get("log_id") != self._binding.log_id:
+            return foreign_prepare(
+                f"Delta sink {self._name!r}",
+                txn_id,
+                found_log=manifest.get("log_id"),
+                log_id=self._binding.log_id,
+                location=str(self._manifest_path(txn_id)),
+            )
         # The schema comes from the prepared file itself; commit_files then checks
         # it against the table's, naming any column that does not match.
         schema = pq.read_schema(self.directory / files[0].path) if files else None
@@ -207,7 +241,7 @@ class DeltaSink:
                 app_id=self._app_id(txn_id),
                 version=txn_id.epoch,
                 fence=(self._fence_id(txn_id), txn_id.generation),
-                custom_metadata={"reconcile.txn": str(txn_id)},
+                custom_metadata=commit_metadata(txn_id, self._binding.log_id),
                 table_name=self.uri,
                 table=table,
             )
@@ -222,6 +256,7 @@ class DeltaSink:
         self._remove_manifest(txn_id)
         return OK
 
+    @refuse_bad_manifest
     def abort(self, txn_id: SinkTxnId) -> SinkOutcome:
         """Delete the staged rows, the manifest and the prepared files of ``txn_id``."""
         self._staged.pop(txn_id.key, None)
@@ -241,6 +276,7 @@ class DeltaSink:
         # still reports, so a later abort finishes the job.
         self._remove_manifest(txn_id)
         folder = self.directory / _FILES / _key_name(txn_id)
+        check_own_folder(self.directory, folder)
         for path in folder.glob("part-g*.parquet") if folder.exists() else []:
             # Files are named part-g<generation>-...: leave a newer writer's
             # files alone (it may be between its file writes and its manifest).
@@ -257,11 +293,11 @@ class DeltaSink:
         found: dict[str, SinkTxnId] = {}
         prepared_dir = self.directory / _PREPARED
         for path in sorted(prepared_dir.glob("*.json")) if prepared_dir.exists() else []:
-            try:
-                txn = SinkTxnId.from_string(json.loads(path.read_text())["txn"])
-            except (OSError, ValueError, KeyError, TxnIdParseError):
-                continue  # a torn temp file is never renamed into place; not ours
-            found[_key_name(txn)] = txn
+            # Manifests are renamed into place whole: one that fails its checks
+            # was changed by someone else, and is reported, never skipped.
+            manifest = read_manifest(self.directory, path.stem)
+            if manifest is not None:
+                found[_key_name(manifest.txn)] = manifest.txn
         files_dir = self.directory / _FILES
         for path in sorted(files_dir.iterdir()) if files_dir.exists() else []:
             if path.name not in found:
@@ -377,23 +413,33 @@ class DeltaSink:
         return self.directory / _PREPARED / f"{_key_name(txn_id)}.json"
 
     def _read_manifest(self, txn_id: SinkTxnId) -> dict[str, Any] | None:
-        try:
-            manifest: dict[str, Any] = json.loads(self._manifest_path(txn_id).read_text())
-        except FileNotFoundError:
-            return None
-        return manifest
+        """The checked manifest of ``txn_id``'s epoch as a dict (txn, files, log_id).
+
+        Raises:
+            BadManifestError: a path that is not one of the sink's own files, or garbage.
+        """
+        manifest = read_manifest(self.directory, _key_name(txn_id))
+        return None if manifest is None else manifest_as_dict(manifest)
 
     def _write_manifest(self, txn_id: SinkTxnId, files: list[DataFile]) -> None:
         """Write the manifest atomically: temp file, fsync, rename, fsync the directory."""
         final = self._manifest_path(txn_id)
         final.parent.mkdir(parents=True, exist_ok=True)
-        body = {
-            "txn": str(txn_id),
-            "files": [
-                {k: v for k, v in asdict(f).items() if k != "partition_values"} for f in files
-            ],
-        }
-        write_atomically(final, json.dumps(body).encode())
+        write_atomically(final, manifest_body(txn_id, files, self._binding.log_id))
+
+    def _foreign_commit(
+        self, table: DeltaTable, txn_id: SinkTxnId, where: str
+    ) -> SinkOutcome | None:
+        """None if ``txn_id``'s committed epoch was committed for this writer's log, else Fatal."""
+        return commit_owner_outcome(
+            table,
+            self._app_id(txn_id),
+            txn_id,
+            where,
+            sink=self._name,
+            uri=self.uri,
+            log_id=self._binding.log_id,
+        )
 
     def _remove_manifest(self, txn_id: SinkTxnId) -> None:
         with contextlib.suppress(FileNotFoundError):

@@ -10,18 +10,28 @@ from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from reconcile import hooks
 from reconcile.contract import (
     OK,
     Fatal,
+    FatalError,
+    FencedError,
     Retryable,
     SinkOutcome,
     SinkTxnId,
     TxnIdParseError,
+    WriterIdentity,
     validate_name,
 )
-from reconcile.durable import fsync_path
+from reconcile.durable import fsync_path, write_atomically
+from sinks.file_layout import make_dirs, read_batch, read_fences, read_header, remove_and_sync
+from sinks.ownership import WriterBinding, describe_log, foreign_commit, foreign_prepare
 
-__all__ = ["FileSink", "read_batch"]
+__all__ = ["FENCE_WRITE", "FileSink", "read_batch", "read_header"]
+
+# The fence update: a crash here (or anywhere in it) must leave the old fence
+# or the new one, never a lower one. The update is one atomic replace.
+FENCE_WRITE = hooks.declare("file_sink.fence.write")
 
 _SUFFIX = ".batch"
 
@@ -34,10 +44,20 @@ class FileSink:
     - ``prepared/<txn>.batch``: durable, invisible (prepare wrote and fsynced it);
     - ``committed/<txn>.batch``: visible; the rename from ``prepared/`` is the
       atomic commit;
-    - ``fence``: the newest writer generation; a stale writer is rejected.
+    - ``fence``: the newest writer generation per pipeline (JSON), replaced
+      atomically; a stale writer is rejected.
 
-    A batch file's first line is a header (txn id, epoch, row count); each
-    further line is one row as JSON. Readers use only ``committed/``.
+    A batch file's first line is a header (txn id, epoch, row count, and the
+    progress log id of the writer that prepared it); each further line is one
+    row as JSON. Readers use only ``committed/``. Files are created 0600 (the
+    umask may narrow that further) without following symlinks; directories
+    are created with the process umask, and every new file or directory is
+    made durable by fsyncing its parent.
+
+    ``bind(writer)`` records the writer's log id in each batch header; an
+    epoch found committed by another log (or by an unbound sink) is a Fatal
+    MarkerMismatchError, never OK. Unbound, the sink is its own writer and
+    writes ``"log_id": null``.
     """
 
     def __init__(self, name: str, root: str | os.PathLike[str]) -> None:
@@ -46,13 +66,18 @@ class FileSink:
         self.prepared_dir = self.directory / "prepared"
         self.committed_dir = self.directory / "committed"
         for d in (self.prepared_dir, self.committed_dir):
-            d.mkdir(parents=True, exist_ok=True)
+            make_dirs(d)
         self._fence_path = self.directory / "fence"
         self._staged: dict[SinkTxnId, list[bytes]] = {}
+        self._binding = WriterBinding(f"file sink {self._name!r}")
 
     @property
     def name(self) -> str:
         return self._name
+
+    def bind(self, writer: WriterIdentity) -> None:
+        """Serve ``writer`` (idempotent); see :class:`sinks.ownership.WriterBinding`."""
+        self._binding.bind(writer)
 
     def stage(self, txn_id: SinkTxnId, rows: Iterable[Any]) -> SinkOutcome:
         encoded: list[bytes] = []
@@ -71,40 +96,60 @@ class FileSink:
         with self._fence(txn_id) as fenced:
             if fenced is not None:
                 return fenced
-            if self._committed_file(txn_id) is not None:
-                return OK  # this epoch is already in the sink
+            done = self._already_committed(txn_id, "prepare")
+            if done is not None:
+                return done  # OK: this log's epoch is already in the sink
             rows = self._staged.get(txn_id)
             if rows is None:
                 # Staged rows died with the process that staged them.
                 return Retryable(f"{txn_id}: nothing staged in this process")
-            header = json.dumps({"txn": str(txn_id), "epoch": txn_id.epoch, "rows": len(rows)})
+            header = {
+                "txn": str(txn_id),
+                "epoch": txn_id.epoch,
+                "rows": len(rows),
+                "log_id": self._binding.log_id,
+            }
+            body = b"".join([json.dumps(header).encode() + b"\n", *(r + b"\n" for r in rows)])
             final = self._prepared_path(txn_id)
-            tmp = final.with_suffix(".tmp")
-            with open(tmp, "wb") as f:
-                f.write(header.encode() + b"\n")
-                for line in rows:
-                    f.write(line + b"\n")
-                f.flush()
-                os.fsync(f.fileno())
-            # The rename makes the prepared batch appear whole or not at all;
-            # the directory fsync makes the rename itself durable.
-            os.replace(tmp, final)
-            fsync_path(self.prepared_dir)
+            # A temp file left by a prepare that died, or anything planted at its
+            # name, goes first: unlink removes a symlink itself, never its target.
+            final.with_name(final.name + ".tmp").unlink(missing_ok=True)
+            # write_atomically: a temp file created 0600 with O_NOFOLLOW (a symlink
+            # planted at its name is refused, never written through), fsynced,
+            # renamed into place, the folder fsynced: the prepared batch appears
+            # whole or not at all, and the rename is durable.
+            write_atomically(final, body)
             del self._staged[txn_id]
             return OK
 
     def commit(self, txn_id: SinkTxnId) -> SinkOutcome:
-        if self._committed_file(txn_id) is not None:
-            # Idempotent, whoever asks: committed before (perhaps the ack was
-            # lost). A prepared batch of this txn is a stale leftover: drop it.
-            self._prepared_path(txn_id).unlink(missing_ok=True)
-            return OK
+        done = self._already_committed(txn_id, "commit")
+        if done is not None:
+            if done:
+                # Idempotent, whoever asks: committed before (perhaps the ack was
+                # lost). A prepared batch of this txn is a stale leftover: drop it.
+                remove_and_sync(self._prepared_path(txn_id))
+            return done
         with self._fence(txn_id) as fenced:
             if fenced is not None:
                 return fenced
             source = self._prepared_path(txn_id)
-            if not source.exists():
+            try:
+                owner = read_header(source).get("log_id")
+            except FileNotFoundError:
                 return Fatal(f"{txn_id}: commit of a batch that was never prepared")
+            except (OSError, ValueError) as exc:
+                return Fatal.of(
+                    FatalError(f"{txn_id}: prepared batch {source} is unreadable: {exc}")
+                )
+            if owner != self._binding.log_id:
+                return foreign_prepare(
+                    f"file sink {self._name!r}",
+                    txn_id,
+                    found_log=owner,
+                    log_id=self._binding.log_id,
+                    location=str(source),
+                )
             os.rename(source, self.committed_dir / source.name)
             fsync_path(self.committed_dir)
             fsync_path(self.prepared_dir)
@@ -117,10 +162,8 @@ class FileSink:
         # The file names carry the generation, so this removes only this
         # writer's batch: a stale writer cannot discard a newer writer's.
         prepared = self._prepared_path(txn_id)
-        for path in (prepared, prepared.with_suffix(".tmp")):
-            with contextlib.suppress(FileNotFoundError):
-                path.unlink()
-        fsync_path(self.prepared_dir)
+        for path in (prepared, prepared.with_name(prepared.name + ".tmp")):
+            remove_and_sync(path)
         return OK
 
     def recover(self) -> Sequence[SinkTxnId]:
@@ -128,7 +171,7 @@ class FileSink:
         for path in sorted(self.prepared_dir.iterdir()):
             if path.suffix == ".tmp":
                 # A prepare that died before its rename: never prepared.
-                path.unlink(missing_ok=True)
+                remove_and_sync(path)
                 continue
             try:
                 stranded.append(SinkTxnId.from_string(path.name.removesuffix(_SUFFIX)))
@@ -146,29 +189,82 @@ class FileSink:
         pattern = f"{txn_id.pipeline}-{txn_id.sink}-{txn_id.epoch}-g*{_SUFFIX}"
         return next(iter(sorted(self.committed_dir.glob(pattern))), None)
 
+    def _already_committed(self, txn_id: SinkTxnId, where: str) -> SinkOutcome | None:
+        """None if the epoch is not committed; OK if this log committed it; else Fatal."""
+        path = self._committed_file(txn_id)
+        if path is None:
+            return None
+        try:
+            header = read_header(path)
+        except (OSError, ValueError) as exc:
+            return Fatal.of(
+                FatalError(
+                    f"file sink {self._name!r}, {where} of {txn_id}: the committed batch "
+                    f"{path} is unreadable ({exc}); it is not treated as committed"
+                )
+            )
+        found = header.get("log_id")
+        if found == self._binding.log_id:
+            return OK
+        return foreign_commit(
+            f"file sink {self._name!r}",
+            txn_id,
+            where,
+            found_txn=str(header.get("txn")),
+            found_log=found,
+            log_id=self._binding.log_id,
+            location=str(path),
+            advice=(
+                "to write this pipeline's epochs again, move that run's committed batches "
+                f"({self.committed_dir}/{txn_id.pipeline}-{txn_id.sink}-*{_SUFFIX}) out of "
+                "the sink first, or give this pipeline another sink root."
+            ),
+        )
+
     @contextlib.contextmanager
     def _fence(self, txn_id: SinkTxnId) -> Iterator[SinkOutcome | None]:
-        """Hold the fence lock; yield Fatal if ``txn_id`` is from a stale generation."""
-        fd = os.open(self._fence_path, os.O_RDWR | os.O_CREAT, 0o644)
+        """Hold the sink's lock; yield Fatal if ``txn_id`` is from a stale generation.
+
+        The lock is a ``flock`` on the sink's folder: the fence file itself is
+        replaced by rename, so a lock on it would not outlive an update.
+        """
+        fd = os.open(self.directory, os.O_RDONLY | os.O_DIRECTORY)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
-            raw = os.pread(fd, 32, 0).strip()
-            newest = int(raw) if raw else 0
-            if txn_id.generation < newest:
-                yield Fatal(f"{txn_id}: fenced, generation {newest} has taken over")
+            try:
+                fences = read_fences(self._fence_path)
+            except FatalError as exc:
+                yield Fatal.of(exc)
                 return
-            if txn_id.generation > newest:
-                os.ftruncate(fd, 0)
-                os.pwrite(fd, str(txn_id.generation).encode(), 0)
-                os.fsync(fd)
+            newest = fences.generation(txn_id.pipeline)
+            if txn_id.generation < newest.generation:
+                yield Fatal.of(self._fenced_error(txn_id, newest.generation, newest.log_id))
+                return
+            if txn_id.generation > newest.generation:
+                updated = fences.with_generation(
+                    txn_id.pipeline, txn_id.generation, self._binding.log_id
+                )
+                hooks.point(FENCE_WRITE)
+                # One atomic replace (temp file, fsync, rename, folder fsync): a
+                # crash leaves the old fence or the new one, never a lower one.
+                write_atomically(self._fence_path, updated.encode())
             yield None
         finally:
             os.close(fd)
 
-
-def read_batch(path: str | os.PathLike[str]) -> tuple[SinkTxnId, list[Any]]:
-    """Read one batch file: its txn id and its rows."""
-    with open(path, "rb") as f:
-        header = json.loads(f.readline())
-        rows = [json.loads(line) for line in f]
-    return SinkTxnId.from_string(header["txn"]), rows
+    def _fenced_error(self, txn_id: SinkTxnId, newest: int, owner: str | None) -> FencedError:
+        mine = self._binding.log_id
+        detail = ""
+        if owner != mine:
+            # Generations of two progress logs are unrelated numbers: say so, or
+            # a fresh state meeting an old run's fence would look like a zombie.
+            detail = (
+                f" (the fence was set by {describe_log(owner)}; this writer has "
+                f"{describe_log(mine)}: another state writes under the same pipeline and "
+                "sink names)"
+            )
+        return FencedError(
+            f"{txn_id}: fenced, generation {newest} has taken over{detail}",
+            generation=txn_id.generation,
+            fence=newest,
+        )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -13,7 +14,15 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
-from reconcile.contract import OK, Fatal, Retryable, SinkTxnId
+from reconcile.contract import (
+    OK,
+    Fatal,
+    FatalError,
+    MarkerMismatchError,
+    Retryable,
+    SinkTxnId,
+    WriterIdentity,
+)
 from sinks.base import TwoPhaseSink
 from sinks.delta import DeltaSink
 from tests.fix_delta import DeltaHarness
@@ -204,3 +213,123 @@ def test_table_is_readable_by_plain_deltalake_with_epoch_column(tmp_path: Path) 
     data = pa.table(DeltaTable(str(tmp_path / "out")).to_pyarrow_table())
     assert data.schema.names == ["k", "v", "_epoch"]
     assert sorted(data.column("_epoch").to_pylist()) == [1, 1, 1, 2, 2, 2]
+
+
+# ---------------------------------------------------------------- manifest paths
+
+
+def _tamper(sink: DeltaSink, t: SinkTxnId, path: str) -> Path:
+    """Point the first file entry of ``t``'s manifest at ``path``; returns the manifest."""
+    manifest = sink.directory / "_prepared" / f"{t.pipeline}-{t.sink}-{t.epoch}.json"
+    body = json.loads(manifest.read_text())
+    body["files"][0]["path"] = path
+    manifest.write_text(json.dumps(body))
+    return manifest
+
+
+def test_a_tampered_manifest_entry_is_never_deleted_by_a_re_prepare(tmp_path: Path) -> None:
+    victim = tmp_path / "victim.txt"
+    victim.write_text("not the sink's")
+    sink = DeltaSink("out", tmp_path / "tables")
+    t = prepared_txn(sink, 1)
+    _tamper(sink, t, "../../victim.txt")
+    assert sink.stage(t, rows_for(1)) == OK
+    outcome = sink.prepare(t)  # a re-prepare drops the previous manifest's files
+    assert victim.read_text() == "not the sink's"
+    assert isinstance(outcome, Fatal) and "'../../victim.txt'" in outcome.reason
+    assert "nothing was deleted" in outcome.reason
+
+
+@pytest.mark.parametrize("kind", ["absolute", "dotdot", "foreign-name", "other-epoch"])
+def test_a_tampered_manifest_entry_is_never_committed(tmp_path: Path, kind: str) -> None:
+    harness = DeltaHarness(tmp_path / "tables")
+    sink = harness.new_sink("out")
+    assert sink.commit(prepared_txn(sink, 0)) == OK
+    t = prepared_txn(sink, 1)
+    real = next((sink.directory / "_txn_files" / "pipe-out-1").glob("*.parquet"))
+    outside = tmp_path / "outside.parquet"
+    outside.write_bytes(real.read_bytes())
+    inside = sink.directory / "_txn_files" / "pipe-out-0"
+    paths = {
+        "absolute": str(outside),
+        "dotdot": "../../outside.parquet",
+        "foreign-name": "stolen.parquet",
+        "other-epoch": next(p for p in inside.glob("*.parquet")).relative_to(sink.directory),
+    }
+    (sink.directory / "stolen.parquet").write_bytes(real.read_bytes())
+    _tamper(sink, t, str(paths[kind]))
+    version = DeltaTable(sink.uri).version()
+    outcome = harness.new_sink("out").commit(t)
+    assert isinstance(outcome, Fatal) and "not a file this sink wrote" in outcome.reason
+    assert DeltaTable(sink.uri).version() == version  # nothing reached the Delta log
+    assert harness.committed("out") == {0: rows_for(0)}
+    assert outside.exists()
+
+
+def test_a_symlink_out_of_the_table_root_is_neither_committed_nor_deleted(
+    tmp_path: Path,
+) -> None:
+    harness = DeltaHarness(tmp_path / "tables")
+    sink = harness.new_sink("out")
+    t = prepared_txn(sink, 1)
+    folder = sink.directory / "_txn_files" / "pipe-out-1"
+    elsewhere = tmp_path / "elsewhere"
+    folder.rename(elsewhere)  # the same names, now outside the root...
+    folder.symlink_to(elsewhere, target_is_directory=True)  # ...reached through a link
+    restarted = harness.new_sink("out")
+    outcome = restarted.commit(t)
+    assert isinstance(outcome, Fatal) and "not a file this sink wrote" in outcome.reason
+    assert harness.committed("out") == {}
+    assert isinstance(restarted.abort(t), Fatal)  # abort deletes by name in that folder
+    assert len(list(elsewhere.glob("*.parquet"))) == 1
+
+
+def test_recover_reports_a_tampered_manifest_instead_of_skipping_it(tmp_path: Path) -> None:
+    sink = DeltaSink("out", tmp_path / "tables")
+    t = prepared_txn(sink, 1)
+    _tamper(sink, t, "/etc/hostname")
+    with pytest.raises(FatalError, match="not a file this sink wrote"):
+        DeltaSink("out", tmp_path / "tables").recover()
+
+
+def test_a_manifest_naming_another_epoch_is_refused(tmp_path: Path) -> None:
+    sink = DeltaSink("out", tmp_path / "tables")
+    t1, t2 = prepared_txn(sink, 1), prepared_txn(sink, 2)
+    prepared = sink.directory / "_prepared"
+    (prepared / "pipe-out-1.json").write_text((prepared / "pipe-out-2.json").read_text())
+    outcome = sink.commit(t1)
+    assert isinstance(outcome, Fatal) and "pipe-out-2" in outcome.reason
+    assert sink.commit(t2) == OK
+
+
+def test_abort_of_an_orphan_folder_symlinked_out_of_the_root_deletes_nothing(
+    tmp_path: Path,
+) -> None:
+    # No manifest (a prepare that died before writing it): abort cleans up by
+    # name in _txn_files/<key>/, which here is a link to a folder elsewhere.
+    sink = DeltaSink("out", tmp_path / "tables")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    victim = elsewhere / f"part-g0-{'0' * 32}.parquet"
+    victim.write_bytes(b"someone else's")
+    (sink.directory / "_txn_files").mkdir(parents=True)
+    (sink.directory / "_txn_files" / "pipe-out-1").symlink_to(elsewhere, target_is_directory=True)
+    assert sink.recover() == [txn(1)]  # listed as an orphan, so start() would abort it
+    outcome = sink.abort(txn(1))
+    assert isinstance(outcome, Fatal) and "symlink" in outcome.reason
+    assert victim.read_bytes() == b"someone else's"
+
+
+def test_an_epoch_whose_commit_left_the_delta_log_is_not_taken_as_written(tmp_path: Path) -> None:
+    sink = DeltaSink("out", tmp_path)
+    sink.bind(WriterIdentity("pipe", "log-a"))
+    t = prepared_txn(sink, 0, generation=1)
+    assert sink.commit(t) == OK
+    table = DeltaTable(sink.uri)
+    table.create_checkpoint()
+    for commit in (tmp_path / "out" / "_delta_log").glob("*.json"):
+        commit.unlink()  # what log retention does to commits older than a checkpoint
+    assert DeltaTable(sink.uri).transaction_version("pipe/out") == 0  # still recorded
+    outcome = sink.commit(t)
+    assert isinstance(outcome, Fatal) and isinstance(outcome.error, MarkerMismatchError)
+    assert "no longer in the Delta log" in outcome.reason
