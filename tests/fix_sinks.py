@@ -50,9 +50,14 @@ class MemoryHarness:
         return MemorySink(name, self.store)
 
     def committed(self, name: str) -> dict[int, list[ChaosRow]]:
-        return {
-            txn.epoch: list(rows) for txn, rows in self.store.committed.values() if txn.sink == name
-        }
+        # The append-only commit log, not the keyed state: a second commit of an
+        # epoch would replace the first in the keyed state and be invisible.
+        found: dict[int, list[ChaosRow]] = {}
+        for record in self.store.commit_log:
+            txn = SinkTxnId.from_string(record.txn)
+            if txn.sink == name:
+                found.setdefault(txn.epoch, []).extend(record.rows)
+        return found
 
     def prepared(self, name: str) -> list[SinkTxnId]:
         return sorted(txn for txn, _ in self.store.prepared.values() if txn.sink == name)
@@ -99,8 +104,9 @@ class HttpHarness:
             return json.loads(response.read())
 
     def committed(self, name: str) -> dict[int, list[ChaosRow]]:
+        # Every commit the receiver performed (its append-only log), not its keyed state.
         found: dict[int, list[ChaosRow]] = {}
-        for batch in self._get("committed"):
+        for batch in self._get("commit-log"):
             txn = SinkTxnId.from_string(batch["txn"])
             if txn.sink == name:
                 found.setdefault(txn.epoch, []).extend(batch["rows"])
