@@ -11,7 +11,15 @@ import pyarrow as pa
 import pytest
 from psycopg import sql
 
-from reconcile.contract import OK, Change, ConfigurationError, Fatal, Retryable, SinkTxnId
+from reconcile.contract import (
+    OK,
+    Change,
+    ConfigurationError,
+    Fatal,
+    ReconcileError,
+    Retryable,
+    SinkTxnId,
+)
 from reconcile.ids import change_id
 from sinks.base import TwoPhaseSink
 from sinks.postgres import PgTarget, PostgresSink
@@ -224,7 +232,9 @@ def test_injection_named_identifiers_work_as_names(pg_db: str) -> None:
                 sql.Identifier("v'); DROP TABLE y; --"),
             )
         )
-    sink = PostgresSink(pg_db, INJECTION, schema=INJECTION, name="inj", pipeline=PIPE)
+    sink = PostgresSink(
+        pg_db, INJECTION, schema=INJECTION, state_schema=INJECTION, name="inj", pipeline=PIPE
+    )
     row = {INJECTION: "Robert'); DROP TABLE y;--", "v'); DROP TABLE y; --": 1}
     run_epoch(sink, txn(1, sink="inj"), [row])
     run_epoch(sink, txn(2, sink="inj"), [Change("delete", {INJECTION: "nobody"})])
@@ -282,7 +292,7 @@ def test_password_never_in_errors_reprs_or_logs(
         outcome = broken.prepare(txn(2))
         assert not outcome
         texts.append(str(outcome))
-        with pytest.raises(psycopg.Error) as err:
+        with pytest.raises(ReconcileError) as err:
             broken.setup()
         texts.append(str(err.value))
     assert "password authentication failed" in texts[4]
