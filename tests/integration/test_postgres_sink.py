@@ -339,3 +339,25 @@ def test_eager_takeover_fences_the_old_writer_before_the_new_one_writes(orders: 
     with pytest.raises(FencedError):
         old.fence(PIPE, 1)
     assert rows_of(orders, "SELECT k FROM orders") == [("a",)]
+
+
+def test_a_password_with_a_percent_escape_authenticates(private_pg_server: PgServer) -> None:
+    server = private_pg_server
+    literal = "S3cr%41et"  # the password really contains '%41'
+    with server.connect() as admin:
+        admin.execute(
+            sql.SQL("ALTER ROLE {} PASSWORD {}").format(
+                sql.Identifier(PASSWORD_USER), sql.Literal(literal)
+            )
+        )
+    name = server.create_database()
+    make_table(server.dsn(name))
+    url = f"postgresql+psycopg://{PASSWORD_USER}:S3cr%2541et@127.0.0.1:{server.port}/{name}"
+    sink = PostgresSink(url + "?sslmode=disable", "orders", name="orders", pipeline=PIPE)
+    run_epoch(sink, txn(1), [{"k": "a", "v": 1}])
+    assert rows_of(server.dsn(name), "SELECT k FROM orders") == [("a",)]
+    wrong = PostgresSink(url.replace("2541", "2542"), "orders", name="orders", pipeline=PIPE)
+    with pytest.raises(ConfigurationError) as err:
+        wrong.setup()
+    assert "password authentication failed" in str(err.value)
+    assert "S3cr" not in str(err.value)
