@@ -283,6 +283,19 @@ def private_pg_server() -> Iterator[PgServer]:
     server.stop()
 
 
+@pytest.fixture
+def durable_pg_server() -> Iterator[PgServer]:
+    """A server of the test's own with fsync and full-page writes on, as in production.
+
+    For the tests whose point is durability: kill -9 of the postmaster, crash
+    recovery, an acknowledged epoch that must survive them. (The other test
+    servers run with fsync off, which only an OS crash could tell apart.)
+    """
+    server = PgServer(fsync="on", full_page_writes="on")
+    yield server
+    server.stop()
+
+
 # ---------------------------------------------------------------------------
 # The sink harness for the shared contract and chaos suites
 # ---------------------------------------------------------------------------

@@ -160,8 +160,8 @@ def test_statement_timeout_during_apply(pg_server: PgServer) -> None:
     expect_exactly(pg_server.dsn(db), [1, 2])
 
 
-def test_postmaster_killed_mid_apply_then_restarted(private_pg_server: PgServer) -> None:
-    server = private_pg_server
+def test_postmaster_killed_mid_apply_then_restarted(durable_pg_server: PgServer) -> None:
+    server = durable_pg_server
     db = setup_db(server)
     sink = PostgresSink(server.dsn(db), "orders", name="orders", pipeline=PIPE)
     run(sink, 1)
@@ -179,8 +179,8 @@ def test_postmaster_killed_mid_apply_then_restarted(private_pg_server: PgServer)
     expect_exactly(server.dsn(db), [1, 2, 3])
 
 
-def test_postmaster_killed_between_prepare_and_commit(private_pg_server: PgServer) -> None:
-    server = private_pg_server
+def test_postmaster_killed_between_prepare_and_commit(durable_pg_server: PgServer) -> None:
+    server = durable_pg_server
     db = setup_db(server)
     sink = PostgresSink(
         server.dsn(db), "orders", name="orders", pipeline=PIPE, resolve_timeout_s=60

@@ -174,8 +174,8 @@ def test_commit_prepared_without_reply(pg_server: PgServer, db: str, fault: str)
 
 
 @pytest.mark.chaos
-def test_prepared_epoch_survives_kill9_of_the_postmaster(private_pg_server: PgServer) -> None:
-    server = private_pg_server
+def test_prepared_epoch_survives_kill9_of_the_postmaster(durable_pg_server: PgServer) -> None:
+    server = durable_pg_server
     name = setup_db(server)
     dsn = server.dsn(name)
     sink = PreparedPostgresSink(dsn, "orders", name="orders", pipeline=PIPE)
