@@ -18,10 +18,10 @@ So:
 - the resolver never terminates a backend that is waiting for replication
   (resolve.py), and confirms every "committed" it finds the same way.
 
-:func:`confirm_replicated` commits a tiny barrier transaction (it only takes
-an xid) under the same durability level: its commit record comes after the
-epoch's, and standbys apply WAL in order, so once the barrier is confirmed the
-epoch is on the standbys too. If it cannot be confirmed in time the outcome is
+:func:`confirm_replicated` commits a tiny barrier transaction (one logical
+WAL message) under the same durability level: its commit record comes after
+the epoch's, and standbys receive WAL in order, so once the barrier is
+confirmed the epoch is on the standbys too. If it cannot be confirmed in time the outcome is
 OutcomeUnknownError: the epoch stays committed-not-finalized in the progress
 log, a restart confirms it (or, after a failover that lost it, replays it).
 """
@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
+from psycopg import errors
 
 from reconcile.contract import OutcomeUnknownError
 
@@ -112,15 +113,27 @@ def confirm_replicated(conn: psycopg.Connection[Any], *, timeout_s: float, what:
     """
     autocommit = conn.autocommit
     try:
+        if autocommit:
+            conn.autocommit = False
         names = sync_standbys(conn)
         if not names:
+            conn.rollback()
             return  # no synchronous standby: the primary's own durability is all there is
-        conn.autocommit = False
         with watched(conn, timeout_s) as seen:
+            # The barrier must write WAL of its own: a commit that wrote none
+            # (an xid alone) does not wait for the standbys at all.
             conn.execute(
-                "SELECT " + SYNC_COMMIT_AT_LEAST_ON.format(local="true") + ", pg_current_xact_id()"
+                "SELECT "
+                + SYNC_COMMIT_AT_LEAST_ON.format(local="true")
+                + ", pg_logical_emit_message(true, 'reconcile', 'replication barrier')"
             )
             conn.commit()
+    except errors.InsufficientPrivilege as err:
+        raise OutcomeUnknownError(
+            f"{what}: committed on the primary, but it cannot be confirmed on the synchronous "
+            f"standby: {str(err).strip()}. Grant EXECUTE ON FUNCTION pg_logical_emit_message"
+            "(boolean, text, text) to the sink's role (the confirmation commits a WAL message)",
+        ) from None
     except psycopg.Error as err:
         raise OutcomeUnknownError(
             f"{what}: committed on the primary, but confirming it on the synchronous "
@@ -132,7 +145,8 @@ def confirm_replicated(conn: psycopg.Connection[Any], *, timeout_s: float, what:
         if not conn.closed and not conn.broken:
             with contextlib.suppress(psycopg.Error):
                 conn.rollback()
-                conn.autocommit = autocommit
+                if conn.autocommit != autocommit:
+                    conn.autocommit = autocommit
     if seen.unconfirmed:
         raise OutcomeUnknownError(
             f"{what}: committed on the primary, but the synchronous standby(s) "

@@ -241,11 +241,18 @@ def resolve_commit(
             #  - "in the future" after a failover: the old primary may have had it;
             #  - still "in progress" after the timeout (e.g. a synchronous standby
             #    that does not answer).
+            syncrep = (
+                " Its backend is still waiting for the synchronous standby, and is not "
+                "terminated: that would cut the wait and leave the commit on the primary only. "
+                "When the standby is back, a restart settles it"
+                if waiting == "SyncRep"
+                else ""
+            )
             raise OutcomeUnknownError(
                 f"postgres sink {sink!r}: cannot resolve the COMMIT of {describe}: "
                 f"pg_xact_status is {status or 'NULL'}{' (xid in the future)' if future else ''} "
                 f"and there is no marker in {state.display()}; reconcile the epoch with "
-                "pull-and-diff",
+                f"pull-and-diff.{syncrep}",
                 txn_id=str(txn.txn_id),
                 xid=txn.xid,
                 status=status,
