@@ -123,6 +123,24 @@ def test_fresh_state_never_reports_success_without_writing(
         again.start()
 
 
+def test_the_fence_row_tells_another_state_apart_even_without_markers(
+    pg_db: str, tmp_path: Path
+) -> None:
+    make_tables(pg_db, "a")
+    first = cycle(pg_db, tmp_path / "state1", "a", "transactional")
+    first.start()
+    run(first, range(3))
+    first.close()
+    # Retention (or an operator) removed the markers; the fence row stays.
+    with psycopg.connect(pg_db, autocommit=True) as conn:
+        conn.execute("DELETE FROM reconcile.reconcile_commits")
+    fresh = cycle(pg_db, tmp_path / "state2", "a", "transactional")
+    with pytest.raises(MarkerMismatchError) as err:
+        fresh.start()
+    assert "fence row" in str(err.value)
+    assert count(pg_db, "a") == 300 and count(pg_db, "a", "v >= 10000") == 0
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_every_marker_lookup_checks_the_target(pg_db: str, tmp_path: Path, mode: str) -> None:
     """The same progress log, the sink's table changed: an epoch marked for the old table."""
