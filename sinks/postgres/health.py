@@ -130,6 +130,7 @@ def settle_prepared(
     progress: ProgressState,
     pipeline: str,
     *,
+    committed: set[tuple[int, int]],
     apply: bool,
 ) -> list[Settlement]:
     """Commit or roll back the pipeline's prepared txns that no live writer will end.
@@ -141,14 +142,19 @@ def settle_prepared(
       generation belong to the live writer and are left alone;
     - the sink's fence row must belong to this progress log (otherwise the
       txn is another state's, and it is left alone);
-    - then exactly as ``CommitCycle.start()`` decides: the epoch is COMMITTED
-      or FINALIZED in the log, so the txn is committed; UNKNOWN (truncated
-      away) is left for pull-and-diff; anything else is rolled back.
+    - it is committed if its own generation passed the commit point of its
+      epoch (the log holds "committed" for that epoch by that generation):
+      what ``CommitCycle.start()`` would have done had the sink still been
+      declared; left alone if the log no longer knows the epoch (truncated:
+      pull-and-diff decides); rolled back otherwise (that attempt never
+      reached the commit point, even if a later one did).
 
     Args:
         conn: an autocommit connection to the sink database.
         progress: the pipeline's progress log state (``read_progress``).
         pipeline: the pipeline's name.
+        committed: every (epoch, generation) that the log records as having
+            reached COMMITTED.
         apply: False only reports what would be done.
 
     Raises:
@@ -166,19 +172,23 @@ def settle_prepared(
         elif owners.get(txn.sink) != {progress.log_id}:
             action, reason = (
                 "leave",
-                (
-                    f"sink {txn.sink!r}'s fence row belongs to "
-                    f"{sorted(map(str, owners.get(txn.sink, set())))}, not to this progress log"
-                ),
+                f"sink {txn.sink!r}'s fence row belongs to "
+                f"{sorted(map(str, owners.get(txn.sink, set())))}, not to this progress log",
             )
-        elif status in (EpochStatus.COMMITTED, EpochStatus.FINALIZED):
-            action, reason = "commit", f"epoch {txn.epoch} is {status.value} in the progress log"
+        elif (txn.epoch, txn.generation) in committed:
+            action, reason = (
+                "commit",
+                (f"generation {txn.generation} committed epoch {txn.epoch} in the progress log"),
+            )
         elif status is EpochStatus.UNKNOWN:
             action, reason = "leave", f"epoch {txn.epoch} is truncated from the log: pull-and-diff"
         else:
             action, reason = (
                 "abort",
-                (f"epoch {txn.epoch} is {status.value if status else 'unrecorded'} in the log"),
+                (
+                    f"generation {txn.generation} never committed epoch {txn.epoch} (the epoch is "
+                    f"{status.value if status else 'unrecorded'} in the log)"
+                ),
             )
         if apply and action != "leave":
             verb = "COMMIT PREPARED" if action == "commit" else "ROLLBACK PREPARED"
