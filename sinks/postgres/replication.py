@@ -29,8 +29,11 @@ log, a restart confirms it (or, after a failover that lost it, replays it).
 from __future__ import annotations
 
 import contextlib
+import itertools
+import math
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -57,6 +60,68 @@ class Watched:
         return self.cancelled or bool(self.warnings)
 
 
+class _Watchdog:
+    """One daemon thread that runs each registered action once its deadline passes.
+
+    A thread per COMMIT (threading.Timer) would cost a thread start and join
+    on every epoch; here registering and removing a deadline is a dict update
+    under a lock, and the thread is woken only for a deadline earlier than the
+    one it already waits for.
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._due: dict[int, tuple[float, Callable[[], None]]] = {}
+        self._keys = itertools.count()
+        self._wake_at = math.inf
+        self._firing: int | None = None
+        self._thread: threading.Thread | None = None
+
+    def add(self, timeout_s: float, action: Callable[[], None]) -> int:
+        with self._cond:
+            key = next(self._keys)
+            deadline = time.monotonic() + timeout_s
+            self._due[key] = (deadline, action)
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name="reconcile-commit-watchdog", daemon=True
+                )
+                self._thread.start()
+            elif deadline < self._wake_at:
+                self._cond.notify()
+            return key
+
+    def remove(self, key: int) -> None:
+        """Forget ``key``; if its action is running right now, wait until it is done."""
+        with self._cond:
+            self._due.pop(key, None)
+            while self._firing == key:
+                self._cond.wait()
+
+    def _run(self) -> None:
+        with self._cond:
+            while True:
+                now = time.monotonic()
+                for key in [k for k, (d, _) in self._due.items() if d <= now]:
+                    _, action = self._due.pop(key)
+                    self._firing = key
+                    self._cond.release()
+                    try:
+                        action()
+                    except Exception:  # an action reports through its own state
+                        pass
+                    finally:
+                        self._cond.acquire()
+                        self._firing = None
+                        self._cond.notify_all()
+                self._wake_at = min((d for d, _ in self._due.values()), default=math.inf)
+                wait = None if self._wake_at == math.inf else max(0.0, self._wake_at - now)
+                self._cond.wait(wait)
+
+
+_WATCHDOG = _Watchdog()
+
+
 @contextlib.contextmanager
 def watched(conn: psycopg.Connection[Any], timeout_s: float | None) -> Iterator[Watched]:
     """Run a commit-like statement with a client-side timeout and WARNING capture.
@@ -78,17 +143,12 @@ def watched(conn: psycopg.Connection[Any], timeout_s: float | None) -> Iterator[
             conn.cancel_safe(timeout=5.0)
 
     conn.add_notice_handler(on_notice)
-    timer = None
-    if timeout_s is not None:
-        timer = threading.Timer(timeout_s, cancel)
-        timer.daemon = True
-        timer.start()
+    key = None if timeout_s is None else _WATCHDOG.add(timeout_s, cancel)
     try:
         yield seen
     finally:
-        if timer is not None:
-            timer.cancel()
-            timer.join()
+        if key is not None:
+            _WATCHDOG.remove(key)
         conn.remove_notice_handler(on_notice)
 
 
