@@ -1,4 +1,4 @@
-"""The ``reconcile`` command line: run the demo pipeline, inspect a progress log."""
+"""The ``reconcile`` command line: the demo pipeline, a pipeline's status, Postgres housekeeping."""
 
 from __future__ import annotations
 
@@ -8,8 +8,12 @@ import logging
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from reconcile.contract import ReconcileError
+from reconcile.contract import ConfigurationError, ReconcileError
+
+if TYPE_CHECKING:
+    from reconcile.progress import ProgressState
 
 __all__ = ["main"]
 
@@ -32,10 +36,47 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--no-chaos", action="store_true", help="inject no faults")
     demo.add_argument("--json", action="store_true", help="print the report as JSON")
 
-    status = commands.add_parser("status", help="show a pipeline's progress log")
+    status = commands.add_parser(
+        "status", help="show a pipeline's progress (read-only; creates and repairs nothing)"
+    )
     status.add_argument("--state", type=Path, required=True, help="progress log folder")
     status.add_argument("--pipeline", required=True)
+    status.add_argument(
+        "--pg",
+        metavar="DSN",
+        help="also show the markers, fences and prepared txns in this database",
+    )
+    status.add_argument(
+        "--older-than",
+        type=float,
+        default=3600.0,
+        metavar="SECONDS",
+        help="flag prepared txns older than this (default 3600)",
+    )
     status.add_argument("--json", action="store_true")
+
+    pg = commands.add_parser("pg", help="PostgreSQL sink database housekeeping")
+    pg_commands = pg.add_subparsers(dest="pg_command", required=True)
+    for name, text in (
+        (
+            "prepared",
+            "list the pipeline's prepared txns (all sinks); --settle ends those "
+            "no live writer will",
+        ),
+        ("prune", "delete the markers that neither resolution nor restarts need (--apply)"),
+    ):
+        sub = pg_commands.add_parser(name, help=text)
+        sub.add_argument("--pg", metavar="DSN", required=True, help="the sink database")
+        sub.add_argument("--state", type=Path, required=True, help="progress log folder")
+        sub.add_argument("--pipeline", required=True)
+        sub.add_argument("--json", action="store_true")
+    pg_commands.choices["prepared"].add_argument(
+        "--settle", action="store_true", help="commit or roll back as the progress log decides"
+    )
+    prune = pg_commands.choices["prune"]
+    prune.add_argument("--keep-epochs", type=int, default=1000, help="newest epochs kept (1000)")
+    prune.add_argument("--state-schema", help="schema of reconcile_commits, if there are several")
+    prune.add_argument("--apply", action="store_true", help="delete (default: only count)")
     return parser
 
 
@@ -49,6 +90,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "demo":
             return _demo(args)
+        if args.command == "pg":
+            return _pg(args)
         return _status(args)
     except ReconcileError as exc:
         print(f"reconcile: error: {exc}", file=sys.stderr)
@@ -84,19 +127,119 @@ def _demo(args: argparse.Namespace) -> int:
     return 0 if report.audit_ok else 1
 
 
-def _status(args: argparse.Namespace) -> int:
-    from reconcile.progress import EpochStatus, FileProgressLog
+def _read_state(state: Path, pipeline: str) -> ProgressState:
+    """The pipeline's progress log, read without creating or repairing anything.
 
-    if not args.state.is_dir():
-        print(f"reconcile: error: no progress log folder {args.state}", file=sys.stderr)
-        return 2
-    log = FileProgressLog(args.state, args.pipeline)
-    summary = {
+    Raises:
+        ConfigurationError: no such folder or log; the message lists the logs
+            that the folder does hold (a misspelled --pipeline).
+    """
+    from reconcile.progress import read_progress
+
+    if not state.is_dir():
+        raise ConfigurationError(
+            f"no progress log folder {state}: check --state (nothing was created)"
+        )
+    try:
+        return read_progress(state, pipeline)
+    except ConfigurationError as exc:
+        held = sorted(
+            p.name.removesuffix(".progress.jsonl") for p in state.glob("*.progress.jsonl")
+        )
+        raise ConfigurationError(
+            f"{exc}: check --pipeline (logs in that folder: {held or 'none'}); nothing was created"
+        ) from None
+
+
+def _status(args: argparse.Namespace) -> int:
+    from reconcile.progress import EpochStatus
+
+    progress = _read_state(args.state, args.pipeline)
+    log_file = args.state / f"{args.pipeline}.progress.jsonl"
+    torn = not log_file.read_bytes().endswith(b"\n") and log_file.stat().st_size > 0
+    summary: dict[str, Any] = {
         "pipeline": args.pipeline,
-        "last_committed": log.last_committed(),
-        **{s.value: log.epochs_in(s) for s in EpochStatus if s is not EpochStatus.UNKNOWN},
+        "log_id": progress.log_id,
+        "generation": progress.generation,
+        "last_committed": progress.last_committed,
+        "truncated_below": progress.horizon,
+        **{s.value: progress.epochs_in(s) for s in EpochStatus if s is not EpochStatus.UNKNOWN},
+        "torn_tail": torn,
     }
-    print(json.dumps(summary) if args.json else "\n".join(f"{k}: {v}" for k, v in summary.items()))
+    if args.pg:
+        from sinks.postgres.admin import database_status
+
+        summary["postgres"] = database_status(
+            args.pg, args.pipeline, progress, older_than_s=args.older_than
+        )
+    if args.json:
+        print(json.dumps(summary))
+        return 0
+    for key, value in summary.items():
+        if key != "postgres":
+            print(f"{key}: {value}")
+    if torn:
+        print("note: the log's last line is torn (a crash mid-write); it was ignored, not repaired")
+    if "postgres" in summary:
+        _print_database(summary["postgres"])
+    return 0
+
+
+def _print_database(found: dict[str, Any]) -> None:
+    print(f"postgres: {found['database']}")
+    for schema in found["schemas"]:
+        print(f"  {schema['schema']}.reconcile_commits:")
+        for m in schema["markers"]:
+            whose = "this log" if m["this_log"] else f"ANOTHER log {m['log_id']!r}"
+            print(
+                f"    sink {m['sink']}: {m['markers']} markers, epochs {m['epochs'][0]}.."
+                f"{m['epochs'][1]} into {m['target']} by {whose} (generation <= "
+                f"{m['generation']}, last at {m['last_committed_at']})"
+            )
+        for f in schema["fences"]:
+            whose = "this log" if f["this_log"] else f"ANOTHER log {f['log_id']!r}"
+            print(f"    fence {f['sink']}: generation {f['generation']}, {whose}")
+    if not found["prepared"]:
+        print("  prepared transactions: none")
+    for p in found["prepared"]:
+        old = "  OLD" if p["older_than_threshold"] else ""
+        print(
+            f"  prepared {p['gid']}: {p['age_s']}s old, owner {p['owner']}, epoch "
+            f"{p['epoch_status']}{old}"
+        )
+
+
+def _pg(args: argparse.Namespace) -> int:
+    from sinks.postgres import admin
+
+    progress = _read_state(args.state, args.pipeline)
+    result: Any
+    if args.pg_command == "prepared":
+        result = admin.prepared(args.pg, args.pipeline, progress, args.state, apply=args.settle)
+        lines = [f"{r['gid']}: {r['action']} ({r['reason']})" for r in result]
+        lines = lines or ["no prepared transactions of this pipeline"]
+    else:
+        result = admin.prune(
+            args.pg,
+            args.pipeline,
+            progress,
+            keep_epochs=args.keep_epochs,
+            state_schema=args.state_schema,
+            apply=args.apply,
+        )
+        verb, count = (
+            ("deleted", result.get("deleted"))
+            if args.apply
+            else (
+                "would delete",
+                result.get("would_delete"),
+            )
+        )
+        lines = [
+            f"{result['schema']}.reconcile_commits: markers of log {result['log_id']} below "
+            f"epoch {result['below_epoch']}: {verb} {count}"
+        ]
+    print(json.dumps(result) if args.json else "\n".join(lines))
     return 0
 
 

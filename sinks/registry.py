@@ -10,7 +10,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 from reconcile.contract import ConfigurationError
 from sinks.base import TwoPhaseSink
 
-__all__ = ["open_sink", "register"]
+__all__ = ["open_sink", "redact_uri", "register"]
 
 # scheme -> (module, factory name, extra that provides its dependencies)
 _BUILTIN: dict[str, tuple[str, str, str | None]] = {
@@ -25,6 +25,30 @@ _BUILTIN: dict[str, tuple[str, str, str | None]] = {
 }
 _CUSTOM: dict[str, Callable[[str, str], TwoPhaseSink]] = {}
 
+# Query parameters whose values are secrets (libpq's password and sslpassword,
+# and the usual names of tokens): never shown in an error.
+_SECRET_QUERY_KEYS = frozenset(
+    {"password", "sslpassword", "passwd", "pwd", "secret", "token", "access_token", "api_key"}
+)
+
+
+def redact_uri(uri: str) -> str:
+    """``uri`` with the password of its user info and secret query values replaced by ***."""
+    try:
+        parts = urlsplit(uri)
+        netloc = parts.netloc
+        userinfo, at, host = netloc.rpartition("@")
+        if at and ":" in userinfo:
+            netloc = f"{userinfo.split(':', 1)[0]}:***@{host}"
+        query = "&".join(
+            f"{key}=***" if key.lower() in _SECRET_QUERY_KEYS else f"{key}={value}"
+            for key, value in parse_qsl(parts.query, keep_blank_values=True)
+        )
+        return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+    except ValueError:
+        # urlsplit refuses some strings (a bad IPv6 host): show nothing of them.
+        return "<a URI that cannot be parsed>"
+
 
 def register(scheme: str, factory: Callable[[str, str], TwoPhaseSink]) -> None:
     """Make ``open_sink`` build ``scheme://...`` sinks with ``factory(name, uri)``."""
@@ -37,18 +61,22 @@ def open_sink(name: str, uri: str) -> TwoPhaseSink:
     ``memory://`` (a process-local store), ``file:///path``, ``http(s)://host/base``,
     ``delta:///path`` (the Delta sink's tables under that folder), and
     ``postgresql://user:pw@host/db?table=T&mode=prepared`` (``table`` defaults to
-    the sink name, ``mode`` to transactional; other parameters go to libpq).
+    the sink name, ``mode`` to transactional; ``schema`` and ``state_schema`` are
+    the sink's options of those names; other parameters go to libpq).
 
     Raises:
         ConfigurationError: unknown scheme, or its module cannot be imported
-            (the error says which extra to install).
+            (the error says which extra to install). A URI in a message has its
+            password and secret query values replaced by ***.
     """
     scheme = urlsplit(uri).scheme
     if scheme in _CUSTOM:
         return _CUSTOM[scheme](name, uri)
     if scheme not in _BUILTIN:
         known = sorted({*_BUILTIN, *_CUSTOM})
-        raise ConfigurationError(f"sink {name!r}: unknown scheme in {uri!r}; known: {known}")
+        raise ConfigurationError(
+            f"sink {name!r}: unknown scheme in {redact_uri(uri)!r}; known: {known}"
+        )
     module_name, factory_name, extra = _BUILTIN[scheme]
     try:
         module = importlib.import_module(module_name)
@@ -80,11 +108,12 @@ def _postgres(name: str, uri: str) -> TwoPhaseSink:
 
     parts = urlsplit(uri)
     params = parse_qsl(parts.query, keep_blank_values=True)
-    ours = {k: v for k, v in params if k in ("table", "mode")}
+    ours = {k: v for k, v in params if k in ("table", "mode", "schema", "state_schema")}
     libpq = urlencode([(k, v) for k, v in params if k not in ours])
     dsn = urlunsplit((parts.scheme, parts.netloc, parts.path, libpq, ""))
+    options = {k: ours[k] for k in ("schema", "state_schema") if k in ours}
     return postgres_sink(
-        dsn, ours.get("table", name), mode=ours.get("mode", "transactional"), name=name
+        dsn, ours.get("table", name), mode=ours.get("mode", "transactional"), name=name, **options
     )
 
 
@@ -98,7 +127,8 @@ def _local_path(name: str, uri: str) -> str:
     parts = urlsplit(uri)
     if parts.netloc not in ("", "localhost"):
         raise ConfigurationError(
-            f"sink {name!r}: {parts.scheme} URI {uri!r} must be local ({parts.scheme}:///path)"
+            f"sink {name!r}: {parts.scheme} URI {redact_uri(uri)!r} must be local "
+            f"({parts.scheme}:///path)"
         )
     return parts.path
 

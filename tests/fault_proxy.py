@@ -9,13 +9,14 @@ import struct
 import threading
 from dataclasses import dataclass, field
 
-__all__ = ["FaultProxy"]
+__all__ = ["CUT_AFTER_COMMIT_SENT", "DROP_AFTER_COMMIT", "DROP_BEFORE_COMMIT", "FaultProxy"]
 
 _COMMIT = re.compile(rb"^\s*COMMIT(\s+PREPARED)?\b", re.IGNORECASE)
 _UNTYPED_REQUESTS = {80877103, 80877104, 80877102}  # SSLRequest, GSSENCRequest, CancelRequest
 
 DROP_BEFORE_COMMIT = "drop_before_commit"
 DROP_AFTER_COMMIT = "drop_after_commit"
+CUT_AFTER_COMMIT_SENT = "cut_after_commit_sent"
 
 
 def _recv_exact(sock: socket.socket, n: int) -> bytes:
@@ -61,6 +62,10 @@ class FaultProxy:
     ``arm(DROP_AFTER_COMMIT)``: the next COMMIT is forwarded, the server's
     reply is swallowed, and both sides are disconnected once it arrived (the
     server committed, the client does not know).
+    ``arm(CUT_AFTER_COMMIT_SENT)``: the next COMMIT is forwarded and both sides
+    are disconnected at once, without waiting for the server: the COMMIT may
+    still be running (e.g. waiting for a synchronous standby) when the client
+    starts to ask what became of it.
     """
 
     def __init__(self, upstream_port: int, upstream_host: str = "127.0.0.1") -> None:
@@ -79,7 +84,7 @@ class FaultProxy:
         threading.Thread(target=self._accept, daemon=True, name="fault-proxy").start()
 
     def arm(self, fault: str) -> None:
-        assert fault in (DROP_BEFORE_COMMIT, DROP_AFTER_COMMIT)
+        assert fault in (DROP_BEFORE_COMMIT, DROP_AFTER_COMMIT, CUT_AFTER_COMMIT_SENT)
         with self._lock:
             self._armed = fault
             self.fired.clear()
@@ -117,10 +122,12 @@ class FaultProxy:
                 link.server.sendall(head + rest)
                 if code not in _UNTYPED_REQUESTS:
                     break
+            cut_pending = False  # an extended-protocol COMMIT runs at the next Sync
             while not link.closed.is_set():
                 kind = _recv_exact(link.client, 1)
                 (length,) = struct.unpack("!i", _recv_exact(link.client, 4))
                 body = _recv_exact(link.client, length - 4)
+                fault = None
                 if _is_commit(kind, body):
                     self.commits_seen += 1
                     fault = self._take()
@@ -133,6 +140,11 @@ class FaultProxy:
                         # COMMIT (the client waits for it): swallow them.
                         link.swallow.set()
                 link.server.sendall(kind + struct.pack("!i", length) + body)
+                cut_pending = cut_pending or fault == CUT_AFTER_COMMIT_SENT
+                if cut_pending and kind in (b"Q", b"S"):
+                    self.fired.set()
+                    link.close()
+                    return
         except (OSError, ConnectionError, struct.error):
             link.close()
 

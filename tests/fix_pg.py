@@ -154,6 +154,10 @@ class PgServer:
             "full_page_writes": "off",
             "shared_buffers": "128MB",
             "log_min_messages": "warning",
+            # The sinks keep their marker and fence tables in the schema
+            # "reconcile" by default; tests (and harnesses) that read them by
+            # their bare names find them there.
+            "search_path": '"$user", public, reconcile',
         }
         self.settings.update(settings)
         conf = "".join(f"{k} = '{v}'\n" for k, v in self.settings.items())
@@ -277,6 +281,142 @@ def private_pg_server() -> Iterator[PgServer]:
     server = PgServer()
     yield server
     server.stop()
+
+
+@pytest.fixture
+def durable_pg_server() -> Iterator[PgServer]:
+    """A server of the test's own with fsync and full-page writes on, as in production.
+
+    For the tests whose point is durability: kill -9 of the postmaster, crash
+    recovery, an acknowledged epoch that must survive them. (The other test
+    servers run with fsync off, which only an OS crash could tell apart.)
+    """
+    server = PgServer(fsync="on", full_page_writes="on")
+    yield server
+    server.stop()
+
+
+class PgStandby:
+    """A streaming standby of a :class:`PgServer` (``pg_basebackup -R``), on its own port.
+
+    It can be stopped and started (a synchronous primary then waits for it),
+    cut off from its primary and promoted (a failover).
+    """
+
+    def __init__(self, primary: PgServer, name: str = "standby1") -> None:
+        self.primary, self.name = primary, name
+        self.root = Path(tempfile.mkdtemp(prefix="reconcile-pgsb-"))
+        _chown(self.root)
+        self.data = self.root / "data"
+        self.port = free_port()
+        _watchdog(self.root, self.data)
+        _run(
+            [
+                *_as_postgres(),
+                str(pg_bindir() / "pg_basebackup"),
+                "-D",
+                str(self.data),
+                "-h",
+                "127.0.0.1",
+                "-p",
+                str(primary.port),
+                "-U",
+                "postgres",
+                "-R",
+                "-X",
+                "stream",
+                "-c",
+                "fast",
+                "--no-sync",
+            ]
+        )
+        # The copied postgresql.auto.conf carries the primary's port and socket
+        # folder, and -R appended primary_conninfo: later lines win.
+        self._conninfo = f"host=127.0.0.1 port={primary.port} user=postgres application_name={name}"
+        self._configure(self._conninfo)
+        self.start()
+
+    def _configure(self, primary_conninfo: str) -> None:
+        settings = {
+            "port": self.port,
+            "unix_socket_directories": str(self.root),
+            "primary_conninfo": primary_conninfo,
+        }
+        with (self.data / "postgresql.auto.conf").open("a") as conf:
+            conf.write("".join(f"{k} = '{v}'\n" for k, v in settings.items()))
+
+    def _pg_ctl(self, *args: str) -> None:
+        _run([*_as_postgres(), str(pg_bindir() / "pg_ctl"), "-D", str(self.data), *args])
+
+    def start(self) -> None:
+        self._pg_ctl("-l", str(self.root / "server.log"), "-w", "-t", "60", "start")
+
+    def stop(self) -> None:
+        self._pg_ctl("-m", "fast", "-w", "stop")
+
+    def wait_caught_up(self, timeout: float = 60) -> None:
+        """Until the primary sees this standby flush everything it has written."""
+        deadline = time.monotonic() + timeout
+        with self.primary.connect() as conn:
+            while True:
+                row = conn.execute(
+                    "SELECT flush_lsn >= pg_current_wal_flush_lsn() FROM pg_stat_replication "
+                    "WHERE application_name = %s",
+                    (self.name,),
+                ).fetchone()
+                if row is not None and row[0]:
+                    return
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"standby {self.name} did not catch up")
+                time.sleep(0.05)
+
+    def promote_cut_off(self) -> None:
+        """Fail over to this standby with what it has now: cut it off, start it, promote it."""
+        self._configure("")
+        self.start()
+        self._pg_ctl("-w", "promote")
+
+    def dsn(self, dbname: str = "postgres", **extra: str) -> str:
+        parts = {
+            "host": "127.0.0.1",
+            "port": str(self.port),
+            "dbname": dbname,
+            "user": "postgres",
+            "sslmode": "disable",
+            "gssencmode": "disable",
+            **extra,
+        }
+        return " ".join(f"{k}={v}" for k, v in parts.items())
+
+    def connect(self, dbname: str = "postgres") -> psycopg.Connection[Any]:
+        return psycopg.connect(self.dsn(dbname), autocommit=True)
+
+    def close(self) -> None:
+        with contextlib.suppress(RuntimeError, subprocess.TimeoutExpired):
+            self._pg_ctl("-m", "immediate", "stop")
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+@pytest.fixture
+def sync_standby_pair() -> Iterator[tuple[PgServer, PgStandby]]:
+    """A primary whose commits wait for one synchronous standby, and that standby.
+
+    ``synchronous_standby_names = '*'`` is set once the standby streams (a
+    setting in force earlier would make the set-up's own commits wait).
+    """
+    primary = PgServer()
+    standby: PgStandby | None = None
+    try:
+        standby = PgStandby(primary)
+        with primary.connect() as conn:
+            conn.execute("ALTER SYSTEM SET synchronous_standby_names = '*'")
+            conn.execute("SELECT pg_reload_conf()")
+        standby.wait_caught_up()
+        yield primary, standby
+    finally:
+        if standby is not None:
+            standby.close()
+        primary.stop()
 
 
 # ---------------------------------------------------------------------------

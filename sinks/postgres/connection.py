@@ -1,36 +1,61 @@
-"""Connection targets for the Postgres sink: DSN / SQLAlchemy URL parsing and password redaction."""
+"""Postgres connection targets: DSN / SQLAlchemy URL parsing, secrets, connect errors."""
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import quote, unquote
+from urllib.parse import quote
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from reconcile.contract import ConfigurationError
+from reconcile.contract import ConfigurationError, ReconcileError, RetryableError
 
-__all__ = ["PgTarget", "redact_text"]
+__all__ = ["SECRET_PARAMS", "PgTarget", "connect_failure", "redact_text"]
 
 REDACTED = "***"
+
+# libpq parameters whose values are secrets: kept out of ``params`` (and so out
+# of every repr), and redacted from every message by literal value.
+SECRET_PARAMS = ("password", "sslpassword")
 
 # postgresql+psycopg://, postgresql+psycopg2://, postgres+asyncpg://: the
 # SQLAlchemy dialect+driver prefix. libpq understands only the bare scheme.
 _SQLALCHEMY_SCHEME = re.compile(r"^(postgresql|postgres)\+[A-Za-z0-9_]+://")
 _URI_PASSWORD = re.compile(r"(://[^:/@\s]*:)[^@\s]*(@)")
-_KV_PASSWORD = re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", re.IGNORECASE)
+# key=value form, and the same keys as URI query parameters (?sslpassword=...).
+_KV_PASSWORD = re.compile(r"((?:ssl)?password\s*=\s*)('(?:[^'\\]|\\.)*'|[^\s&]+)", re.IGNORECASE)
+
+# Server answers to a connection attempt that no retry can fix: libpq reports
+# them as text only (no SQLSTATE reaches the client before the session
+# exists), so they are recognised by the server's (English) message. A server
+# with another lc_messages gives other words: those failures are then
+# classified as retryable, which is safe (retried, never guessed), only slower.
+_TERMINAL_CONNECT = re.compile(
+    r"password authentication failed|authentication failed for user|"
+    r"role \"[^\"]*\" does not exist|database \"[^\"]*\" does not exist|"
+    r"no pg_hba\.conf entry|no password supplied|password is required|"
+    r"is not permitted to log in|permission denied for database|"
+    r"invalid (?:connection option|sslmode value|port number)|"
+    r"server does not support SSL",
+    re.IGNORECASE,
+)
 
 
-def redact_text(text: str, password: str | None = None) -> str:
-    """Remove a password from ``text``: its literal value and any DSN-shaped occurrence.
+def redact_text(text: str, *secrets: str | None) -> str:
+    """Remove secrets from ``text``: their literal values and any DSN-shaped occurrence.
 
     Used on every message this package logs or raises, including messages that
-    come from libpq or the server, which may echo a connection string.
+    come from libpq or the server, which may echo a connection string. Each
+    secret is removed as given and in its percent-encoded forms (as it appears
+    inside a URI).
     """
-    if password:
-        for variant in {password, quote(password, safe=""), quote(password)}:
+    for secret in secrets:
+        if not secret:
+            continue
+        variants = {secret, quote(secret, safe=""), quote(secret)}
+        for variant in sorted(variants, key=len, reverse=True):
             text = text.replace(variant, REDACTED)
     text = _URI_PASSWORD.sub(rf"\g<1>{REDACTED}\g<2>", text)
     return _KV_PASSWORD.sub(rf"\g<1>{REDACTED}", text)
@@ -38,7 +63,7 @@ def redact_text(text: str, password: str | None = None) -> str:
 
 @dataclass(frozen=True)
 class PgTarget:
-    """Where a sink connects: libpq parameters, with the password kept out of every repr.
+    """Where a sink connects: libpq parameters, with the secrets kept out of every repr.
 
     Build it with :meth:`parse` from a libpq DSN (``host=... dbname=...``), a
     libpq URI (``postgresql://user:pw@host/db``) or an SQLAlchemy URL
@@ -47,6 +72,7 @@ class PgTarget:
 
     params: dict[str, str]
     password: str | None = field(default=None, repr=False, compare=False)
+    secrets: dict[str, str] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
     def parse(cls, dsn: str | PgTarget) -> PgTarget:
@@ -54,7 +80,7 @@ class PgTarget:
 
         Raises:
             ConfigurationError: if it is not a connection string; the message
-                never contains the password.
+                never contains a secret.
         """
         if isinstance(dsn, PgTarget):
             return dsn
@@ -65,24 +91,30 @@ class PgTarget:
             )
         text = _SQLALCHEMY_SCHEME.sub("postgresql://", dsn.strip(), count=1)
         try:
+            # libpq's own parser: it percent-decodes a URI's user info and
+            # query once, which is all the decoding there is. Decoding again
+            # here would turn a literal '%41' in a password into 'A'.
             params = {k: str(v) for k, v in conninfo_to_dict(text).items() if v is not None}
         except psycopg.Error as err:
             raise ConfigurationError(
                 "postgres sink: cannot parse connection string "
                 f"{redact_text(text)!r}: {redact_text(str(err))}"
             ) from None
-        password = params.pop("password", None)
-        if password is not None and "://" in text:
-            password = unquote(password)
-        return cls(params=params, password=password)
+        secrets = {k: params.pop(k) for k in SECRET_PARAMS if k in params}
+        return cls(params=params, password=secrets.get("password"), secrets=secrets)
 
     def conninfo(self, **overrides: Any) -> str:
-        """The libpq conninfo string, password included: pass it to libpq only, never print it."""
+        """The libpq conninfo string, secrets included: pass it to libpq only, never print it."""
         params: dict[str, Any] = dict(self.params)
-        if self.password is not None:
-            params["password"] = self.password
+        params.update(self._all_secrets())
         params.update({k: v for k, v in overrides.items() if v is not None})
         return make_conninfo(**params)
+
+    def _all_secrets(self) -> dict[str, str]:
+        found = dict(self.secrets)
+        if self.password is not None:
+            found["password"] = self.password
+        return found
 
     def describe(self) -> str:
         """``user@host:port/dbname``: safe to log and to put in errors."""
@@ -93,14 +125,15 @@ class PgTarget:
         return f"{user + '@' if user else ''}{host}{':' + port if port else ''}/{dbname}"
 
     def redact(self, text: str) -> str:
-        """``text`` with this target's password removed."""
-        return redact_text(text, self.password)
+        """``text`` with this target's secrets removed."""
+        return redact_text(text, *self._all_secrets().values())
 
     def connect(self, *, autocommit: bool = False, **overrides: Any) -> psycopg.Connection[Any]:
         """Open a connection.
 
         Raises:
-            psycopg.OperationalError: with the password redacted from its message.
+            psycopg.OperationalError: with the secrets redacted from its message
+                (and without the failed connection object, which holds them).
         """
         try:
             return psycopg.connect(self.conninfo(**overrides), autocommit=autocommit)
@@ -109,8 +142,35 @@ class PgTarget:
 
     def __repr__(self) -> str:
         shown = dict(self.params)
-        if self.password is not None:
-            shown["password"] = REDACTED
+        for key in self._all_secrets():
+            shown[key] = REDACTED
         return f"PgTarget({shown!r})"
 
     __str__ = describe
+
+
+def connect_failure(target: PgTarget, err: psycopg.Error, what: str) -> ReconcileError:
+    """Sort a failed connection attempt: wrong credentials or names are terminal.
+
+    Args:
+        target: where the attempt went (for the message; secrets redacted).
+        err: the error libpq raised.
+        what: who tried, e.g. "postgres sink 'orders'".
+
+    Returns:
+        ConfigurationError for a wrong password, an unknown role or database,
+        a pg_hba.conf refusal or a bad option (no retry can fix them);
+        RetryableError for everything else (the server is down, starting,
+        restarting, out of connection slots, unreachable).
+    """
+    text = target.redact(str(err)).strip()
+    if _TERMINAL_CONNECT.search(text):
+        return ConfigurationError(
+            f"{what}: cannot connect to {target.describe()}: {text}. Fix the connection "
+            "settings (user, password, database, pg_hba.conf); retrying cannot help",
+            target=target.describe(),
+        )
+    return RetryableError(
+        f"{what}: cannot reach {target.describe()} (will retry): {text}",
+        target=target.describe(),
+    )

@@ -9,11 +9,16 @@ from typing import Any
 import psycopg
 from psycopg import errors, sql
 
+from reconcile import hooks
 from reconcile.contract import (
     OK,
     ConfigurationError,
     Fatal,
+    FencedError,
+    MarkerMismatchError,
+    Ok,
     OutcomeUnknownError,
+    ReconcileError,
     Retryable,
     RetryableError,
     SinkOutcome,
@@ -22,6 +27,11 @@ from reconcile.contract import (
 )
 
 from .apply import apply_with_arrays
+from .client import FENCE_CHECKED
+from .health import warn_old_prepared
+from .markers import MARKERS_TABLE, SYNC_COMMIT_AT_LEAST_ON
+from .ownership import check_marker
+from .replication import confirm_replicated, watched
 from .resolve import InFlightTxn, Resolution, resolve_commit
 from .session import Session
 from .sink import PostgresSink
@@ -68,6 +78,11 @@ class PreparedPostgresSink(PostgresSink):
                 "on a standby too) and restart the server, or use transactional mode"
             )
 
+    def _after_start_up(self, conn: psycopg.Connection[Any], pipeline: str) -> None:
+        # recover() lists only this sink's txns; a renamed or removed sink's
+        # stay prepared (and pin VACUUM) until someone ends them: say so.
+        warn_old_prepared(conn, pipeline, self.prepared_warn_after_s, self._what())
+
     # -- helpers ----------------------------------------------------------------
 
     def _prepared_here(self, conn: psycopg.Connection[Any]) -> list[SinkTxnId]:
@@ -84,15 +99,36 @@ class PreparedPostgresSink(PostgresSink):
                 found.append(txn_id)
         return found
 
-    @staticmethod
-    def _finish(conn: psycopg.Connection[Any], verb: str, txn_id: SinkTxnId) -> None:
-        """COMMIT PREPARED / ROLLBACK PREPARED, which must run outside a txn block."""
+    def _finish(self, conn: psycopg.Connection[Any], verb: str, txn_id: SinkTxnId) -> bool:
+        """COMMIT PREPARED / ROLLBACK PREPARED, which must run outside a txn block.
+
+        Returns True if the statement came back after a cancel or with a
+        WARNING (a synchronous-replication wait that may have been cut short).
+        """
         conn.autocommit = True
         try:
-            conn.execute(sql.SQL(verb + " {}").format(sql.Literal(str(txn_id))))
+            if verb == "COMMIT PREPARED":
+                # The prepared txn's own SET LOCAL is gone: the level of this
+                # session applies to its commit record.
+                conn.execute("SELECT " + SYNC_COMMIT_AT_LEAST_ON.format(local="false"))
+            with watched(conn, self.commit_timeout_s) as seen:
+                conn.execute(sql.SQL(verb + " {}").format(sql.Literal(str(txn_id))))
+            return seen.unconfirmed
         finally:
             if not conn.closed:
                 conn.autocommit = False
+
+    def _marker_outcome(
+        self, conn: psycopg.Connection[Any], txn_id: SinkTxnId, where: str
+    ) -> SinkOutcome | None:
+        """OK: this writer's marker shows the epoch committed; Fatal: another's; None: none."""
+        self.setup()
+        assert self._state is not None
+        marker = self._state.find_marker(conn, txn_id.pipeline, self.name, txn_id.epoch)
+        if marker is None:
+            return None
+        mismatch = check_marker(marker, self._scope(txn_id.pipeline), self._state, where=where)
+        return OK if mismatch is None else Fatal.of(mismatch)
 
     # -- the contract -------------------------------------------------------------
 
@@ -107,6 +143,7 @@ class PreparedPostgresSink(PostgresSink):
         conn = session.conn
         state, schema = self._state, self._schema
         assert state is not None and schema is not None
+        scope = self._scope(txn_id.pipeline)
         try:
             self._ensure_pipeline(session, txn_id.pipeline)
             # Preparing a prepared epoch replaces it. A prepared txn of this
@@ -117,10 +154,12 @@ class PreparedPostgresSink(PostgresSink):
                 if other.generation > txn_id.generation:
                     conn.rollback()
                     self._release(session)
-                    return Fatal(
-                        f"postgres sink {self.name!r}: writer generation {txn_id.generation} "
-                        f"is fenced off: {other} is prepared by a newer generation; nothing "
-                        "was written"
+                    return Fatal.of(
+                        FencedError(
+                            f"postgres sink {self.name!r}: writer generation "
+                            f"{txn_id.generation} is fenced off: {other} is prepared by a "
+                            "newer generation; nothing was written"
+                        )
                     )
                 conn.rollback()
                 self._finish(conn, "ROLLBACK PREPARED", other)
@@ -129,7 +168,10 @@ class PreparedPostgresSink(PostgresSink):
                 if start.marker is not None:
                     conn.rollback()
                     self._release(session)
-                    return OK  # already committed: commit() will find the marker
+                    # Already committed by this writer (commit() will find the
+                    # marker), or by another state: an error, never skipped.
+                    mismatch = check_marker(start.marker, scope, state, where="prepare")
+                    return OK if mismatch is None else Fatal.of(mismatch)
                 if batch is None:
                     conn.rollback()
                     self._release(session)
@@ -138,25 +180,31 @@ class PreparedPostgresSink(PostgresSink):
                     # A takeover waits for the older generation's prepared
                     # txns, which only recover() + commit/abort can end.
                     cur.execute(f"SET LOCAL lock_timeout = {_TAKEOVER_LOCK_TIMEOUT_MS}")
-                fenced = self._check_fence(cur, txn_id, start.fence_generation)
+                fenced = self._check_fence(cur, txn_id, start.fence)
                 if fenced is not None:
                     conn.rollback()
                     self._release(session)
                     return fenced
+                hooks.point(FENCE_CHECKED)
                 apply_with_arrays(cur, schema, batch, txn_id.epoch, append_only=self.append_only)
                 state.insert_marker(
                     cur,
-                    txn_id.pipeline,
-                    self.name,
-                    txn_id.epoch,
+                    txn_id.key,
+                    (schema.schema, schema.table),
+                    scope.log_id,
                     txn_id.generation,
                     batch.row_count,
                 )
-                cur.execute(sql.SQL("PREPARE TRANSACTION {}").format(sql.Literal(str(txn_id))))
+                with watched(conn, self.commit_timeout_s) as seen:
+                    cur.execute(sql.SQL("PREPARE TRANSACTION {}").format(sql.Literal(str(txn_id))))
+        except MarkerMismatchError as err:
+            self._rollback_quietly(session)
+            return Fatal.of(err)
         except errors.UniqueViolation as err:
             self._rollback_quietly(session)
-            if err.diag.table_name == "reconcile_commits":
-                return OK  # committed meanwhile by another writer
+            if err.diag.table_name == MARKERS_TABLE:
+                # Committed meanwhile by another writer: OK only if it is ours.
+                return self._committed_by_other(txn_id)
             return self._classify("prepare", txn_id, err)
         except psycopg.Error as err:
             # If PREPARE TRANSACTION itself lost its reply, the txn may be
@@ -166,6 +214,14 @@ class PreparedPostgresSink(PostgresSink):
             return self._classify("prepare", txn_id, err)
         self._inflight[txn_id.key] = start.xid
         self._release(session)
+        if seen.unconfirmed:
+            # PREPARE waited for the synchronous standbys and was cut short: the
+            # prepared txn may be on the primary only. Not durable enough to
+            # say OK; the cycle aborts the epoch and tries again.
+            return Retryable(
+                f"postgres sink {self.name!r}: PREPARE TRANSACTION {txn_id} was not confirmed "
+                "by the synchronous standby in time; abort and retry the epoch"
+            )
         return OK
 
     def commit(self, txn_id: SinkTxnId) -> SinkOutcome:
@@ -181,7 +237,7 @@ class PreparedPostgresSink(PostgresSink):
             try:
                 session = self._session()
             except psycopg.Error as err:
-                return Retryable(self._describe_error("commit", txn_id, err))
+                return self._connect_outcome("commit", txn_id, err)
             outcome = self._commit_once(session, txn_id)
             if outcome is not None:
                 return outcome
@@ -195,6 +251,7 @@ class PreparedPostgresSink(PostgresSink):
         """One COMMIT PREPARED attempt; None means "still prepared, try again"."""
         conn = session.conn
         state = self._state
+        what = f"postgres sink {self.name!r}: COMMIT PREPARED {txn_id}"
         try:
             target = txn_id  # the gid to commit (idempotency keys on the epoch)
             same_epoch = [t for t in self._prepared_here(conn) if t.key == txn_id.key]
@@ -204,43 +261,55 @@ class PreparedPostgresSink(PostgresSink):
             listed = [t for t in same_epoch if t.generation <= txn_id.generation]
             if same_epoch and not listed:
                 self._release(session)
-                return Fatal(
-                    f"postgres sink {self.name!r}: writer generation {txn_id.generation} is "
-                    f"fenced off: {same_epoch[0]} is prepared by a newer generation"
+                return Fatal.of(
+                    FencedError(
+                        f"postgres sink {self.name!r}: writer generation {txn_id.generation} "
+                        f"is fenced off: {same_epoch[0]} is prepared by a newer generation"
+                    )
                 )
             if listed and txn_id not in listed:
                 target = max(listed, key=lambda t: t.generation)
             if not listed:
-                self.setup()
-                state = self._state
-                assert state is not None
-                marker = state.find_marker(conn, txn_id.pipeline, self.name, txn_id.epoch)
+                found = self._marker_outcome(conn, txn_id, "commit")
+                if isinstance(found, Ok):
+                    # In on the primary; reported only once the standbys hold it.
+                    confirm_replicated(conn, timeout_s=self.resolve_timeout_s, what=what)
                 conn.rollback()
                 self._release(session)
-                if marker is not None:
-                    self._forget(txn_id)
-                    return OK
+                if found is not None:
+                    if isinstance(found, Ok):
+                        self._forget(txn_id)
+                    return found
                 return Fatal(
                     f"postgres sink {self.name!r}: {txn_id} is neither prepared nor committed "
                     "(no marker): it was rolled back; replay the epoch"
                 )
-            self._finish(conn, "COMMIT PREPARED", target)
+            if self._finish(conn, "COMMIT PREPARED", target):
+                confirm_replicated(conn, timeout_s=self.resolve_timeout_s, what=what)
+        except (ConfigurationError, RetryableError, MarkerMismatchError) as err:
+            self._rollback_quietly(session)
+            return self._outcome(err)
         except psycopg.Error as err:
             log.warning("%s", self._describe_error("COMMIT PREPARED", txn_id, err))
             conn.close()
             xid = self._inflight.get(txn_id.key)
             if xid is None or state is None:
                 return None  # no xid known here: look at pg_prepared_xacts again
-            resolution = resolve_commit(
-                self.target,
-                state,
-                InFlightTxn(txn_id, xid, session.backend, str(target)),
-                timeout=self.resolve_timeout_s,
-                app=self.application_name,
-            )
-            if resolution is Resolution.PREPARED:
+            try:
+                resolved = resolve_commit(
+                    self.target,
+                    state,
+                    InFlightTxn(txn_id, xid, session.backend, str(target)),
+                    scope=self._scope(txn_id.pipeline),
+                    timeout=self.resolve_timeout_s,
+                    app=self.application_name,
+                )
+            except MarkerMismatchError as mismatch:
+                return Fatal.of(mismatch)
+            self.last_resolution = resolved
+            if resolved.resolution is Resolution.PREPARED:
                 return None
-            if resolution is Resolution.ABORTED:
+            if resolved.resolution is Resolution.ABORTED:
                 return Retryable(
                     f"postgres sink {self.name!r}: prepared txn {txn_id} (xid {xid}) was rolled "
                     "back; retry the epoch"
@@ -263,7 +332,7 @@ class PreparedPostgresSink(PostgresSink):
         try:
             session = self._session()
         except psycopg.Error as err:
-            return Retryable(self._describe_error("abort", txn_id, err))
+            return self._connect_outcome("abort", txn_id, err)
         conn = session.conn
         try:
             listed = [t for t in self._prepared_here(conn) if t.key == txn_id.key]
@@ -276,19 +345,19 @@ class PreparedPostgresSink(PostgresSink):
                     except errors.UndefinedObject:
                         conn.rollback()  # finished meanwhile by someone else
             if not listed:
-                self.setup()
-                assert self._state is not None
-                marker = self._state.find_marker(conn, txn_id.pipeline, self.name, txn_id.epoch)
+                found = self._marker_outcome(conn, txn_id, "abort")
                 conn.rollback()
-                if marker is not None:
+                if found is not None:
                     self._release(session)
-                    return Fatal(
-                        f"postgres sink {self.name!r}: abort of {txn_id}, an epoch that is "
-                        "already committed; committed data stays"
-                    )
-        except ConfigurationError as err:
+                    if isinstance(found, Ok):
+                        return Fatal(
+                            f"postgres sink {self.name!r}: abort of {txn_id}, an epoch that "
+                            "is already committed; committed data stays"
+                        )
+                    return found
+        except ReconcileError as err:
             self._rollback_quietly(session)
-            return Fatal(self.target.redact(str(err)))
+            return self._outcome(err)
         except psycopg.Error as err:
             self._rollback_quietly(session)
             return Retryable(self._describe_error("abort", txn_id, err))

@@ -12,6 +12,7 @@ import pytest
 
 from reconcile.contract import OK, Retryable, SinkOutcome, SinkTxnId
 from sinks.postgres import PostgresSink
+from sinks.postgres.resolve import Evidence, Resolution
 from tests.fault_proxy import DROP_AFTER_COMMIT, DROP_BEFORE_COMMIT, FaultProxy
 from tests.fix_pg import PgServer
 
@@ -75,6 +76,10 @@ def test_commit_reply_lost_is_resolved_as_committed(pg_server: PgServer, proxy: 
     # the marker confirms it, so commit() is OK without a second write.
     assert sink.commit(txn(2)) == OK
     assert proxy.fired.is_set()
+    # The xid's own status decided; the marker only confirmed it.
+    assert sink.last_resolution is not None
+    assert sink.last_resolution.resolution is Resolution.COMMITTED
+    assert sink.last_resolution.decided_by is Evidence.XID_STATUS
     expect_exactly(pg_server.dsn(db), [1, 2])
     # The coordinator may retry the commit, or replay the epoch: still once.
     assert sink.commit(txn(2)) == OK
@@ -93,6 +98,9 @@ def test_commit_never_sent_is_resolved_as_aborted(pg_server: PgServer, proxy: Fa
     outcome = sink.commit(txn(2))
     assert proxy.fired.is_set()
     assert isinstance(outcome, Retryable) and "did not take effect" in outcome.reason
+    assert sink.last_resolution is not None
+    assert sink.last_resolution.resolution is Resolution.ABORTED
+    assert sink.last_resolution.decided_by is Evidence.XID_STATUS
     expect_exactly(pg_server.dsn(db), [1])
     # Retry of the same epoch (the rows are still staged).
     assert sink.prepare(txn(2)) == OK
@@ -160,8 +168,8 @@ def test_statement_timeout_during_apply(pg_server: PgServer) -> None:
     expect_exactly(pg_server.dsn(db), [1, 2])
 
 
-def test_postmaster_killed_mid_apply_then_restarted(private_pg_server: PgServer) -> None:
-    server = private_pg_server
+def test_postmaster_killed_mid_apply_then_restarted(durable_pg_server: PgServer) -> None:
+    server = durable_pg_server
     db = setup_db(server)
     sink = PostgresSink(server.dsn(db), "orders", name="orders", pipeline=PIPE)
     run(sink, 1)
@@ -179,8 +187,8 @@ def test_postmaster_killed_mid_apply_then_restarted(private_pg_server: PgServer)
     expect_exactly(server.dsn(db), [1, 2, 3])
 
 
-def test_postmaster_killed_between_prepare_and_commit(private_pg_server: PgServer) -> None:
-    server = private_pg_server
+def test_postmaster_killed_between_prepare_and_commit(durable_pg_server: PgServer) -> None:
+    server = durable_pg_server
     db = setup_db(server)
     sink = PostgresSink(
         server.dsn(db), "orders", name="orders", pipeline=PIPE, resolve_timeout_s=60

@@ -10,6 +10,7 @@ import pytest
 
 from reconcile.contract import OK, ConfigurationError, Fatal, SinkTxnId
 from sinks.postgres import PreparedPostgresSink, postgres_sink
+from sinks.postgres.resolve import Evidence, Resolution
 from tests.fault_proxy import DROP_AFTER_COMMIT, DROP_BEFORE_COMMIT, FaultProxy
 from tests.fix_pg import PgServer
 
@@ -167,6 +168,13 @@ def test_commit_prepared_without_reply(pg_server: PgServer, db: str, fault: str)
         # there. Never sent: still prepared, so it is committed again.
         assert sink.commit(txn(1)) == OK
         assert proxy.fired.is_set()
+        # What decided: the xid's status (reply lost), or the gid still listed.
+        decided = {
+            DROP_AFTER_COMMIT: (Resolution.COMMITTED, Evidence.XID_STATUS),
+            DROP_BEFORE_COMMIT: (Resolution.PREPARED, Evidence.PREPARED_XACTS),
+        }[fault]
+        assert sink.last_resolution is not None
+        assert (sink.last_resolution.resolution, sink.last_resolution.decided_by) == decided
         assert visible(pg_server.dsn(db)) == expected(1)
         assert gids(pg_server.dsn(db)) == []
     finally:
@@ -174,8 +182,8 @@ def test_commit_prepared_without_reply(pg_server: PgServer, db: str, fault: str)
 
 
 @pytest.mark.chaos
-def test_prepared_epoch_survives_kill9_of_the_postmaster(private_pg_server: PgServer) -> None:
-    server = private_pg_server
+def test_prepared_epoch_survives_kill9_of_the_postmaster(durable_pg_server: PgServer) -> None:
+    server = durable_pg_server
     name = setup_db(server)
     dsn = server.dsn(name)
     sink = PreparedPostgresSink(dsn, "orders", name="orders", pipeline=PIPE)

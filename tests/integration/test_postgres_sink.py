@@ -11,7 +11,15 @@ import pyarrow as pa
 import pytest
 from psycopg import sql
 
-from reconcile.contract import OK, Change, ConfigurationError, Fatal, Retryable, SinkTxnId
+from reconcile.contract import (
+    OK,
+    Change,
+    ConfigurationError,
+    Fatal,
+    ReconcileError,
+    Retryable,
+    SinkTxnId,
+)
 from reconcile.ids import change_id
 from sinks.base import TwoPhaseSink
 from sinks.postgres import PgTarget, PostgresSink
@@ -224,7 +232,9 @@ def test_injection_named_identifiers_work_as_names(pg_db: str) -> None:
                 sql.Identifier("v'); DROP TABLE y; --"),
             )
         )
-    sink = PostgresSink(pg_db, INJECTION, schema=INJECTION, name="inj", pipeline=PIPE)
+    sink = PostgresSink(
+        pg_db, INJECTION, schema=INJECTION, state_schema=INJECTION, name="inj", pipeline=PIPE
+    )
     row = {INJECTION: "Robert'); DROP TABLE y;--", "v'); DROP TABLE y; --": 1}
     run_epoch(sink, txn(1, sink="inj"), [row])
     run_epoch(sink, txn(2, sink="inj"), [Change("delete", {INJECTION: "nobody"})])
@@ -282,7 +292,7 @@ def test_password_never_in_errors_reprs_or_logs(
         outcome = broken.prepare(txn(2))
         assert not outcome
         texts.append(str(outcome))
-        with pytest.raises(psycopg.Error) as err:
+        with pytest.raises(ReconcileError) as err:
             broken.setup()
         texts.append(str(err.value))
     assert "password authentication failed" in texts[4]
@@ -329,3 +339,25 @@ def test_eager_takeover_fences_the_old_writer_before_the_new_one_writes(orders: 
     with pytest.raises(FencedError):
         old.fence(PIPE, 1)
     assert rows_of(orders, "SELECT k FROM orders") == [("a",)]
+
+
+def test_a_password_with_a_percent_escape_authenticates(private_pg_server: PgServer) -> None:
+    server = private_pg_server
+    literal = "S3cr%41et"  # the password really contains '%41'
+    with server.connect() as admin:
+        admin.execute(
+            sql.SQL("ALTER ROLE {} PASSWORD {}").format(
+                sql.Identifier(PASSWORD_USER), sql.Literal(literal)
+            )
+        )
+    name = server.create_database()
+    make_table(server.dsn(name))
+    url = f"postgresql+psycopg://{PASSWORD_USER}:S3cr%2541et@127.0.0.1:{server.port}/{name}"
+    sink = PostgresSink(url + "?sslmode=disable", "orders", name="orders", pipeline=PIPE)
+    run_epoch(sink, txn(1), [{"k": "a", "v": 1}])
+    assert rows_of(server.dsn(name), "SELECT k FROM orders") == [("a",)]
+    wrong = PostgresSink(url.replace("2541", "2542"), "orders", name="orders", pipeline=PIPE)
+    with pytest.raises(ConfigurationError) as err:
+        wrong.setup()
+    assert "password authentication failed" in str(err.value)
+    assert "S3cr" not in str(err.value)

@@ -1,0 +1,411 @@
+"""What both Postgres sink modes share: options, binding to a writer, start-up, fencing, errors."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import psycopg
+from psycopg import errors
+
+from reconcile import hooks
+from reconcile.contract import (
+    ConfigurationError,
+    Fatal,
+    FencedError,
+    ReconcileError,
+    Retryable,
+    RetryableError,
+    SinkOutcome,
+    SinkTxnId,
+    WriterIdentity,
+    validate_name,
+)
+
+from .binding import claim_scope, connect_checked, open_target, startup_failure
+from .connection import PgTarget, connect_failure
+from .markers import Fence, StateTables
+from .ownership import Scope, check_fence
+from .schema import TableSchema
+from .session import Session, SessionSlot, classify_failure, describe_failure
+from .tables import open_state_tables
+
+__all__ = ["FENCE_CHECKED", "PgSinkClient"]
+
+log = logging.getLogger("reconcile.sinks.postgres")
+
+# Inside every epoch txn, after the writer's generation passed the fence (the
+# fence row is locked by then) and before the data, the marker and the COMMIT.
+# A takeover that lands here must wait for this txn to end.
+FENCE_CHECKED = hooks.declare("pg.prepare.fence_checked")
+
+
+class PgSinkClient:
+    """Options, identity, binding and the shared helpers of :class:`PostgresSink`.
+
+    Args:
+        dsn: libpq DSN or URL, or an SQLAlchemy URL (``postgresql+psycopg://``).
+        table: target table name (unquoted; any characters).
+        name: the sink's name within the pipeline.
+        pipeline: optional: ``bind()`` (called by ``CommitCycle.start()``)
+            supplies it; if given, it must equal the bound pipeline. A sink
+            used directly without ``pipeline`` accepts txns of any pipeline.
+        schema: the target's schema; default the session's current schema.
+        key: key columns; default the primary key.
+        append_only: the target is keyed by a stable change id and written with
+            ON CONFLICT DO NOTHING; deletes are refused.
+        state_schema: schema of reconcile_commits / reconcile_fences; default
+            the dedicated schema ``reconcile`` (created when the role may), or
+            the target's schema where they already are (see tables.py).
+        state_owner: another role trusted to own the state tables and their
+            schema; by default only the sink's own role is.
+        create_epoch_column: add an ``_epoch bigint`` column to the target if
+            missing (the sink fills ``_epoch`` whenever the column exists).
+        statement_timeout_ms: per-statement timeout of the sink's sessions.
+        lock_timeout_ms: lock wait limit of the sink's sessions.
+        resolve_timeout_s: how long an ambiguous COMMIT is resolved for
+            (reconnecting while the server restarts, waiting for synchronous
+            standbys) before OutcomeUnknownError.
+        commit_timeout_s: client-side limit of a COMMIT (statement_timeout does
+            not cover a synchronous-replication wait); None waits forever.
+        prepared_warn_after_s: at start-up, warn about the pipeline's prepared
+            txns older than this (prepared mode).
+    """
+
+    mode = "transactional"
+
+    def __init__(
+        self,
+        dsn: str | PgTarget,
+        table: str,
+        *,
+        name: str,
+        pipeline: str | None = None,
+        schema: str | None = None,
+        key: Sequence[str] | None = None,
+        append_only: bool = False,
+        state_schema: str | None = None,
+        state_owner: str | None = None,
+        create_epoch_column: bool = False,
+        statement_timeout_ms: int | None = None,
+        lock_timeout_ms: int | None = None,
+        resolve_timeout_s: float = 30.0,
+        commit_timeout_s: float | None = 60.0,
+        prepared_warn_after_s: float = 3600.0,
+    ) -> None:
+        self._name = validate_name("sink", name)
+        self.pipeline = None if pipeline is None else validate_name("pipeline", pipeline)
+        self.target = PgTarget.parse(dsn)
+        if not isinstance(table, str) or not table:
+            raise ConfigurationError(f"postgres sink {name!r}: table must be a non-empty str")
+        self.table = table
+        self.schema_name = schema
+        self.key = tuple(key) if key is not None else None
+        self.append_only = append_only
+        self.state_schema = state_schema
+        self.state_owner = state_owner
+        self.create_epoch_column = create_epoch_column
+        self.statement_timeout_ms = statement_timeout_ms
+        self.lock_timeout_ms = lock_timeout_ms
+        self.resolve_timeout_s = resolve_timeout_s
+        self.commit_timeout_s = commit_timeout_s
+        self.prepared_warn_after_s = prepared_warn_after_s
+        self._writer: WriterIdentity | None = None
+        self._schema: TableSchema | None = None
+        self._state: StateTables | None = None
+        self._sessions = SessionSlot(
+            self.target,
+            self.application_name,
+            statement_timeout=statement_timeout_ms,
+            lock_timeout=lock_timeout_ms,
+        )
+        self._ensured: set[str] = set()  # pipelines whose fence row is claimed
+
+    # -- identity -----------------------------------------------------------
+
+    @property
+    def name(self) -> str:
+        """The sink's name, unique within a pipeline."""
+        return self._name
+
+    @property
+    def writer(self) -> WriterIdentity | None:
+        """The writer bound by ``bind()``; None for a sink used directly."""
+        return self._writer
+
+    @property
+    def application_name(self) -> str:
+        """The application_name of this sink's sessions (visible in pg_stat_activity)."""
+        return f"reconcile:{self.pipeline or '*'}:{self._name}"[:63]
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(name={self._name!r}, pipeline={self.pipeline!r}, "
+            f"table={self.table!r}, target={self.target.describe()!r})"
+        )
+
+    def _what(self) -> str:
+        return f"postgres sink {self._name!r}" + (f" ({self.mode} mode)" if self.mode else "")
+
+    # -- binding and set-up -------------------------------------------------
+
+    def bind(self, writer: WriterIdentity) -> None:
+        """Bind to the pipeline's writer and check everything that start-up can check.
+
+        Connects; checks the server (prepared mode: max_prepared_transactions);
+        reflects the target; finds, creates or verifies the marker and fence
+        tables; claims the fence row of (pipeline, sink) for this progress log,
+        refusing it if another state holds it. From then on every marker is
+        written with the writer's log id and the target, and checked against
+        them wherever it is read. Idempotent for the same writer.
+
+        A sink that is never bound (used directly, without a commit cycle)
+        works as before, as its own writer: its markers carry no log id, so
+        they never pass for a bound pipeline's, nor the other way round.
+
+        Raises:
+            ConfigurationError: a ``pipeline=`` that differs, a sink bound to
+                another writer, wrong credentials, no such database or table,
+                max_prepared_transactions = 0, untrustworthy state tables.
+            RetryableError: the server is unreachable or restarting.
+            MarkerMismatchError: another progress log owns this sink's markers.
+        """
+        if not isinstance(writer, WriterIdentity):
+            raise ConfigurationError(
+                f"{self._what()}: bind() takes a WriterIdentity, got {writer!r}"
+            )
+        if self.pipeline is not None and self.pipeline != writer.pipeline:
+            raise ConfigurationError(
+                f"{self._what()} was built with pipeline={self.pipeline!r}, but the commit "
+                f"cycle binds it to pipeline {writer.pipeline!r}: give the pipeline name once, "
+                "to CommitCycle (the sink learns it from bind())",
+                pipeline=self.pipeline,
+                bound=writer.pipeline,
+            )
+        if self._writer is not None and self._writer != writer:
+            raise ConfigurationError(
+                f"{self._what()} is bound to progress log {self._writer.log_id!r} already; "
+                f"a sink client serves one writer (got log {writer.log_id!r})"
+            )
+        if self._writer is None and self._schema is not None:
+            raise ConfigurationError(
+                f"{self._what()} was used unbound (as its own writer) before bind(): build "
+                "a new sink client for the commit cycle"
+            )
+        previous = self.pipeline
+        self._writer, self.pipeline = writer, writer.pipeline
+        self._sessions.application_name = self.application_name
+        try:
+            self._start_up()
+        except BaseException:
+            self._writer, self.pipeline = None, previous
+            self._schema = self._state = None
+            raise
+
+    def setup(self) -> TableSchema:
+        """Run the start-up checks once (``bind()`` runs them; direct use runs them lazily).
+
+        Raises:
+            ConfigurationError, RetryableError, MarkerMismatchError: as for ``bind()``.
+        """
+        if self._schema is None or self._state is None:
+            self._start_up()
+        assert self._schema is not None
+        return self._schema
+
+    def _start_up(self) -> None:
+        what = self._what()
+        conn = connect_checked(self.target, what, self.application_name)
+        try:
+            with conn:
+                self._sessions.apply_settings(conn)
+                self._check_server(conn)
+                schema = open_target(
+                    conn,
+                    what=what,
+                    schema_name=self.schema_name,
+                    table=self.table,
+                    key=self.key,
+                    append_only=self.append_only,
+                    create_epoch_column=self.create_epoch_column,
+                )
+                state = open_state_tables(
+                    conn,
+                    explicit_schema=self.state_schema,
+                    target_schema=schema.schema,
+                    state_owner=self.state_owner,
+                    what=what,
+                )
+                self._schema, self._state = schema, state
+                self._ensured.clear()
+                if self.pipeline is not None:
+                    claim_scope(conn, state, self._scope(self.pipeline))
+                    self._ensured.add(self.pipeline)
+                    self._after_start_up(conn, self.pipeline)
+        except psycopg.Error as err:
+            self._schema = self._state = None
+            raise startup_failure(self.target, what, err) from None
+        except BaseException:
+            self._schema = self._state = None
+            raise
+
+    def _check_server(self, conn: psycopg.Connection[Any]) -> None:
+        """Mode-specific server requirements (none in transactional mode)."""
+
+    def _after_start_up(self, conn: psycopg.Connection[Any], pipeline: str) -> None:
+        """Mode-specific start-up reports (none in transactional mode)."""
+
+    def _scope(self, pipeline: str) -> Scope:
+        """The identity this sink's markers of ``pipeline`` carry."""
+        assert self._schema is not None
+        return Scope(
+            pipeline,
+            self._name,
+            self._schema.schema,
+            self._schema.table,
+            None if self._writer is None else self._writer.log_id,
+        )
+
+    def _session(self) -> Session:
+        """The idle session, or a new one; it is owned by the caller until released."""
+        return self._sessions.take()
+
+    def _release(self, session: Session) -> None:
+        self._sessions.release(session)
+
+    def close(self) -> None:
+        """Close connections."""
+        self._sessions.close()
+
+    # -- shared steps -------------------------------------------------------
+
+    def _check_txn(self, txn_id: SinkTxnId) -> Fatal | None:
+        if txn_id.sink != self._name:
+            return Fatal.of(
+                ConfigurationError(
+                    f"postgres sink {self._name!r} got txn {txn_id}, which belongs to another "
+                    f"sink ({txn_id.sink!r}): each sink takes only its own txns"
+                )
+            )
+        if self.pipeline not in (None, txn_id.pipeline):
+            return Fatal.of(
+                ConfigurationError(
+                    f"postgres sink {self._name!r} is bound to pipeline {self.pipeline!r} but "
+                    f"got txn {txn_id} of pipeline {txn_id.pipeline!r}"
+                )
+            )
+        return None
+
+    def _ensure_pipeline(self, session: Session, pipeline: str) -> None:
+        """Claim the fence row of (pipeline, sink) once, outside any epoch txn.
+
+        Raises:
+            MarkerMismatchError: another progress log holds it.
+        """
+        if pipeline in self._ensured:
+            return
+        assert self._state is not None
+        session.conn.autocommit = True
+        try:
+            fence = self._state.ensure(
+                session.conn, pipeline, self._name, self._scope(pipeline).log_id
+            )
+        finally:
+            session.conn.autocommit = False
+        mismatch = check_fence(fence, self._scope(pipeline), self._state)
+        if mismatch is not None:
+            raise mismatch
+        self._ensured.add(pipeline)
+
+    def _check_fence(
+        self, cur: psycopg.Cursor[Any], txn_id: SinkTxnId, fence: Fence | None
+    ) -> Fatal | None:
+        """Reject a stale writer (or another state) inside the txn; take over if we are newer."""
+        assert self._state is not None
+        scope = self._scope(txn_id.pipeline)
+        if fence is not None and (mismatch := check_fence(fence, scope, self._state)):
+            return Fatal.of(mismatch)
+        if fence is not None and fence.generation == txn_id.generation:
+            return None
+        if fence is None or fence.generation < txn_id.generation:
+            fence = self._state.raise_fence(
+                cur, txn_id.pipeline, self._name, txn_id.generation, scope.log_id
+            )
+            if fence is not None and (mismatch := check_fence(fence, scope, self._state)):
+                return Fatal.of(mismatch)
+            if fence is not None and fence.generation == txn_id.generation:
+                return None
+        return Fatal.of(
+            FencedError(
+                f"postgres sink {self._name!r}: writer generation {txn_id.generation} is "
+                f"fenced off by generation {fence.generation if fence else None} for epoch "
+                f"{txn_id.epoch}; nothing was written (a newer writer has taken over)",
+                generation=txn_id.generation,
+                fence=fence.generation if fence else None,
+            )
+        )
+
+    def fence(self, pipeline: str, generation: int, *, lock_timeout_ms: int = 5000) -> None:
+        """Take over eagerly: raise the fence to ``generation`` now, not at the next epoch.
+
+        From then on, a writer of an older generation is rejected inside its
+        own txn. Waits (up to ``lock_timeout_ms``) for an older writer's open
+        or prepared epoch txn, which holds the fence row locked.
+
+        Raises:
+            FencedError: a newer generation already holds the fence.
+            MarkerMismatchError: another progress log holds the fence row.
+            ConfigurationError, RetryableError: as for ``bind()``.
+            psycopg.Error: the wait timed out or the connection failed (redacted).
+        """
+        self.setup()
+        assert self._state is not None
+        validate_name("pipeline", pipeline)
+        scope = self._scope(pipeline)
+        with self.target.connect(autocommit=False, application_name=self.application_name) as c:
+            c.execute("SELECT set_config('lock_timeout', %s, true)", (str(int(lock_timeout_ms)),))
+            with c.cursor() as cur:
+                current = self._state.raise_fence(
+                    cur, pipeline, self._name, generation, scope.log_id
+                )
+            c.commit()
+        if current is not None and (mismatch := check_fence(current, scope, self._state)):
+            raise mismatch
+        if current is None or current.generation != generation:
+            raise FencedError(
+                f"postgres sink {self._name!r}: cannot take over with generation {generation}: "
+                f"the fence is already at generation {current.generation if current else None}",
+                generation=generation,
+                fence=current.generation if current else None,
+            )
+
+    # -- errors ---------------------------------------------------------------
+
+    def _outcome(self, err: ReconcileError) -> SinkOutcome:
+        """The outcome that carries a typed error: retryable ones may pass, others stop."""
+        if isinstance(err, RetryableError):
+            return Retryable.of(err)
+        return Fatal.of(err)
+
+    def _connect_outcome(self, op: str, txn_id: SinkTxnId, err: psycopg.Error) -> SinkOutcome:
+        """A failure to get a session: wrong credentials are Fatal, the rest Retryable."""
+        if isinstance(err, psycopg.OperationalError) and not isinstance(
+            err, errors.InsufficientPrivilege
+        ):
+            return self._outcome(
+                connect_failure(self.target, err, f"postgres sink {self._name!r}, {op}({txn_id})")
+            )
+        return Retryable(self._describe_error(op, txn_id, err))
+
+    def _rollback_quietly(self, session: Session) -> None:
+        self._sessions.rollback_quietly(session)
+
+    def _describe_error(self, op: str, txn_id: SinkTxnId, err: BaseException) -> str:
+        table = self._schema.display if self._schema else self.table
+        return describe_failure(self.target, self._name, table, op, txn_id, err)
+
+    def _classify(self, op: str, txn_id: SinkTxnId, err: psycopg.Error) -> SinkOutcome:
+        """Either way the txn was rolled back, so nothing of the epoch was written."""
+        message = self._describe_error(op, txn_id, err) + "; nothing was written"
+        return classify_failure(message, err)
