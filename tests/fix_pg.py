@@ -20,7 +20,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
-__all__ = ["PgServer", "pg_bindir"]
+__all__ = ["PgServer", "markers_table", "pg_bindir"]
 
 _PG_MAJOR = "15"
 _TEMPLATE: Path | None = None  # an initdb'ed data dir, copied for every server
@@ -154,10 +154,6 @@ class PgServer:
             "full_page_writes": "off",
             "shared_buffers": "128MB",
             "log_min_messages": "warning",
-            # The sinks keep their marker and fence tables in the schema
-            # "reconcile" by default; tests (and harnesses) that read them by
-            # their bare names find them there.
-            "search_path": '"$user", public, reconcile',
         }
         self.settings.update(settings)
         conf = "".join(f"{k} = '{v}'\n" for k, v in self.settings.items())
@@ -495,14 +491,15 @@ class PostgresHarness:
             current = {(int(e), k, int(v)) for e, k, v in conn.execute(query)}
             last_writes = {(e, r["k"], r["v"]) for e, rows in out.items() for r in rows}
             assert current <= last_writes, f"rows not seen by the audit: {current - last_writes}"
+            table = markers_table(conn)
             markers = (
                 {
                     int(r[0])
                     for r in conn.execute(
-                        "SELECT epoch FROM reconcile_commits WHERE sink = %s", (name,)
+                        sql.SQL("SELECT epoch FROM {} WHERE sink = %s").format(table), (name,)
                     )
                 }
-                if _markers_table(conn)
+                if table is not None
                 else set()
             )
         # I2: no row without its epoch's marker (the marker commits with the data).
@@ -526,13 +523,13 @@ class PostgresHarness:
         return sorted(found)
 
 
-def _markers_table(conn: psycopg.Connection[Any]) -> bool:
-    """Whether the marker table exists (in the default or the ``reconcile`` schema)."""
+def markers_table(conn: psycopg.Connection[Any]) -> sql.Identifier | None:
+    """The qualified marker table, wherever the sink put it (None before the first sink)."""
     row = conn.execute(
-        "SELECT count(*) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+        "SELECT n.nspname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
         "WHERE c.relname = 'reconcile_commits'"
     ).fetchone()
-    return bool(row and row[0])
+    return None if row is None else sql.Identifier(row[0], "reconcile_commits")
 
 
 @pytest.fixture

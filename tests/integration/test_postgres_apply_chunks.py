@@ -127,7 +127,9 @@ def test_prepared_mode_sends_bounded_statements_in_one_transaction(
         sink.close()
         with psycopg.connect(dsn, autocommit=True) as conn:
             got = conn.execute("SELECT _epoch, count(*) FROM t GROUP BY 1 ORDER BY 1").fetchall()
-            marks = conn.execute("SELECT epoch FROM reconcile_commits ORDER BY 1").fetchall()
+            marks = conn.execute(
+                "SELECT epoch FROM reconcile.reconcile_commits ORDER BY 1"
+            ).fetchall()
         assert got == [(1, 1_000), (2, 3_000), (4, 640)]  # epoch 3 deleted ids 0..1499
         assert marks == [(1,), (2,), (3,), (4,)]
     finally:
@@ -160,7 +162,7 @@ def test_a_row_too_large_to_send_is_fatal_before_anything_is_written(
     sink.close()
     with psycopg.connect(pg_db, autocommit=True) as conn:
         assert conn.execute("SELECT count(*) FROM t").fetchone() == (300,)
-        assert conn.execute("SELECT epoch FROM reconcile_commits").fetchall() == [(4,)]
+        assert conn.execute("SELECT epoch FROM reconcile.reconcile_commits").fetchall() == [(4,)]
 
 
 @pytest.mark.parametrize("mode", MODES)

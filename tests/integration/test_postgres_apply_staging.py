@@ -12,7 +12,7 @@ from reconcile.contract import OK, Change, SinkTxnId
 from sinks.postgres import PostgresSink
 from sinks.postgres.apply import stage_table_name
 from sinks.postgres.schema import reflect_table
-from tests.fix_pg import PgServer
+from tests.fix_pg import PgServer, markers_table
 
 pytestmark = pytest.mark.integration
 
@@ -73,6 +73,9 @@ def test_a_planted_table_earlier_on_the_search_path_gets_nothing_and_gives_nothi
                 planted = sql.Identifier("evil", stage_table_name(kind, schema, columns))
                 got = conn.execute(sql.SQL("SELECT * FROM {}").format(planted)).fetchall()
                 assert got == expected, kind
-            assert conn.execute("SELECT count(*) FROM public.reconcile_commits").fetchone() == (2,)
+            table = markers_table(conn)
+            assert table is not None
+            count = sql.SQL("SELECT count(*) FROM {}").format(table)
+            assert conn.execute(count).fetchone() == (2,)
     finally:
         pg_server.drop_database(db)

@@ -115,7 +115,7 @@ def test_an_idle_epoch_txn_is_ended_by_the_server_and_the_epoch_commits_once(
                 "SELECT _epoch, count(*), sum(v) FROM t GROUP BY 1 ORDER BY 1"
             ).fetchall()
             marks = conn.execute(
-                "SELECT epoch, row_count FROM reconcile_commits ORDER BY epoch"
+                "SELECT epoch, row_count FROM reconcile.reconcile_commits ORDER BY epoch"
             ).fetchall()
         assert got == [(1, 50, sum(i * 10 for i in range(50))), (2, 1, 1)]
         assert marks == [(1, 50), (2, 1)]

@@ -42,7 +42,7 @@ def committed(dsn: str) -> dict[int, list[tuple[str, int]]]:
         got: dict[int, list[tuple[str, int]]] = {}
         for k, v, epoch in conn.execute("SELECT k, v, _epoch FROM orders ORDER BY k"):
             got.setdefault(epoch, []).append((k, v))
-        markers = [r[0] for r in conn.execute("SELECT epoch FROM reconcile_commits")]
+        markers = [r[0] for r in conn.execute("SELECT epoch FROM reconcile.reconcile_commits")]
     assert sorted(markers) == sorted(set(markers))
     assert set(got) <= set(markers), "rows without a marker"
     return got

@@ -75,7 +75,7 @@ def test_upserts_deletes_epoch_column_and_marker(orders: str) -> None:
     markers = rows_of(
         orders,
         "SELECT pipeline, sink, epoch, generation, row_count, xid::text, "
-        "backend_pid FROM reconcile_commits ORDER BY epoch",
+        "backend_pid FROM reconcile.reconcile_commits ORDER BY epoch",
     )
     assert [m[:5] for m in markers] == [(PIPE, "orders", 1, 0, 3), (PIPE, "orders", 2, 0, 3)]
     assert all(int(m[5]) > 0 and m[6] > 0 for m in markers)
@@ -90,7 +90,7 @@ def test_empty_epoch_writes_only_its_marker(orders: str) -> None:
     assert sink.stage(txn(7), []) == OK
     assert sink.prepare(txn(7)) == OK
     assert sink.commit(txn(7)) == OK
-    assert rows_of(orders, "SELECT epoch FROM reconcile_commits") == [(7,)]
+    assert rows_of(orders, "SELECT epoch FROM reconcile.reconcile_commits") == [(7,)]
     assert rows_of(orders, "SELECT count(*) FROM orders") == [(0,)]
 
 
@@ -106,7 +106,7 @@ def test_idempotent_commit_abort_and_replay(orders: str) -> None:
     again = PostgresSink(orders, "orders", name="orders", pipeline=PIPE)
     run_epoch(again, txn(1), [{"k": "a", "v": 1000}, {"k": "z", "v": 5}])
     assert rows_of(orders, "SELECT k, v FROM orders") == [("a", 1)]
-    assert rows_of(orders, "SELECT count(*) FROM reconcile_commits") == [(1,)]
+    assert rows_of(orders, "SELECT count(*) FROM reconcile.reconcile_commits") == [(1,)]
     assert again.recover() == []
 
 
@@ -123,7 +123,7 @@ def test_abort_rolls_back_prepared_epoch(orders: str) -> None:
     assert sink.abort(txn(1)) == OK
     assert sink.abort(txn(1)) == OK
     assert rows_of(orders, "SELECT count(*) FROM orders") == [(0,)]
-    assert rows_of(orders, "SELECT count(*) FROM reconcile_commits") == [(0,)]
+    assert rows_of(orders, "SELECT count(*) FROM reconcile.reconcile_commits") == [(0,)]
     run_epoch(sink, txn(1), [{"k": "a", "v": 2}])
     assert rows_of(orders, "SELECT k, v FROM orders") == [("a", 2)]
 
@@ -195,9 +195,11 @@ def test_zombie_writer_is_fenced_inside_the_txn(orders: str) -> None:
     outcome = old.prepare(txn(3, generation=1))
     assert isinstance(outcome, Fatal) and "fenced" in outcome.reason
     assert rows_of(orders, "SELECT k FROM orders ORDER BY k") == [("a",), ("b",)]
-    assert rows_of(orders, "SELECT generation FROM reconcile_fences") == [(2,)]
+    assert rows_of(orders, "SELECT generation FROM reconcile.reconcile_fences") == [(2,)]
     run_epoch(new, txn(3, generation=2), [{"k": "c", "v": 3}])
-    assert rows_of(orders, "SELECT epoch, generation FROM reconcile_commits ORDER BY 1") == [
+    assert rows_of(
+        orders, "SELECT epoch, generation FROM reconcile.reconcile_commits ORDER BY 1"
+    ) == [
         (1, 1),
         (2, 2),
         (3, 2),

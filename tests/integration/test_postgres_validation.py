@@ -88,7 +88,7 @@ def items(pg_db: str) -> str:
 def nothing_written(dsn: str) -> None:
     with psycopg.connect(dsn, autocommit=True) as conn:
         assert conn.execute("SELECT count(*) FROM items").fetchone() == (0,)
-        assert conn.execute("SELECT count(*) FROM reconcile_commits").fetchone() == (0,)
+        assert conn.execute("SELECT count(*) FROM reconcile.reconcile_commits").fetchone() == (0,)
 
 
 @pytest.mark.parametrize("mode", [PostgresSink, PreparedPostgresSink])
