@@ -11,6 +11,7 @@ import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
 import pyarrow.compute as pc  # type: ignore[import-untyped, unused-ignore]
 
 from reconcile.contract import Change, InvalidInputError
+from reconcile.decimals import DecimalFitError, check_decimal_array
 
 __all__ = ["OP_COLUMN", "RESERVED_COLUMNS", "EpochChanges", "normalize_changes"]
 
@@ -49,6 +50,23 @@ def _conform(data: pa.Table, schema: pa.Schema, *, table: str, what: str) -> pa.
                 column=field.name,
             )
         column = data.column(field.name)
+        if pa.types.is_decimal(field.type) and not column.type.equals(field.type):
+            # The one rule the Postgres sink also applies (reconcile.decimals):
+            # a value is stored only if it fits the declared type exactly, never
+            # rounded, so the sink and the expected state can never disagree.
+            try:
+                column = check_decimal_array(column, field.type.precision, field.type.scale)
+            except DecimalFitError as exc:
+                raise InvalidInputError(
+                    f"table {table!r}: column {field.name!r} value {exc.value!r} "
+                    f"(row {exc.index}) does not fit {field.type} exactly: {exc.reason}; it "
+                    "is refused rather than rounded; nothing was written",
+                    table=table,
+                    column=field.name,
+                    value=repr(exc.value),
+                ) from None
+            except TypeError:
+                pass  # not numbers: the cast below names the column
         if not column.type.equals(field.type):
             try:
                 column = column.cast(field.type, safe=True)

@@ -62,8 +62,17 @@ class PgSinkClient:
             schema; by default only the sink's own role is.
         create_epoch_column: add an ``_epoch bigint`` column to the target if
             missing (the sink fills ``_epoch`` whenever the column exists).
-        statement_timeout_ms: per-statement timeout of the sink's sessions.
-        lock_timeout_ms: lock wait limit of the sink's sessions.
+        statement_timeout_ms: per-statement timeout of the sink's sessions. None:
+            the server's (database's, role's) non-zero setting, else 15 min; 0 disables.
+        lock_timeout_ms: lock wait limit of the sink's sessions. None: the
+            server's non-zero setting, else 60 s; 0 disables.
+        idle_in_transaction_timeout_ms: how long an epoch txn may sit open and
+            idle (transactional mode, while other sinks prepare). None: the
+            server's non-zero setting, else 5 min; 0 disables. Past it the server
+            ends the txn and the epoch is replayed, exactly once.
+        direct_copy_triggers: let a large Arrow epoch be COPied straight into a
+            table that has triggers (COPY fires row triggers, but not statement
+            triggers of INSERT ... ON CONFLICT as the normal path does).
         resolve_timeout_s: how long an ambiguous COMMIT is resolved for
             (reconnecting while the server restarts, waiting for synchronous
             standbys) before OutcomeUnknownError.
@@ -90,6 +99,8 @@ class PgSinkClient:
         create_epoch_column: bool = False,
         statement_timeout_ms: int | None = None,
         lock_timeout_ms: int | None = None,
+        idle_in_transaction_timeout_ms: int | None = None,
+        direct_copy_triggers: bool = False,
         resolve_timeout_s: float = 30.0,
         commit_timeout_s: float | None = 60.0,
         prepared_warn_after_s: float = 3600.0,
@@ -108,6 +119,7 @@ class PgSinkClient:
         self.create_epoch_column = create_epoch_column
         self.statement_timeout_ms = statement_timeout_ms
         self.lock_timeout_ms = lock_timeout_ms
+        self.direct_copy_triggers = direct_copy_triggers
         self.resolve_timeout_s = resolve_timeout_s
         self.commit_timeout_s = commit_timeout_s
         self.prepared_warn_after_s = prepared_warn_after_s
@@ -119,6 +131,7 @@ class PgSinkClient:
             self.application_name,
             statement_timeout=statement_timeout_ms,
             lock_timeout=lock_timeout_ms,
+            idle_in_transaction_session_timeout=idle_in_transaction_timeout_ms,
         )
         self._ensured: set[str] = set()  # pipelines whose fence row is claimed
 

@@ -202,7 +202,14 @@ class PostgresSink(PgSinkClient):
                     self._release(session)
                     return fenced
                 hooks.point(FENCE_CHECKED)
-                apply_with_copy(cur, schema, batch, txn_id.epoch, append_only=self.append_only)
+                apply_with_copy(
+                    cur,
+                    schema,
+                    batch,
+                    txn_id.epoch,
+                    append_only=self.append_only,
+                    direct_copy_triggers=self.direct_copy_triggers,
+                )
                 state.insert_marker(
                     cur,
                     txn_id.key,
