@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -96,6 +96,33 @@ class ValidatedBatch:
         return len(self.rows) + arrow_rows + len(self.delete_keys)
 
 
+def _column_mismatch(
+    check: BatchErrors,
+    cols: Mapping[str, Any],
+    first: set[str],
+    other: set[str],
+    index: int,
+) -> InvalidInputError:
+    """The error for an upsert whose columns differ from the first one's.
+
+    It names the column that is most likely wrong: one the table does not
+    have (a typo) before one that is merely left out, and says which row.
+    """
+    unknown = sorted(c for c in other ^ first if c not in cols and c != EPOCH_COLUMN)
+    missing, extra = sorted(first - other), sorted(other - first)
+    detail = f"upsert {index} gives {extra or 'no other column'} and lacks {missing or 'none'}"
+    if unknown:
+        return check.error(
+            f"the table has no such column ({detail}; every upsert of an epoch must give "
+            "the same columns)",
+            unknown[0],
+        )
+    return check.error(
+        f"the upserts of one epoch must all give the same columns ({detail})",
+        (extra or missing)[0],
+    )
+
+
 def validate_batch(
     schema: TableSchema, batch: EpochBatch, *, sink: str, epoch: int
 ) -> ValidatedBatch:
@@ -111,16 +138,12 @@ def validate_batch(
     check = BatchErrors(sink, schema, epoch)
     cols = schema.columns
     given: set[str] | None = None
-    for source in [set(r) for r in batch.upserts] + [set(t.column_names) for t in batch.tables]:
+    sources = [set(r) for r in batch.upserts] + [set(t.column_names) for t in batch.tables]
+    for index, source in enumerate(sources):
         if given is None:
             given = source
         elif source != given:
-            odd = sorted(source ^ given)[0]
-            raise check.error(
-                "the upserts of one epoch must all give the same columns; this column "
-                "is given by some and not by others",
-                odd,
-            )
+            raise _column_mismatch(check, cols, given, source, index)
     given = given or set()
     for name in sorted(given):
         if name == EPOCH_COLUMN:

@@ -303,3 +303,21 @@ def test_declared_precision_and_scale_are_read_from_the_catalog(pg_db: str) -> N
     with psycopg.connect(pg_db, autocommit=True) as conn:
         got = conn.execute("SELECT hundreds::text, tiny::text, free::text FROM odd").fetchall()
     assert got == [("9999900", "0.00999", str(2**80))]
+
+
+def test_a_typo_in_one_rows_column_names_the_misspelt_column(pg_db: str) -> None:
+    # A new user's typo in row 2 was reported against the correct column 'amount'.
+    from reconcile.contract import SinkTxnId
+    from sinks.postgres import postgres_sink
+
+    with psycopg.connect(pg_db, autocommit=True) as conn:
+        conn.execute("CREATE TABLE pay (id int PRIMARY KEY, amount int)")
+    sink = postgres_sink(pg_db, "pay", name="pay")
+    txn = SinkTxnId("p", "pay", 0)
+    rows = [{"id": 1, "amount": 5}, {"id": 2, "amount": 6}, {"id": 3, "amuont": 7}]
+    assert sink.stage(txn, rows)
+    outcome = sink.prepare(txn)
+    assert not outcome
+    assert "column 'amuont'" in outcome.reason and "upsert 2" in outcome.reason, outcome.reason
+    assert "column 'amount'" not in outcome.reason
+    sink.close()
