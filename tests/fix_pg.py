@@ -209,6 +209,10 @@ class PgServer:
     def restart_after_crash(self) -> None:
         self.start()
 
+    def shutdown(self, mode: str = "fast") -> None:
+        """Stop the server (it keeps its data; ``start()`` brings it back)."""
+        self._pg_ctl("-m", mode, "-w", "stop", timeout=60)
+
     def stop(self) -> None:
         with contextlib.suppress(RuntimeError, subprocess.TimeoutExpired):
             self._pg_ctl("-m", "immediate", "stop", timeout=30)
