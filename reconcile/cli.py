@@ -134,7 +134,7 @@ def _read_state(state: Path, pipeline: str) -> ProgressState:
         ConfigurationError: no such folder or log; the message lists the logs
             that the folder does hold (a misspelled --pipeline).
     """
-    from reconcile.progress import read_progress
+    from reconcile.progress_file import read_progress
 
     if not state.is_dir():
         raise ConfigurationError(

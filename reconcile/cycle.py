@@ -29,7 +29,8 @@ from reconcile.contract import (
 from reconcile.decisions import Settle, decide_stranded, is_terminal
 from reconcile.faults import FaultPlan
 from reconcile.metrics import Metrics, NullMetrics, timed
-from reconcile.progress import EpochStatus, FileProgressLog, ProgressLog
+from reconcile.progress import EpochStatus, ProgressLog
+from reconcile.progress_file import FileProgressLog
 from reconcile.results import (
     CommitAborted,
     CommitFatal,

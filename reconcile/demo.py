@@ -17,7 +17,8 @@ from reconcile.cycle import CommitCycle, CommitResult, CommitSucceeded
 from reconcile.driver import RetryPolicy, drive
 from reconcile.faults import CYCLE_POINTS, SINK_OPERATIONS, Fault, FaultKind, FaultPlan, FaultySink
 from reconcile.metrics import InMemoryMetrics
-from reconcile.progress import EpochStatus, FileProgressLog
+from reconcile.progress import EpochStatus
+from reconcile.progress_file import FileProgressLog
 from sinks.files import FileSink, read_batch
 
 __all__ = ["DemoReport", "run_demo"]

@@ -3,31 +3,20 @@
 from __future__ import annotations
 
 import enum
-import fcntl
-import json
-import os
 import uuid
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Protocol
 
 from reconcile import hooks
-from reconcile.contract import (
-    ConfigurationError,
-    FatalError,
-    FencedError,
-    InvalidInputError,
-    validate_name,
-)
-from reconcile.durable import fsync_path, write_all
+from reconcile.contract import FatalError, FencedError, InvalidInputError
 
 __all__ = [
     "EpochStatus",
-    "FileProgressLog",
     "MemoryProgressLog",
     "ProgressLog",
     "ProgressState",
-    "read_progress",
+    "StateBackedLog",
+    "numbered",
 ]
 
 # The window between a writer's fence check and its locked append: a takeover
@@ -99,6 +88,9 @@ class ProgressState:
     horizon: int = 0  # epochs below this were truncated; their status is UNKNOWN
     statuses: dict[int, EpochStatus] = field(default_factory=dict)
     last_committed: int | None = None
+    # Which generation passed each epoch's commit point (an operator settling a
+    # stranded prepared txn needs to know whether it was that attempt).
+    committed_by: dict[int, int] = field(default_factory=dict)
 
     def check_generation(self, generation: int) -> None:
         if generation < self.generation:
@@ -139,20 +131,59 @@ class ProgressState:
         elif kind == "epoch":
             epoch, status = int(entry["epoch"]), EpochStatus(entry["status"])
             self.statuses[epoch] = status
+            if status is EpochStatus.COMMITTED and "gen" in entry:
+                self.committed_by[epoch] = int(entry["gen"])
             if status in (EpochStatus.COMMITTED, EpochStatus.FINALIZED):
                 self.last_committed = max(epoch, self.last_committed or 0)
+        elif kind == "last":
+            # Written by compaction: the newest committed epoch, whose own entry
+            # may be gone below the horizon.
+            epoch = int(entry["epoch"])
+            self.last_committed = (
+                epoch if self.last_committed is None else max(epoch, self.last_committed)
+            )
         elif kind == "horizon":
             self.horizon = max(self.horizon, int(entry["epoch"]))
             for epoch in [e for e in self.statuses if e < self.horizon]:
                 del self.statuses[epoch]
+                self.committed_by.pop(epoch, None)
         else:
             raise FatalError(f"progress log: unknown entry type {kind!r}")
 
     def epochs_in(self, status: EpochStatus) -> list[int]:
         return sorted(e for e, s in self.statuses.items() if s is status)
 
+    def compaction_horizon(self, keep_epochs: int) -> int:
+        """Where compaction may cut: keep ``keep_epochs`` finalized epochs and all others."""
+        finalized = self.epochs_in(EpochStatus.FINALIZED)
+        cut = max(self.horizon, finalized[-1] + 1 - keep_epochs) if finalized else self.horizon
+        pending = [e for e, s in self.statuses.items() if s is not EpochStatus.FINALIZED]
+        return min([cut, *pending])
 
-class _StateBackedLog:
+    def snapshot(self, horizon: int) -> list[dict[str, Any]]:
+        """Entries that rebuild this state with everything below ``horizon`` forgotten."""
+        entries: list[dict[str, Any]] = [
+            {"t": "id", "log_id": self.log_id},
+            {"t": "gen", "gen": self.generation},
+        ]
+        if horizon:
+            entries.append({"t": "horizon", "epoch": horizon, "gen": self.generation})
+        if self.last_committed is not None:
+            entries.append({"t": "last", "epoch": self.last_committed})
+        for epoch in sorted(e for e in self.statuses if e >= horizon):
+            status = self.statuses[epoch]
+            if epoch in self.committed_by:
+                # The commit point's entry with the generation that wrote it.
+                gen = self.committed_by[epoch]
+                entries.append({"t": "epoch", "epoch": epoch, "status": "committed", "gen": gen})
+            if status is not EpochStatus.COMMITTED or epoch not in self.committed_by:
+                entries.append(
+                    {"t": "epoch", "epoch": epoch, "status": status.value, "gen": self.generation}
+                )
+        return entries
+
+
+class StateBackedLog:
     """Shared logic of the log backends; subclasses persist entries in ``_append``."""
 
     _state: ProgressState
@@ -214,125 +245,19 @@ class _StateBackedLog:
         self._append({"t": "horizon", "epoch": before_epoch, "gen": generation})
 
 
-class MemoryProgressLog(_StateBackedLog):
+class MemoryProgressLog(StateBackedLog):
     """Progress log in memory: "durable" for as long as the object lives (tests)."""
 
     def __init__(self) -> None:
         self._state = ProgressState(log_id=uuid.uuid4().hex)
 
     def _append(self, entry: dict[str, Any]) -> dict[str, Any]:
-        entry = _numbered(entry, self._state)
+        entry = numbered(entry, self._state)
         self._state.apply(entry)
         return entry
 
 
-class FileProgressLog(_StateBackedLog):
-    """Progress log as an fsynced JSON-lines file, one line per entry.
-
-    Appends take an exclusive ``flock`` and first read what other processes
-    appended, so a zombie sees the newer generation before it writes. A torn
-    last line (a crash mid-write) never reached fsync, so it was never
-    acknowledged: it is dropped on open, as if it had not been written.
-
-    Another process can read a line that is written but not yet fsynced (the
-    page cache is shared) and act on it; only a power loss at that moment
-    could then drop a line that was acted on. A local log cannot close that
-    window; the Delta-backed log of a later issue does.
-    """
-
-    def __init__(self, directory: str | os.PathLike[str], pipeline: str) -> None:
-        validate_name("pipeline", pipeline)
-        self.directory = Path(directory)
-        self.directory.mkdir(parents=True, exist_ok=True)
-        self.path = self.directory / f"{pipeline}.progress.jsonl"
-        self._state = ProgressState()
-        self._offset = 0
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            self._read_new(fd, repair=True)
-            if self._state.log_id is None:
-                # A new log (or one from before identities): give it one, once.
-                entry = {"t": "id", "log_id": uuid.uuid4().hex}
-                self._write_entry(fd, entry)
-        finally:
-            os.close(fd)
-        fsync_path(self.directory)
-
-    def _read_new(self, fd: int, *, repair: bool) -> None:
-        size = os.fstat(fd).st_size
-        if size <= self._offset:
-            return
-        chunk = os.pread(fd, size - self._offset, self._offset)
-        end = chunk.rfind(b"\n") + 1
-        for line in chunk[:end].splitlines():
-            self._state.apply(json.loads(line))
-        self._offset += end
-        if end < len(chunk):
-            if not repair:
-                raise FatalError(
-                    f"progress log {self.path} has a torn entry at byte {self._offset}"
-                )
-            # Torn tail: never fsynced, so never acknowledged. Drop it.
-            os.ftruncate(fd, self._offset)
-            os.fsync(fd)
-
-    def _refresh(self) -> None:
-        fd = os.open(self.path, os.O_RDONLY)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH)
-            self._read_new(fd, repair=False)
-        finally:
-            os.close(fd)
-
-    def _append(self, entry: dict[str, Any]) -> dict[str, Any]:
-        fd = os.open(self.path, os.O_RDWR | os.O_APPEND)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            self._read_new(fd, repair=False)
-            # Under the lock, number a new generation and re-check the fence:
-            # another process may have claimed one since our caller looked.
-            entry = _numbered(entry, self._state)
-            if entry["t"] in ("epoch", "horizon"):
-                self._state.check_generation(int(entry["gen"]))
-            self._write_entry(fd, entry)
-            return entry
-        finally:
-            os.close(fd)
-
-    def _write_entry(self, fd: int, entry: dict[str, Any]) -> None:
-        """Append one line at the end (the fd is locked exclusively), fsync, apply."""
-        line = json.dumps(entry, sort_keys=True).encode() + b"\n"
-        os.lseek(fd, 0, os.SEEK_END)
-        write_all(fd, line)
-        os.fsync(fd)
-        self._state.apply(entry)
-        self._offset += len(line)
-
-
-def read_progress(directory: str | os.PathLike[str], pipeline: str) -> ProgressState:
-    """Read a pipeline's file progress log without writing anything (for ``status``).
-
-    A torn last line is ignored, not repaired; nothing is created.
-
-    Raises:
-        ConfigurationError: the log does not exist (naming the path).
-    """
-    validate_name("pipeline", pipeline)
-    path = Path(directory) / f"{pipeline}.progress.jsonl"
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        raise ConfigurationError(
-            f"no progress log for pipeline {pipeline!r} at {path}", path=str(path)
-        ) from None
-    state = ProgressState()
-    for line in data[: data.rfind(b"\n") + 1].splitlines():
-        state.apply(json.loads(line))
-    return state
-
-
-def _numbered(entry: dict[str, Any], state: ProgressState) -> dict[str, Any]:
+def numbered(entry: dict[str, Any], state: ProgressState) -> dict[str, Any]:
     """Give a generation claim the number after the newest one seen."""
     if entry["t"] == "gen":
         return {"t": "gen", "gen": state.generation + 1}

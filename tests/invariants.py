@@ -10,7 +10,8 @@ from reconcile.contract import OK, Fatal, FatalError, SinkTxnId, WriterIdentity
 from reconcile.cycle import CommitCycle, CommitSucceeded, RecoveryReport
 from reconcile.driver import DriveReport, RetryPolicy, drive
 from reconcile.faults import FaultPlan, FaultySink
-from reconcile.progress import EpochStatus, FileProgressLog
+from reconcile.progress import EpochStatus
+from reconcile.progress_file import FileProgressLog
 from sinks.base import bind_writer
 from tests.harness import SinkHarness, epoch_problems, rows_for
 

@@ -16,7 +16,8 @@ from reconcile.contract import (
 )
 from reconcile.cycle import CommitCycle, CommitFatal, CommitSucceeded
 from reconcile.faults import Fault, FaultKind, FaultPlan
-from reconcile.progress import EpochStatus, FileProgressLog
+from reconcile.progress import EpochStatus
+from reconcile.progress_file import FileProgressLog
 from sinks.base import bind_writer
 from tests.harness import SinkHarness, epoch_problems, rows_for
 from tests.invariants import PIPELINE, SINKS, Scenario

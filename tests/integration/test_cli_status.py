@@ -11,7 +11,8 @@ import pytest
 from reconcile.cli import main
 from reconcile.contract import SinkTxnId
 from reconcile.cycle import CommitCycle, CommitSucceeded
-from reconcile.progress import EpochStatus, FileProgressLog
+from reconcile.progress import EpochStatus
+from reconcile.progress_file import FileProgressLog
 from sinks.postgres import postgres_sink
 
 pytestmark = pytest.mark.integration

@@ -34,7 +34,7 @@ from reconcile.contract import (
     WriterIdentity,
 )
 from reconcile.cycle import CommitCycle, CommitSucceeded
-from reconcile.progress import FileProgressLog
+from reconcile.progress_file import FileProgressLog
 from sinks.http import HttpSink
 from tests.http_receiver import ReceiverServer
 

@@ -12,7 +12,8 @@ from psycopg import sql
 
 from reconcile import hooks
 from reconcile.cycle import CommitCycle, CommitSucceeded
-from reconcile.progress import MARK_CHECKED, FileProgressLog
+from reconcile.progress import MARK_CHECKED
+from reconcile.progress_file import FileProgressLog
 from sinks.postgres import PostgresSink, session
 from tests.fix_pg import PgServer
 

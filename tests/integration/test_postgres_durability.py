@@ -10,7 +10,7 @@ import pytest
 from psycopg import sql
 
 from reconcile.cycle import CommitCycle, CommitSucceeded
-from reconcile.progress import FileProgressLog
+from reconcile.progress_file import FileProgressLog
 from sinks.postgres import postgres_sink
 from tests.fix_pg import PgServer
 

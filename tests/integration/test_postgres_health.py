@@ -15,7 +15,8 @@ from reconcile.cli import main
 from reconcile.contract import OK, MarkerMismatchError, SinkTxnId
 from reconcile.cycle import CommitCycle, CommitSucceeded
 from reconcile.faults import Fault, FaultKind, FaultPlan, SimulatedCrash
-from reconcile.progress import EpochStatus, FileProgressLog
+from reconcile.progress import EpochStatus
+from reconcile.progress_file import FileProgressLog
 from sinks.postgres import postgres_sink
 
 pytestmark = pytest.mark.integration

@@ -25,7 +25,7 @@ from reconcile.contract import (
     WriterIdentity,
 )
 from reconcile.cycle import CommitCycle, CommitFatal, CommitSucceeded
-from reconcile.progress import FileProgressLog, read_progress
+from reconcile.progress_file import FileProgressLog, read_progress
 from sinks.postgres import postgres_sink
 from sinks.postgres.client import FENCE_CHECKED
 from tests.fix_pg import PASSWORD, PASSWORD_USER, PgServer

@@ -18,7 +18,8 @@ import pytest
 from reconcile import hooks
 from reconcile.contract import OK, OutcomeUnknownError, SinkTxnId, WriterIdentity
 from reconcile.cycle import CommitCycle, CommitFatal, CommitSucceeded
-from reconcile.progress import EpochStatus, FileProgressLog
+from reconcile.progress import EpochStatus
+from reconcile.progress_file import FileProgressLog
 from sinks.postgres import PgTarget, PostgresSink, postgres_sink
 from sinks.postgres.markers import StateTables
 from sinks.postgres.ownership import Scope

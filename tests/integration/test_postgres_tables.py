@@ -19,7 +19,7 @@ from psycopg.conninfo import conninfo_to_dict
 
 from reconcile.contract import ConfigurationError
 from reconcile.cycle import CommitCycle, CommitSucceeded
-from reconcile.progress import FileProgressLog
+from reconcile.progress_file import FileProgressLog
 from sinks.postgres import postgres_sink
 from tests.fix_pg import PgServer
 

@@ -26,7 +26,7 @@ from reconcile.contract import (
     WriterIdentity,
 )
 from reconcile.cycle import CommitCycle, CommitFatal, CommitResult, CommitSucceeded
-from reconcile.progress import FileProgressLog
+from reconcile.progress_file import FileProgressLog
 from sinks.base import bind_writer
 from tests.fix_sinks import HttpHarness, MemoryHarness
 from tests.harness import SinkHarness

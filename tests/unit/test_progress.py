@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from reconcile.contract import FatalError, FencedError
-from reconcile.progress import EpochStatus, FileProgressLog, MemoryProgressLog, ProgressLog
+from reconcile.progress import EpochStatus, MemoryProgressLog, ProgressLog
+from reconcile.progress_file import FileProgressLog
 
 D, C, F, A = (
     EpochStatus.DECIDED,
@@ -119,7 +120,7 @@ def test_takeover_inside_the_fence_window_is_caught_under_the_lock(tmp_path: Pat
 
 
 def test_log_identity_is_fixed_at_creation(tmp_path: Path) -> None:
-    from reconcile.progress import read_progress
+    from reconcile.progress_file import read_progress
 
     first = FileProgressLog(tmp_path, "pipe")
     assert FileProgressLog(tmp_path, "pipe").log_id == first.log_id
@@ -130,7 +131,7 @@ def test_log_identity_is_fixed_at_creation(tmp_path: Path) -> None:
 
 def test_read_progress_writes_nothing(tmp_path: Path) -> None:
     from reconcile.contract import ConfigurationError
-    from reconcile.progress import read_progress
+    from reconcile.progress_file import read_progress
 
     with pytest.raises(ConfigurationError, match="no progress log for pipeline 'pipe'"):
         read_progress(tmp_path, "pipe")
@@ -142,3 +143,60 @@ def test_read_progress_writes_nothing(tmp_path: Path) -> None:
     size = log.path.stat().st_size
     assert read_progress(tmp_path, "pipe").statuses == {0: D}
     assert log.path.stat().st_size == size
+
+
+def _finalize(log: FileProgressLog, epochs: range, gen: int) -> None:
+    for e in epochs:
+        for s in (D, C, F):
+            log.mark(e, s, gen)
+
+
+def test_the_log_compacts_itself_and_keeps_what_recovery_needs(tmp_path: Path) -> None:
+    log = FileProgressLog(tmp_path, "pipe", compact_after_lines=60, keep_epochs=5)
+    gen = log.claim_generation()
+    _finalize(log, range(0, 30), gen)
+    log.mark(30, D, gen)  # not finalized: must survive every compaction
+    _finalize(log, range(31, 40), gen)
+    lines = log.path.read_text().splitlines()
+    assert len(lines) < 60, len(lines)  # it did compact: 40 epochs are ~120 lines
+    fresh = FileProgressLog(tmp_path, "pipe")
+    assert fresh.log_id == log.log_id
+    assert fresh.last_committed() == 39
+    assert fresh.status(30) is D
+    assert [fresh.status(e) for e in range(35, 40)] == [F] * 5
+    assert fresh.status(0) is EpochStatus.UNKNOWN
+    assert fresh.claim_generation() == gen + 1  # the generation survived
+
+
+def test_a_zombie_whose_view_predates_a_compaction_is_still_fenced(tmp_path: Path) -> None:
+    zombie = FileProgressLog(tmp_path, "pipe")
+    gen = zombie.claim_generation()
+    _finalize(zombie, range(0, 10), gen)  # the zombie has read the whole old file
+    successor = FileProgressLog(tmp_path, "pipe", keep_epochs=2)
+    new_gen = successor.claim_generation()
+    successor.compact(new_gen)  # a new, shorter file
+    successor.mark(10, D, new_gen)
+    with pytest.raises(FencedError, match=f"generation {gen} rejected"):
+        zombie.mark(11, D, gen)
+    assert zombie.status(10) is D  # it reads the new file, not a stale tail of the old
+    assert FileProgressLog(tmp_path, "pipe").status(11) is None
+
+
+def test_compaction_keeps_which_generation_passed_each_commit_point(tmp_path: Path) -> None:
+    from sinks.postgres.admin import committed_attempts
+
+    log = FileProgressLog(tmp_path, "pipe", keep_epochs=10)
+    first = log.claim_generation()
+    _finalize(log, range(0, 3), first)
+    second = log.claim_generation()
+    _finalize(log, range(3, 5), second)
+    log.mark(5, D, second)
+    log.mark(5, C, second)
+    before = committed_attempts(tmp_path, "pipe")
+    log.compact(second)
+    assert (
+        committed_attempts(tmp_path, "pipe")
+        == before
+        == {(0, first), (1, first), (2, first), (3, second), (4, second), (5, second)}
+    )
+    assert FileProgressLog(tmp_path, "pipe").status(5) is C
