@@ -10,8 +10,8 @@ import pytest
 from deltalake import DeltaTable
 
 from reconcile.contract import SinkTxnId
+from reconcile.testing.harness import ChaosRow
 from sinks.delta import DeltaSink
-from tests.harness import ChaosRow
 
 
 class DeltaHarness:

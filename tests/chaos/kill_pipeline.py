@@ -16,8 +16,8 @@ import sys
 from pathlib import Path
 
 from reconcile.faults import Fault, FaultKind, FaultPlan
-from tests.harness import SinkHarness
-from tests.invariants import Scenario
+from reconcile.testing.harness import SinkHarness
+from reconcile.testing.scenario import Scenario
 
 
 def harness_for(kind: str, target: str) -> SinkHarness:

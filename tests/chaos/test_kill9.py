@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
+from reconcile.testing.scenario import SINKS, Scenario
 from tests.chaos.kill_pipeline import harness_for
 from tests.fix_pg import PgServer
-from tests.invariants import SINKS, Scenario
 
 pytestmark = [pytest.mark.chaos, pytest.mark.integration]
 

@@ -11,12 +11,12 @@ from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
 from reconcile.faults import CYCLE_POINTS, SINK_OPERATIONS, Fault, FaultKind, FaultPlan
+from reconcile.testing.harness import SinkHarness
+from reconcile.testing.scenario import SINKS, Scenario
 from tests.fix_chaos import record
 from tests.fix_delta import DeltaHarness
 from tests.fix_pg import PgServer, PostgresHarness
 from tests.fix_sinks import FileHarness, MemoryHarness
-from tests.harness import SinkHarness
-from tests.invariants import SINKS, Scenario
 
 pytestmark = pytest.mark.chaos
 

@@ -19,9 +19,9 @@ from expected_state.fencing import fence_app_id
 from expected_state.store import APPLY_CHECKED, APPLY_TABLE_MISSING, ExpectedStateStore
 from reconcile import hooks
 from reconcile.contract import OK, Change, FencedError, SinkTxnId
+from reconcile.testing.harness import rows_for
 from sinks.delta import COMMIT_CHECKED, DeltaSink
 from tests.fix_delta import DeltaHarness
-from tests.harness import rows_for
 
 pytestmark = pytest.mark.integration
 

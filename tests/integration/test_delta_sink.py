@@ -23,10 +23,10 @@ from reconcile.contract import (
     SinkTxnId,
     WriterIdentity,
 )
+from reconcile.testing.harness import rows_for
 from sinks.base import TwoPhaseSink
 from sinks.delta import DeltaSink
 from tests.fix_delta import DeltaHarness
-from tests.harness import rows_for
 
 pytestmark = pytest.mark.integration
 
@@ -147,7 +147,7 @@ CRASH_WORKER = """
     import sinks.delta as delta_module
     from reconcile.contract import SinkTxnId
     from sinks.delta import DeltaSink
-    from tests.harness import rows_for
+    from reconcile.testing.harness import rows_for
 
     sink = DeltaSink("out", sys.argv[1])
     txn = SinkTxnId("pipe", "out", 1, 0)

@@ -14,8 +14,8 @@ import pytest
 
 from reconcile.driver import drive
 from reconcile.results import CommitResult, CommitSucceeded
+from reconcile.testing.scenario import Scenario
 from tests.fix_pg import PgServer, PostgresHarness
-from tests.invariants import Scenario
 
 pytestmark = [pytest.mark.integration, pytest.mark.chaos]
 

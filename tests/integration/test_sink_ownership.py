@@ -27,9 +27,9 @@ from reconcile.contract import (
 )
 from reconcile.cycle import CommitCycle, CommitFatal, CommitResult, CommitSucceeded
 from reconcile.progress_file import FileProgressLog
+from reconcile.testing.harness import SinkHarness
 from sinks.base import bind_writer
 from tests.fix_sinks import HttpHarness, MemoryHarness
-from tests.harness import SinkHarness
 
 pytestmark = pytest.mark.integration
 

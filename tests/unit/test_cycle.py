@@ -25,8 +25,8 @@ from reconcile.cycle import CommitAborted, CommitCycle, CommitSucceeded
 from reconcile.faults import Fault, FaultKind, FaultPlan
 from reconcile.metrics import InMemoryMetrics
 from reconcile.progress import EpochStatus, MemoryProgressLog
+from reconcile.testing.harness import rows_for
 from sinks.memory import MemorySink, MemoryStore
-from tests.harness import rows_for
 
 
 class RecordingSink(MemorySink):
