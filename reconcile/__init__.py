@@ -40,7 +40,7 @@ from reconcile.results import (
     CommitSucceeded,
     RecoveryReport,
 )
-from sinks.base import TwoPhaseSink, check_outcome
+from reconcile.sink import TwoPhaseSink, check_outcome
 
 __all__ = [
     "OK",

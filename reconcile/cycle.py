@@ -38,8 +38,8 @@ from reconcile.results import (
     CommitSucceeded,
     RecoveryReport,
 )
+from reconcile.sink import TwoPhaseSink, bind_writer, has_durable_prepare
 from reconcile.steps import SinkSteps, StepFailed
-from sinks.base import TwoPhaseSink, bind_writer, has_durable_prepare
 
 __all__ = [
     "CommitAborted",

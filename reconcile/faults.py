@@ -18,7 +18,7 @@ from reconcile.contract import (
     SinkTxnId,
     WriterIdentity,
 )
-from sinks.base import bind_writer, has_durable_prepare
+from reconcile.sink import SinkCapabilities, bind_writer, capabilities_of
 
 __all__ = [
     "CYCLE_POINTS",
@@ -153,8 +153,8 @@ class FaultySink:
         return str(self.inner.name)
 
     @property
-    def durable_prepare(self) -> bool:
-        return has_durable_prepare(self.inner)
+    def capabilities(self) -> SinkCapabilities:
+        return capabilities_of(self.inner)
 
     def _call(self, operation: str, *args: Any) -> Any:
         point = f"sink.{self.name}.{operation}"

@@ -19,7 +19,7 @@ from reconcile.contract import (
     SinkTxnId,
 )
 from reconcile.metrics import Metrics
-from sinks.base import TwoPhaseSink, check_outcome, has_durable_prepare
+from reconcile.sink import TwoPhaseSink, check_outcome, has_durable_prepare
 
 __all__ = ["SinkSteps", "StepFailed"]
 

@@ -1,113 +1,19 @@
-"""The two-phase-commit sink contract: the protocol every sink implements."""
+"""The sink contract, re-exported for sinks: it lives in the core, in ``reconcile.sink``."""
 
-from __future__ import annotations
-
-from collections.abc import Iterable, Sequence
-from typing import Any, Protocol, runtime_checkable
-
-from reconcile.contract import (
-    ContractViolationError,
-    Fatal,
-    Ok,
-    Retryable,
-    SinkOutcome,
-    SinkTxnId,
-    WriterIdentity,
+from reconcile.sink import (
+    SinkCapabilities,
+    TwoPhaseSink,
+    bind_writer,
+    capabilities_of,
+    check_outcome,
+    has_durable_prepare,
 )
 
-__all__ = ["TwoPhaseSink", "bind_writer", "check_outcome", "has_durable_prepare"]
-
-
-@runtime_checkable
-class TwoPhaseSink(Protocol):
-    """A Flink-style two-phase-commit sink.
-
-    Every operation is idempotent: committing a committed txn is OK, aborting an
-    unknown txn is OK, preparing a txn that is already prepared replaces it with
-    the same content. Idempotency keys on ``txn_id.key`` (pipeline, sink, epoch),
-    not on the generation.
-
-    Operations return a :data:`SinkOutcome` (``OK``, ``Retryable(reason)``,
-    ``Fatal(reason)``) rather than raising for expected failures. An exception
-    that escapes an operation means its outcome is unknown to the caller.
-    """
-
-    @property
-    def name(self) -> str:
-        """The sink's name, unique within a pipeline."""
-        ...
-
-    def stage(self, txn_id: SinkTxnId, rows: Iterable[Any]) -> SinkOutcome:
-        """Buffer rows for ``txn_id``. Nothing becomes visible or durable."""
-        ...
-
-    def prepare(self, txn_id: SinkTxnId) -> SinkOutcome:
-        """Make the staged batch durable but invisible.
-
-        Once this returns OK, ``commit`` must eventually succeed, even after a
-        crash of this process.
-        """
-        ...
-
-    def commit(self, txn_id: SinkTxnId) -> SinkOutcome:
-        """Make the prepared batch visible atomically. OK if already committed."""
-        ...
-
-    def abort(self, txn_id: SinkTxnId) -> SinkOutcome:
-        """Discard the staged or prepared batch. OK if there is none."""
-        ...
-
-    def recover(self) -> Sequence[SinkTxnId]:
-        """List every txn that the external system holds prepared but not committed."""
-        ...
-
-
-def bind_writer(sink: object, writer: WriterIdentity) -> None:
-    """Tell ``sink`` who writes through it, if it wants to know (optional ``bind``).
-
-    ``CommitCycle.start()`` calls ``sink.bind(writer)`` before it claims a
-    generation and before ``recover()``. A sink uses it to:
-
-    - check that it can reach its system and that its target is usable, so a
-      bad DSN or a missing table fails at start-up (raise ConfigurationError
-      for what no retry can fix, RetryableError for what may pass);
-    - record ``writer.log_id`` beside each commit marker, and refuse (with a
-      ``Fatal`` carrying MarkerMismatchError) an epoch whose marker was written
-      by another progress log or for another target, instead of answering
-      "already committed".
-
-    ``bind`` must be idempotent; a sink without it is used as it is.
-    """
-    binder = getattr(sink, "bind", None)
-    if binder is not None:
-        binder(writer)
-
-
-def has_durable_prepare(sink: object) -> bool:
-    """Whether ``sink``'s prepared txns survive a crash of the process that prepared them.
-
-    A sink may set ``durable_prepare = False`` (Postgres in transactional mode,
-    whose "prepared" txn is an open transaction that dies with its connection).
-    Such a sink's ``recover()`` lists nothing, and after a crash past the commit
-    point its ``commit`` is OK only if the epoch got in; otherwise the cycle
-    replays the epoch's outputs into it (stage, prepare, commit), which its
-    own idempotency (a commit marker) makes exactly-once. Default: True.
-    """
-    return bool(getattr(sink, "durable_prepare", True))
-
-
-def check_outcome(sink: str, operation: str, txn_id: SinkTxnId, value: object) -> SinkOutcome:
-    """Return ``value`` if it is a SinkOutcome, else raise ContractViolationError.
-
-    Raises:
-        ContractViolationError: naming the sink, the operation and what it returned.
-    """
-    if isinstance(value, Ok | Retryable | Fatal):
-        return value
-    raise ContractViolationError(
-        f"sink {sink!r} returned {value!r} (type {type(value).__name__}) from "
-        f"{operation}({txn_id}); a sink must return OK, Retryable(reason) or Fatal(reason)",
-        sink=sink,
-        operation=operation,
-        txn_id=str(txn_id),
-    )
+__all__ = [
+    "SinkCapabilities",
+    "TwoPhaseSink",
+    "bind_writer",
+    "capabilities_of",
+    "check_outcome",
+    "has_durable_prepare",
+]

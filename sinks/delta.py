@@ -32,6 +32,7 @@ from reconcile.contract import (
     validate_name,
 )
 from reconcile.durable import write_atomically
+from reconcile.sink import SinkCapabilities
 from sinks.delta_manifest import FILES_DIR as _FILES
 from sinks.delta_manifest import PREPARED_DIR as _PREPARED
 from sinks.delta_manifest import (
@@ -85,6 +86,8 @@ class DeltaSink:
     (sinks/delta_manifest.py): only the sink's own files inside the table
     root are ever deleted or committed.
     """
+
+    capabilities = SinkCapabilities(durable_prepare=True, epoch_column=True)
 
     def __init__(
         self, name: str, root: str | os.PathLike[str], *, schema: pa.Schema | None = None

@@ -24,6 +24,7 @@ from reconcile.contract import (
     validate_name,
 )
 from reconcile.durable import fsync_path, write_atomically
+from reconcile.sink import SinkCapabilities
 from sinks.file_layout import make_dirs, read_batch, read_fences, read_header, remove_and_sync
 from sinks.ownership import WriterBinding, describe_log, foreign_commit, foreign_prepare
 
@@ -59,6 +60,8 @@ class FileSink:
     MarkerMismatchError, never OK. Unbound, the sink is its own writer and
     writes ``"log_id": null``.
     """
+
+    capabilities = SinkCapabilities(durable_prepare=True)
 
     def __init__(self, name: str, root: str | os.PathLike[str]) -> None:
         self._name = validate_name("sink", name)

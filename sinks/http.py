@@ -27,6 +27,7 @@ from reconcile.contract import (
     WriterIdentity,
     validate_name,
 )
+from reconcile.sink import SinkCapabilities
 from sinks.http_transport import Reply, Secrets, exchange, parse_endpoint
 from sinks.ownership import WriterBinding, foreign_commit
 
@@ -81,6 +82,8 @@ class HttpSink:
     Unbound, the header is not sent and the sink accepts only commits the
     receiver holds without a log id.
     """
+
+    capabilities = SinkCapabilities(durable_prepare=True)
 
     def __init__(
         self,

@@ -17,6 +17,7 @@ from reconcile.contract import (
     WriterIdentity,
     validate_name,
 )
+from reconcile.sink import SinkCapabilities
 from sinks.ownership import WriterBinding, foreign_commit, foreign_prepare
 
 __all__ = ["CommitRecord", "MemorySink", "MemoryStore"]
@@ -63,6 +64,8 @@ class MemorySink:
     is a Fatal MarkerMismatchError, never OK. Unbound, the sink is its own
     writer with no log id.
     """
+
+    capabilities = SinkCapabilities(durable_prepare=True)
 
     def __init__(self, name: str, store: MemoryStore) -> None:
         self._name = validate_name("sink", name)

@@ -19,8 +19,8 @@ from reconcile.contract import (
     SinkTxnId,
     WriterIdentity,
 )
+from reconcile.sink import bind_writer, has_durable_prepare
 from reconcile.testing.harness import ChaosRow, SinkHarness, rows_for
-from sinks.base import bind_writer, has_durable_prepare
 
 __all__ = ["CONTRACT_CHECKS", "ContractCheckError", "expect"]
 

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 from reconcile.contract import SinkTxnId
-from sinks.base import TwoPhaseSink
+from reconcile.sink import TwoPhaseSink
 
 # Rows used by the contract and chaos suites: a unique key and a value.
 ChaosRow = dict[str, Any]  # {"k": str, "v": int}

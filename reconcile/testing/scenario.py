@@ -12,8 +12,8 @@ from reconcile.driver import DriveReport, RetryPolicy, drive
 from reconcile.faults import FaultPlan, FaultySink
 from reconcile.progress import EpochStatus
 from reconcile.progress_file import FileProgressLog
+from reconcile.sink import bind_writer
 from reconcile.testing.harness import SinkHarness, epoch_problems, rows_for
-from sinks.base import bind_writer
 
 PIPELINE = "chaos"
 SINKS = ("alpha", "beta")

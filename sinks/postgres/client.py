@@ -22,6 +22,7 @@ from reconcile.contract import (
     WriterIdentity,
     validate_name,
 )
+from reconcile.sink import SinkCapabilities
 
 from .binding import claim_scope, connect_checked, open_target, startup_failure
 from .connection import PgTarget, connect_failure
@@ -81,6 +82,16 @@ class PgSinkClient:
         prepared_warn_after_s: at start-up, warn about the pipeline's prepared
             txns older than this (prepared mode).
     """
+
+    durable_prepare = False  # overridden by the prepared mode
+
+    @property
+    def capabilities(self) -> SinkCapabilities:
+        """Durable prepare in prepared mode; ``_epoch`` once the target is known to have it."""
+        return SinkCapabilities(
+            durable_prepare=self.durable_prepare,
+            epoch_column=self._schema is not None and self._schema.has_epoch_column,
+        )
 
     mode = "transactional"
 

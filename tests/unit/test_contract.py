@@ -146,3 +146,17 @@ def test_change_id_is_stable_and_uuid7_shaped() -> None:
 def test_change_id_sorts_by_epoch() -> None:
     ids = [change_id("p", e, "x", 0) for e in range(50)]
     assert sorted(ids) == ids
+
+
+def test_capabilities_are_a_value_with_a_fallback_for_older_sinks() -> None:
+    from reconcile.sink import SinkCapabilities, capabilities_of
+
+    class Declared:
+        capabilities = SinkCapabilities(durable_prepare=False, pullable=True)
+
+    class Older:
+        durable_prepare = False  # a sink written before capabilities existed
+
+    assert capabilities_of(Declared()) == SinkCapabilities(durable_prepare=False, pullable=True)
+    assert capabilities_of(Older()) == SinkCapabilities(durable_prepare=False)
+    assert capabilities_of(object()) == SinkCapabilities()

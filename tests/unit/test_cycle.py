@@ -25,6 +25,7 @@ from reconcile.cycle import CommitAborted, CommitCycle, CommitSucceeded
 from reconcile.faults import Fault, FaultKind, FaultPlan
 from reconcile.metrics import InMemoryMetrics
 from reconcile.progress import EpochStatus, MemoryProgressLog
+from reconcile.sink import SinkCapabilities
 from reconcile.testing.harness import rows_for
 from sinks.memory import MemorySink, MemoryStore
 
@@ -219,7 +220,7 @@ def test_start_never_finalizes_an_epoch_a_sink_does_not_hold() -> None:
 class VolatileSink(MemorySink):
     """Like Postgres in transactional mode: the prepared batch lives in the client only."""
 
-    durable_prepare = False
+    capabilities = SinkCapabilities(durable_prepare=False)
 
     def __init__(self, name: str, store: MemoryStore) -> None:
         super().__init__(name, store)

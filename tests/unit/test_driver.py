@@ -22,6 +22,7 @@ from reconcile.decisions import Settle, decide_stranded, is_terminal
 from reconcile.driver import RetryPolicy, drive
 from reconcile.progress import EpochStatus, MemoryProgressLog
 from reconcile.results import CommitFatal
+from reconcile.sink import SinkCapabilities
 from sinks.memory import MemorySink, MemoryStore
 
 FAST = RetryPolicy(give_up_after_s=5.0, initial_s=0.0, max_s=0.0, jitter_s=0.0)
@@ -142,7 +143,7 @@ def test_running_the_same_drive_again_resumes() -> None:
 class Forgetful(MemorySink):
     """A sink without a durable prepare: its prepared txn dies with the client."""
 
-    durable_prepare = False
+    capabilities = SinkCapabilities(durable_prepare=False)
 
     def commit(self, txn_id: SinkTxnId) -> SinkOutcome:
         if txn_id.key not in self.store.committed and txn_id.key not in self.store.prepared:
