@@ -1,0 +1,63 @@
+"""How recovery finds what differs: the modes, and the auto decision as a pure function."""
+
+from __future__ import annotations
+
+import enum
+
+__all__ = ["Mode", "choose_mode"]
+
+
+class Mode(enum.Enum):
+    """Which rows are pulled from the sink to be diffed.
+
+    - FULL: every row.
+    - SCOPED: only what could differ since the last verified epoch: the keys the
+      expected state changed since then, and the sink rows whose ``_epoch`` is
+      newer. Needs the sink's ``_epoch`` column. Costs in proportion to the
+      divergence, not to the table.
+    - BUCKETS: the sink's system computes a count and a checksum per bucket of
+      keys, the expected side the same; only differing buckets are pulled.
+      Finds any value changed by hand (the checksum is computed from the
+      values, not read from a hash column the engine wrote).
+    - AUTO: SCOPED after a crash, BUCKETS for a scheduled check, FULL when
+      nothing else applies.
+    """
+
+    FULL = "full"
+    SCOPED = "scoped"
+    BUCKETS = "buckets"
+    AUTO = "auto"
+
+
+def choose_mode(
+    requested: Mode,
+    *,
+    after_crash: bool,
+    epoch_column: bool,
+    bucket_checksums: bool,
+    verified_epoch: int | None,
+) -> tuple[Mode, str]:
+    """The mode that runs, and why, for a requested mode (AUTO decides; others are kept).
+
+    Args:
+        requested: what the caller asked for.
+        after_crash: recovery after a restart (the divergence is the epochs in
+            doubt), rather than a scheduled check for drift of any kind.
+        epoch_column: the sink's rows carry ``_epoch``.
+        bucket_checksums: the sink's system computes bucket checksums.
+        verified_epoch: the newest epoch up to which the sink is known to match
+            the expected state (None: never verified).
+    """
+    if requested is not Mode.AUTO:
+        return requested, "requested"
+    if after_crash and epoch_column and verified_epoch is not None:
+        return Mode.SCOPED, (
+            f"after a restart, the sink matched the expected state up to epoch "
+            f"{verified_epoch}; only later epochs can differ, and rows carry _epoch"
+        )
+    if bucket_checksums:
+        reason = "a check for drift of any kind (hand edits included)"
+        if after_crash:
+            reason = "no verified epoch to scope from" if epoch_column else "rows lack _epoch"
+        return Mode.BUCKETS, f"{reason}: compare bucket checksums, pull differing buckets"
+    return Mode.FULL, "the sink computes no bucket checksums and cannot be scoped"
