@@ -8,9 +8,7 @@ Figures are rows per second of wall time on this machine; no test asserts them.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import shutil
 import sys
 import tempfile
@@ -23,7 +21,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-RESULTS = Path(__file__).resolve().parent / "results"
+from benchmarks.report import RESULTS, machine, versions, write_report
+
 COLUMNS = ["k", "name", "score", "ts"]
 # The same four columns in Spark SQL: long key, short string, double with NULLs, timestamp.
 SPARK_COLUMNS = [
@@ -85,32 +84,6 @@ def bench_bridge(spark: Any, rows: int, workdir: Path) -> float:
     return rows / elapsed
 
 
-def versions() -> dict[str, str]:
-    import deltalake
-    import pyspark
-    import xxhash
-
-    return {
-        "python": platform.python_version(),
-        "numpy": np.__version__,
-        "pyarrow": pa.__version__,
-        "pyspark": pyspark.__version__,
-        "deltalake": deltalake.__version__,
-        "xxhash": xxhash.VERSION,
-    }
-
-
-def machine() -> dict[str, Any]:
-    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    return {
-        "platform": platform.platform(),
-        "processor": platform.processor() or platform.machine(),
-        "cpus": os.cpu_count(),
-        "memory_gib": round(mem / 2**30, 1),
-        "spark_master": "local[2]",
-    }
-
-
 def markdown(report: dict[str, Any]) -> str:
     rows = report["scale"]["rows"]
     return "\n".join(
@@ -168,13 +141,12 @@ def main(argv: list[str] | None = None) -> int:
         "hash_spark_rows_per_s": round(spark_rate),
         "bridge_write_rows_per_s": round(bridge_rate),
         "scale": {"rows": args.rows, "columns": COLUMNS},
-        "machine": machine(),
-        "versions": versions(),
+        "machine": machine(spark_master="local[2]"),
+        "versions": versions("numpy", "pyarrow", "pyspark", "deltalake", "xxhash"),
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "hashing.json").write_text(json.dumps(report, indent=2) + "\n")
-    (RESULTS / "hashing.md").write_text(markdown(report))
+    write_report("hashing", report, markdown(report))
     return 0
 
 

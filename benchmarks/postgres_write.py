@@ -5,8 +5,6 @@ from __future__ import annotations
 import argparse
 import io
 import json
-import os
-import platform
 import statistics
 import sys
 import time
@@ -21,11 +19,11 @@ import pyarrow.csv as pacsv
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.report import RESULTS, machine, versions, write_report  # noqa: E402
 from reconcile.contract import OK, SinkTxnId  # noqa: E402
 from sinks.postgres import PostgresSink  # noqa: E402
 from tests.fix_pg import PgServer  # noqa: E402
 
-RESULTS = ROOT / "benchmarks" / "results"
 BIG_DDL = (
     "CREATE TABLE {t} (id bigint PRIMARY KEY, name text, qty int4, price float8, "
     "at timestamptz, _epoch bigint)"
@@ -76,28 +74,6 @@ def reset(conn: psycopg.Connection[Any], *tables: str) -> None:
     conn.commit()
     conn.execute("CHECKPOINT")
     conn.commit()
-
-
-def machine() -> dict[str, Any]:
-    model = ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-        mem_kb = next(
-            int(x.split()[1])
-            for x in Path("/proc/meminfo").read_text().splitlines()
-            if x.startswith("MemTotal")
-        )
-    except (OSError, StopIteration):
-        mem_kb = 0
-    return {
-        "platform": platform.platform(),
-        "cpu_model": model,
-        "cpus": os.cpu_count(),
-        "memory_gib": round(mem_kb / 1024 / 1024, 1),
-    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -202,11 +178,9 @@ def main(argv: list[str] | None = None) -> int:
             "warm-up; overhead = difference of medians."
         ),
         "versions": {
+            **versions("psycopg", "pyarrow"),
             "postgres": version[0] if version else None,
-            "python": platform.python_version(),
-            "psycopg": psycopg.__version__,
             "libpq": psycopg.pq.version(),
-            "pyarrow": pa.__version__,
         },
         "machine": machine(),
         "raw": {
@@ -224,8 +198,7 @@ def main(argv: list[str] | None = None) -> int:
         },
     }
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "postgres_write.json").write_text(json.dumps(report, indent=2) + "\n")
-    (args.out / "postgres_write.md").write_text(markdown(report))
+    write_report("postgres_write", report, markdown(report), args.out)
     print(json.dumps({k: report[k] for k in ("copy_ratio", "small_epoch_overhead_ms", "met")}))
     return 0
 
