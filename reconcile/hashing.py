@@ -53,24 +53,21 @@ decimal(20, 2). Any other type (nested, interval, time, float16, uint64, ...)
 raises :class:`~reconcile.contract.InvalidInputError` naming the column.
 
 :func:`row_hash_arrow` computes it vectorized on Arrow data (numpy XXH64, no Python
-loop over rows); :func:`row_hash` computes it for one row with the ``xxhash``
-package; :func:`reconcile.hashing_spark.row_hash_column` builds it as a native
+loop over rows); :func:`reconcile.hashing_scalar.row_hash` computes it for one row with the
+``xxhash`` package; :func:`reconcile.hashing_spark.row_hash_column` builds it as a native
 Spark expression. All three give identical int64 values.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import math
-import struct
-from collections.abc import Mapping, Sequence
-from decimal import Context, Decimal
+from collections.abc import Sequence
+from decimal import Context
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa  # type: ignore[import-untyped]
-import xxhash
 
 from reconcile.contract import InvalidInputError
 from reconcile.xxh64 import (
@@ -82,19 +79,19 @@ from reconcile.xxh64 import (
     to_signed,
 )
 
-__all__ = ["HASH_SEED", "hash_kind", "null_mask_words", "row_hash", "row_hash_arrow"]
+__all__ = ["HASH_SEED", "hash_kind", "null_mask_words", "row_hash_arrow"]
 
 HASH_SEED = 42
-_MASK64 = (1 << 64) - 1
-_DOUBLE_NAN_BITS = 0x7FF8000000000000
-_FLOAT_NAN_BITS = 0x7FC00000
-_EPOCH_DATE = dt.date(1970, 1, 1)
-_EPOCH_NAIVE = dt.datetime(1970, 1, 1)
-_EPOCH_UTC = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
-_ONE_US = dt.timedelta(microseconds=1)
+MASK64 = (1 << 64) - 1
+DOUBLE_NAN_BITS = 0x7FF8000000000000
+FLOAT_NAN_BITS = 0x7FC00000
+EPOCH_DATE = dt.date(1970, 1, 1)
+EPOCH_NAIVE = dt.datetime(1970, 1, 1)
+EPOCH_UTC = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+ONE_US = dt.timedelta(microseconds=1)
 # Exact for 38-digit decimals (the default context rounds to 28 digits).
-_DECIMAL_CONTEXT = Context(prec=100)
-_US_PER_UNIT = {"s": 1_000_000, "ms": 1_000, "us": 1}
+DECIMAL_CONTEXT = Context(prec=100)
+US_PER_UNIT = {"s": 1_000_000, "ms": 1_000, "us": 1}
 # Rows per slice of a large batch: bounds the numpy temporaries to some hundreds of MiB.
 _SLICE_ROWS = 1 << 18
 # Cap on rows * padded width of one byte matrix, for the same reason.
@@ -277,17 +274,17 @@ def _hash_column(arr: pa.Array, kind: str, seeds: U64) -> U64:
     if kind == "timestamp":
         unit = arr.type.unit
         raw = _numpy(arr.cast(pa.int64()), 0).astype(np.int64)
-        micros = raw // 1000 if unit == "ns" else raw * _US_PER_UNIT[unit]
+        micros = raw // 1000 if unit == "ns" else raw * US_PER_UNIT[unit]
         return hash_int64(micros.view(np.uint64), seeds)
     if kind == "double":
         d = _numpy(arr, 0.0).astype(np.float64)
         bits = np.where(d == 0.0, 0.0, d).view(np.uint64)
-        bits = np.where(np.isnan(d), np.uint64(_DOUBLE_NAN_BITS), bits)
+        bits = np.where(np.isnan(d), np.uint64(DOUBLE_NAN_BITS), bits)
         return hash_int64(bits, seeds)
     if kind == "float":
         f = _numpy(arr, 0.0).astype(np.float32)
         fbits = np.where(f == 0.0, np.float32(0.0), f).view(np.uint32)
-        fbits = np.where(np.isnan(f), np.uint32(_FLOAT_NAN_BITS), fbits)
+        fbits = np.where(np.isnan(f), np.uint32(FLOAT_NAN_BITS), fbits)
         return hash_int32(fbits.astype(np.uint64), seeds)
     if kind == "decimal_long":
         return hash_int64(np.ascontiguousarray(_decimal_words(arr)[:, :8]).view("<u8")[:, 0], seeds)
@@ -364,96 +361,3 @@ def row_hash_arrow(
     out = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
     result: pa.Int64Array = pa.array(out, type=pa.int64())
     return result
-
-
-# ---------------------------------------------------------------------------
-# Scalar implementation (one row; the xxhash package; also the tests' reference)
-# ---------------------------------------------------------------------------
-
-
-def _scalar_bytes(name: str, value: Any, dtype: pa.DataType, kind: str) -> bytes:
-    """The bytes XXH64 hashes for one non-NULL value."""
-    if kind == "bool":
-        return struct.pack("<i", 1 if value else 0)
-    if kind == "int":
-        return struct.pack("<I", int(value) & 0xFFFFFFFF)
-    if kind == "date":
-        days = (value - _EPOCH_DATE).days if isinstance(value, dt.date) else int(value)
-        return struct.pack("<I", days & 0xFFFFFFFF)
-    if kind == "long":
-        return struct.pack("<Q", int(value) & _MASK64)
-    if kind == "timestamp":
-        if isinstance(value, dt.datetime):
-            epoch = _EPOCH_NAIVE if value.tzinfo is None else _EPOCH_UTC
-            micros = (value - epoch) // _ONE_US
-        else:
-            unit = dtype.unit
-            micros = int(value) // 1000 if unit == "ns" else int(value) * _US_PER_UNIT[unit]
-        return struct.pack("<Q", micros & _MASK64)
-    if kind == "double":
-        d = float(value)
-        if math.isnan(d):
-            return struct.pack("<Q", _DOUBLE_NAN_BITS)
-        return struct.pack("<d", 0.0 if d == 0.0 else d)
-    if kind == "float":
-        f = struct.unpack("<f", struct.pack("<f", float(value)))[0]
-        if math.isnan(f):
-            return struct.pack("<I", _FLOAT_NAN_BITS)
-        return struct.pack("<f", 0.0 if f == 0.0 else f)
-    if kind in ("decimal_long", "decimal_bytes"):
-        scaled = Decimal(value).scaleb(dtype.scale, context=_DECIMAL_CONTEXT)
-        if scaled != scaled.to_integral_value():
-            raise InvalidInputError(
-                f"column {name!r}: {value!r} has more than {dtype.scale} decimal places",
-                column=name,
-                value=repr(value),
-            )
-        unscaled = int(scaled)
-        if kind == "decimal_long":
-            return struct.pack("<Q", unscaled & _MASK64)
-        size = (unscaled + (unscaled < 0)).bit_length() // 8 + 1
-        return unscaled.to_bytes(size, "big", signed=True)
-    if isinstance(value, str):
-        return value.encode("utf-8")
-    return bytes(value)
-
-
-def row_hash(
-    row: Mapping[str, Any], schema: pa.Schema, columns: Sequence[str] | None = None
-) -> int:
-    """Compute the canonical row hash of one row (``None`` is NULL).
-
-    Args:
-        row: column name to Python value (int, float, Decimal, str, bytes, bool,
-            date, datetime; or the raw integer of a date or timestamp).
-        schema: the Arrow schema that gives each column's type.
-        columns: the columns to hash, in hash order; default: the schema's order.
-
-    Returns:
-        The hash as a signed 64-bit int, equal to :func:`row_hash_arrow`'s.
-
-    Raises:
-        InvalidInputError: no columns, a column missing from the row or the
-            schema, an unsupported type, or a decimal with too many places.
-    """
-    names = list(schema.names if columns is None else columns)
-    if not names:
-        raise InvalidInputError("row_hash() needs at least one column to hash")
-    seed = HASH_SEED
-    nulls: list[bool] = []
-    for name in names:
-        if name not in row or name not in schema.names:
-            raise InvalidInputError(
-                f"row_hash(): column {name!r} is missing from the row or the schema",
-                column=name,
-            )
-        dtype = schema.field(name).type
-        kind = hash_kind(name, dtype)
-        value = row[name]
-        is_null = value is None or kind == "null"
-        nulls.append(is_null)
-        if not is_null:
-            seed = xxhash.xxh64_intdigest(_scalar_bytes(name, value, dtype, kind), seed=seed)
-    for word in null_mask_words(nulls):
-        seed = xxhash.xxh64_intdigest(struct.pack("<Q", word & _MASK64), seed=seed)
-    return seed - (1 << 64) if seed >= 1 << 63 else seed

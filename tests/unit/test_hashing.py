@@ -16,7 +16,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from reconcile.contract import InvalidInputError
-from reconcile.hashing import null_mask_words, row_hash, row_hash_arrow
+from reconcile.hashing import null_mask_words, row_hash_arrow
+from reconcile.hashing_scalar import row_hash
 
 UTC = dt.UTC
 
