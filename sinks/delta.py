@@ -45,6 +45,7 @@ from sinks.delta_manifest import (
     refuse_bad_manifest,
 )
 from sinks.delta_manifest import key_name as _key_name
+from sinks.delta_rows import EPOCH_COLUMN, data_schema_is_empty, rows_to_arrow, state_schema
 from sinks.ownership import WriterBinding, foreign_prepare
 
 __all__ = ["COMMIT_CHECKED", "EPOCH_COLUMN", "DeltaSink"]
@@ -57,8 +58,6 @@ COMMIT_CHECKED = hooks.declare("delta_sink.commit.checked")
 # manifest passes before a path in it is deleted or committed.
 
 _FILE_GENERATION = re.compile(r"part-g(\d+)-")
-
-EPOCH_COLUMN = "_epoch"
 
 
 class DeltaSink:
@@ -149,7 +148,9 @@ class DeltaSink:
                 return OK  # prepared before (perhaps by a process that died)
             return Retryable(f"sink {self._name!r}, {txn_id}: nothing staged in this process")
         try:
-            data = self._to_arrow(table, rows, txn_id.epoch)
+            data = rows_to_arrow(
+                rows, txn_id.epoch, stored=state_schema(table), declared=self._schema, uri=self.uri
+            )
         except InvalidInputError as exc:
             return Fatal(f"sink {self._name!r}, {txn_id}: {exc}")
         try:
@@ -225,7 +226,7 @@ class DeltaSink:
         # The schema comes from the prepared file itself; commit_files then checks
         # it against the table's, naming any column that does not match.
         schema = pq.read_schema(self.directory / files[0].path) if files else None
-        schema = schema or self._state_schema(table)
+        schema = schema or state_schema(table)
         if schema is None:
             # An empty epoch before the table exists: there is nothing to make
             # visible, and no schema to create the table with; done.
@@ -359,7 +360,7 @@ class DeltaSink:
             return
         if table is None and data_schema_is_empty(schema):
             return  # nothing to create the table with yet; the commit records it
-        target = self._state_schema(table) if table is not None else schema
+        target = state_schema(table) if table is not None else schema
         commit_files(
             self.uri,
             [],
@@ -384,33 +385,6 @@ class DeltaSink:
             c.get("reconcile.app_id") == app_id and c.get("reconcile.version") == txn_id.epoch
             for c in table.history()
         )
-
-    def _state_schema(self, table: DeltaTable | None) -> pa.Schema | None:
-        if table is None:
-            return None
-        return pa.schema(table.schema().to_arrow())
-
-    def _to_arrow(self, table: DeltaTable | None, rows: list[Any], epoch: int) -> pa.Table:
-        stored = self._state_schema(table)
-        schema = stored if stored is not None and len(stored) > 1 else None
-        if schema is None and self._schema is not None:
-            schema = self._schema.append(pa.field(EPOCH_COLUMN, pa.int64()))
-        with_epoch = [{**row, EPOCH_COLUMN: epoch} for row in rows]
-        try:
-            if schema is not None:
-                extra = sorted({k for r in with_epoch for k in r} - set(schema.names))
-                if extra:
-                    raise InvalidInputError(
-                        f"column {extra[0]!r} is not in the table {self.uri!r} "
-                        f"(columns: {schema.names}); nothing was written"
-                    )
-                return pa.Table.from_pylist(with_epoch, schema=schema)
-            data = pa.Table.from_pylist(with_epoch)
-        except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
-            raise InvalidInputError(
-                f"rows do not fit the table {self.uri!r}: {exc}; nothing was written"
-            ) from exc
-        return data
 
     def _manifest_path(self, txn_id: SinkTxnId) -> Path:
         return self.directory / _PREPARED / f"{_key_name(txn_id)}.json"
@@ -447,8 +421,3 @@ class DeltaSink:
     def _remove_manifest(self, txn_id: SinkTxnId) -> None:
         with contextlib.suppress(FileNotFoundError):
             self._manifest_path(txn_id).unlink()
-
-
-def data_schema_is_empty(schema: pa.Schema) -> bool:
-    """True if ``schema`` holds no column but ``_epoch`` (an empty batch's inferred schema)."""
-    return [n for n in schema.names if n != EPOCH_COLUMN] == []
