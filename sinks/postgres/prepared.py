@@ -317,6 +317,13 @@ class PreparedPostgresSink(PostgresSink):
             self._forget(txn_id)
             return OK
         self._release(session)
+        log.info(
+            "postgres sink %s: %s committed (COMMIT PREPARED %s), xid %s",
+            self.name,
+            txn_id,
+            target,
+            self._inflight.get(txn_id.key, "?"),
+        )
         self._forget(txn_id)
         return OK
 

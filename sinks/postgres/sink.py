@@ -294,6 +294,13 @@ class PostgresSink(PgSinkClient):
                     confirm_replicated(session.conn, timeout_s=self.resolve_timeout_s, what=what)
             finally:
                 self._release(session)
+        log.info(
+            "postgres sink %s: %s committed into %s, xid %s",
+            self._name,
+            txn_id,
+            self._schema.display if self._schema else self.table,
+            txn.xid,
+        )
         self._staged.pop(txn_id.key, None)
         return OK
 
