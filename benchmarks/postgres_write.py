@@ -21,8 +21,8 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.report import RESULTS, machine, versions, write_report  # noqa: E402
 from reconcile.contract import OK, SinkTxnId  # noqa: E402
+from reconcile.embedded_pg import EmbeddedPostgres as PgServer  # noqa: E402
 from sinks.postgres import PostgresSink  # noqa: E402
-from tests.fix_pg import PgServer  # noqa: E402
 
 BIG_DDL = (
     "CREATE TABLE {t} (id bigint PRIMARY KEY, name text, qty int4, price float8, "

@@ -2,13 +2,8 @@
 
 from __future__ import annotations
 
-import atexit
 import contextlib
-import itertools
-import os
 import shutil
-import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -20,242 +15,34 @@ import psycopg
 import pytest
 from psycopg import sql
 
+from reconcile.embedded_pg import (
+    EmbeddedPostgres,
+    as_postgres,
+    chown_to_postgres,
+    free_port,
+    pg_bindir,
+    run_checked,
+    watchdog,
+)
+
 __all__ = ["PgServer", "markers_table", "pg_bindir"]
 
-_PG_MAJOR = "15"
-_TEMPLATE: Path | None = None  # an initdb'ed data dir, copied for every server
-
-
-def pg_bindir() -> Path:
-    """The PostgreSQL 15 server binaries (``pg_config --bindir``, else the Debian path)."""
-    candidates = []
-    try:
-        out = subprocess.run(["pg_config", "--bindir"], capture_output=True, text=True, check=True)
-        candidates.append(Path(out.stdout.strip()))
-    except (OSError, subprocess.CalledProcessError):
-        pass
-    candidates.append(Path(f"/usr/lib/postgresql/{_PG_MAJOR}/bin"))
-    for path in candidates:
-        if (path / "initdb").exists() and (path / "pg_ctl").exists():
-            return path
-    raise RuntimeError(
-        f"PostgreSQL {_PG_MAJOR} server binaries not found (looked in {candidates}); "
-        f"install postgresql-{_PG_MAJOR}"
-    )
-
-
-def _as_postgres() -> list[str]:
-    """Postgres refuses to run as root: run its binaries as the postgres user then."""
-    return ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
-
-
-def _chown(path: Path) -> None:
-    if os.geteuid() == 0:
-        shutil.chown(path, "postgres", "postgres")
-
-
-def _run(cmd: list[str], timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    result = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-    if result.returncode != 0:
-        raise RuntimeError(
-            f"{' '.join(cmd)} failed ({result.returncode}):\n{result.stdout}\n{result.stderr}"
-        )
-    return result
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
+# The servers themselves are product code (the demo and the benchmarks use them too).
 
 PASSWORD_USER = "pwuser"
 PASSWORD = "s3cret-Pa55word!"
 
 
-def _template() -> Path:
-    """initdb once per process; every server starts from a copy of it."""
-    global _TEMPLATE
-    if _TEMPLATE is None:
-        root = Path(tempfile.mkdtemp(prefix="reconcile-pgtpl-"))
-        _chown(root)
-        data = root / "data"
-        _run(
-            [
-                *_as_postgres(),
-                str(pg_bindir() / "initdb"),
-                "-D",
-                str(data),
-                "-U",
-                "postgres",
-                "--auth=trust",
-                "--no-sync",
-                "-E",
-                "UTF8",
-                "--locale=C",
-            ]
-        )
-        # The password user authenticates by SCRAM over TCP; everyone else is trusted.
-        hba = data / "pg_hba.conf"
-        rules = hba.read_text()
-        hba.write_text(
-            f"host all {PASSWORD_USER} 127.0.0.1/32 scram-sha-256\n"
-            "host all all 127.0.0.1/32 trust\n" + rules
-        )
-        _TEMPLATE = data
-        atexit.register(shutil.rmtree, root, True)
-        _watchdog(root, None)
-    return _TEMPLATE
-
-
-def _watchdog(root: Path, data: Path | None) -> None:
-    """Stop the server and delete its directory if this process dies without doing it.
-
-    A test run killed by a timeout (SIGKILL/SIGTERM) runs no finalizer; this
-    detached shell notices that the test process is gone and cleans up. After
-    a normal stop() the directory is gone and the shell exits by itself.
-    """
-    pg_ctl = " ".join([*_as_postgres(), str(pg_bindir() / "pg_ctl")])
-    stop = f"{pg_ctl} -D '{data}' -m immediate stop >/dev/null 2>&1; " if data else ""
-    script = (
-        f"while kill -0 {os.getpid()} 2>/dev/null && [ -d '{root}' ]; do sleep 1; done; "
-        f"if [ -d '{root}' ]; then {stop}rm -rf '{root}'; fi"
-    )
-    subprocess.Popen(
-        ["sh", "-c", script],
-        start_new_session=True,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-
-
-class PgServer:
-    """One throwaway server: its own data dir and port, on 127.0.0.1 only."""
-
-    _ids = itertools.count()
+class PgServer(EmbeddedPostgres):
+    """A test server: trusted connections, plus a role that must authenticate with SCRAM."""
 
     def __init__(self, **settings: Any) -> None:
-        self.root = Path(tempfile.mkdtemp(prefix="reconcile-pg-"))
-        _chown(self.root)
-        self.data = self.root / "data"
-        shutil.copytree(_template(), self.data, symlinks=True)
-        if os.geteuid() == 0:
-            _run(["chown", "-R", "postgres:postgres", str(self.root)])
-        os.chmod(self.data, 0o700)
-        self.port = free_port()
-        self.settings: dict[str, Any] = {
-            "listen_addresses": "127.0.0.1",
-            "port": self.port,
-            "unix_socket_directories": str(self.root),
-            "max_prepared_transactions": 20,
-            "max_connections": 100,
-            "fsync": "off",
-            "full_page_writes": "off",
-            "shared_buffers": "128MB",
-            "log_min_messages": "warning",
-        }
-        self.settings.update(settings)
-        conf = "".join(f"{k} = '{v}'\n" for k, v in self.settings.items())
-        (self.data / "postgresql.auto.conf").write_text(conf)
-        self._dbs = itertools.count()
-        _watchdog(self.root, self.data)
-        self.start()
+        super().__init__(hba=[f"host all {PASSWORD_USER} 127.0.0.1/32 scram-sha-256"], **settings)
         with self.connect() as conn:
             conn.execute(
                 sql.SQL("CREATE ROLE {} LOGIN SUPERUSER PASSWORD {}").format(
                     sql.Identifier(PASSWORD_USER), sql.Literal(PASSWORD)
                 )
-            )
-
-    # -- lifecycle ------------------------------------------------------------
-
-    def _pg_ctl(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-        return _run(
-            [*_as_postgres(), str(pg_bindir() / "pg_ctl"), "-D", str(self.data), *args],
-            timeout=timeout,
-        )
-
-    def start(self, attempts: int = 40) -> None:
-        """Start (or restart after a kill -9: old backends may still be exiting)."""
-        log = str(self.root / "server.log")
-        for attempt in range(attempts):
-            try:
-                self._pg_ctl("-l", log, "-w", "-t", "60", "start")
-                return
-            except RuntimeError:
-                if attempt == attempts - 1:
-                    tail = Path(log).read_text()[-3000:] if Path(log).exists() else ""
-                    raise RuntimeError(
-                        f"postgres did not start on port {self.port}:\n{tail}"
-                    ) from None
-                time.sleep(0.25)
-
-    def postmaster_pid(self) -> int:
-        return int((self.data / "postmaster.pid").read_text().splitlines()[0])
-
-    def kill9(self) -> None:
-        """kill -9 the postmaster (its backends then exit on their own)."""
-        pid = self.postmaster_pid()
-        os.kill(pid, signal.SIGKILL)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            try:
-                os.kill(pid, 0)
-            except ProcessLookupError:
-                return
-            time.sleep(0.02)
-
-    def restart_after_crash(self) -> None:
-        self.start()
-
-    def shutdown(self, mode: str = "fast") -> None:
-        """Stop the server (it keeps its data; ``start()`` brings it back)."""
-        self._pg_ctl("-m", mode, "-w", "stop", timeout=60)
-
-    def stop(self) -> None:
-        with contextlib.suppress(RuntimeError, subprocess.TimeoutExpired):
-            self._pg_ctl("-m", "immediate", "stop", timeout=30)
-        shutil.rmtree(self.root, ignore_errors=True)
-
-    # -- access ---------------------------------------------------------------
-
-    def dsn(
-        self,
-        dbname: str = "postgres",
-        user: str = "postgres",
-        port: int | None = None,
-        **extra: str,
-    ) -> str:
-        parts = {
-            "host": "127.0.0.1",
-            "port": str(port or self.port),
-            "dbname": dbname,
-            "user": user,
-            "sslmode": "disable",
-            "gssencmode": "disable",
-            **extra,
-        }
-        return " ".join(f"{k}={v}" for k, v in parts.items())
-
-    def connect(self, dbname: str = "postgres", **kw: Any) -> psycopg.Connection[Any]:
-        kw.setdefault("autocommit", True)
-        return psycopg.connect(self.dsn(dbname), **kw)
-
-    def create_database(self, prefix: str = "t") -> str:
-        name = f"{prefix}_{next(self._ids)}_{next(self._dbs)}"
-        with self.connect() as conn:
-            conn.execute(
-                sql.SQL("CREATE DATABASE {} TEMPLATE template0 STRATEGY file_copy").format(
-                    sql.Identifier(name)
-                )
-            )
-        return name
-
-    def drop_database(self, name: str) -> None:
-        with self.connect() as conn:
-            conn.execute(
-                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
             )
 
 
@@ -306,13 +93,13 @@ class PgStandby:
     def __init__(self, primary: PgServer, name: str = "standby1") -> None:
         self.primary, self.name = primary, name
         self.root = Path(tempfile.mkdtemp(prefix="reconcile-pgsb-"))
-        _chown(self.root)
+        chown_to_postgres(self.root)
         self.data = self.root / "data"
         self.port = free_port()
-        _watchdog(self.root, self.data)
-        _run(
+        watchdog(self.root, self.data, pg_bindir())
+        run_checked(
             [
-                *_as_postgres(),
+                *as_postgres(),
                 str(pg_bindir() / "pg_basebackup"),
                 "-D",
                 str(self.data),
@@ -346,7 +133,7 @@ class PgStandby:
             conf.write("".join(f"{k} = '{v}'\n" for k, v in settings.items()))
 
     def _pg_ctl(self, *args: str) -> None:
-        _run([*_as_postgres(), str(pg_bindir() / "pg_ctl"), "-D", str(self.data), *args])
+        run_checked([*as_postgres(), str(pg_bindir() / "pg_ctl"), "-D", str(self.data), *args])
 
     def start(self) -> None:
         self._pg_ctl("-l", str(self.root / "server.log"), "-w", "-t", "60", "start")
