@@ -237,7 +237,9 @@ class CommitCycle:
             for name, sink in self.sinks.items():
                 txn = SinkTxnId(self.pipeline, name, epoch, generation)
                 if has_durable_prepare(sink):
-                    self._steps.settle(sink, "commit", txn)
+                    # Not a stranded txn: the epoch passed the commit point, and this
+                    # commit (under the new generation) makes sure the sink holds it.
+                    self._steps.settle(sink, "commit", txn, what="committed epoch")
                     continue
                 outcome = self._steps.try_op(sink, "commit", txn)
                 if isinstance(outcome, Fatal) and outcome.error and is_terminal(outcome.error):

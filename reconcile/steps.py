@@ -82,19 +82,20 @@ class SinkSteps:
             self.metrics.count(f"sink.{operation}.retryable")
         return outcome
 
-    def settle(self, sink: TwoPhaseSink, operation: str, txn: SinkTxnId) -> None:
-        """Commit or abort a stranded txn, or raise FatalError naming it."""
+    def settle(
+        self, sink: TwoPhaseSink, operation: str, txn: SinkTxnId, *, what: str = "stranded txn"
+    ) -> None:
+        """Commit or abort ``txn`` during recovery, or raise naming it and ``what`` it is."""
         outcome = self.try_op(sink, operation, txn)
         if isinstance(outcome, Ok):
             return
         message = (
-            f"recovery could not {operation} stranded txn {txn} in sink {sink.name!r}: "
-            f"{outcome.reason}"
+            f"recovery could not {operation} {what} {txn} in sink {sink.name!r}: {outcome.reason}"
         )
         if isinstance(outcome, Retryable):
             # The sink is down or busy: start() may be tried again, as the same writer.
             raise RetryableError(message, txn=str(txn))
-        raise FatalError(message, txn=str(txn))
+        raise FatalError(message, txn=str(txn), error=outcome.error)
 
     def each(
         self,

@@ -152,14 +152,14 @@ class DeltaSink:
                 rows, txn_id.epoch, stored=state_schema(table), declared=self._schema, uri=self.uri
             )
         except InvalidInputError as exc:
-            return Fatal(f"sink {self._name!r}, {txn_id}: {exc}")
+            return Fatal(f"sink {self._name!r}, {txn_id}: {exc}", exc)
         try:
             self._claim_generation(table, txn_id, data.schema)
         except FencedError as exc:
             return Fatal.of(exc)
         except RetryableError as exc:
             fenced = self._fenced(self._table(), txn_id)
-            return fenced if fenced is not None else Retryable(str(exc))
+            return fenced if fenced is not None else Retryable.of(exc)
         old = self._read_manifest(txn_id)
         if old is not None and SinkTxnId.from_string(old["txn"]).generation > txn_id.generation:
             return Fatal(f"sink {self._name!r}, {txn_id}: fenced, a newer writer prepared it")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -212,7 +213,9 @@ def test_start_never_finalizes_an_epoch_a_sink_does_not_hold() -> None:
     progress.mark(0, EpochStatus.DECIDED, gen)
     progress.mark(0, EpochStatus.COMMITTED, gen)
     cycle = CommitCycle("pipe", [MemorySink("a", store)], progress)
-    with pytest.raises(FatalError, match=r"could not commit stranded txn pipe-a-0-g2 in sink 'a'"):
+    with pytest.raises(
+        FatalError, match=r"could not commit committed epoch pipe-a-0-g2 in sink 'a'"
+    ):
         cycle.start()
     assert progress.status(0) is EpochStatus.COMMITTED
 
@@ -288,3 +291,13 @@ def test_a_sink_that_cannot_tell_is_not_retried_into_a_guess() -> None:
     assert result.__class__.__name__ == "CommitFatal"
     assert "OutcomeUnknownError: pipe-u-0-g1: xid committed but no marker" in result.reason  # type: ignore[union-attr]
     assert metrics.counters["sink.commit.replayed"] == 0 and store.committed == {}
+
+
+def test_a_progress_log_of_the_wrong_kind_is_refused_at_construction(tmp_path: Path) -> None:
+    # A new user passed the store's EpochLog, which failed much later with an AttributeError.
+    from expected_state.epochs import EpochLog
+
+    with pytest.raises(ConfigurationError, match="EpochLog is not a progress log: it lacks"):
+        CommitCycle(
+            "pipe", [MemorySink("out", MemoryStore())], EpochLog(str(tmp_path), "pipe", "out")
+        )

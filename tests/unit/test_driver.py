@@ -197,7 +197,7 @@ def test_a_start_that_cannot_settle_stops_instead_of_claiming_generations() -> N
     # nor prepared it: a hole that no restart can fill.
     log.mark(0, EpochStatus.DECIDED, cycle.generation or 0)
     log.mark(0, EpochStatus.COMMITTED, cycle.generation or 0)
-    with pytest.raises(FatalError, match="could not commit stranded txn pipe-out-0"):
+    with pytest.raises(FatalError, match="could not commit committed epoch pipe-out-0"):
         drive(lambda: CommitCycle("pipe", [MemorySink("out", store)], log), range(2), outputs,
               retry=FAST)  # fmt: skip
     assert log.claim_generation() == 3  # the drive claimed one generation, not thousands
