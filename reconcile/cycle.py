@@ -16,21 +16,18 @@ from reconcile.contract import (
     FatalError,
     FencedError,
     InvalidInputError,
-    Ok,
-    OutcomeUnknownError,
-    ReconcileError,
     Retryable,
     RetryableError,
     SinkTxnId,
     UnknownSinkError,
-    WriterIdentity,
     validate_name,
 )
-from reconcile.decisions import Settle, decide_stranded, is_terminal
+from reconcile.decisions import is_terminal
 from reconcile.faults import FaultPlan
 from reconcile.metrics import Metrics, NullMetrics, timed
 from reconcile.progress import EpochStatus, ProgressLog
 from reconcile.progress_file import FileProgressLog
+from reconcile.restart import Restart
 from reconcile.results import (
     CommitAborted,
     CommitFatal,
@@ -38,7 +35,7 @@ from reconcile.results import (
     CommitSucceeded,
     RecoveryReport,
 )
-from reconcile.sink import TwoPhaseSink, bind_writer, has_durable_prepare
+from reconcile.sink import TwoPhaseSink, has_durable_prepare
 from reconcile.steps import SinkSteps, StepFailed
 
 __all__ = [
@@ -144,113 +141,12 @@ class CommitCycle:
             FatalError: a sink cannot resolve a stranded txn.
         """
         with timed(self.metrics, "cycle.start"):
-            writer = WriterIdentity(self.pipeline, self.progress.log_id)
-            for name, sink in self.sinks.items():
-                try:
-                    bind_writer(sink, writer)
-                except ReconcileError:
-                    raise
-                except Exception as exc:
-                    raise RetryableError(
-                        f"pipeline {self.pipeline!r}: bind() of sink {name!r} failed: {exc!r}",
-                        sink=name,
-                    ) from exc
+            restart = Restart(self.pipeline, self.sinks, self.progress, self._steps, self.metrics)
+            restart.bind_sinks()
             if self.generation is None:
                 # Claiming fences any zombie of ours before we look at what it left.
                 self.generation = self.progress.claim_generation()
-            generation = self.generation
-            report = RecoveryReport(generation)
-            unknown = self._settle_stranded(report)
-            # Epochs that were decided but never reached the commit point are dead.
-            for epoch in self.progress.epochs_in(EpochStatus.DECIDED):
-                self.progress.mark(epoch, EpochStatus.ABORTED, generation)
-                report.abandoned_epochs.append(epoch)
-            self._finish_committed(report)
-            self.metrics.count("recovery.committed", len(report.committed))
-            self.metrics.count("recovery.aborted", len(report.aborted))
-            if unknown:
-                self.metrics.count("recovery.unknown", len(unknown))
-                raise OutcomeUnknownError(
-                    f"pipeline {self.pipeline!r}: the progress log no longer knows the "
-                    f"epochs of stranded txns {unknown}; they were left prepared. "
-                    "Resolve them with pull-and-diff recovery (reconcile repair).",
-                    txns=unknown,
-                )
-            log.info(
-                "pipeline %s: started as generation %d (committed %d, aborted %d stranded txns; "
-                "finalized %s; replay needed %s)",
-                self.pipeline,
-                generation,
-                len(report.committed),
-                len(report.aborted),
-                report.finalized_epochs,
-                sorted(report.replay_needed),
-            )
-            return report
-
-    def _settle_stranded(self, report: RecoveryReport) -> list[str]:
-        """Commit or abort every txn a sink holds prepared; return those never guessed."""
-        unknown: list[str] = []
-        for name, sink in self.sinks.items():
-            try:
-                stranded = list(sink.recover())
-            except ReconcileError as exc:
-                kind = RetryableError if isinstance(exc, RetryableError) else FatalError
-                raise kind(f"recover() of sink {name!r} failed: {exc}", sink=name) from exc
-            except Exception as exc:
-                raise FatalError(f"recover() of sink {name!r} failed: {exc!r}") from exc
-            for txn in stranded:
-                if not isinstance(txn, SinkTxnId):
-                    raise ContractViolationError(
-                        f"recover() of sink {name!r} returned {txn!r}; it must return "
-                        "SinkTxnId values",
-                        sink=name,
-                    )
-                if txn.pipeline != self.pipeline or txn.sink != name:
-                    continue  # another pipeline's txn: not ours to decide
-                decision = decide_stranded(self.progress.status(txn.epoch))
-                if decision is Settle.COMMIT:
-                    self._steps.settle(sink, "commit", txn)
-                    report.committed.append(str(txn))
-                elif decision is Settle.ABORT:
-                    self._steps.settle(sink, "abort", txn)
-                    report.aborted.append(str(txn))
-                else:
-                    unknown.append(str(txn))
-        return unknown
-
-    def _finish_committed(self, report: RecoveryReport) -> None:
-        """Take every epoch that is past the commit point but not finalized into every sink.
-
-        recover() is not trusted to have listed them (a sink that lost or never
-        listed a prepared txn would make us finalize a hole): each one is
-        committed again, which is a no-op where the epoch is in the sink, and
-        not OK where it is neither committed nor prepared, which stops here with
-        an error instead of silently losing the epoch. A sink without a durable
-        prepare (its open txn died with the old process) may lack the epoch with
-        nothing to commit: that is expected, and the epoch stays COMMITTED until
-        run_epoch() replays its outputs into that sink.
-        """
-        generation = report.generation
-        for epoch in self.progress.epochs_in(EpochStatus.COMMITTED):
-            lacking = []
-            for name, sink in self.sinks.items():
-                txn = SinkTxnId(self.pipeline, name, epoch, generation)
-                if has_durable_prepare(sink):
-                    # Not a stranded txn: the epoch passed the commit point, and this
-                    # commit (under the new generation) makes sure the sink holds it.
-                    self._steps.settle(sink, "commit", txn, what="committed epoch")
-                    continue
-                outcome = self._steps.try_op(sink, "commit", txn)
-                if isinstance(outcome, Fatal) and outcome.error and is_terminal(outcome.error):
-                    raise outcome.error  # e.g. a marker of another state: never "lacking"
-                if not isinstance(outcome, Ok):
-                    lacking.append(name)
-            if lacking:
-                report.replay_needed[epoch] = lacking
-                continue
-            self.progress.mark(epoch, EpochStatus.FINALIZED, generation)
-            report.finalized_epochs.append(epoch)
+            return restart.run(self.generation)
 
     # ------------------------------------------------------------- run_epoch
 

@@ -1,0 +1,165 @@
+"""What ``CommitCycle.start()`` does after a restart: settle stranded txns, finish epochs."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+
+from reconcile.contract import (
+    ContractViolationError,
+    Fatal,
+    FatalError,
+    Ok,
+    OutcomeUnknownError,
+    ReconcileError,
+    RetryableError,
+    SinkTxnId,
+    WriterIdentity,
+)
+from reconcile.decisions import Settle, decide_stranded, is_terminal
+from reconcile.metrics import Metrics
+from reconcile.progress import EpochStatus, ProgressLog
+from reconcile.results import RecoveryReport
+from reconcile.sink import TwoPhaseSink, bind_writer, has_durable_prepare
+from reconcile.steps import SinkSteps
+
+__all__ = ["Restart"]
+
+log = logging.getLogger("reconcile.cycle")
+
+
+class Restart:
+    """The recovery steps of ``start()``, over one pipeline's sinks and progress log."""
+
+    def __init__(
+        self,
+        pipeline: str,
+        sinks: Mapping[str, TwoPhaseSink],
+        progress: ProgressLog,
+        steps: SinkSteps,
+        metrics: Metrics,
+    ) -> None:
+        self.pipeline, self.sinks, self.progress, self._steps = pipeline, sinks, progress, steps
+        self.metrics = metrics
+
+    def bind_sinks(self) -> None:
+        """Bind every sink to the writer (before a generation is claimed).
+
+        An unreachable or unusable sink fails here, without burning a generation.
+
+        Raises:
+            ConfigurationError: a sink's target is unusable (from the sink).
+            RetryableError: a sink cannot be reached now.
+        """
+        writer = WriterIdentity(self.pipeline, self.progress.log_id)
+        for name, sink in self.sinks.items():
+            try:
+                bind_writer(sink, writer)
+            except ReconcileError:
+                raise
+            except Exception as exc:
+                raise RetryableError(
+                    f"pipeline {self.pipeline!r}: bind() of sink {name!r} failed: {exc!r}",
+                    sink=name,
+                ) from exc
+
+    def run(self, generation: int) -> RecoveryReport:
+        """Settle what a previous writer left, as writer ``generation``.
+
+        Raises:
+            OutcomeUnknownError: a stranded txn whose epoch the progress log no
+                longer knows; it names the txn. Every decidable txn is resolved first.
+            FatalError, RetryableError: a sink cannot list or resolve its txns.
+        """
+        report = RecoveryReport(generation)
+        unknown = self.settle_stranded(report)
+        # Epochs that were decided but never reached the commit point are dead.
+        for epoch in self.progress.epochs_in(EpochStatus.DECIDED):
+            self.progress.mark(epoch, EpochStatus.ABORTED, generation)
+            report.abandoned_epochs.append(epoch)
+        self.finish_committed(report)
+        self.metrics.count("recovery.committed", len(report.committed))
+        self.metrics.count("recovery.aborted", len(report.aborted))
+        if unknown:
+            self.metrics.count("recovery.unknown", len(unknown))
+            raise OutcomeUnknownError(
+                f"pipeline {self.pipeline!r}: the progress log no longer knows the "
+                f"epochs of stranded txns {unknown}; they were left prepared. "
+                "Resolve them with pull-and-diff recovery (reconcile repair).",
+                txns=unknown,
+            )
+        log.info(
+            "pipeline %s: started as generation %d (committed %d, aborted %d stranded txns; "
+            "finalized %s; replay needed %s)",
+            self.pipeline,
+            generation,
+            len(report.committed),
+            len(report.aborted),
+            report.finalized_epochs,
+            sorted(report.replay_needed),
+        )
+        return report
+
+    def settle_stranded(self, report: RecoveryReport) -> list[str]:
+        """Commit or abort every txn a sink holds prepared; return those never guessed."""
+        unknown: list[str] = []
+        for name, sink in self.sinks.items():
+            try:
+                stranded = list(sink.recover())
+            except ReconcileError as exc:
+                kind = RetryableError if isinstance(exc, RetryableError) else FatalError
+                raise kind(f"recover() of sink {name!r} failed: {exc}", sink=name) from exc
+            except Exception as exc:
+                raise FatalError(f"recover() of sink {name!r} failed: {exc!r}") from exc
+            for txn in stranded:
+                if not isinstance(txn, SinkTxnId):
+                    raise ContractViolationError(
+                        f"recover() of sink {name!r} returned {txn!r}; it must return "
+                        "SinkTxnId values",
+                        sink=name,
+                    )
+                if txn.pipeline != self.pipeline or txn.sink != name:
+                    continue  # another pipeline's txn: not ours to decide
+                decision = decide_stranded(self.progress.status(txn.epoch))
+                if decision is Settle.COMMIT:
+                    self._steps.settle(sink, "commit", txn)
+                    report.committed.append(str(txn))
+                elif decision is Settle.ABORT:
+                    self._steps.settle(sink, "abort", txn)
+                    report.aborted.append(str(txn))
+                else:
+                    unknown.append(str(txn))
+        return unknown
+
+    def finish_committed(self, report: RecoveryReport) -> None:
+        """Take every epoch that is past the commit point but not finalized into every sink.
+
+        recover() is not trusted to have listed them (a sink that lost or never
+        listed a prepared txn would make us finalize a hole): each one is
+        committed again, which is a no-op where the epoch is in the sink, and
+        not OK where it is neither committed nor prepared, which stops here with
+        an error instead of silently losing the epoch. A sink without a durable
+        prepare (its open txn died with the old process) may lack the epoch with
+        nothing to commit: that is expected, and the epoch stays COMMITTED until
+        run_epoch() replays its outputs into that sink.
+        """
+        generation = report.generation
+        for epoch in self.progress.epochs_in(EpochStatus.COMMITTED):
+            lacking = []
+            for name, sink in self.sinks.items():
+                txn = SinkTxnId(self.pipeline, name, epoch, generation)
+                if has_durable_prepare(sink):
+                    # Not a stranded txn: the epoch passed the commit point, and this
+                    # commit (under the new generation) makes sure the sink holds it.
+                    self._steps.settle(sink, "commit", txn, what="committed epoch")
+                    continue
+                outcome = self._steps.try_op(sink, "commit", txn)
+                if isinstance(outcome, Fatal) and outcome.error and is_terminal(outcome.error):
+                    raise outcome.error  # e.g. a marker of another state: never "lacking"
+                if not isinstance(outcome, Ok):
+                    lacking.append(name)
+            if lacking:
+                report.replay_needed[epoch] = lacking
+                continue
+            self.progress.mark(epoch, EpochStatus.FINALIZED, generation)
+            report.finalized_epochs.append(epoch)
