@@ -8,6 +8,7 @@ import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
+from reconcile import hooks
 from reconcile.contract import (
     ConfigurationError,
     ContractViolationError,
@@ -23,6 +24,7 @@ from reconcile.contract import (
     validate_name,
 )
 from reconcile.decisions import is_terminal
+from reconcile.expected import ExpectedState, ReplayRows
 from reconcile.faults import FaultPlan
 from reconcile.metrics import Metrics, NullMetrics, timed
 from reconcile.progress import EpochStatus, ProgressLog
@@ -49,12 +51,24 @@ __all__ = [
 
 log = logging.getLogger("reconcile.cycle")
 
+# With an expected state: between recording the epoch's outputs in the store and
+# the decision (a crash here leaves an undecided epoch for start() to revert),
+# and between the decision and the sink commits (a crash here leaves sinks
+# behind the store, to be brought to it).
+RECORDED = hooks.declare("cycle.expected_state.recorded")
+DECIDED = hooks.declare("cycle.decided")
+
 _SINK_MEMBERS = ("name", "stage", "prepare", "commit", "abort", "recover")
 _LOG_MEMBERS = ("log_id", "claim_generation", "mark", "status", "last_committed", "epochs_in")
 
 
 def _missing(value: object, members: Sequence[str]) -> list[str]:
     return [m for m in members if not hasattr(value, m)]
+
+
+def failed_at_commit_point(failed: StepFailed | ContractViolationError) -> bool:
+    """Whether a failure came from the commit point (after the expected state was recorded)."""
+    return isinstance(failed, StepFailed) and failed.step == "commit_progress"
 
 
 class CommitCycle:
@@ -73,7 +87,29 @@ class CommitCycle:
             ``start()``, so it is given only here.
         sinks: the TwoPhaseSink of every output, with distinct names.
         progress: the durable progress log, or a folder for a FileProgressLog.
+        expected_state: the expected state of the keyed sinks (instead of
+            ``progress``: its epochs table is then the progress log). See below.
         metrics: where counters and step timings go.
+
+    With an expected state, the commit point records the epoch's outputs in
+    the store (one tokened commit per sink table), THEN writes the decision
+    (the epoch is committed) in the store's epochs table, then commits the
+    sinks. Why this order, and what recovery does at each point:
+
+    - the outputs are recorded before the decision, so that a decided epoch
+      always has its expected state: whatever happens to a sink later, the
+      sink can be brought to it (replay of the recorded changes, or
+      pull-and-diff), and never to a recomputed run's output;
+    - a crash after some tables were recorded but before the decision leaves
+      an epoch that no one decided: ``start()`` reverts it in the store and
+      aborts it in the sinks; the epoch runs again, possibly with other rows
+      (a transform need not be deterministic), and nothing of the first run
+      remains;
+    - a crash after the decision and before a sink's commit leaves a sink
+      behind the store: a sink with a durable prepare commits its prepared txn
+      (the same run's rows); a sink without one (an open Postgres transaction
+      that died) is given the RECORDED changes of that epoch, so the run that
+      reached the decision wins, always.
         faults: a fault plan (tests and chaos runs).
         commit_attempts: how often an idempotent sink operation is tried in a row.
     """
@@ -82,8 +118,9 @@ class CommitCycle:
         self,
         pipeline: str,
         sinks: Sequence[TwoPhaseSink],
-        progress: ProgressLog | str | os.PathLike[str],
+        progress: ProgressLog | str | os.PathLike[str] | None = None,
         *,
+        expected_state: ExpectedState | None = None,
         metrics: Metrics | None = None,
         faults: FaultPlan | None = None,
         commit_attempts: int = 3,
@@ -105,6 +142,19 @@ class CommitCycle:
             names.append(name)
         if commit_attempts < 1:
             raise ConfigurationError(f"commit_attempts must be >= 1, got {commit_attempts}")
+        if expected_state is not None:
+            if progress is not None:
+                raise ConfigurationError(
+                    f"pipeline {pipeline!r}: give a progress log or an expected state, not "
+                    "both (the expected state's epochs table is the progress log)"
+                )
+            expected_state.check_sinks(names)
+            progress = expected_state.progress
+        if progress is None:
+            raise ConfigurationError(
+                f"pipeline {pipeline!r}: a progress log (a folder, or a ProgressLog) or an "
+                "expected state is needed to know which epochs are committed"
+            )
         if isinstance(progress, str | os.PathLike):
             progress = FileProgressLog(progress, pipeline)
         missing = _missing(progress, _LOG_MEMBERS)
@@ -116,6 +166,7 @@ class CommitCycle:
             )
         self.sinks: dict[str, TwoPhaseSink] = dict(zip(names, sinks, strict=True))
         self.progress: ProgressLog = progress
+        self.expected_state = expected_state
         self.metrics: Metrics = metrics or NullMetrics()
         self.faults = faults or FaultPlan()
         self.commit_attempts = commit_attempts
@@ -141,7 +192,14 @@ class CommitCycle:
             FatalError: a sink cannot resolve a stranded txn.
         """
         with timed(self.metrics, "cycle.start"):
-            restart = Restart(self.pipeline, self.sinks, self.progress, self._steps, self.metrics)
+            restart = Restart(
+                self.pipeline,
+                self.sinks,
+                self.progress,
+                self._steps,
+                self.metrics,
+                self.expected_state,
+            )
             restart.bind_sinks()
             if self.generation is None:
                 # Claiming fences any zombie of ours before we look at what it left.
@@ -303,16 +361,21 @@ class CommitCycle:
         #   committed. The prepared txns stay; start() on restart reads the
         #   log and commits or aborts them.
         try:
-            self._step(
-                "commit_progress",
-                lambda: self.progress.mark(epoch, EpochStatus.COMMITTED, generation),
-            )
+            self._step("commit_progress", lambda: self._decide(epoch, outputs, generation))
         except StepFailed as failed:
             if failed.definite:
                 return self._abort(epoch, txns, generation, failed)
             return CommitFatal(epoch, failed.step, failed.reason, failed.error, restart=True)
 
         return self._complete(epoch, txns, generation, outputs)
+
+    def _decide(self, epoch: int, outputs: Mapping[str, Iterable[Any]], generation: int) -> None:
+        """The commit point: record the expected state (if any), then the decision."""
+        if self.expected_state is not None:
+            self.expected_state.record(epoch, outputs)
+            hooks.point(RECORDED)
+        self.progress.mark(epoch, EpochStatus.COMMITTED, generation)
+        hooks.point(DECIDED)
 
     def _complete(
         self,
@@ -326,7 +389,12 @@ class CommitCycle:
         # If a sink still cannot commit, stop; start() commits it on restart,
         # unless the cause is one no restart can cure (a marker of another state).
         try:
-            self._step("commit", lambda: self._steps.commit_all(epoch, txns, outputs), fatal=True)
+            replay = (
+                outputs
+                if self.expected_state is None
+                else ReplayRows(self.expected_state, epoch, outputs)
+            )
+            self._step("commit", lambda: self._steps.commit_all(epoch, txns, replay), fatal=True)
         except StepFailed as failed:
             return CommitFatal(
                 epoch,
@@ -385,6 +453,14 @@ class CommitCycle:
     ) -> CommitResult:
         """Abort the epoch in every sink and the log; never hide the first error."""
         self._steps.abort_all(txns)
+        if self.expected_state is not None and failed_at_commit_point(failed):
+            # The decision was refused: what was recorded for the epoch must go,
+            # or a re-run would be taken as recorded. If this fails, start()
+            # reverts it (the epoch is undecided either way).
+            try:
+                self.expected_state.revert_undecided(self.progress.last_committed())
+            except Exception:
+                log.exception("could not revert epoch %d in the expected state", epoch)
         try:
             if self.progress.status(epoch) is EpochStatus.DECIDED:
                 self.progress.mark(epoch, EpochStatus.ABORTED, generation)

@@ -17,6 +17,7 @@ from reconcile.contract import (
     WriterIdentity,
 )
 from reconcile.decisions import Settle, decide_stranded, is_terminal
+from reconcile.expected import ExpectedState, ReplayRows
 from reconcile.metrics import Metrics
 from reconcile.progress import EpochStatus, ProgressLog
 from reconcile.results import RecoveryReport
@@ -38,9 +39,11 @@ class Restart:
         progress: ProgressLog,
         steps: SinkSteps,
         metrics: Metrics,
+        expected_state: ExpectedState | None = None,
     ) -> None:
         self.pipeline, self.sinks, self.progress, self._steps = pipeline, sinks, progress, steps
         self.metrics = metrics
+        self.expected_state = expected_state
 
     def bind_sinks(self) -> None:
         """Bind every sink to the writer (before a generation is claimed).
@@ -72,6 +75,16 @@ class Restart:
             FatalError, RetryableError: a sink cannot list or resolve its txns.
         """
         report = RecoveryReport(generation)
+        if self.expected_state is not None:
+            # The store's tables are written by this generation from now on, and
+            # an epoch recorded in some of them but never decided is undone: it
+            # runs again, and nothing of the run that did not reach the decision
+            # may stay (a re-run may compute other rows).
+            self.expected_state.claim(generation)
+            decided = self.progress.last_committed()
+            for sink, epoch in self.expected_state.revert_undecided(decided):
+                log.info("pipeline %s: epoch %d of %s was never decided: reverted in the "
+                         "expected state", self.pipeline, epoch, sink)  # fmt: skip
         unknown = self.settle_stranded(report)
         # Epochs that were decided but never reached the commit point are dead.
         for epoch in self.progress.epochs_in(EpochStatus.DECIDED):
@@ -156,8 +169,16 @@ class Restart:
                 outcome = self._steps.try_op(sink, "commit", txn)
                 if isinstance(outcome, Fatal) and outcome.error and is_terminal(outcome.error):
                     raise outcome.error  # e.g. a marker of another state: never "lacking"
-                if not isinstance(outcome, Ok):
-                    lacking.append(name)
+                if isinstance(outcome, Ok):
+                    continue
+                if self.expected_state is not None and name in self.expected_state.tables:
+                    # The sink lost its open txn after the decision: give it the
+                    # changes RECORDED for the epoch (the run that was decided),
+                    # never a recomputation. Its marker makes this exactly-once.
+                    rows = ReplayRows(self.expected_state, epoch, None)[name]
+                    self._steps.replay(sink, txn, rows)
+                    continue
+                lacking.append(name)
             if lacking:
                 report.replay_needed[epoch] = lacking
                 continue

@@ -46,6 +46,20 @@ class StepFailed(Exception):
         self.error = error
 
 
+def _rows_to_replay(outputs: Mapping[str, Iterable[Any]] | None, name: str) -> Iterable[Any] | None:
+    """The rows to write into ``name`` again; None when there are none at hand.
+
+    A plain outputs mapping gives an empty batch for a sink it does not name (a
+    declared sink without rows); a ``strict`` one (recorded changes) does not.
+    """
+    if outputs is None:
+        return None
+    try:
+        return outputs[name]
+    except KeyError:
+        return None if getattr(outputs, "strict", False) else ()
+
+
 def _cause(outcome: SinkOutcome) -> ReconcileError | None:
     return outcome.error if isinstance(outcome, Retryable | Fatal) else None
 
@@ -145,7 +159,8 @@ class SinkSteps:
             # ambiguous COMMIT, a restart) and the epoch is not in it, while the
             # log says the epoch committed: replay its outputs into this sink.
             # Its commit marker makes the replay exactly-once.
-            if outputs is None:
+            rows = _rows_to_replay(outputs, name)
+            if rows is None:
                 raise StepFailed(
                     "commit",
                     f"epoch {epoch} is committed but sink {name!r} lacks it and cannot keep a "
@@ -154,7 +169,7 @@ class SinkSteps:
                     error=_cause(outcome),
                 )
             self.metrics.count("sink.commit.replayed")
-            for operation, args in (("stage", (outputs.get(name, ()),)), ("prepare", ())):
+            for operation, args in (("stage", (rows,)), ("prepare", ())):
                 step = check_outcome(name, operation, txn, getattr(sink, operation)(txn, *args))
                 if not isinstance(step, Ok):
                     raise StepFailed(
@@ -171,6 +186,24 @@ class SinkSteps:
                     fatal=True,
                     error=_cause(outcome),
                 )
+
+    def replay(self, sink: TwoPhaseSink, txn: SinkTxnId, rows: Iterable[Any]) -> None:
+        """Write ``rows`` into ``sink`` as ``txn`` again (stage, prepare, commit), during recovery.
+
+        Raises:
+            RetryableError: a step did not take effect; start() may be tried again.
+            FatalError: a step cannot succeed (with the sink's typed cause).
+        """
+        for operation, args in (("stage", (rows,)), ("prepare", ())):
+            step = check_outcome(sink.name, operation, txn, getattr(sink, operation)(txn, *args))
+            if not isinstance(step, Ok):
+                kind = RetryableError if isinstance(step, Retryable) else FatalError
+                raise kind(
+                    f"recovery could not write committed epoch {txn} into sink "
+                    f"{sink.name!r}: {operation}: {step.reason}",
+                    txn=str(txn),
+                )
+        self.settle(sink, "commit", txn, what="replayed epoch")
 
     def abort_all(self, txns: Mapping[str, SinkTxnId]) -> None:
         """Abort a txn in every sink; a failure is logged, never raised over the first error."""

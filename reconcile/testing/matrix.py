@@ -79,15 +79,25 @@ _row(
 )
 
 
-def run_row(harness: SinkHarness, row: str, faults: list[Fault], state_dir: Path) -> None:
+def run_row(
+    harness: SinkHarness,
+    row: str,
+    faults: list[Fault],
+    state_dir: Path,
+    *,
+    expected_root: Path | None = None,
+) -> None:
     """Run one row of the matrix over ``harness`` and check every invariant.
+
+    With ``expected_root``, the pipeline records its expected state there (and
+    every sink must end holding exactly what it recorded).
 
     Raises:
         ContractCheckError: a planned fault never fired, an epoch did not
             commit, or an invariant does not hold (the message says which).
     """
     plan = FaultPlan([Fault(f.point, f.kind, f.nth, f.when, f.times) for f in faults])
-    scenario = Scenario(harness, state_dir, plan)
+    scenario = Scenario(harness, state_dir, plan, expected_root=expected_root)
     report = scenario.run(EPOCHS)
     expect(plan.all_fired, f"{row}: a fault never fired: {plan.log}")
     expect(report.committed_epochs == EPOCHS, f"{row}: committed {report.committed_epochs}")

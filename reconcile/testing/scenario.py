@@ -9,8 +9,9 @@ from typing import Any
 from reconcile.contract import OK, Fatal, FatalError, SinkTxnId, WriterIdentity
 from reconcile.cycle import CommitCycle, CommitSucceeded, RecoveryReport
 from reconcile.driver import DriveReport, RetryPolicy, drive
+from reconcile.expected import ExpectedState
 from reconcile.faults import FaultPlan, FaultySink
-from reconcile.progress import EpochStatus
+from reconcile.progress import EpochStatus, ProgressLog
 from reconcile.progress_file import FileProgressLog
 from reconcile.sink import bind_writer
 from reconcile.testing.harness import SinkHarness, epoch_problems, rows_for
@@ -41,6 +42,7 @@ class Scenario:
         sinks: Sequence[str] = SINKS,
         *,
         nonce_base: int = 0,
+        expected_root: Path | None = None,
     ) -> None:
         self.harness = harness
         self.state_dir = state_dir
@@ -48,10 +50,27 @@ class Scenario:
         self.sink_names = tuple(sinks)
         self.runs = nonce_base
         self.redrives = 0
+        # With an expected state (every sink keyed by "k"), its epochs table is
+        # the progress log and the sinks must end holding exactly what it recorded.
+        self.expected_root = expected_root
+
+    def expected(self) -> ExpectedState:
+        assert self.expected_root is not None
+        return ExpectedState(str(self.expected_root), PIPELINE, {n: ["k"] for n in self.sink_names})
+
+    def log(self) -> ProgressLog:
+        """The progress log, reopened: the store's epochs table, or the file log."""
+        if self.expected_root is not None:
+            return self.expected().progress
+        return FileProgressLog(self.state_dir, PIPELINE)
 
     def build(self) -> CommitCycle:
         """What a restarted process builds: new clients, the log reopened from disk."""
         sinks = [FaultySink(self.harness.new_sink(n), self.plan) for n in self.sink_names]
+        if self.expected_root is not None:
+            return _CheckedCycle(
+                self, PIPELINE, sinks, expected_state=self.expected(), faults=self.plan
+            )
         return _CheckedCycle(
             self, PIPELINE, sinks, FileProgressLog(self.state_dir, PIPELINE), faults=self.plan
         )
@@ -84,10 +103,16 @@ class Scenario:
 
     def check(self, epochs: Sequence[int]) -> None:
         """Restart once more, then assert every invariant against the sinks themselves."""
-        log = FileProgressLog(self.state_dir, PIPELINE)
-        clean = CommitCycle(PIPELINE, [self.harness.new_sink(n) for n in self.sink_names], log)
+        sinks = [self.harness.new_sink(n) for n in self.sink_names]
+        if self.expected_root is not None:
+            clean = CommitCycle(PIPELINE, sinks, expected_state=self.expected())
+        else:
+            clean = CommitCycle(PIPELINE, sinks, FileProgressLog(self.state_dir, PIPELINE))
+        log = clean.progress
         clean.start()
-        assert_invariants(self.harness, self.sink_names, epochs, self.state_dir)
+        assert_invariants(self.harness, self.sink_names, epochs, log)
+        if self.expected_root is not None:
+            assert_sinks_hold_the_recorded_runs(self.harness, self.expected(), epochs)
         # I3, through the cycle: recovery and a replay of the newest epoch, run
         # again, change nothing (the replay's rows differ, so a write would show).
         before = {n: self.harness.committed(n) for n in self.sink_names}
@@ -126,7 +151,7 @@ class _CheckedCycle(CommitCycle):
 
     def start(self) -> RecoveryReport:
         report = super().start()
-        log = FileProgressLog(self.scenario.state_dir, PIPELINE)
+        log = self.scenario.log()
         for name in self.scenario.sink_names:
             for epoch in self.scenario.harness.committed(name):
                 # No sink may hold an epoch that the log does not say committed.
@@ -140,10 +165,11 @@ class _CheckedCycle(CommitCycle):
 
 
 def assert_invariants(
-    harness: SinkHarness, sinks: Sequence[str], epochs: Sequence[int], state_dir: Path
+    harness: SinkHarness, sinks: Sequence[str], epochs: Sequence[int], log: ProgressLog | Path
 ) -> None:
     """I1/I2 and the chaos invariants, for every sink, from the sinks' own state."""
-    log = FileProgressLog(state_dir, PIPELINE)
+    if isinstance(log, Path):
+        log = FileProgressLog(log, PIPELINE)
     finalized = {e for e in epochs if log.status(e) is EpochStatus.FINALIZED}
     # Every epoch the driver saw succeed is finalized in the durable log.
     assert finalized == set(epochs), (finalized, epochs)
@@ -156,3 +182,20 @@ def assert_invariants(
         assert not problems, f"sink {name}: {problems}"
         # No prepared txn left stranded after recovery.
         assert harness.prepared(name) == [], f"{name}: stranded {harness.prepared(name)}"
+
+
+def assert_sinks_hold_the_recorded_runs(
+    harness: SinkHarness, expected: ExpectedState, epochs: Sequence[int]
+) -> None:
+    """Every sink holds, for every epoch, exactly the rows the expected state recorded.
+
+    Replays compute new values: a sink that got a recomputed run instead of the
+    one that reached the decision differs here, even if each epoch is whole.
+    """
+    for name, store in expected.tables.items():
+        held = harness.committed(name)
+        for epoch in epochs:
+            recorded = store.changes_of(epoch).drop_columns(["_op"]).to_pylist()
+            got = sorted((r["k"], r["v"]) for r in held.get(epoch, []))
+            want = sorted((r["k"], r["v"]) for r in recorded)
+            assert got == want, f"sink {name} epoch {epoch}: holds {got}, recorded {want}"

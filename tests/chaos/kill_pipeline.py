@@ -2,6 +2,9 @@
 
 ``python -m tests.chaos.kill_pipeline KIND TARGET ROOT EPOCHS NONCE [POINT NTH WHEN]``
 
+With ``RECONCILE_EXPECTED_STATE=1`` in the environment the pipeline records its
+expected state under ``ROOT/expected`` (its epochs table is then the progress log).
+
 KIND is file, delta, postgres or postgres_prepared; TARGET is the sink root
 folder (file, delta) or the database DSN (postgres). The pipeline dies by
 SIGKILL at POINT (a fault point of the cycle or a sink); a hook point inside
@@ -12,6 +15,7 @@ computes rows that differ from the killed one's.
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -42,9 +46,10 @@ def main(argv: list[str]) -> int:
         point, nth, when = argv[5], int(argv[6]), argv[7]
         plan = FaultPlan([Fault(point, FaultKind.KILL, nth=nth, when=when)])  # type: ignore[arg-type]
     # The same call every time: the driver skips what is in and resumes.
-    Scenario(harness_for(kind, target), root / "state", plan, nonce_base=nonce).run(
-        list(range(epochs))
-    )
+    expected = root / "expected" if os.environ.get("RECONCILE_EXPECTED_STATE") else None
+    Scenario(
+        harness_for(kind, target), root / "state", plan, nonce_base=nonce, expected_root=expected
+    ).run(list(range(epochs)))
     return 0
 
 

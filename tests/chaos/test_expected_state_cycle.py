@@ -1,0 +1,104 @@
+"""The commit cycle with the expected state on the write path, under faults and real kills.
+
+Each epoch's outputs are recorded in the store, then the decision is written,
+then the sinks commit. The runs here compute new values at every call, so the
+final check is strict: every sink holds, for every epoch, exactly the rows the
+store recorded (the run that reached the decision), none of another run's.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from reconcile import hooks
+from reconcile.cycle import DECIDED, RECORDED
+from reconcile.faults import Fault, SimulatedCrash
+from reconcile.testing.harness import SinkHarness
+from reconcile.testing.matrix import EPOCHS, MATRIX, run_row
+from reconcile.testing.scenario import SINKS, Scenario
+from tests.chaos.kill_pipeline import harness_for
+
+pytestmark = [pytest.mark.chaos, pytest.mark.integration]
+
+REPO = Path(__file__).resolve().parents[2]
+STORE_KINDS = ["memory", "postgres", "postgres_prepared"]
+
+
+@pytest.fixture(params=STORE_KINDS)
+def store_harness(request: pytest.FixtureRequest) -> SinkHarness:
+    harness: SinkHarness = request.getfixturevalue(f"{request.param}_harness")
+    return harness
+
+
+@pytest.mark.parametrize(("row", "faults"), MATRIX, ids=[r for r, _ in MATRIX])
+def test_failure_matrix_with_expected_state(
+    row: str, faults: list[Fault], store_harness: SinkHarness, tmp_path: Path
+) -> None:
+    run_row(store_harness, row, faults, tmp_path / "state", expected_root=tmp_path / "expected")
+
+
+def _crash() -> None:
+    raise SimulatedCrash("crash at a named point")
+
+
+@pytest.mark.parametrize("point", [RECORDED, DECIDED])
+def test_a_crash_at_either_side_of_the_decision(
+    point: str, store_harness: SinkHarness, tmp_path: Path
+) -> None:
+    # RECORDED: the store holds epoch 1's outputs, undecided: start() reverts
+    # them and the epoch runs again with other values. DECIDED: the sinks are
+    # behind the store: they get the recorded run (prepared, or replayed from
+    # the store), never a recomputation.
+    scenario = Scenario(store_harness, tmp_path / "state", expected_root=tmp_path / "expected")
+    with hooks.at(point, _crash, nth=2) as armed:
+        report = scenario.run(EPOCHS)
+    assert armed.fired == 1
+    assert report.committed_epochs == EPOCHS and report.restarts >= 1
+    scenario.check(EPOCHS)
+
+
+KILL_POINTS = [
+    ("after-recording", f"{RECORDED}:2"),
+    ("after-decision", f"{DECIDED}:2"),
+    ("in-the-sink-commit", None),
+]
+
+
+@pytest.mark.parametrize(("row", "spec"), KILL_POINTS, ids=[k[0] for k in KILL_POINTS])
+@pytest.mark.parametrize("kind", ["postgres", "postgres_prepared"])
+def test_kill9_around_the_decision_then_restart(
+    row: str, spec: str | None, kind: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    server = request.getfixturevalue("pg_server")
+    db = server.create_database("ek9")
+    target = server.dsn(db)
+    env = {**os.environ, "PYTHONPATH": str(REPO), "RECONCILE_EXPECTED_STATE": "1"}
+    fault = [] if spec else ["sink.beta.commit", "2", "after"]
+    killed = subprocess.run(
+        [sys.executable, "-m", "tests.chaos.kill_pipeline", kind, target, str(tmp_path),
+         "4", "0", *fault],
+        cwd=REPO, env={**env, **({"RECONCILE_KILL_AT": spec} if spec else {})},
+        capture_output=True, text=True, timeout=180,
+    )  # fmt: skip
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+    restarted = subprocess.run(
+        [sys.executable, "-m", "tests.chaos.kill_pipeline", kind, target, str(tmp_path),
+         "4", "100"],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=180,
+    )  # fmt: skip
+    assert restarted.returncode == 0, restarted.stderr[-3000:]
+    scenario = Scenario(
+        harness_for(kind, target), tmp_path / "state", sinks=SINKS, nonce_base=200,
+        expected_root=tmp_path / "expected",
+    )  # fmt: skip
+    scenario.check(list(range(4)))
+    with server.connect(db) as conn:
+        for (gid,) in conn.execute("SELECT gid FROM pg_prepared_xacts").fetchall():
+            conn.execute("ROLLBACK PREPARED %s", (gid,))  # type: ignore[arg-type]
+    server.drop_database(db)
