@@ -12,8 +12,9 @@ import pyarrow.compute as pc  # type: ignore[import-untyped, unused-ignore]
 
 from reconcile.contract import Change, InvalidInputError
 from reconcile.decimals import DecimalFitError, check_decimal_array
+from reconcile.hashing import row_hash_arrow
 
-__all__ = ["OP_COLUMN", "RESERVED_COLUMNS", "EpochChanges", "normalize_changes"]
+__all__ = ["OP_COLUMN", "RESERVED_COLUMNS", "EpochChanges", "change_rows", "normalize_changes"]
 
 OP_COLUMN = "_op"
 RESERVED_COLUMNS = ("_row_hash", "_epoch")
@@ -214,3 +215,45 @@ def normalize_changes(
     delete_rows = net.filter(pc.equal(net_ops, "delete")).select(list(keys))
     deletes = _conform(delete_rows, key_schema, table=table, what="deletes")
     return EpochChanges(upserts=upserts, deletes=deletes), schema
+
+
+def change_rows(
+    net: EpochChanges, user: pa.Schema, schema: pa.Schema, keys: Sequence[str], epoch: int
+) -> pa.Table:
+    """One epoch's change file: upserts with their row hash, then one tombstone per delete.
+
+    Args:
+        net: the epoch's net changes.
+        user: the user schema (keys + values), the order of the hash.
+        schema: the stored schema (user columns, ``_row_hash``, ``_epoch``, ``_op``).
+        keys: the key columns.
+        epoch: the epoch.
+
+    Returns:
+        The rows, in ``schema``; a tombstone holds the key and NULL everywhere else.
+    """
+    ups, dels = net.upserts.num_rows, net.deletes.num_rows
+    upserts = pa.table(
+        [
+            *net.upserts.columns,
+            row_hash_arrow(net.upserts, user.names),
+            pa.array(np.full(ups, epoch, dtype=np.int64)),
+            pa.repeat(pa.scalar("upsert"), ups),
+        ],
+        schema=schema,
+    )
+    if not dels:
+        return upserts
+    columns = [
+        net.deletes.column(f.name) if f.name in keys else pa.nulls(dels, f.type) for f in user
+    ]
+    tombstones = pa.table(
+        [
+            *columns,
+            pa.nulls(dels, pa.int64()),
+            pa.array(np.full(dels, epoch, dtype=np.int64)),
+            pa.repeat(pa.scalar("delete"), dels),
+        ],
+        schema=schema,
+    )
+    return pa.concat_tables([upserts, tombstones])

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -134,6 +134,8 @@ def commit_files(
     table_name: str | None = None,
     table: DeltaTable | None = None,
     token_checked: bool = False,
+    landed: Callable[[], bool] | None = None,
+    data_change: bool = True,
 ) -> CommitResult:
     """Add ``files`` (and remove ``remove``) in ONE Delta commit tagged (app_id, version).
 
@@ -171,6 +173,14 @@ def commit_files(
         token_checked: the caller has just read ``transaction_version(app_id)`` from
             ``table`` and found it below ``version``; skips re-reading it. Ignored
             when ``table`` is None (a new snapshot is opened here).
+        landed: for a commit whose token alone cannot say whether it landed (a token
+            moved back by a revert, a fence-only commit such as a compaction or a
+            blind append of status rows): the caller has made its own replay check
+            on ``table``, and after a failed commit ``landed()`` (reading the log
+            afresh) says whether this commit is in. It replaces the token check,
+            and allows ``version`` -1 (a token moved back before the first epoch).
+        data_change: the Delta ``dataChange`` flag of every add and remove; False for
+            a commit that rearranges rows without changing what they mean.
 
     Returns:
         Whether this call committed, and the table version holding the token.
@@ -184,7 +194,8 @@ def commit_files(
             recorded, and re-reading the log to find out failed too.
     """
     name = table_name or table_uri
-    if isinstance(version, bool) or not isinstance(version, int) or version < 0:
+    lowest = -1 if landed is not None else 0
+    if isinstance(version, bool) or not isinstance(version, int) or version < lowest:
         raise InvalidInputError(
             f"table {name!r}: commit token version must be an int >= 0, got {version!r}; "
             "nothing was written",
@@ -196,6 +207,7 @@ def commit_files(
     if table is None:
         table = _open_or_create(table_uri, schema, partition_by)
         token_checked = False  # the caller's reading, if any, was of another snapshot
+    token_checked = token_checked or landed is not None
     if fence is not None:
         check_fence(table, fence, table_name=name)
     already = None if token_checked else table.transaction_version(app_id)
@@ -204,11 +216,11 @@ def commit_files(
         # are orphans that vacuum removes; committing them would duplicate rows.
         return CommitResult(committed=False, table_version=None)
     now = int(time.time() * 1000)
-    actions: list[Any] = [f.to_add_action() for f in files]
+    actions: list[Any] = [f.to_add_action(data_change=data_change) for f in files]
     actions += [
         RemoveAction(
             path=f.path,
-            data_change=True,
+            data_change=data_change,
             deletion_timestamp=now,
             size=f.size,
             partition_values=dict(f.partition_values),
@@ -234,7 +246,7 @@ def commit_files(
             commit_properties=properties,
         )
     except (CommitFailedError, DeltaError, OSError) as exc:
-        return _resolve_failed_commit(table_uri, name, app_id, version, fence, exc)
+        return _resolve_failed_commit(table_uri, name, app_id, version, fence, exc, landed)
     table.update_incremental()
     make_durable(table_uri, base + 1, table.version())
     return CommitResult(committed=True, table_version=table.version())
@@ -269,13 +281,15 @@ def _resolve_failed_commit(
     version: int,
     fence: tuple[str, int] | None,
     exc: Exception,
+    landed: Callable[[], bool] | None = None,
 ) -> CommitResult:
     """Decide what a failed commit means by re-reading the log, never by guessing.
 
     Cases:
-      * the token is now recorded: a concurrent writer (or our own attempt,
-        if the failure came after the log write) committed it, so the epoch is
-        in and this is the idempotent no-op;
+      * the token is now recorded (or, for a commit the token cannot identify,
+        the caller's ``landed()`` says so): a concurrent writer (or our own
+        attempt, if the failure came after the log write) committed it, so the
+        epoch is in and this is the idempotent no-op;
       * a newer writer generation is recorded: we were fenced while committing
         (the takeover's commit conflicted with ours); nothing of ours was written;
       * the token is not recorded and the failure is a lost race: nothing
@@ -287,6 +301,7 @@ def _resolve_failed_commit(
     try:
         fresh = DeltaTable(table_uri)
         now = fresh.transaction_version(app_id)
+        done = landed() if landed is not None else now is not None and now >= version
     except Exception as reread:  # any failure to re-read means "unknown"
         raise OutcomeUnknownError(
             f"table {name!r}: commit of token ({app_id!r}, {version}) failed ({exc}) and the "
@@ -295,7 +310,7 @@ def _resolve_failed_commit(
             app_id=app_id,
             version=version,
         ) from exc
-    if now is not None and now >= version:
+    if done:
         return CommitResult(committed=False, table_version=None)
     if fence is not None:
         check_fence(fresh, fence, table_name=name)

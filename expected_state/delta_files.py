@@ -26,6 +26,7 @@ __all__ = [
     "delta_stats",
     "describe_data_file",
     "filesystem",
+    "read_data_files",
     "write_data_file",
 ]
 
@@ -50,14 +51,14 @@ class DataFile:
     modification_time: int
     partition_values: Mapping[str, str | None] = field(default_factory=dict)
 
-    def to_add_action(self) -> AddAction:
-        """The Delta ``add`` action for this file."""
+    def to_add_action(self, *, data_change: bool = True) -> AddAction:
+        """The Delta ``add`` action for this file (``data_change``: its dataChange flag)."""
         return AddAction(
             path=self.path,
             size=self.size,
             partition_values=dict(self.partition_values),
             modification_time=self.modification_time,
-            data_change=True,
+            data_change=data_change,
             stats=self.stats,
         )
 
@@ -70,6 +71,34 @@ def filesystem(table_uri: str) -> tuple[pafs.FileSystem, str]:
         return pafs.LocalFileSystem(), os.path.abspath(root)
     fs, root = pafs.FileSystem.from_uri(table_uri)
     return fs, root
+
+
+def read_data_files(
+    table_uri: str,
+    rel_paths: Sequence[str],
+    *,
+    columns: Sequence[str] | None = None,
+    schema: pa.Schema | None = None,
+) -> pa.Table:
+    """Read data files of a table (paths relative to its root) into one Arrow table.
+
+    Args:
+        table_uri: the Delta table's root.
+        rel_paths: the files, relative to the root ('/'-separated); at least one.
+        columns: the columns to read (default: all).
+        schema: the schema to read them as (default: the first file's).
+
+    Raises:
+        FileNotFoundError: a file is gone (e.g. vacuumed).
+    """
+    fs, root = filesystem(table_uri)
+    full = [f"{root}/{p}" for p in rel_paths]
+    return pq.read_table(
+        full if len(full) > 1 else full[0],
+        filesystem=fs,
+        columns=list(columns) if columns is not None else None,
+        schema=schema,
+    )
 
 
 def _stat_value(value: Any) -> Any:

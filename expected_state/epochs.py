@@ -1,39 +1,19 @@
-"""The epochs table: one small Delta table per store recording each (pipeline, sink) epoch."""
+"""The epochs of one sink table in the store's shared ``_epochs`` Delta table (``EpochLog``)."""
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 
-import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
-import pyarrow.compute as pc  # type: ignore[import-untyped, unused-ignore]
 from deltalake import DeltaTable
-from deltalake.exceptions import TableNotFoundError
 
-from expected_state.delta_commit import commit_files, write_data_file
+from expected_state.delta_commit import commit_files
+from expected_state.epoch_rows import EPOCHS_SCHEMA, EPOCHS_TABLE, EpochRows
 from expected_state.fencing import check_generation, fence_app_id, validate_generation
 from reconcile.contract import InvalidInputError, validate_name
 
 __all__ = ["EPOCHS_SCHEMA", "EPOCHS_TABLE", "EpochLog", "EpochRecord"]
-
-EPOCHS_TABLE = "_epochs"
-
-EPOCHS_SCHEMA = pa.schema(
-    [
-        pa.field("pipeline", pa.string(), nullable=False),
-        pa.field("sink", pa.string(), nullable=False),
-        pa.field("epoch", pa.int64(), nullable=False),
-        pa.field("status", pa.string(), nullable=False),
-        pa.field("xid", pa.string()),
-        pa.field("generation", pa.int64(), nullable=False),
-        pa.field("delta_version", pa.int64()),
-        pa.field("rows_upserted", pa.int64(), nullable=False),
-        pa.field("rows_deleted", pa.int64(), nullable=False),
-        pa.field("recorded_at", pa.timestamp("us", tz="UTC"), nullable=False),
-    ]
-)
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,15 +33,15 @@ class EpochRecord:
 class EpochLog:
     """The epochs of one (pipeline, sink) in the store's shared ``_epochs`` Delta table.
 
-    Rows are append-only; the newest row of an epoch wins. Every record is one
-    Delta commit tagged ``Transaction("<pipeline>/<sink>#<status>", epoch)``, so
-    re-recording the same status for the same epoch is a no-op. Per status,
-    epochs are recorded in increasing order (an epoch at or below the newest
-    recorded one for that status is treated as already recorded).
+    Rows are append-only; the newest row of an epoch (by commit order, its
+    ``seq``) is its status, whatever the epoch's number: an older epoch can be
+    given a new status at any time (an aborted epoch decided again). Recording
+    the status an epoch already has is a no-op, checked on the snapshot the
+    commit is based on. Every commit carries the sink's fence token, so a
+    writer of an older generation cannot record anything after a takeover.
 
-    Several (pipeline, sink) pairs share the table: their commits are blind
-    appends, which delta-rs rebases on conflict, so concurrent writers of
-    different sinks do not fail each other.
+    Several (pipeline, sink) pairs share the table: their commits are appends
+    under different tokens, which delta-rs rebases without failing each other.
     """
 
     def __init__(self, root: str, pipeline: str, sink: str, *, generation: int = 0) -> None:
@@ -79,7 +59,27 @@ class EpochLog:
         self.sink = validate_name("sink", sink)
         self.generation = validate_generation(generation)
         self._fence = fence_app_id(pipeline, sink)
-        self._table: DeltaTable | None = None
+        self._rows = EpochRows(self.root, pipeline, sink, self._fence)
+        self._records: dict[int, EpochRecord] = {}
+
+    def _refresh(self, *, create: bool = False) -> DeltaTable | None:
+        table, rows = self._rows.refresh(create=create)
+        for row in rows.to_pylist():  # only the rows new since the last refresh
+            self._fold(row)
+        return table
+
+    def _fold(self, row: Mapping[str, object]) -> None:
+        record = EpochRecord(
+            epoch=int(row["epoch"]),  # type: ignore[call-overload]
+            status=str(row["status"]),
+            xid=row.get("xid"),  # type: ignore[arg-type]
+            generation=int(row["generation"]),  # type: ignore[call-overload]
+            delta_version=row.get("delta_version"),  # type: ignore[arg-type]
+            rows_upserted=int(row.get("rows_upserted") or 0),  # type: ignore[call-overload]
+            rows_deleted=int(row.get("rows_deleted") or 0),  # type: ignore[call-overload]
+            recorded_at=row["recorded_at"],  # type: ignore[arg-type]
+        )
+        self._records[record.epoch] = record
 
     def record(
         self,
@@ -90,7 +90,7 @@ class EpochLog:
         *,
         delta_version: int | None = None,
     ) -> bool:
-        """Record ``status`` for ``epoch`` in one idempotent Delta commit.
+        """Record ``status`` for ``epoch`` in one fenced Delta commit, unless it already has it.
 
         Args:
             epoch: the epoch (>= 0).
@@ -100,7 +100,7 @@ class EpochLog:
             delta_version: the state table's Delta version holding the epoch.
 
         Returns:
-            True if this call recorded it, False if it was already recorded.
+            True if this call recorded it, False if the epoch already had that status.
 
         Raises:
             InvalidInputError: a bad epoch or status; nothing was written.
@@ -112,91 +112,51 @@ class EpochLog:
                 f"table {self.uri!r}: epoch must be an int >= 0, got {epoch!r}; nothing was written"
             )
         validate_name("status", status)
-        app_id = f"{self.pipeline}/{self.sink}#{status}"
-        table = self._open() or _create(self.uri)
+        table = self._refresh(create=True)
+        assert table is not None
         check_generation(table, self._fence, self.generation, table_name=self.uri)
-        recorded = table.transaction_version(app_id)
-        if recorded is not None and recorded >= epoch:
-            return False  # already recorded: re-recording must not add a row
+        current = self._records.get(epoch)
+        if current is not None and current.status == status:
+            return False  # the epoch has that status already: re-recording adds no row
         counts = counts or {}
-        row = pa.table(
-            {
-                "pipeline": [self.pipeline],
-                "sink": [self.sink],
-                "epoch": [epoch],
-                "status": [status],
-                "xid": [xid],
-                "generation": [self.generation],
-                "delta_version": [delta_version],
-                "rows_upserted": [int(counts.get("upserted", 0))],
-                "rows_deleted": [int(counts.get("deleted", 0))],
-                "recorded_at": [datetime.now(UTC)],
-            },
-            schema=EPOCHS_SCHEMA,
-        )
-        data_file = write_data_file(
-            self.uri, f"part-{self.pipeline}-{self.sink}-e{epoch}-{uuid.uuid4().hex}.parquet", row
-        )
-        result = commit_files(
-            self.uri,
-            [data_file],
-            EPOCHS_SCHEMA,
-            app_id=app_id,
-            version=epoch,
-            fence=(self._fence, self.generation),  # checked on `table`, the commit's snapshot
-            check_schema=False,  # we wrote the file from EPOCHS_SCHEMA just above
-            table_name=self.uri,
-            table=table,
-        )
-        return result.committed
+        row = {
+            "epoch": epoch,
+            "status": status,
+            "xid": xid,
+            "generation": self.generation,
+            "delta_version": delta_version,
+            "rows_upserted": int(counts.get("upserted", 0)),
+            "rows_deleted": int(counts.get("deleted", 0)),
+        }
+
+        def landed() -> bool:
+            self._refresh()
+            now = self._records.get(epoch)
+            return now is not None and now.status == status
+
+        written = self._rows.append(table, [row], generation=self.generation, landed=landed)
+        if written is None:
+            return False
+        for done in written.to_pylist():
+            self._fold(done)
+        return True
 
     def records(self) -> list[EpochRecord]:
         """The newest record of every epoch of this (pipeline, sink), oldest epoch first."""
-        table = self._open()
-        if table is None:
-            return []
-        data = table.to_pyarrow_table(
-            filters=[("pipeline", "=", self.pipeline), ("sink", "=", self.sink)]
-        )
-        if data.num_rows == 0:
-            return []
-        data = data.sort_by([("epoch", "ascending"), ("recorded_at", "ascending")])
-        newest: dict[int, EpochRecord] = {}
-        for row in data.to_pylist():
-            newest[row["epoch"]] = EpochRecord(
-                epoch=row["epoch"],
-                status=row["status"],
-                xid=row["xid"],
-                generation=row["generation"],
-                delta_version=row["delta_version"],
-                rows_upserted=row["rows_upserted"],
-                rows_deleted=row["rows_deleted"],
-                recorded_at=row["recorded_at"],
-            )
-        return [newest[e] for e in sorted(newest)]
+        self._refresh()
+        return [self._records[e] for e in sorted(self._records)]
 
     def status(self, epoch: int) -> str | None:
         """The newest status recorded for ``epoch``, or None."""
-        for record in self.records():
-            if record.epoch == epoch:
-                return record.status
-        return None
+        self._refresh()
+        record = self._records.get(epoch)
+        return None if record is None else record.status
 
     def last_epoch(self, status: str | None = None) -> int | None:
-        """The newest epoch recorded (with ``status``, if given), or None."""
-        table = self._open()
-        if table is None:
-            return None
-        if status is not None:
-            return table.transaction_version(f"{self.pipeline}/{self.sink}#{status}")
-        data = table.to_pyarrow_table(
-            columns=["epoch"],
-            filters=[("pipeline", "=", self.pipeline), ("sink", "=", self.sink)],
-        )
-        if data.num_rows == 0:
-            return None
-        value = pc.max(data["epoch"]).as_py()
-        return int(value)
+        """The newest epoch recorded (whose current status is ``status``, if given), or None."""
+        self._refresh()
+        epochs = [e for e, r in self._records.items() if status is None or r.status == status]
+        return max(epochs) if epochs else None
 
     def claim(self) -> None:
         """Record this writer's generation so that older writers are fenced off.
@@ -204,7 +164,8 @@ class EpochLog:
         Raises:
             FencedError: a newer generation already holds the log.
         """
-        table = self._open() or _create(self.uri)
+        table = self._rows.open(create=True)
+        assert table is not None
         check_generation(table, self._fence, self.generation, table_name=self.uri)
         if table.transaction_version(self._fence) == self.generation:
             return
@@ -219,24 +180,36 @@ class EpochLog:
             table=table,
         )
 
-    def _open(self) -> DeltaTable | None:
-        """The epochs table at its newest version (cached, updated incrementally)."""
-        if self._table is not None:
-            self._table.update_incremental()
-            return self._table
-        try:
-            self._table = DeltaTable(self.uri)
-        except TableNotFoundError:
-            return None
-        return self._table
+    def compact(self) -> bool:
+        """Rewrite this log's rows as one file holding the newest row of each epoch.
 
+        Returns:
+            True if a compaction was committed (False: fewer than two files).
 
-def _create(uri: str) -> DeltaTable:
-    """Create the epochs table if absent (``ignore``: a concurrent creator wins harmlessly)."""
-    DeltaTable.create(
-        uri,
-        EPOCHS_SCHEMA,
-        mode="ignore",
-        configuration={"delta.checkpointInterval": "10"},
-    )
-    return DeltaTable(uri)
+        Raises:
+            FencedError: a newer generation has taken over; nothing was written.
+            RetryableError: lost to a concurrent compaction of the table; nothing was written.
+        """
+        table = self._refresh()
+        if table is None:
+            return False
+        check_generation(table, self._fence, self.generation, table_name=self.uri)
+        if len(self._rows.files) < 2:
+            return False
+        kept = [
+            {
+                "epoch": r.epoch,
+                "status": r.status,
+                "xid": r.xid,
+                "generation": r.generation,
+                "delta_version": r.delta_version,
+                "rows_upserted": r.rows_upserted,
+                "rows_deleted": r.rows_deleted,
+                "recorded_at": r.recorded_at,
+            }
+            for r in (self._records[e] for e in sorted(self._records))
+        ]
+        written = self._rows.append(
+            table, kept, generation=self.generation, remove=self._rows.files, kind="compact"
+        )
+        return written is not None

@@ -109,13 +109,18 @@ def test_deletes_leave_current_version_but_time_travel_keeps_them(tmp_path: Path
     store.apply(2, [Change("delete", {"k": "a"}), Change("delete", {"k": "nope"})])
     assert as_map(store.snapshot()) == {"b": 2}
     assert as_map(store.snapshot(1)) == {"a": 1, "b": 2}
-    changed = store.changed_keys(1).to_pylist()
-    assert changed == [{"k": "a", "_deleted": True}]
+    # changed_keys reads only the change files after the epoch, never the table, so
+    # a delete of a key that did not exist ("nope") is listed too: a diff of that
+    # key finds it absent on both sides.
+    changed = sorted(store.changed_keys(1).to_pylist(), key=lambda r: r["k"])
+    assert changed == [{"k": "a", "_deleted": True}, {"k": "nope", "_deleted": True}]
     store.apply(3, [Change("upsert", {"k": "c", "v": 3})])
     assert sorted(store.changed_keys(1).to_pylist(), key=lambda r: r["k"]) == [
         {"k": "a", "_deleted": True},
         {"k": "c", "_deleted": False},
+        {"k": "nope", "_deleted": True},
     ]
+    assert store.changed_keys(2).to_pylist() == [{"k": "c", "_deleted": False}]
 
 
 def test_last_change_of_a_key_wins_within_an_epoch(tmp_path: Path) -> None:
@@ -319,16 +324,31 @@ def test_compaction_and_vacuum_keep_what_recovery_needs(tmp_path: Path) -> None:
         )
         states[e] = as_map(store.snapshot())
     store.compact()
-    assert len(DeltaTable(store.uri).file_uris()) == 1
+    # Merge-on-read: one base folded through epoch 7, and the newest epoch's change
+    # file, which compaction leaves alone so that the epoch stays revertible.
+    names = sorted(Path(u).name for u in DeltaTable(store.uri).file_uris())
+    assert [n.split("-")[:2] for n in names] == [
+        ["base", "t000000000007"],
+        ["change", "e000000000008"],
+    ]
     for e, state in states.items():
         assert as_map(store.snapshot(e)) == state
     report = store.vacuum(keep_from_epoch=3, keep_epochs=2, retention_hours=0)
     assert report.kept_epochs == [3, 4, 5, 6, 7, 8]
     for e in range(3, 9):
         assert as_map(store.snapshot(e)) == states[e]
+    assert store.changed_keys(3).num_rows > 0
+    # Later epochs, another fold and a vacuum keeping only the last two: epoch 1's
+    # files (or its version) are gone, and reading it says so.
+    for e in range(9, 30):
+        store.apply(e, [Change("upsert", {"k": f"k{e}", "v": e})])
+    store.compact()
+    store.vacuum(keep_epochs=2, retention_hours=0)
     with pytest.raises(InvalidInputError, match="files of epoch 1 are gone"):
         store.snapshot(1)
-    assert store.changed_keys(3).num_rows > 0
+    assert as_map(store.snapshot(28)) == {
+        k: v for k, v in as_map(store.snapshot()).items() if k != "k29"
+    }
 
 
 def test_epoch_log_record_status_last_epoch(tmp_path: Path) -> None:

@@ -18,11 +18,16 @@ D, C, F, A = (
 )
 
 
-@pytest.fixture(params=["memory", "file"])
+@pytest.fixture(params=["memory", "file", "store"])
 def make_log(request: pytest.FixtureRequest, tmp_path: Path):  # type: ignore[no-untyped-def]
     if request.param == "memory":
         log = MemoryProgressLog()
         return lambda: log  # "reopening" a memory log returns the same object
+    if request.param == "store":
+        # The expected-state store's _epochs Delta table, reopened as a new object.
+        from expected_state.progress_log import StoreProgressLog
+
+        return lambda: StoreProgressLog(str(tmp_path), "pipe")
     return lambda: FileProgressLog(tmp_path, "pipe")
 
 

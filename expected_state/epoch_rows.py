@@ -1,0 +1,270 @@
+"""The store's ``_epochs`` Delta table: streams of status rows, read incrementally, appended fenced.
+
+One small Delta table per store holds status rows for many streams: each sink
+table's :class:`~expected_state.epochs.EpochLog` (``sink`` = the table) and
+each pipeline's progress log (``sink`` = ``"*"``). A stream's rows carry a
+sequence number ``seq``; the row of an epoch with the highest ``seq`` is its
+current status. The order is the commit order, never the epoch's number, so
+an older epoch can move again (an aborted epoch decided once more).
+
+Why ``seq`` is a total order of a stream: every commit of a stream carries its
+fence token (``Transaction(<fence id>, generation)``), and delta-rs rejects a
+commit when a commit it did not read carries the same app id. So each commit
+of a stream is based on a snapshot holding every earlier commit of that
+stream, and ``max(seq) + 1`` read on that snapshot is larger than any ``seq``
+before it. Streams of different sinks or pipelines carry different tokens, and
+their appends are rebased by delta-rs without failing each other.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from datetime import UTC, datetime
+from pathlib import PurePosixPath
+from typing import Any
+
+import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
+import pyarrow.compute as pc  # type: ignore[import-untyped, unused-ignore]
+from deltalake import DeltaTable
+from deltalake.exceptions import TableNotFoundError
+
+from expected_state.delta_commit import DataFile, commit_files, make_durable, write_data_file
+from expected_state.delta_files import read_data_files
+from reconcile import hooks
+from reconcile.contract import InvalidInputError
+
+__all__ = [
+    "APPEND_CHECKED",
+    "EPOCHS_SCHEMA",
+    "EPOCHS_TABLE",
+    "PIPELINE_STREAM",
+    "EpochRows",
+]
+
+EPOCHS_TABLE = "_epochs"
+PIPELINE_STREAM = "*"  # the `sink` value of a pipeline's progress-log rows
+
+# Between a stream's checks (its fence, the epoch's current status) and the
+# commit of its rows: a takeover that lands here must still make the commit fail.
+APPEND_CHECKED = hooks.declare("expected_state.epochs.append_checked")
+
+EPOCHS_SCHEMA = pa.schema(
+    [
+        pa.field("pipeline", pa.string(), nullable=False),
+        pa.field("sink", pa.string(), nullable=False),
+        pa.field("epoch", pa.int64(), nullable=False),
+        pa.field("status", pa.string(), nullable=False),
+        pa.field("xid", pa.string()),
+        pa.field("generation", pa.int64(), nullable=False),
+        pa.field("delta_version", pa.int64()),
+        pa.field("rows_upserted", pa.int64(), nullable=False),
+        pa.field("rows_deleted", pa.int64(), nullable=False),
+        pa.field("recorded_at", pa.timestamp("us", tz="UTC"), nullable=False),
+        pa.field("seq", pa.int64(), nullable=False),
+    ]
+)
+
+# <kind>-<pipeline>-<sink tag>-<uuid>.parquet; names hold no "-", so the split is
+# unambiguous, and the pipeline stream's tag is empty (no sink name is empty).
+_FILE = re.compile(r"^(part|compact)-([A-Za-z0-9_]+)-([A-Za-z0-9_]*)-[0-9a-f]{32}\.parquet$")
+
+
+class EpochRows:
+    """One stream of the ``_epochs`` table: the rows of one (pipeline, sink) or one pipeline.
+
+    Reading is incremental: each refresh reads only the files that appeared
+    since the last one, and only rows with a ``seq`` above the newest one seen.
+    """
+
+    def __init__(self, root: str, pipeline: str, sink: str, fence_id: str) -> None:
+        """A stream of the epochs table under store ``root``.
+
+        Args:
+            root: the store root (path or URI).
+            pipeline: the pipeline name.
+            sink: the sink table name, or :data:`PIPELINE_STREAM`.
+            fence_id: the app id under which the stream's writers record their generation.
+        """
+        self.uri = f"{root.rstrip('/')}/{EPOCHS_TABLE}"
+        self.pipeline = pipeline
+        self.sink = sink
+        self.fence_id = fence_id
+        self._tag = "" if sink == PIPELINE_STREAM else sink
+        self._table: DeltaTable | None = None
+        self._seen: set[str] = set()
+        self.max_seq = 0
+        self.files: list[DataFile] = []  # the stream's own live files (for compaction)
+
+    # -- reading ---------------------------------------------------------------
+
+    def open(self, *, create: bool) -> DeltaTable | None:
+        """The epochs table at its newest version (created if ``create``), or None."""
+        if self._table is None:
+            try:
+                self._table = DeltaTable(self.uri)
+            except TableNotFoundError:
+                if not create:
+                    return None
+                # ``ignore``: a concurrent creator wins harmlessly, and its table
+                # identity (metaData.id) is the one everybody reads.
+                DeltaTable.create(
+                    self.uri,
+                    EPOCHS_SCHEMA,
+                    mode="ignore",
+                    configuration={"delta.checkpointInterval": "10"},
+                )
+                make_durable(self.uri, 0, 0)
+                self._table = DeltaTable(self.uri)
+            stored = pa.schema(self._table.schema().to_arrow())
+            if stored.get_field_index("seq") < 0:
+                raise InvalidInputError(
+                    f"table {self.uri!r} has no 'seq' column: it was written by an older layout "
+                    "of the epochs table; nothing was written",
+                    table=self.uri,
+                    column="seq",
+                )
+        else:
+            self._table.update_incremental()
+        return self._table
+
+    def refresh(self, *, create: bool = False) -> tuple[DeltaTable | None, pa.Table]:
+        """Bring the snapshot up to date and return the stream's new rows, in ``seq`` order.
+
+        Returns:
+            The snapshot (None if the table does not exist and ``create`` is False),
+            and the rows of this stream with a ``seq`` above every one returned before.
+        """
+        table = self.open(create=create)
+        if table is None:
+            return None, EPOCHS_SCHEMA.empty_table()
+        actions = pa.table(table.get_add_actions(flatten=False)).select(["path", "size_bytes"])
+        paths = actions.column("path").to_pylist()
+        sizes = actions.column("size_bytes").to_pylist()
+        mine: list[DataFile] = []
+        unread: list[str] = []
+        for path, size in zip(paths, sizes, strict=True):
+            name = PurePosixPath(path).name
+            match = _FILE.match(name)
+            own = match is not None and (match.group(2), match.group(3)) == (
+                self.pipeline,
+                self._tag,
+            )
+            if own:
+                mine.append(DataFile(path, int(size or 0), 0, "", 0))
+            # A file of another stream is never opened; a file of no stream (e.g.
+            # left by a generic OPTIMIZE) may hold this stream's rows, so it is read.
+            if name not in self._seen and (own or match is None):
+                unread.append(path)
+        self._seen = {PurePosixPath(p).name for p in paths}
+        self.files = mine
+        if not unread:
+            return table, EPOCHS_SCHEMA.empty_table()
+        data = read_data_files(self.uri, unread, schema=EPOCHS_SCHEMA)
+        data = data.filter(
+            pc.and_(
+                pc.equal(data.column("pipeline"), self.pipeline),
+                pc.and_(
+                    pc.equal(data.column("sink"), self.sink),
+                    pc.greater(data.column("seq"), self.max_seq),
+                ),
+            )
+        )
+        if data.num_rows == 0:
+            return table, EPOCHS_SCHEMA.empty_table()
+        data = data.sort_by("seq")
+        self.max_seq = max(self.max_seq, int(pc.max(data.column("seq")).as_py()))
+        return table, data
+
+    def generation(self, table: DeltaTable) -> int | None:
+        """The newest generation recorded for the stream's fence in ``table``."""
+        return table.transaction_version(self.fence_id)
+
+    # -- writing ---------------------------------------------------------------
+
+    def append(
+        self,
+        table: DeltaTable,
+        rows: Sequence[Mapping[str, Any]],
+        *,
+        generation: int,
+        landed: Callable[[], bool] | None = None,
+        remove: Iterable[DataFile] = (),
+        kind: str = "part",
+    ) -> pa.Table | None:
+        """Append ``rows`` in ONE commit based on ``table``, fenced by ``generation``.
+
+        The caller has made its checks (fence, current status) on ``table``, the
+        snapshot this commit is based on; the commit carries the fence token, so a
+        takeover that lands after that snapshot makes it fail (FencedError).
+
+        Args:
+            table: the snapshot the caller checked.
+            rows: the rows, without ``pipeline``, ``sink``, ``seq`` (filled in here);
+                missing optional columns are NULL or 0, ``recorded_at`` now.
+            generation: the writer's generation.
+            landed: after a failed commit, whether its effect is in the log anyway
+                (default: whether the file written here is live).
+            remove: files of the stream to remove in the same commit (compaction).
+            kind: "part" (new rows) or "compact" (a rewrite of the stream).
+
+        Returns:
+            The rows as written (with their ``seq``) if this call committed them,
+            for the caller to fold into its state; None if ``landed()`` found the
+            effect in the log already.
+
+        Raises:
+            FencedError: a newer generation holds the stream; nothing was written.
+            RetryableError: lost to concurrent writers; nothing was written.
+        """
+        now = datetime.now(UTC)
+        first = self.max_seq + 1
+        data = pa.table(
+            {
+                "pipeline": [self.pipeline] * len(rows),
+                "sink": [self.sink] * len(rows),
+                "epoch": [int(r["epoch"]) for r in rows],
+                "status": [str(r["status"]) for r in rows],
+                "xid": [r.get("xid") for r in rows],
+                "generation": [int(r.get("generation", generation)) for r in rows],
+                "delta_version": [r.get("delta_version") for r in rows],
+                "rows_upserted": [int(r.get("rows_upserted", 0)) for r in rows],
+                "rows_deleted": [int(r.get("rows_deleted", 0)) for r in rows],
+                "recorded_at": [r.get("recorded_at") or now for r in rows],
+                "seq": list(range(first, first + len(rows))),
+            },
+            schema=EPOCHS_SCHEMA,
+        )
+        name = f"{kind}-{self.pipeline}-{self._tag}-{uuid.uuid4().hex}.parquet"
+        data_file = write_data_file(self.uri, name, data)
+
+        def file_is_live() -> bool:
+            return any(PurePosixPath(p).name == name for p in _live_paths(self.uri))
+
+        hooks.point(APPEND_CHECKED)
+        result = commit_files(
+            self.uri,
+            [data_file],
+            EPOCHS_SCHEMA,
+            app_id=self.fence_id,
+            version=generation,
+            remove=list(remove),
+            fence=(self.fence_id, generation),  # checked on `table`, the commit's snapshot
+            check_schema=False,  # written from EPOCHS_SCHEMA just above
+            table_name=self.uri,
+            table=table,
+            landed=landed or file_is_live,
+        )
+        if not result.committed:
+            return None
+        # The caller folds our rows into its state: no need to read them back.
+        self._seen.add(name)
+        self.max_seq = first + len(rows) - 1
+        return data
+
+
+def _live_paths(uri: str) -> list[str]:
+    """The live file paths of the table at its newest version (a fresh read)."""
+    actions = pa.table(DeltaTable(uri).get_add_actions(flatten=False))
+    return [str(p) for p in actions.column("path").to_pylist()]

@@ -1,0 +1,274 @@
+"""Reading a store table: snapshots by merge-on-read, an epoch's changes, keys changed since."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
+import pyarrow.compute as pc  # type: ignore[import-untyped, unused-ignore]
+from deltalake import DeltaTable
+from deltalake.exceptions import DeltaError, TableNotFoundError
+
+from expected_state.delta_files import read_data_files
+from expected_state.layout import (
+    EPOCH_COLUMN,
+    OP_COLUMN,
+    StoreFile,
+    classify,
+    state_schema,
+    stored_schema,
+)
+from expected_state.merge import apply_changes, last_per_key
+from reconcile.contract import InvalidInputError
+
+__all__ = ["Reading", "live_files"]
+
+
+def live_files(table: DeltaTable, *, name: str) -> list[StoreFile]:
+    """The live data files of ``table``'s snapshot, classified (change files by epoch)."""
+    actions = pa.table(table.get_add_actions(flatten=False)).select(["path", "size_bytes"])
+    base = table.table_uri.rstrip("/")
+    files = [
+        classify(f"{base}/{path}", path, int(size or 0), table=name)
+        for path, size in zip(
+            actions.column("path").to_pylist(),
+            actions.column("size_bytes").to_pylist(),
+            strict=True,
+        )
+    ]
+    return sorted(files, key=lambda f: (f.kind != "base", f.epoch, f.path))
+
+
+def base_through(files: Sequence[StoreFile]) -> int | None:
+    """The epoch the live base was folded through (None: no base yet)."""
+    through = [f.epoch for f in files if f.kind == "base"]
+    return max(through) if through else None
+
+
+class Reading:
+    """Mixin for :class:`~expected_state.store.ExpectedStateStore`: everything that reads."""
+
+    uri: str
+    app_id: str
+    key_columns: list[str]
+    _schema: pa.Schema | None
+    _versions: dict[int, int]
+    _epoch_files: dict[int, str]
+    _versions_upto: int
+
+    def _delta(self, *, refresh: bool = True) -> DeltaTable | None:  # provided by the store
+        raise NotImplementedError
+
+    def last_epoch(self) -> int | None:  # provided by the store
+        raise NotImplementedError
+
+    # -- epochs and versions ---------------------------------------------------
+
+    def epoch_versions(self) -> dict[int, int]:
+        """Epoch -> Delta version of every recorded epoch, oldest first.
+
+        Read from the commitInfo that each apply() and revert() commit carries
+        (the same atomic commit as the data and the token), incrementally: only
+        commits newer than the last call are read. A reverted epoch is dropped;
+        if it is applied again, its new commit is the one listed.
+        """
+        table = self._delta()
+        if table is None:
+            return {}
+        current = table.version()
+        if current > self._versions_upto:
+            # history() lists the newest commit first; replay oldest first, so that a
+            # revert drops the epoch and a later apply of it records it again.
+            for commit in reversed(table.history(limit=current - self._versions_upto)):
+                if commit.get("reconcile.app_id") != self.app_id:
+                    continue
+                epoch = commit.get("reconcile.epoch")
+                reverted = commit.get("reconcile.reverted")
+                if epoch is not None:
+                    self._versions[int(epoch)] = int(commit["version"])
+                    path = commit.get("reconcile.file")
+                    if path:
+                        self._epoch_files[int(epoch)] = str(path)
+                    else:
+                        self._epoch_files.pop(int(epoch), None)
+                elif reverted is not None:
+                    self._versions.pop(int(reverted), None)
+                    self._epoch_files.pop(int(reverted), None)
+            self._versions_upto = current
+        return dict(sorted(self._versions.items()))
+
+    def version_of(self, epoch: int) -> int:
+        """The Delta version holding the state as of ``epoch``.
+
+        An epoch skipped with ``allow_gap`` had no output, so its state is the
+        newest recorded epoch before it.
+
+        Raises:
+            InvalidInputError: the epoch is before the first or after the last recorded one.
+        """
+        versions = self.epoch_versions()
+        recorded = [e for e in versions if e <= epoch]
+        last = self.last_epoch()
+        if not recorded or last is None or epoch > last:
+            raise InvalidInputError(
+                f"table {self.uri!r}: epoch {epoch} is not recorded (recorded: "
+                f"{min(versions) if versions else None}..{last})",
+                table=self.uri,
+                epoch=epoch,
+            )
+        return versions[max(recorded)]
+
+    def _at_version(self, epoch: int) -> DeltaTable:
+        """The table as of the version that recorded ``epoch`` (time travel).
+
+        Raises:
+            InvalidInputError: the epoch is not recorded, or vacuum pruned its version.
+        """
+        version = self.version_of(epoch)
+        try:
+            return DeltaTable(self.uri, version=version)
+        except (TableNotFoundError, DeltaError, OSError) as exc:
+            raise InvalidInputError(
+                f"table {self.uri!r}: the files of epoch {epoch} are gone (vacuumed?): "
+                f"version {version} is no longer in the log ({exc})",
+                table=self.uri,
+                epoch=epoch,
+            ) from exc
+
+    # -- snapshots ---------------------------------------------------------------
+
+    def _empty_state(self) -> pa.Table:
+        if self._schema is None:
+            return pa.table({})
+        return state_schema(self._schema).empty_table()
+
+    def _read(self, files: Sequence[StoreFile], columns: Sequence[str], epoch: int | None) -> Any:
+        if not files:
+            assert self._schema is not None
+            stored = stored_schema(self._schema, self.key_columns)
+            return pa.schema([stored.field(c) for c in columns]).empty_table()
+        try:
+            return read_data_files(self.uri, [f.path for f in files], columns=columns)
+        except (OSError, FileNotFoundError) as exc:
+            raise InvalidInputError(
+                f"table {self.uri!r}: the files of epoch {epoch} are gone (vacuumed?): {exc}",
+                table=self.uri,
+                epoch=epoch,
+            ) from exc
+
+    def snapshot(self, epoch: int | None = None, columns: Sequence[str] | None = None) -> pa.Table:
+        """The expected state as of ``epoch`` (default: the newest), as Arrow.
+
+        Merge-on-read: the base plus the change files up to ``epoch``, the newest
+        change of each key winning and a delete leaving no row. An epoch at or
+        after the base's fold point is read from the current version; an older
+        one from the Delta version that recorded it (time travel).
+
+        Args:
+            epoch: a recorded epoch (or one skipped over), or None for the newest.
+            columns: the columns to read (default all: keys, values, _row_hash, _epoch).
+
+        Returns:
+            One row per key.
+
+        Raises:
+            InvalidInputError: the epoch is not recorded, or vacuum removed its files.
+        """
+        table = self._delta()
+        if table is None or self._schema is None:
+            return self._empty_state()
+        files = live_files(table, name=self.uri)
+        if epoch is not None:
+            last = self.last_epoch()
+            through = base_through(files)
+            if last is None or epoch > last:
+                self.version_of(epoch)  # raises, naming the recorded range
+            if through is not None and epoch < through:
+                # Folded into the base since: read the version that recorded it.
+                files = live_files(self._at_version(epoch), name=self.uri)
+            elif through is None and not any(f.epoch <= epoch for f in files):
+                self.version_of(epoch)  # before the first epoch? (raises if so)
+            files = [f for f in files if f.kind == "base" or f.epoch <= epoch]
+        wanted = list(columns) if columns else state_schema(self._schema).names
+        read = list(dict.fromkeys([*self.key_columns, *wanted, EPOCH_COLUMN, OP_COLUMN]))
+        base = self._read([f for f in files if f.kind == "base"], read, epoch)
+        changes = self._read([f for f in files if f.kind == "change"], read, epoch)
+        state = apply_changes(base, changes, self.key_columns)
+        return state.select(wanted)
+
+    # -- changes -----------------------------------------------------------------
+
+    def _change_files_after(self, table: DeltaTable, since: int) -> list[StoreFile]:
+        """The change files of every epoch after ``since``, oldest epoch first."""
+        files = live_files(table, name=self.uri)
+        chosen = [f for f in files if f.kind == "change" and f.epoch > since]
+        through = base_through(files)
+        if through is not None and since < through:
+            # Epochs (since, through] were folded into the base: their change files
+            # are named by the commits that recorded them (vacuum keeps them from
+            # its keep_from_epoch on).
+            self.epoch_versions()
+            base = table.table_uri.rstrip("/")
+            chosen += [
+                StoreFile(f"{base}/{path}", path, "change", e, 0)
+                for e, path in self._epoch_files.items()
+                if since < e <= through
+            ]
+        return sorted(chosen, key=lambda f: f.epoch)
+
+    def changed_keys(self, since_epoch: int) -> pa.Table:
+        """Keys whose expected state may have changed after ``since_epoch``.
+
+        Reads only the change files of the epochs after ``since_epoch``: the cost
+        follows the changes since then, not the table.
+
+        Returns:
+            The key columns plus ``_deleted`` (bool): for each key changed after
+            ``since_epoch``, whether its newest change is a delete. A deleted key
+            may not have existed at ``since_epoch`` (a delete of an absent key, or a
+            key inserted and deleted again after it): telling that apart would mean
+            reading the table; a diff finds it absent on both sides.
+        """
+        keys = self.key_columns
+        table = self._delta()
+        if table is None or self._schema is None:
+            empty = pa.schema([pa.field(k, pa.string()) for k in keys]).empty_table()
+            return empty.append_column("_deleted", pa.array([], pa.bool_()))
+        files = self._change_files_after(table, since_epoch)
+        data = self._read(files, [*keys, OP_COLUMN], since_epoch)
+        newest = last_per_key(data, keys)
+        deleted = pc.equal(newest.column(OP_COLUMN), "delete")
+        return newest.select(keys).append_column("_deleted", deleted)
+
+    def changes_of(self, epoch: int) -> pa.Table:
+        """The changes recorded for ``epoch``: the user columns plus ``_op``.
+
+        One row per key the epoch touched (its net change): ``_op`` "upsert" with
+        the row, or "delete" with the key (value columns NULL). The form
+        ``apply()`` takes, so it can be replayed into a sink that cannot be diffed.
+        An epoch skipped over, or one without changes, has none.
+
+        Raises:
+            InvalidInputError: the epoch is not recorded, or vacuum removed its file.
+        """
+        table = self._delta()
+        last = self.last_epoch()
+        if table is None or self._schema is None or last is None or epoch > last:
+            raise InvalidInputError(
+                f"table {self.uri!r}: epoch {epoch} is not recorded (newest: {last})",
+                table=self.uri,
+                epoch=epoch,
+            )
+        columns = [*self._schema.names, OP_COLUMN]
+        files = [
+            f for f in live_files(table, name=self.uri) if f.kind == "change" and f.epoch == epoch
+        ]
+        if not files:
+            versions = self.epoch_versions()
+            path = self._epoch_files.get(epoch)
+            if path is not None:
+                files = [StoreFile(path, path, "change", epoch, 0)]
+            elif not versions or epoch < min(versions):
+                self.version_of(epoch)  # before the first epoch: raises
+        return self._read(files, columns, epoch).select(columns)
