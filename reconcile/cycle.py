@@ -36,8 +36,9 @@ from reconcile.results import (
     CommitResult,
     CommitSucceeded,
     RecoveryReport,
+    log_result,
 )
-from reconcile.sink import TwoPhaseSink, has_durable_prepare
+from reconcile.sink import TwoPhaseSink, check_sinks, has_durable_prepare
 from reconcile.steps import SinkSteps, StepFailed
 
 __all__ = [
@@ -58,7 +59,6 @@ log = logging.getLogger("reconcile.cycle")
 RECORDED = hooks.declare("cycle.expected_state.recorded")
 DECIDED = hooks.declare("cycle.decided")
 
-_SINK_MEMBERS = ("name", "stage", "prepare", "commit", "abort", "recover")
 _LOG_MEMBERS = ("log_id", "claim_generation", "mark", "status", "last_committed", "epochs_in")
 
 
@@ -128,18 +128,7 @@ class CommitCycle:
         self.pipeline = validate_name("pipeline", pipeline)
         if not sinks:
             raise ConfigurationError(f"pipeline {pipeline!r} declares no sinks")
-        names: list[str] = []
-        for sink in sinks:
-            missing = _missing(sink, _SINK_MEMBERS)
-            if missing:
-                raise ConfigurationError(
-                    f"pipeline {pipeline!r}: {sink!r} is not a TwoPhaseSink: it lacks "
-                    f"{', '.join(missing)}"
-                )
-            name = validate_name("sink", sink.name)
-            if name in names:
-                raise ConfigurationError(f"pipeline {pipeline!r} declares sink {name!r} twice")
-            names.append(name)
+        names = check_sinks(pipeline, sinks)
         if commit_attempts < 1:
             raise ConfigurationError(f"commit_attempts must be >= 1, got {commit_attempts}")
         if expected_state is not None:
@@ -263,37 +252,10 @@ class CommitCycle:
             else:
                 result = self._run(epoch, outputs, txns, generation)
         self.metrics.count(f"cycle.outcome.{type(result).__name__}")
-        self._log_result(result, outputs, time.perf_counter() - began)
+        log_result(
+            log, self.pipeline, self.generation, result, outputs, time.perf_counter() - began
+        )
         return result
-
-    def _log_result(
-        self, result: CommitResult, outputs: Mapping[str, Iterable[Any]], seconds: float
-    ) -> None:
-        rows = sum(len(v) for v in outputs.values() if isinstance(v, Sequence))
-        ms = seconds * 1000
-        if isinstance(result, CommitSucceeded):
-            what = "replayed (already in)" if result.replayed else "committed"
-            log.info(
-                "pipeline %s epoch %d %s: %d rows, %.1f ms, generation %s",
-                self.pipeline,
-                result.epoch,
-                what,
-                rows,
-                ms,
-                self.generation,
-            )
-        else:
-            level = logging.WARNING if isinstance(result, CommitAborted) else logging.ERROR
-            log.log(
-                level,
-                "pipeline %s epoch %d %s at %s: %s (%.1f ms)",
-                self.pipeline,
-                result.epoch,
-                "aborted" if isinstance(result, CommitAborted) else "FATAL",
-                result.step,
-                result.reason,
-                ms,
-            )
 
     def close(self) -> None:
         """Close every sink that has ``close()`` (connections, open txns), as an exit would."""

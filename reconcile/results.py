@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from reconcile.contract import ReconcileError
 
@@ -12,6 +15,7 @@ __all__ = [
     "CommitResult",
     "CommitSucceeded",
     "RecoveryReport",
+    "log_result",
 ]
 
 
@@ -78,3 +82,39 @@ class RecoveryReport:
     # Committed epochs that sinks without a durable prepare still lack: the
     # next run_epoch() of that epoch replays its outputs into them.
     replay_needed: dict[int, list[str]] = field(default_factory=dict)
+
+
+def log_result(
+    log: logging.Logger,
+    pipeline: str,
+    generation: int | None,
+    result: CommitResult,
+    outputs: Mapping[str, Iterable[Any]],
+    seconds: float,
+) -> None:
+    """One INFO line per epoch (WARNING when aborted, ERROR when fatal)."""
+    rows = sum(len(v) for v in outputs.values() if isinstance(v, Sequence))
+    ms = seconds * 1000
+    if isinstance(result, CommitSucceeded):
+        what = "replayed (already in)" if result.replayed else "committed"
+        log.info(
+            "pipeline %s epoch %d %s: %d rows, %.1f ms, generation %s",
+            pipeline,
+            result.epoch,
+            what,
+            rows,
+            ms,
+            generation,
+        )
+    else:
+        level = logging.WARNING if isinstance(result, CommitAborted) else logging.ERROR
+        log.log(
+            level,
+            "pipeline %s epoch %d %s at %s: %s (%.1f ms)",
+            pipeline,
+            result.epoch,
+            "aborted" if isinstance(result, CommitAborted) else "FATAL",
+            result.step,
+            result.reason,
+            ms,
+        )

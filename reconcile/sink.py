@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from reconcile.contract import (
+    ConfigurationError,
     ContractViolationError,
     Fatal,
     Ok,
@@ -14,6 +15,7 @@ from reconcile.contract import (
     SinkOutcome,
     SinkTxnId,
     WriterIdentity,
+    validate_name,
 )
 
 __all__ = [
@@ -22,8 +24,11 @@ __all__ = [
     "bind_writer",
     "capabilities_of",
     "check_outcome",
+    "check_sinks",
     "has_durable_prepare",
 ]
+
+_MEMBERS = ("name", "stage", "prepare", "commit", "abort", "recover")
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,3 +160,24 @@ def check_outcome(sink: str, operation: str, txn_id: SinkTxnId, value: object) -
         operation=operation,
         txn_id=str(txn_id),
     )
+
+
+def check_sinks(pipeline: str, sinks: Sequence[object]) -> list[str]:
+    """The sinks' names, after checking each is a sink and the names are distinct.
+
+    Raises:
+        ConfigurationError: naming the member a sink lacks, a bad name, or a repeated one.
+    """
+    names: list[str] = []
+    for sink in sinks:
+        missing = [m for m in _MEMBERS if not hasattr(sink, m)]
+        if missing:
+            raise ConfigurationError(
+                f"pipeline {pipeline!r}: {sink!r} is not a TwoPhaseSink: it lacks "
+                f"{', '.join(missing)}"
+            )
+        name = validate_name("sink", sink.name)  # type: ignore[attr-defined]
+        if name in names:
+            raise ConfigurationError(f"pipeline {pipeline!r} declares sink {name!r} twice")
+        names.append(name)
+    return names

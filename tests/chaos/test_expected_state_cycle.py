@@ -102,3 +102,29 @@ def test_kill9_around_the_decision_then_restart(
         for (gid,) in conn.execute("SELECT gid FROM pg_prepared_xacts").fetchall():
             conn.execute("ROLLBACK PREPARED %s", (gid,))  # type: ignore[arg-type]
     server.drop_database(db)
+
+
+def test_a_refused_decision_reverts_what_was_recorded(
+    memory_harness: SinkHarness, tmp_path: Path
+) -> None:
+    # The outputs are recorded, then the decision is refused (definitely): the
+    # epoch is aborted, and the store must not keep the aborted run's changes,
+    # or the next run of the epoch would be taken as recorded already.
+    from reconcile.contract import RetryableError
+    from reconcile.results import CommitAborted
+
+    scenario = Scenario(memory_harness, tmp_path / "state", expected_root=tmp_path / "expected")
+    cycle = scenario.build()
+    cycle.start()
+    assert cycle.run_epoch(0, scenario.outputs(0))
+
+    def refuse() -> None:
+        raise RetryableError("the epochs table refused the decision")
+
+    with hooks.at(RECORDED, refuse) as armed:
+        result = cycle.run_epoch(1, scenario.outputs(1))
+    assert armed.fired == 1 and isinstance(result, CommitAborted), result
+    assert scenario.expected().tables["alpha"].last_epoch() == 0  # reverted
+    assert cycle.run_epoch(1, scenario.outputs(1))  # the next run is recorded
+    cycle.close()
+    scenario.check([0, 1])
