@@ -3,18 +3,17 @@
 from __future__ import annotations
 
 import logging
-import re
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
-import pyarrow.fs as pafs  # type: ignore[import-untyped, unused-ignore]
 from deltalake import DeltaTable
 
 from expected_state.delta_commit import DataFile, commit_files, write_data_file
-from expected_state.delta_files import filesystem, read_data_files
+from expected_state.delta_files import read_data_files
+from expected_state.delta_log import EPOCHS_LOG_MARGIN, prune_log
 from expected_state.fencing import check_generation
 from expected_state.layout import StoreFile, base_file_name, stored_schema
 from expected_state.merge import apply_changes
@@ -31,7 +30,6 @@ __all__ = [
     "DEFAULT_RETENTION_HOURS",
     "Housekeeping",
     "VacuumReport",
-    "prune_log",
 ]
 
 log = logging.getLogger(__name__)
@@ -52,7 +50,6 @@ DEFAULT_KEEP_EPOCHS = 10
 DEFAULT_RETENTION_HOURS = 24
 DEFAULT_TARGET_SIZE = 128 * 1024 * 1024  # bytes of Arrow data per base file
 _COMMIT_ATTEMPTS = 4
-_LOG_FILE = re.compile(r"^(\d{20})\.(json|crc|checkpoint\.parquet|checkpoint\.\d+\.\d+\.parquet)$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +60,7 @@ class VacuumReport:
     kept_epochs: list[int]
     deleted_files: list[str]
     deleted_log_files: int = 0
+    epochs_deleted_files: list[str] = field(default_factory=list)
 
 
 def _as_removed(files: list[StoreFile]) -> list[DataFile]:
@@ -259,7 +257,8 @@ class Housekeeping:
                 is deleted; 0 is only safe when no apply() is in flight.
 
         Returns:
-            The versions and epochs kept, the files and the number of log files deleted.
+            The versions and epochs kept, the files and the number of log files deleted
+            (of the state table and of the store's epochs table).
 
         Raises:
             FencedError: a newer generation has taken over.
@@ -287,40 +286,25 @@ class Housekeeping:
         # Every write lists the log folder, so its cost grows with the log: prune
         # it below the oldest version kept (deltalake's own cleanup goes by age).
         pruned = prune_log(self.uri, kept_versions[0])
+        epochs_deleted: list[str] = []
+        if DeltaTable.is_deltatable(self.epochs.uri):
+            # The shared epochs table: nobody reads its old versions, but a writer
+            # of another stream may be a few commits behind when it commits, and
+            # delta-rs then reads the commits since its snapshot: keep a margin.
+            epochs_table = DeltaTable(self.epochs.uri)
+            epochs_deleted = list(
+                epochs_table.vacuum(
+                    retention_hours=int(retention_hours),
+                    dry_run=False,
+                    enforce_retention_duration=False,
+                    full=True,
+                )
+            )
+            pruned += prune_log(self.epochs.uri, epochs_table.version() - EPOCHS_LOG_MARGIN)
         return VacuumReport(
             kept_versions=kept_versions,
             kept_epochs=sorted(keep),
             deleted_files=list(deleted),
             deleted_log_files=pruned,
+            epochs_deleted_files=epochs_deleted,
         )
-
-
-def prune_log(table_uri: str, keep_from_version: int) -> int:
-    """Delete the log entries older than the newest checkpoint at or before ``keep_from_version``.
-
-    Every version from that checkpoint on stays loadable (a reader starts from
-    the newest checkpoint at or below the version it wants); older versions
-    can no longer be time-travelled to. Without such a checkpoint nothing is
-    deleted. ``_last_checkpoint`` is never touched.
-
-    Returns:
-        How many log files were deleted.
-    """
-    fs, root = filesystem(table_uri)
-    log_dir = f"{root}/_delta_log"
-    infos = fs.get_file_info(pafs.FileSelector(log_dir, allow_not_found=True))
-    entries = []
-    for info in infos:
-        match = _LOG_FILE.match(info.base_name)
-        if match:
-            entries.append((int(match.group(1)), match.group(2), info.path))
-    checkpoints = [
-        v for v, kind, _ in entries if kind.startswith("checkpoint") and v <= keep_from_version
-    ]
-    if not checkpoints:
-        return 0
-    floor = max(checkpoints)
-    doomed = [path for v, _, path in entries if v < floor]
-    for path in doomed:
-        fs.delete_file(path)
-    return len(doomed)

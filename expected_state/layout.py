@@ -37,8 +37,15 @@ RESERVED_COLUMNS = (ROW_HASH_COLUMN, EPOCH_COLUMN, OP_COLUMN)
 # recovery may read stays reachable by time travel and no other. A checkpoint
 # every 10 commits bounds the JSON replay that each small epoch's commit and
 # refresh pay (measured: ~4 ms median at delta-rs' default of 100, ~1.5 ms at
-# 10, for 100-row epochs).
-TABLE_CONFIG = {"delta.enableExpiredLogCleanup": "false", "delta.checkpointInterval": "10"}
+# 10, for 100-row epochs). Removed files stay in checkpoints as tombstones for
+# an hour, not delta-rs' week: compaction removes a file per folded epoch, and a
+# week of tombstones would make the checkpoints, written on the write path,
+# large; vacuum() lists the files itself (full mode) and needs no tombstones.
+TABLE_CONFIG = {
+    "delta.enableExpiredLogCleanup": "false",
+    "delta.checkpointInterval": "10",
+    "delta.deletedFileRetentionDuration": "interval 1 hours",
+}
 
 # File names carry what the file is, so that the write path and the readers
 # classify the live files of a snapshot from the file list alone, without
