@@ -22,6 +22,7 @@ __all__ = [
     "change_file_name",
     "check_stored_schema",
     "classify",
+    "merged_file_name",
     "state_schema",
     "stored_schema",
     "user_schema_of",
@@ -50,9 +51,12 @@ TABLE_CONFIG = {
 # File names carry what the file is, so that the write path and the readers
 # classify the live files of a snapshot from the file list alone, without
 # opening a file or parsing statistics:
-#   change-e<epoch>-<uuid>.parquet      one epoch's changes (upserts and tombstones)
-#   base-t<through>-<uuid>-<n>.parquet  the compacted base, folded through epoch <through>
+#   change-e<epoch>-<uuid>.parquet         one epoch's changes (upserts and tombstones)
+#   change-e<first>-e<last>-<uuid>.parquet the changes of epochs first..last merged: the
+#                                          newest change of each key, tombstones kept
+#   base-t<through>-<uuid>-<n>.parquet     the compacted base, folded through epoch <through>
 _CHANGE = re.compile(r"^change-e(\d{12})-[0-9a-f]{32}\.parquet$")
+_MERGED = re.compile(r"^change-e(\d{12})-e(\d{12})-[0-9a-f]{32}\.parquet$")
 _BASE = re.compile(r"^base-t(\d{12})-[0-9a-f]{32}-\d{4}\.parquet$")
 
 
@@ -63,9 +67,10 @@ class StoreFile:
     Attributes:
         uri: where to read it (as deltalake lists it).
         path: its path relative to the table root.
-        kind: "change" (one epoch's changes) or "base" (the compacted base).
-        epoch: the change file's epoch, or the epoch the base was folded through.
+        kind: "change" (the changes of one epoch, or of merged epochs) or "base".
+        epoch: the change file's (last) epoch, or the epoch the base was folded through.
         size: its size in bytes.
+        first: a change file's first epoch (``epoch`` for one epoch's file).
     """
 
     uri: str
@@ -73,11 +78,22 @@ class StoreFile:
     kind: str
     epoch: int
     size: int
+    first: int = -1
+
+    @property
+    def merged(self) -> bool:
+        """Whether this is a change file of several epochs merged."""
+        return self.kind == "change" and self.first != self.epoch
 
 
 def change_file_name(epoch: int) -> str:
     """A new, unique name for epoch ``epoch``'s change file."""
     return f"change-e{epoch:012d}-{uuid.uuid4().hex}.parquet"
+
+
+def merged_file_name(first: int, last: int) -> str:
+    """A new, unique name for the merged changes of epochs ``first..last``."""
+    return f"change-e{first:012d}-e{last:012d}-{uuid.uuid4().hex}.parquet"
 
 
 def base_file_name(through: int, tag: str, part: int) -> str:
@@ -95,7 +111,12 @@ def classify(uri: str, path: str, size: int, *, table: str) -> StoreFile:
     name = PurePosixPath(path).name
     match = _CHANGE.match(name)
     if match:
-        return StoreFile(uri, path, "change", int(match.group(1)), size)
+        epoch = int(match.group(1))
+        return StoreFile(uri, path, "change", epoch, size, first=epoch)
+    match = _MERGED.match(name)
+    if match:
+        first, last = int(match.group(1)), int(match.group(2))
+        return StoreFile(uri, path, "change", last, size, first=first)
     match = _BASE.match(name)
     if match:
         return StoreFile(uri, path, "base", int(match.group(1)), size)

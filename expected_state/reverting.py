@@ -81,12 +81,14 @@ class Reverting:
                 )
             check_generation(table, self._fence, self.generation, table_name=self.uri)
             files = live_files(table, name=self.uri)
-            mine = [f for f in files if f.kind == "change" and f.epoch == epoch]
+            mine = [f for f in files if f.kind == "change" and f.first == f.epoch == epoch]
             through = base_through(files)
-            if not mine and through is not None and through >= epoch:
+            merged = any(f.merged and f.first <= epoch <= f.epoch for f in files)
+            if merged or (not mine and through is not None and through >= epoch):
                 raise InvalidInputError(
-                    f"table {self.uri!r}: epoch {epoch} was folded into the base by compact() "
-                    "and can no longer be reverted; nothing was written",
+                    f"table {self.uri!r}: epoch {epoch} was folded into the base or merged "
+                    "with other epochs by compaction and can no longer be reverted; "
+                    "nothing was written",
                     table=self.uri,
                     epoch=epoch,
                 )

@@ -17,6 +17,7 @@ from deltalake import DeltaTable
 from deltalake.exceptions import TableNotFoundError
 
 from expected_state.changes import change_rows, normalize_changes
+from expected_state.compaction import Compaction
 from expected_state.delta_commit import DataFile, commit_files, make_durable, write_data_file
 from expected_state.epochs import EpochLog
 from expected_state.fencing import check_generation, fence_app_id, validate_generation
@@ -78,7 +79,7 @@ class ApplyResult:
     deleted: int = 0
 
 
-class ExpectedStateStore(Reading, Reverting, Housekeeping):
+class ExpectedStateStore(Reading, Reverting, Compaction, Housekeeping):
     """The expected state of one sink table of one pipeline, as a merge-on-read Delta table.
 
     Layout under ``root``: ``<root>/<pipeline>/<sink>/`` is the Delta table

@@ -14,11 +14,11 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
+from expected_state.compaction import COMPACT_WRITTEN
 from expected_state.delta_commit import BEFORE_WRITE
-from expected_state.housekeeping import COMPACT_WRITTEN
 from expected_state.store import APPLY_CHECKED, ExpectedStateStore
 from reconcile import hooks
-from reconcile.contract import Change, FencedError, RetryableError
+from reconcile.contract import Change, FencedError, InvalidInputError, RetryableError
 
 pytestmark = pytest.mark.integration
 
@@ -151,3 +151,45 @@ def test_a_takeover_in_the_compaction_window_fences_it(tmp_path: Path) -> None:
     assert window.fired == 1
     assert compactions(store) == []
     assert DeltaTable(store.uri).transaction_version("pipe/t#generation") == 2
+
+
+def test_merging_changes_leaves_the_base_alone_and_every_epoch_readable(tmp_path: Path) -> None:
+    store, states = build(tmp_path, 4)
+    store.compact()  # base through 3, epoch 4 on its own
+    base = [u for u in DeltaTable(store.uri).file_uris() if Path(u).name.startswith("base-")]
+    for e in range(5, 10):
+        store.apply(e, epoch_changes(e))
+        states[e] = as_map(store.snapshot())
+    report = store.compact_changes()  # epochs 4..8 into one file; 9 keeps its own
+    assert report["merged_files"] == 5
+    names = sorted(Path(u).name for u in DeltaTable(store.uri).file_uris())
+    assert [
+        u for u in DeltaTable(store.uri).file_uris() if Path(u).name.startswith("base-")
+    ] == base
+    assert [n.split("-")[:3] for n in names if n.startswith("change-")] == [
+        ["change", "e000000000004", "e000000000008"],
+        ["change", "e000000000009", names[-1].split("-")[2]],
+    ]
+    for e, state in states.items():
+        assert as_map(store.snapshot(e)) == state
+    assert [r["k"] for r in store.changes_of(6).to_pylist()] == ["k2", "k0"]
+    assert {r["k"] for r in store.changed_keys(6).to_pylist()} == {"k3", "k1", "k0", "k2"}
+    store.compact_changes(through_epoch=9)  # now 9 is merged too: no file of its own
+    with pytest.raises(InvalidInputError, match="can no longer be reverted"):
+        store.revert(9)
+    assert store.last_epoch() == 9
+
+
+def test_an_apply_landing_while_changes_merge_stays(tmp_path: Path) -> None:
+    store, states = build(tmp_path, 6)
+    writer = store_at(tmp_path)
+    with hooks.at(COMPACT_WRITTEN, lambda: writer.apply(7, epoch_changes(7))) as window:
+        store.compact_changes()
+    assert window.fired == 1
+    merged = [
+        c["reconcile.merged_through"] for c in commits(store) if "reconcile.merged_through" in c
+    ]
+    assert merged == [5]
+    for e, state in states.items():
+        assert as_map(store.snapshot(e)) == state
+    assert store.changes_of(7).num_rows == 2 and store.revert(7)

@@ -36,6 +36,7 @@ op_st = st.one_of(
     st.tuples(st.just("apply"), changes_st, st.booleans()),  # (changes, skip an epoch?)
     st.tuples(st.just("revert"), st.just(None), st.just(False)),
     st.tuples(st.just("compact"), st.integers(0, 2), st.just(False)),  # fold all but n newest
+    st.tuples(st.just("merge"), st.integers(0, 2), st.just(False)),  # merge all but n newest
 )
 
 
@@ -45,7 +46,21 @@ class Model:
 
     states: dict[int, dict[Key, int | None]] = field(default_factory=dict)
     changes: dict[int, dict[Key, int | str | None]] = field(default_factory=dict)
-    folded_through: int = -1  # epochs up to here can no longer be reverted
+    # The live change files as (first, last) epochs, and the epoch the base holds.
+    files: list[tuple[int, int]] = field(default_factory=list)
+    base_through: int = -1
+
+    def revertible(self, epoch: int) -> bool:
+        """An epoch with a file of its own, or no changes and not folded."""
+        if any(first <= epoch <= last and first != last for first, last in self.files):
+            return False
+        return (epoch, epoch) in self.files or epoch > self.base_through
+
+    def take(self, through: int) -> list[tuple[int, int]]:
+        """Remove and return the live change files of epochs up to ``through``."""
+        taken = [f for f in self.files if f[1] <= through]
+        self.files = [f for f in self.files if f[1] > through]
+        return taken
 
     @property
     def last(self) -> int | None:
@@ -101,21 +116,32 @@ def run(ops: list[tuple[str, Any, bool]], composite: bool) -> None:
                         state[key] = value  # type: ignore[assignment]
                 model.states[epoch] = state
                 model.changes[epoch] = net
+                if net:
+                    model.files.append((epoch, epoch))
             elif kind == "revert" and model.last is not None:
                 last = model.last
-                if last <= model.folded_through:
-                    with pytest.raises(InvalidInputError, match="folded into the base"):
+                if not model.revertible(last):
+                    with pytest.raises(InvalidInputError, match="can no longer be reverted"):
                         store.revert(last)
                     continue
                 assert store.revert(last)
                 assert not store.revert(last)  # idempotent
                 del model.states[last], model.changes[last]
+                model.files = [f for f in model.files if f != (last, last)]
             elif kind == "compact" and model.last is not None:
                 through = model.last - arg
                 store.compact(through_epoch=through)
-                # A fold happens only if some epoch after the last fold wrote changes.
-                if any(model.folded_through < e <= through and c for e, c in model.changes.items()):
-                    model.folded_through = through
+                folded = model.take(through)
+                if folded:
+                    model.base_through = max(x for _, x in folded)
+            elif kind == "merge" and model.last is not None:
+                through = model.last - arg
+                store.compact_changes(through_epoch=through)
+                merged = model.take(through)
+                if len(merged) > 1:
+                    model.files.append((min(f for f, _ in merged), max(x for _, x in merged)))
+                else:
+                    model.files.extend(merged)
             check(store, model, keys)
 
 
