@@ -151,3 +151,19 @@ def test_a_zombie_whose_snapshot_holds_the_takeover_cannot_revert(tmp_path: Path
     with pytest.raises(FencedError, match="generation 1 is fenced off by generation 2"):
         zombie.revert(1)
     assert token(zombie) == 1
+
+
+def test_a_writer_sees_a_revert_made_by_another_object_after_its_own_commit(
+    tmp_path: Path,
+) -> None:
+    # The writer knows the tokens its own last commit wrote, and may skip reading
+    # them back only while the table is still at that very version.
+    writer, recovery = store_at(tmp_path), store_at(tmp_path)
+    writer.apply(1, [up("a", 1)])
+    writer.apply(2, [up("a", 2)])
+    assert recovery.revert(2)
+    with pytest.raises(EpochOrderError, match=r"epoch 3 skips epochs 2\.\.2"):
+        writer.apply(3, [up("a", 3)])
+    assert token(writer) == 1
+    assert writer.apply(2, [up("a", 22)]).applied
+    assert as_map(writer.snapshot()) == {"a": 22}
