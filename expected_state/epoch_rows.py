@@ -106,6 +106,7 @@ class EpochRows:
         self._seen: set[str] = set()
         self._live: tuple[list[str], list[int]] = ([], [])
         self.max_seq = 0
+        self._known_fence: tuple[int, int] | None = None  # (version, generation) of our commit
 
     @property
     def files(self) -> list[DataFile]:
@@ -194,7 +195,14 @@ class EpochRows:
         return table, data
 
     def generation(self, table: DeltaTable) -> int | None:
-        """The newest generation recorded for the stream's fence in ``table``."""
+        """The newest generation recorded for the stream's fence in ``table``.
+
+        When ``table`` is at the version of this stream's own last commit, the
+        generation is the one that commit wrote; any other version is read.
+        """
+        known = self._known_fence
+        if known is not None and known[0] == table.version():
+            return known[1]
         return table.transaction_version(self.fence_id)
 
     # -- writing ---------------------------------------------------------------
@@ -259,6 +267,7 @@ class EpochRows:
             return name in _live_paths(self.uri)
 
         hooks.point(APPEND_CHECKED)
+        based_on = table.version()
         result = commit_files(
             self.uri,
             [data_file],
@@ -274,6 +283,9 @@ class EpochRows:
         )
         if not result.committed:
             return None
+        if result.table_version == based_on + 1:
+            # Nothing but our commit after our snapshot: its fence is ours.
+            self._known_fence = (based_on + 1, generation)
         # The caller folds our rows into its state: no need to read them back.
         self._seen.add(name)
         self._live = (self._live[0] + [name], self._live[1] + [data_file.size])

@@ -72,7 +72,7 @@ class StoreProgressLog:
       commits on (the same state machine as every progress log) and appends one
       row; ``mark_many`` appends several moves in ONE commit, e.g.
       ``[(e, DECIDED), (e, COMMITTED), (e - 1, FINALIZED)]``: one commit per epoch.
-    * It compacts itself: once the stream has ``compact_after_files`` files, the
+    * It compacts itself: once the stream has ``compact_after_files`` files (32), the
       next FINALIZED mark rewrites it as one file, keeping the newest
       ``keep_epochs`` finalized epochs and every epoch not finalized yet (older
       ones read as UNKNOWN afterwards).
@@ -83,7 +83,7 @@ class StoreProgressLog:
         root: str,
         pipeline: str,
         *,
-        compact_after_files: int = 64,
+        compact_after_files: int = 32,
         keep_epochs: int = 1_000,
     ) -> None:
         """The progress log of ``pipeline`` in the store at ``root`` (created on first use).
