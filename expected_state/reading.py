@@ -66,6 +66,7 @@ class Reading:
     _versions: dict[int, int]
     _epoch_files: dict[int, str]
     _versions_upto: int
+    _history_from: int  # the oldest version history() still returned
 
     def _delta(self, *, refresh: bool = True) -> DeltaTable | None:  # provided by the store
         raise NotImplementedError
@@ -90,7 +91,10 @@ class Reading:
         if current > self._versions_upto:
             # history() lists the newest commit first; replay oldest first, so that a
             # revert drops the epoch and a later apply of it records it again.
-            for commit in reversed(table.history(limit=current - self._versions_upto)):
+            history = table.history(limit=current - self._versions_upto)
+            if self._versions_upto < 0 and history:
+                self._history_from = min(int(c["version"]) for c in history)
+            for commit in reversed(history):
                 if commit.get("reconcile.app_id") != self.app_id:
                     continue
                 epoch = commit.get("reconcile.epoch")
@@ -221,8 +225,17 @@ class Reading:
         if through is not None and since < through:
             # Epochs (since, through] were folded into the base: their change files
             # are named by the commits that recorded them (vacuum keeps them from
-            # its keep_from_epoch on).
-            self.epoch_versions()
+            # its keep_from_epoch on). If vacuum pruned the log past `since`, some
+            # of those commits are gone: say so rather than list only some keys.
+            versions = self.epoch_versions()
+            if self._history_from > 0 and since not in versions and since < min(versions):
+                raise InvalidInputError(
+                    f"table {self.uri!r}: the changes after epoch {since} are no longer all "
+                    f"known: vacuum pruned the log below epoch {min(versions)} (pass "
+                    "keep_from_epoch= to vacuum() to keep them)",
+                    table=self.uri,
+                    epoch=since,
+                )
             base = table.table_uri.rstrip("/")
             chosen += [
                 StoreFile(f"{base}/{path}", path, "change", e, 0)

@@ -136,6 +136,7 @@ class ExpectedStateStore(Reading, Reverting, Compaction, Housekeeping):
         self._versions: dict[int, int] = {}
         self._epoch_files: dict[int, str] = {}
         self._versions_upto = -1
+        self._history_from = 0
         # (version, epoch token, fence) of this object's last apply() commit.
         self._known: tuple[int, int, int] | None = None
         if schema is not None:
