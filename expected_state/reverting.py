@@ -31,6 +31,7 @@ class Reverting:
     generation: int
     _fence: str
     _schema: pa.Schema | None
+    _history_from: int
     _delta: Callable[..., DeltaTable | None]
     _token: Callable[[DeltaTable], int | None]
     _stored_schema: Callable[[pa.Schema], pa.Schema]
@@ -92,7 +93,15 @@ class Reverting:
                     table=self.uri,
                     epoch=epoch,
                 )
-            previous = max((e for e in self.epoch_versions() if e < epoch), default=-1)
+            earlier = [e for e in self.epoch_versions() if e < epoch]
+            if earlier:
+                previous = max(earlier)
+            elif self._history_from > 0:
+                # vacuum pruned the log: the epoch before is no longer listed. Assume
+                # no gap rather than claim that nothing was ever recorded.
+                previous = epoch - 1
+            else:
+                previous = -1
             assert self._schema is not None
 
             def landed() -> bool:

@@ -167,3 +167,18 @@ def test_a_writer_sees_a_revert_made_by_another_object_after_its_own_commit(
     assert token(writer) == 1
     assert writer.apply(2, [up("a", 22)]).applied
     assert as_map(writer.snapshot()) == {"a": 22}
+
+
+def test_a_revert_after_the_log_was_pruned_moves_the_token_to_the_epoch_before(
+    tmp_path: Path,
+) -> None:
+    store = store_at(tmp_path)
+    for e in range(1, 30):  # epoch e is version e; delta-rs checkpoints version 29
+        store.apply(e, [up(f"k{e}", e)])
+    store.vacuum(keep_epochs=1, retention_hours=0)  # the log is cut at that checkpoint
+    fresh = store_at(tmp_path)
+    assert list(fresh.epoch_versions()) == [29]  # epoch 28's commit is gone
+    assert fresh.revert(29)
+    assert token(fresh) == 28 and fresh.last_epoch() == 28
+    assert fresh.apply(29, [up("z", 1)]).applied
+    assert as_map(fresh.snapshot())["z"] == 1 and len(as_map(fresh.snapshot())) == 29
