@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import re
 
 import pyarrow.fs as pafs  # type: ignore[import-untyped, unused-ignore]
 
 from expected_state.delta_files import filesystem
 
-__all__ = ["EPOCHS_LOG_MARGIN", "prune_log"]
+__all__ = ["EPOCHS_LOG_MARGIN", "last_checkpoint", "prune_log"]
 
 # How many versions of the shared epochs table are kept below its newest one when
 # its log is pruned: a writer whose snapshot is behind by fewer commits than this
@@ -47,3 +48,13 @@ def prune_log(table_uri: str, keep_from_version: int) -> int:
     for path in doomed:
         fs.delete_file(path)
     return len(doomed)
+
+
+def last_checkpoint(table_uri: str) -> int | None:
+    """The version of the table's newest checkpoint (``_last_checkpoint``), or None."""
+    fs, root = filesystem(table_uri)
+    try:
+        with fs.open_input_stream(f"{root}/_delta_log/_last_checkpoint") as stream:
+            return int(json.loads(stream.read())["version"])
+    except (FileNotFoundError, OSError, ValueError, KeyError):
+        return None

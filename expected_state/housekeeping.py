@@ -1,19 +1,23 @@
-"""Off the write path: delete the files and log entries no epoch to keep needs (vacuum)."""
+"""Off the write path: checkpoints, vacuum, and ``maintain()`` that runs what is due."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from deltalake import DeltaTable
 
-from expected_state.delta_log import EPOCHS_LOG_MARGIN, prune_log
+from expected_state.delta_commit import make_durable
+from expected_state.delta_log import EPOCHS_LOG_MARGIN, last_checkpoint, prune_log
 from expected_state.fencing import check_generation
+from expected_state.reading import live_files
 
 if TYPE_CHECKING:
     from expected_state.epochs import EpochLog
 
 __all__ = [
+    "DEFAULT_CHECKPOINT_EVERY",
+    "DEFAULT_COMPACT_CHANGES_AFTER",
     "DEFAULT_KEEP_EPOCHS",
     "DEFAULT_RETENTION_HOURS",
     "Housekeeping",
@@ -30,6 +34,10 @@ __all__ = [
 #    between its file writes and its commit never loses its files.
 DEFAULT_KEEP_EPOCHS = 10
 DEFAULT_RETENTION_HOURS = 24
+# maintain(): a checkpoint every 10 commits keeps the log replay of each epoch's
+# refresh and commit short; merging after 50 epochs keeps the live files few.
+DEFAULT_CHECKPOINT_EVERY = 10
+DEFAULT_COMPACT_CHANGES_AFTER = 50
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,7 +52,7 @@ class VacuumReport:
 
 
 class Housekeeping:
-    """Mixin for :class:`~expected_state.store.ExpectedStateStore`: vacuum."""
+    """Mixin for :class:`~expected_state.store.ExpectedStateStore`: checkpoint, vacuum, maintain."""
 
     uri: str
     generation: int
@@ -56,6 +64,74 @@ class Housekeeping:
 
     def epoch_versions(self) -> dict[int, int]:  # provided by the store
         raise NotImplementedError
+
+    def compact_changes(self, *, through_epoch: int | None = None) -> dict[str, Any]:
+        raise NotImplementedError  # provided by the store
+
+    def checkpoint(self) -> int | None:
+        """Write a Delta checkpoint of the newest version, fsynced; return its version.
+
+        A checkpoint is what every refresh and commit replays the log from. The
+        write path does not write them (delta-rs would, inside the commit of every
+        100th version only, as a backstop): :meth:`maintain` does, between epochs.
+        """
+        table = self._delta()
+        if table is None:
+            return None
+        table.create_checkpoint()
+        version = table.version()
+        make_durable(self.uri, version, version)
+        return version
+
+    def maintain(
+        self,
+        *,
+        checkpoint_every: int = DEFAULT_CHECKPOINT_EVERY,
+        compact_changes_after: int = DEFAULT_COMPACT_CHANGES_AFTER,
+        keep_from_epoch: int | None = None,
+        keep_epochs: int = DEFAULT_KEEP_EPOCHS,
+        retention_hours: float = DEFAULT_RETENTION_HOURS,
+    ) -> dict[str, Any]:
+        """Run the housekeeping that is due; meant to be called between epochs.
+
+        Cheap when nothing is due (a refresh and a small file read). Due are:
+        ``compact_changes()`` then ``vacuum()`` once ``compact_changes_after``
+        epochs have a change file of their own, and a checkpoint once
+        ``checkpoint_every`` commits were made since the last one. Folding into
+        the base (``compact()``), whose cost follows the table, is left to the
+        caller.
+
+        Args:
+            checkpoint_every: commits between checkpoints.
+            compact_changes_after: epoch change files that trigger a merge and a vacuum.
+            keep_from_epoch: passed to ``vacuum()`` (the last epoch verified).
+            keep_epochs: passed to ``vacuum()``.
+            retention_hours: passed to ``vacuum()``.
+
+        Returns:
+            What ran: ``compact_changes`` and ``vacuum`` reports, ``checkpoint`` version.
+
+        Raises:
+            FencedError: a newer generation has taken over.
+        """
+        table = self._delta()
+        done: dict[str, Any] = {}
+        if table is None:
+            return done
+        own = [f for f in live_files(table, name=self.uri) if f.kind == "change" and not f.merged]
+        if len(own) >= compact_changes_after:
+            done["compact_changes"] = self.compact_changes()
+            done["vacuum"] = self.vacuum(
+                keep_from_epoch=keep_from_epoch,
+                keep_epochs=keep_epochs,
+                retention_hours=retention_hours,
+            )
+            table = self._delta()
+            assert table is not None
+        last = last_checkpoint(self.uri)
+        if table.version() - (last if last is not None else -1) >= checkpoint_every:
+            done["checkpoint"] = self.checkpoint()
+        return done
 
     def vacuum(
         self,

@@ -358,11 +358,16 @@ class ExpectedStateStore(Reading, Reverting, Compaction, Housekeeping):
             # Replay after a crash or a retried cycle: the token says it is in.
             # Only an epoch that was actually recorded is a no-op; going back to an
             # epoch that was skipped over would rewrite history, so it is an error.
-            if epoch == last or epoch in self.epoch_versions():
+            versions = self.epoch_versions()
+            if epoch == last or epoch in versions:
                 return True
+            if self._history_from > 0 and versions and epoch < min(versions):
+                why = f"older than the log vacuum kept (from epoch {min(versions)})"
+            else:
+                why = f"and {epoch} was never recorded"
             raise EpochOrderError(
                 f"table {self.uri!r}: epoch {epoch} goes backwards (last applied epoch is "
-                f"{last}, and {epoch} was never recorded); nothing was written",
+                f"{last}, {why}); nothing was written",
                 table=self.uri,
                 epoch=epoch,
                 last_epoch=last,

@@ -119,3 +119,32 @@ def test_a_table_in_the_older_layout_is_refused_by_name(tmp_path: Path) -> None:
         store_at(tmp_path).apply(2, [Change("upsert", {"k": "b", "v": 2})])
     assert info.value.details["column"] == "_op"
     assert DeltaTable(uri).version() == 0
+
+
+def checkpoints(store: ExpectedStateStore) -> list[int]:
+    log = Path(store.uri) / "_delta_log"
+    return sorted(int(p.name.split(".")[0]) for p in log.glob("*.checkpoint.parquet"))
+
+
+def test_epochs_write_no_checkpoint_and_maintain_does_what_is_due(tmp_path: Path) -> None:
+    # A commit that writes a checkpoint costs several times a plain one, so the
+    # write path leaves them to maintain(), run between epochs.
+    store = store_at(tmp_path)
+    for e in range(1, 31):
+        store.apply(e, [Change("upsert", {"k": f"k{e}", "v": e})])
+    assert checkpoints(store) == []
+    done = store.maintain(compact_changes_after=100)
+    assert done == {"checkpoint": 30} and checkpoints(store) == [30]
+    assert store.maintain() == {}  # nothing due: nothing written
+    for e in range(31, 36):
+        store.apply(e, [Change("upsert", {"k": f"k{e}", "v": e})])
+    done = store.maintain(checkpoint_every=3, compact_changes_after=35)
+    assert done["compact_changes"]["merged_files"] == 34  # all but the newest epoch
+    assert done["checkpoint"] == DeltaTable(store.uri).version()
+    names = sorted(Path(u).name for u in DeltaTable(store.uri).file_uris())
+    assert [n.split("-")[1:3] for n in names] == [
+        ["e000000000001", "e000000000034"],
+        ["e000000000035", names[1].split("-")[2]],
+    ]
+    assert as_map(store.snapshot()) == {f"k{e}": e for e in range(1, 36)}
+    assert as_map(store.snapshot(20)) == {f"k{e}": e for e in range(1, 21)}
