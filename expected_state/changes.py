@@ -150,6 +150,10 @@ def normalize_changes(
             ``_op``, or a reserved column name; nothing was written.
     """
     data = changes if isinstance(changes, pa.Table) else _from_change_objects(changes, keys)
+    if data.num_rows == 0 and data.num_columns == 0 and schema is not None:
+        # An epoch without output (an empty list of changes): nothing to check.
+        key_schema = pa.schema([schema.field(k) for k in keys])
+        return EpochChanges(upserts=schema.empty_table(), deletes=key_schema.empty_table()), schema
     if data.num_rows == 0 and OP_COLUMN not in data.column_names:
         data = data.append_column(OP_COLUMN, pa.array([], pa.string()))
     if OP_COLUMN not in data.column_names:

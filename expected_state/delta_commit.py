@@ -169,7 +169,8 @@ def commit_files(
         table_name: how errors name the table (default: the URI).
         table: the snapshot to base the commit on: the one the caller made its own
             checks on. delta-rs' conflict check then rejects the commit if anything
-            that matters landed after it. Brought up to date after the commit.
+            that matters landed after it. It is not necessarily brought up to date
+            after the commit: refresh it (``update_incremental``) before reusing it.
         token_checked: the caller has just read ``transaction_version(app_id)`` from
             ``table`` and found it below ``version``; skips re-reading it. Ignored
             when ``table`` is None (a new snapshot is opened here).
@@ -247,9 +248,29 @@ def commit_files(
         )
     except (CommitFailedError, DeltaError, OSError) as exc:
         return _resolve_failed_commit(table_uri, name, app_id, version, fence, exc, landed)
+    version = _committed_version(table, table_uri, base)
+    make_durable(table_uri, base + 1, version)
+    return CommitResult(committed=True, table_version=version)
+
+
+def _committed_version(table: DeltaTable, table_uri: str, base: int) -> int:
+    """The version a commit based on version ``base`` landed at.
+
+    Reloading the table costs a listing of the whole log folder; on a local
+    table, if ``base + 1`` exists and ``base + 2`` does not, the commit can only
+    be ``base + 1`` (delta-rs moves a commit that lost a version to a later one),
+    so two ``stat`` calls answer. Otherwise (a concurrent commit, an object
+    store) the table is reloaded, and ``table`` is then up to date.
+    """
+    fs, root = filesystem(table_uri)
+    if isinstance(fs, pafs.LocalFileSystem):
+        log_dir = Path(root) / "_delta_log"
+        if (log_dir / f"{base + 1:020d}.json").exists() and not (
+            log_dir / f"{base + 2:020d}.json"
+        ).exists():
+            return base + 1
     table.update_incremental()
-    make_durable(table_uri, base + 1, table.version())
-    return CommitResult(committed=True, table_version=table.version())
+    return table.version()
 
 
 def make_durable(table_uri: str, first: int, last: int) -> None:
@@ -264,8 +285,10 @@ def make_durable(table_uri: str, first: int, last: int) -> None:
         return
     log_dir = Path(root) / "_delta_log"
     names = [f"{v:020d}.json" for v in range(first, last + 1)]
-    names += [f"{v:020d}.checkpoint.parquet" for v in range(first, last + 1)]
-    names.append("_last_checkpoint")
+    checkpoints = [f"{v:020d}.checkpoint.parquet" for v in range(first, last + 1)]
+    names += [c for c in checkpoints if (log_dir / c).exists()]
+    if len(names) > last + 1 - first:
+        names.append("_last_checkpoint")  # rewritten only with a checkpoint
     for name in names:
         path = log_dir / name
         if path.exists():

@@ -22,7 +22,6 @@ import re
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime
-from pathlib import PurePosixPath
 from typing import Any
 
 import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
@@ -37,6 +36,7 @@ from reconcile.contract import InvalidInputError
 
 __all__ = [
     "APPEND_CHECKED",
+    "EPOCHS_CONFIG",
     "EPOCHS_SCHEMA",
     "EPOCHS_TABLE",
     "PIPELINE_STREAM",
@@ -49,6 +49,15 @@ PIPELINE_STREAM = "*"  # the `sink` value of a pipeline's progress-log rows
 # Between a stream's checks (its fence, the epoch's current status) and the
 # commit of its rows: a takeover that lands here must still make the commit fail.
 APPEND_CHECKED = hooks.declare("expected_state.epochs.append_checked")
+
+# Removed files stay in checkpoints as tombstones for this long (delta-rs' default
+# is a week): every compaction of a stream removes files, and a week of them
+# would make every checkpoint, written on the write path, large. The store's
+# vacuum lists files itself (full mode) and does not need the tombstones.
+EPOCHS_CONFIG = {
+    "delta.checkpointInterval": "10",
+    "delta.deletedFileRetentionDuration": "interval 1 hours",
+}
 
 EPOCHS_SCHEMA = pa.schema(
     [
@@ -92,10 +101,26 @@ class EpochRows:
         self.sink = sink
         self.fence_id = fence_id
         self._tag = "" if sink == PIPELINE_STREAM else sink
+        self._prefixes = (f"part-{pipeline}-{self._tag}-", f"compact-{pipeline}-{self._tag}-")
         self._table: DeltaTable | None = None
         self._seen: set[str] = set()
+        self._live: tuple[list[str], list[int]] = ([], [])
         self.max_seq = 0
-        self.files: list[DataFile] = []  # the stream's own live files (for compaction)
+        self._known_fence: tuple[int, int] | None = None  # (version, generation) of our commit
+
+    @property
+    def files(self) -> list[DataFile]:
+        """The stream's own live files, as of the last refresh (what compaction replaces)."""
+        paths, sizes = self._live
+        return [
+            DataFile(p, int(size or 0), 0, "", 0)
+            for p, size in zip(paths, sizes, strict=True)
+            if p.startswith(self._prefixes)
+        ]
+
+    def file_count(self) -> int:
+        """How many live files the stream has, as of the last refresh."""
+        return sum(1 for p in self._live[0] if p.startswith(self._prefixes))
 
     # -- reading ---------------------------------------------------------------
 
@@ -113,7 +138,7 @@ class EpochRows:
                     self.uri,
                     EPOCHS_SCHEMA,
                     mode="ignore",
-                    configuration={"delta.checkpointInterval": "10"},
+                    configuration=EPOCHS_CONFIG,
                 )
                 make_durable(self.uri, 0, 0)
                 self._table = DeltaTable(self.uri)
@@ -140,25 +165,17 @@ class EpochRows:
         if table is None:
             return None, EPOCHS_SCHEMA.empty_table()
         actions = pa.table(table.get_add_actions(flatten=False)).select(["path", "size_bytes"])
-        paths = actions.column("path").to_pylist()
-        sizes = actions.column("size_bytes").to_pylist()
-        mine: list[DataFile] = []
-        unread: list[str] = []
-        for path, size in zip(paths, sizes, strict=True):
-            name = PurePosixPath(path).name
-            match = _FILE.match(name)
-            own = match is not None and (match.group(2), match.group(3)) == (
-                self.pipeline,
-                self._tag,
-            )
-            if own:
-                mine.append(DataFile(path, int(size or 0), 0, "", 0))
-            # A file of another stream is never opened; a file of no stream (e.g.
-            # left by a generic OPTIMIZE) may hold this stream's rows, so it is read.
-            if name not in self._seen and (own or match is None):
-                unread.append(path)
-        self._seen = {PurePosixPath(p).name for p in paths}
-        self.files = mine
+        paths: list[str] = actions.column("path").to_pylist()
+        self._live = (paths, actions.column("size_bytes").to_pylist())
+        # A file of another stream is never opened; a file of no stream (e.g. left
+        # by a generic OPTIMIZE) may hold this stream's rows, so it is read.
+        unread = [
+            p
+            for p in paths
+            if p not in self._seen
+            and (p.startswith(self._prefixes) or not _FILE.match(p.rsplit("/", 1)[-1]))
+        ]
+        self._seen = set(paths)
         if not unread:
             return table, EPOCHS_SCHEMA.empty_table()
         data = read_data_files(self.uri, unread, schema=EPOCHS_SCHEMA)
@@ -178,7 +195,14 @@ class EpochRows:
         return table, data
 
     def generation(self, table: DeltaTable) -> int | None:
-        """The newest generation recorded for the stream's fence in ``table``."""
+        """The newest generation recorded for the stream's fence in ``table``.
+
+        When ``table`` is at the version of this stream's own last commit, the
+        generation is the one that commit wrote; any other version is read.
+        """
+        known = self._known_fence
+        if known is not None and known[0] == table.version():
+            return known[1]
         return table.transaction_version(self.fence_id)
 
     # -- writing ---------------------------------------------------------------
@@ -240,9 +264,10 @@ class EpochRows:
         data_file = write_data_file(self.uri, name, data)
 
         def file_is_live() -> bool:
-            return any(PurePosixPath(p).name == name for p in _live_paths(self.uri))
+            return name in _live_paths(self.uri)
 
         hooks.point(APPEND_CHECKED)
+        based_on = table.version()
         result = commit_files(
             self.uri,
             [data_file],
@@ -258,8 +283,12 @@ class EpochRows:
         )
         if not result.committed:
             return None
+        if result.table_version == based_on + 1:
+            # Nothing but our commit after our snapshot: its fence is ours.
+            self._known_fence = (based_on + 1, generation)
         # The caller folds our rows into its state: no need to read them back.
         self._seen.add(name)
+        self._live = (self._live[0] + [name], self._live[1] + [data_file.size])
         self.max_seq = first + len(rows) - 1
         return data
 

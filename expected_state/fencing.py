@@ -6,7 +6,12 @@ from deltalake import DeltaTable
 
 from reconcile.contract import FencedError, InvalidInputError
 
-__all__ = ["check_generation", "fence_app_id", "validate_generation"]
+__all__ = [
+    "check_generation",
+    "check_recorded_generation",
+    "fence_app_id",
+    "validate_generation",
+]
 
 # Why a Delta app transaction and not a fence file: the generation token is
 # written in the SAME atomic log entry as the data it guards, so "check the
@@ -50,7 +55,15 @@ def check_generation(table: DeltaTable, app_id: str, generation: int, *, table_n
     Raises:
         FencedError: naming the table, both generations, and that nothing was written.
     """
-    recorded = table.transaction_version(app_id)
+    check_recorded_generation(table.transaction_version(app_id), generation, table_name=table_name)
+
+
+def check_recorded_generation(recorded: int | None, generation: int, *, table_name: str) -> None:
+    """Reject ``generation`` if ``recorded`` (read from a snapshot) is newer.
+
+    Raises:
+        FencedError: naming the table, both generations, and that nothing was written.
+    """
     if recorded is not None and recorded > generation:
         raise FencedError(
             f"table {table_name!r}: writer generation {generation} is fenced off by generation "

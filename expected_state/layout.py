@@ -22,6 +22,7 @@ __all__ = [
     "change_file_name",
     "check_stored_schema",
     "classify",
+    "merged_file_name",
     "state_schema",
     "stored_schema",
     "user_schema_of",
@@ -34,18 +35,30 @@ RESERVED_COLUMNS = (ROW_HASH_COLUMN, EPOCH_COLUMN, OP_COLUMN)
 
 # Table properties set at creation. Log cleanup by age is off: vacuum() prunes
 # the log itself, below the oldest version it keeps, so every epoch that
-# recovery may read stays reachable by time travel and no other. A checkpoint
-# every 10 commits bounds the JSON replay that each small epoch's commit and
-# refresh pay (measured: ~4 ms median at delta-rs' default of 100, ~1.5 ms at
-# 10, for 100-row epochs).
-TABLE_CONFIG = {"delta.enableExpiredLogCleanup": "false", "delta.checkpointInterval": "10"}
+# recovery may read stays reachable by time travel and no other. Checkpoints
+# bound the JSON replay that each small epoch's commit and refresh pay (~0.2 ms
+# more per commit since the last checkpoint), but the commit that writes one
+# costs ~15 ms more CPU: so maintain() writes them between epochs, every 10
+# commits, and delta-rs' own, inside a commit, comes only every 100 versions, as a
+# backstop for a table nobody maintains. Removed files stay in checkpoints as tombstones for
+# an hour, not delta-rs' week: compaction removes a file per folded epoch, and a
+# week of tombstones would make the checkpoints, written on the write path,
+# large; vacuum() lists the files itself (full mode) and needs no tombstones.
+TABLE_CONFIG = {
+    "delta.enableExpiredLogCleanup": "false",
+    "delta.checkpointInterval": "100",
+    "delta.deletedFileRetentionDuration": "interval 1 hours",
+}
 
 # File names carry what the file is, so that the write path and the readers
 # classify the live files of a snapshot from the file list alone, without
 # opening a file or parsing statistics:
-#   change-e<epoch>-<uuid>.parquet      one epoch's changes (upserts and tombstones)
-#   base-t<through>-<uuid>-<n>.parquet  the compacted base, folded through epoch <through>
+#   change-e<epoch>-<uuid>.parquet         one epoch's changes (upserts and tombstones)
+#   change-e<first>-e<last>-<uuid>.parquet the changes of epochs first..last merged: the
+#                                          newest change of each key, tombstones kept
+#   base-t<through>-<uuid>-<n>.parquet     the compacted base, folded through epoch <through>
 _CHANGE = re.compile(r"^change-e(\d{12})-[0-9a-f]{32}\.parquet$")
+_MERGED = re.compile(r"^change-e(\d{12})-e(\d{12})-[0-9a-f]{32}\.parquet$")
 _BASE = re.compile(r"^base-t(\d{12})-[0-9a-f]{32}-\d{4}\.parquet$")
 
 
@@ -56,9 +69,10 @@ class StoreFile:
     Attributes:
         uri: where to read it (as deltalake lists it).
         path: its path relative to the table root.
-        kind: "change" (one epoch's changes) or "base" (the compacted base).
-        epoch: the change file's epoch, or the epoch the base was folded through.
+        kind: "change" (the changes of one epoch, or of merged epochs) or "base".
+        epoch: the change file's (last) epoch, or the epoch the base was folded through.
         size: its size in bytes.
+        first: a change file's first epoch (``epoch`` for one epoch's file).
     """
 
     uri: str
@@ -66,11 +80,22 @@ class StoreFile:
     kind: str
     epoch: int
     size: int
+    first: int = -1
+
+    @property
+    def merged(self) -> bool:
+        """Whether this is a change file of several epochs merged."""
+        return self.kind == "change" and self.first != self.epoch
 
 
 def change_file_name(epoch: int) -> str:
     """A new, unique name for epoch ``epoch``'s change file."""
     return f"change-e{epoch:012d}-{uuid.uuid4().hex}.parquet"
+
+
+def merged_file_name(first: int, last: int) -> str:
+    """A new, unique name for the merged changes of epochs ``first..last``."""
+    return f"change-e{first:012d}-e{last:012d}-{uuid.uuid4().hex}.parquet"
 
 
 def base_file_name(through: int, tag: str, part: int) -> str:
@@ -88,7 +113,12 @@ def classify(uri: str, path: str, size: int, *, table: str) -> StoreFile:
     name = PurePosixPath(path).name
     match = _CHANGE.match(name)
     if match:
-        return StoreFile(uri, path, "change", int(match.group(1)), size)
+        epoch = int(match.group(1))
+        return StoreFile(uri, path, "change", epoch, size, first=epoch)
+    match = _MERGED.match(name)
+    if match:
+        first, last = int(match.group(1)), int(match.group(2))
+        return StoreFile(uri, path, "change", last, size, first=first)
     match = _BASE.match(name)
     if match:
         return StoreFile(uri, path, "base", int(match.group(1)), size)

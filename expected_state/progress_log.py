@@ -17,6 +17,7 @@ from typing import Any
 from deltalake import DeltaTable
 
 from expected_state.delta_commit import commit_files
+from expected_state.delta_log import EPOCHS_LOG_MARGIN, prune_log
 from expected_state.epoch_rows import EPOCHS_SCHEMA, PIPELINE_STREAM, EpochRows
 from reconcile.contract import InvalidInputError, RetryableError, validate_name
 from reconcile.progress import EpochStatus, ProgressState
@@ -71,7 +72,7 @@ class StoreProgressLog:
       commits on (the same state machine as every progress log) and appends one
       row; ``mark_many`` appends several moves in ONE commit, e.g.
       ``[(e, DECIDED), (e, COMMITTED), (e - 1, FINALIZED)]``: one commit per epoch.
-    * It compacts itself: once the stream has ``compact_after_files`` files, the
+    * It compacts itself: once the stream has ``compact_after_files`` files (32), the
       next FINALIZED mark rewrites it as one file, keeping the newest
       ``keep_epochs`` finalized epochs and every epoch not finalized yet (older
       ones read as UNKNOWN afterwards).
@@ -82,7 +83,7 @@ class StoreProgressLog:
         root: str,
         pipeline: str,
         *,
-        compact_after_files: int = 200,
+        compact_after_files: int = 32,
         keep_epochs: int = 1_000,
     ) -> None:
         """The progress log of ``pipeline`` in the store at ``root`` (created on first use).
@@ -239,8 +240,9 @@ class StoreProgressLog:
         if self._rows.append(table, rows, generation=generation, landed=landed) is not None:
             for entry in entries:
                 self._state.apply(entry)
-        if EpochStatus.FINALIZED in wanted.values() and (
-            len(self._rows.files) + 1 >= self.compact_after_files
+        if (
+            EpochStatus.FINALIZED in wanted.values()
+            and self._rows.file_count() >= self.compact_after_files
         ):
             try:
                 self.compact(generation)
@@ -282,4 +284,7 @@ class StoreProgressLog:
             return False
         for entry in entries:
             self._state.apply(entry)
+        # Every commit lists the log folder: keep it short (a margin of versions
+        # stays for writers of other streams whose snapshot is a little behind).
+        prune_log(self.uri, table.version() - EPOCHS_LOG_MARGIN)
         return True

@@ -46,6 +46,16 @@ def base_through(files: Sequence[StoreFile]) -> int | None:
     return max(through) if through else None
 
 
+def fold_point(files: Sequence[StoreFile]) -> int | None:
+    """The newest epoch whose own changes no longer have a file of their own.
+
+    The base and merged change files hold the newest change of each key over
+    their epochs: a state as of an earlier epoch cannot be read from them.
+    """
+    folded = [f.epoch for f in files if f.kind == "base" or f.merged]
+    return max(folded) if folded else None
+
+
 class Reading:
     """Mixin for :class:`~expected_state.store.ExpectedStateStore`: everything that reads."""
 
@@ -56,6 +66,7 @@ class Reading:
     _versions: dict[int, int]
     _epoch_files: dict[int, str]
     _versions_upto: int
+    _history_from: int  # the oldest version history() still returned
 
     def _delta(self, *, refresh: bool = True) -> DeltaTable | None:  # provided by the store
         raise NotImplementedError
@@ -80,7 +91,10 @@ class Reading:
         if current > self._versions_upto:
             # history() lists the newest commit first; replay oldest first, so that a
             # revert drops the epoch and a later apply of it records it again.
-            for commit in reversed(table.history(limit=current - self._versions_upto)):
+            history = table.history(limit=current - self._versions_upto)
+            if self._versions_upto < 0 and history:
+                self._history_from = min(int(c["version"]) for c in history)
+            for commit in reversed(history):
                 if commit.get("reconcile.app_id") != self.app_id:
                     continue
                 epoch = commit.get("reconcile.epoch")
@@ -181,11 +195,12 @@ class Reading:
         files = live_files(table, name=self.uri)
         if epoch is not None:
             last = self.last_epoch()
-            through = base_through(files)
+            through = fold_point(files)
             if last is None or epoch > last:
                 self.version_of(epoch)  # raises, naming the recorded range
             if through is not None and epoch < through:
-                # Folded into the base since: read the version that recorded it.
+                # Folded or merged since: read the version that recorded it, where
+                # every epoch after the fold point up to it still has its own file.
                 files = live_files(self._at_version(epoch), name=self.uri)
             elif through is None and not any(f.epoch <= epoch for f in files):
                 self.version_of(epoch)  # before the first epoch? (raises if so)
@@ -200,15 +215,27 @@ class Reading:
     # -- changes -----------------------------------------------------------------
 
     def _change_files_after(self, table: DeltaTable, since: int) -> list[StoreFile]:
-        """The change files of every epoch after ``since``, oldest epoch first."""
+        """The change files holding the epochs after ``since``, oldest epoch first.
+
+        A merged file may also hold epochs up to ``since``: the caller filters rows.
+        """
         files = live_files(table, name=self.uri)
         chosen = [f for f in files if f.kind == "change" and f.epoch > since]
         through = base_through(files)
         if through is not None and since < through:
             # Epochs (since, through] were folded into the base: their change files
             # are named by the commits that recorded them (vacuum keeps them from
-            # its keep_from_epoch on).
-            self.epoch_versions()
+            # its keep_from_epoch on). If vacuum pruned the log past `since`, some
+            # of those commits are gone: say so rather than list only some keys.
+            versions = self.epoch_versions()
+            if self._history_from > 0 and since not in versions and since < min(versions):
+                raise InvalidInputError(
+                    f"table {self.uri!r}: the changes after epoch {since} are no longer all "
+                    f"known: vacuum pruned the log below epoch {min(versions)} (pass "
+                    "keep_from_epoch= to vacuum() to keep them)",
+                    table=self.uri,
+                    epoch=since,
+                )
             base = table.table_uri.rstrip("/")
             chosen += [
                 StoreFile(f"{base}/{path}", path, "change", e, 0)
@@ -233,10 +260,13 @@ class Reading:
         keys = self.key_columns
         table = self._delta()
         if table is None or self._schema is None:
-            empty = pa.schema([pa.field(k, pa.string()) for k in keys]).empty_table()
+            fields = [self._schema.field(k) if self._schema else pa.field(k, pa.string())
+                      for k in keys]  # fmt: skip
+            empty = pa.schema(fields).empty_table()
             return empty.append_column("_deleted", pa.array([], pa.bool_()))
         files = self._change_files_after(table, since_epoch)
-        data = self._read(files, [*keys, OP_COLUMN], since_epoch)
+        data = self._read(files, [*keys, EPOCH_COLUMN, OP_COLUMN], since_epoch)
+        data = data.filter(pc.greater(data.column(EPOCH_COLUMN), since_epoch))
         newest = last_per_key(data, keys)
         deleted = pc.equal(newest.column(OP_COLUMN), "delete")
         return newest.select(keys).append_column("_deleted", deleted)
@@ -262,7 +292,9 @@ class Reading:
             )
         columns = [*self._schema.names, OP_COLUMN]
         files = [
-            f for f in live_files(table, name=self.uri) if f.kind == "change" and f.epoch == epoch
+            f
+            for f in live_files(table, name=self.uri)
+            if f.kind == "change" and f.first == f.epoch == epoch  # its own file, not merged
         ]
         if not files:
             versions = self.epoch_versions()

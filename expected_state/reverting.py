@@ -31,6 +31,7 @@ class Reverting:
     generation: int
     _fence: str
     _schema: pa.Schema | None
+    _history_from: int
     _delta: Callable[..., DeltaTable | None]
     _token: Callable[[DeltaTable], int | None]
     _stored_schema: Callable[[pa.Schema], pa.Schema]
@@ -81,16 +82,26 @@ class Reverting:
                 )
             check_generation(table, self._fence, self.generation, table_name=self.uri)
             files = live_files(table, name=self.uri)
-            mine = [f for f in files if f.kind == "change" and f.epoch == epoch]
+            mine = [f for f in files if f.kind == "change" and f.first == f.epoch == epoch]
             through = base_through(files)
-            if not mine and through is not None and through >= epoch:
+            merged = any(f.merged and f.first <= epoch <= f.epoch for f in files)
+            if merged or (not mine and through is not None and through >= epoch):
                 raise InvalidInputError(
-                    f"table {self.uri!r}: epoch {epoch} was folded into the base by compact() "
-                    "and can no longer be reverted; nothing was written",
+                    f"table {self.uri!r}: epoch {epoch} was folded into the base or merged "
+                    "with other epochs by compaction and can no longer be reverted; "
+                    "nothing was written",
                     table=self.uri,
                     epoch=epoch,
                 )
-            previous = max((e for e in self.epoch_versions() if e < epoch), default=-1)
+            earlier = [e for e in self.epoch_versions() if e < epoch]
+            if earlier:
+                previous = max(earlier)
+            elif self._history_from > 0:
+                # vacuum pruned the log: the epoch before is no longer listed. Assume
+                # no gap rather than claim that nothing was ever recorded.
+                previous = epoch - 1
+            else:
+                previous = -1
             assert self._schema is not None
 
             def landed() -> bool:

@@ -17,9 +17,15 @@ from deltalake import DeltaTable
 from deltalake.exceptions import TableNotFoundError
 
 from expected_state.changes import change_rows, normalize_changes
+from expected_state.compaction import Compaction
 from expected_state.delta_commit import DataFile, commit_files, make_durable, write_data_file
 from expected_state.epochs import EpochLog
-from expected_state.fencing import check_generation, fence_app_id, validate_generation
+from expected_state.fencing import (
+    check_generation,
+    check_recorded_generation,
+    fence_app_id,
+    validate_generation,
+)
 from expected_state.housekeeping import Housekeeping
 from expected_state.layout import (
     TABLE_CONFIG,
@@ -78,7 +84,7 @@ class ApplyResult:
     deleted: int = 0
 
 
-class ExpectedStateStore(Reading, Reverting, Housekeeping):
+class ExpectedStateStore(Reading, Reverting, Compaction, Housekeeping):
     """The expected state of one sink table of one pipeline, as a merge-on-read Delta table.
 
     Layout under ``root``: ``<root>/<pipeline>/<sink>/`` is the Delta table
@@ -130,6 +136,9 @@ class ExpectedStateStore(Reading, Reverting, Housekeeping):
         self._versions: dict[int, int] = {}
         self._epoch_files: dict[int, str] = {}
         self._versions_upto = -1
+        self._history_from = 0
+        # (version, epoch token, fence) of this object's last apply() commit.
+        self._known: tuple[int, int, int] | None = None
         if schema is not None:
             missing = [k for k in self.key_columns if k not in schema.names]
             if missing:
@@ -177,9 +186,21 @@ class ExpectedStateStore(Reading, Reverting, Housekeeping):
         assert table is not None
         return table
 
+    def _tokens(self, table: DeltaTable) -> tuple[int | None, int | None]:
+        """The epoch token and the fence on ``table``'s snapshot.
+
+        When the snapshot is the version of this object's own last apply() commit,
+        both are known (that commit wrote them), and reading them back, a log
+        replay in delta-rs, is skipped. Any other version is read.
+        """
+        known = self._known
+        if known is not None and known[0] == table.version():
+            return known[1], known[2]
+        return table.transaction_version(self.app_id), table.transaction_version(self._fence)
+
     def _token(self, table: DeltaTable) -> int | None:
         """The newest applied epoch on ``table``'s snapshot (a revert of the first: -1, None)."""
-        token = table.transaction_version(self.app_id)
+        token = self._tokens(table)[0]
         return None if token is None or token < 0 else token
 
     def claim(self) -> None:
@@ -250,7 +271,8 @@ class ExpectedStateStore(Reading, Reverting, Housekeeping):
         if table is not None:
             if self._already_applied(table, epoch, allow_gap=allow_gap):
                 return ApplyResult(epoch, applied=False, table_version=None)
-            check_generation(table, self._fence, self.generation, table_name=self.uri)
+            fence = self._tokens(table)[1]
+            check_recorded_generation(fence, self.generation, table_name=self.uri)
         net, user_schema = normalize_changes(
             changes, keys=self.key_columns, schema=self._schema, table=self.uri
         )
@@ -286,6 +308,7 @@ class ExpectedStateStore(Reading, Reverting, Housekeeping):
                 if self._already_applied(table, epoch, allow_gap=allow_gap):
                     return ApplyResult(epoch, applied=False, table_version=None)
                 check_generation(table, self._fence, self.generation, table_name=self.uri)
+            based_on = table.version()
             try:
                 # The snapshot the token, order and fence were read from is the one
                 # the commit is based on: a commit by another writer (a takeover, a
@@ -309,6 +332,9 @@ class ExpectedStateStore(Reading, Reverting, Housekeeping):
                 continue
             if not result.committed:
                 return ApplyResult(epoch, applied=False, table_version=None)
+            if result.table_version == based_on + 1:
+                # Our commit is the one right after our snapshot: nothing else in it.
+                self._known = (based_on + 1, epoch, self.generation)
             # The epoch -> version map is read back from this very commit's
             # commitInfo (epoch_versions): no second table to keep consistent.
             return ApplyResult(
@@ -332,11 +358,16 @@ class ExpectedStateStore(Reading, Reverting, Housekeeping):
             # Replay after a crash or a retried cycle: the token says it is in.
             # Only an epoch that was actually recorded is a no-op; going back to an
             # epoch that was skipped over would rewrite history, so it is an error.
-            if epoch == last or epoch in self.epoch_versions():
+            versions = self.epoch_versions()
+            if epoch == last or epoch in versions:
                 return True
+            if self._history_from > 0 and versions and epoch < min(versions):
+                why = f"older than the log vacuum kept (from epoch {min(versions)})"
+            else:
+                why = f"and {epoch} was never recorded"
             raise EpochOrderError(
                 f"table {self.uri!r}: epoch {epoch} goes backwards (last applied epoch is "
-                f"{last}, and {epoch} was never recorded); nothing was written",
+                f"{last}, {why}); nothing was written",
                 table=self.uri,
                 epoch=epoch,
                 last_epoch=last,

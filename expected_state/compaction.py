@@ -1,0 +1,262 @@
+"""Off the write path: merge change files (compact_changes) and fold them into the base (compact).
+
+Both compute their result on one snapshot (the long part), then commit it on a
+fresh snapshot after checking there that the result still describes the table:
+every file they replace is still live, and no change of an epoch they cover
+appeared since (a revert and a re-run, another compaction). An ``apply()``
+that landed meanwhile only added a later epoch's file, which stays. Both
+commits carry the writer's fence token and ``dataChange=false``: every epoch's
+state is the same before and after, by the merge rule.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
+from deltalake import DeltaTable
+
+from expected_state.delta_commit import DataFile, commit_files, write_data_file
+from expected_state.delta_files import read_data_files
+from expected_state.fencing import check_generation
+from expected_state.layout import StoreFile, base_file_name, merged_file_name, stored_schema
+from expected_state.merge import apply_changes, last_per_key
+from expected_state.reading import live_files
+from reconcile import hooks
+from reconcile.contract import InvalidInputError, RetryableError
+
+if TYPE_CHECKING:
+    from expected_state.epochs import EpochLog
+
+__all__ = ["COMPACT_WRITTEN", "DEFAULT_TARGET_SIZE", "Compaction"]
+
+log = logging.getLogger(__name__)
+
+# A compaction has written its new files (the long part) and is about to base
+# its commit on a fresh snapshot: applies, reverts and takeovers land here.
+COMPACT_WRITTEN = hooks.declare("expected_state.compact.written")
+
+DEFAULT_TARGET_SIZE = 128 * 1024 * 1024  # bytes of Arrow data per base file
+_COMMIT_ATTEMPTS = 4
+
+
+class Compaction:
+    """Mixin for :class:`~expected_state.store.ExpectedStateStore`: the two compactions."""
+
+    uri: str
+    generation: int
+    key_columns: list[str]
+    epochs: EpochLog
+    _fence: str
+    _schema: pa.Schema | None
+
+    def _delta(self, *, refresh: bool = True) -> DeltaTable | None:  # provided by the store
+        raise NotImplementedError
+
+    def _token(self, table: DeltaTable) -> int | None:  # provided by the store
+        raise NotImplementedError
+
+    def _plan(self, through_epoch: int | None) -> tuple[list[StoreFile], int] | None:
+        """The live files and the epoch to compact through; None if nothing is recorded.
+
+        Raises:
+            FencedError: a newer generation has taken over.
+            InvalidInputError: ``through_epoch`` is after the newest epoch.
+        """
+        table = self._delta()
+        last = None if table is None else self._token(table)
+        if table is None or last is None or self._schema is None:
+            return None
+        check_generation(table, self._fence, self.generation, table_name=self.uri)
+        # The newest epoch may not be decided yet: by default it keeps a file of
+        # its own, so that revert() can still take it out.
+        through = last - 1 if through_epoch is None else through_epoch
+        if through > last:
+            raise InvalidInputError(
+                f"table {self.uri!r}: cannot compact through epoch {through}: the newest "
+                f"epoch is {last}; nothing was written",
+                table=self.uri,
+                epoch=through,
+            )
+        return live_files(table, name=self.uri), through
+
+    def compact_changes(self, *, through_epoch: int | None = None) -> dict[str, Any]:
+        """Merge the change files of epochs up to ``through_epoch`` into ONE change file.
+
+        The merged file holds the newest change of each key over those epochs,
+        tombstones included, so reading the table touches fewer files while the
+        base is left alone: the cost follows the changes, not the table. States
+        as of the merged epochs are then read by time travel.
+
+        Args:
+            through_epoch: merge epochs up to this one. Default: all but the newest.
+
+        Returns:
+            ``through_epoch``, ``merged_files``, ``rows`` and ``seconds``.
+
+        Raises:
+            FencedError: a newer generation has taken over; nothing was written.
+            InvalidInputError: ``through_epoch`` is after the newest epoch.
+            RetryableError: the table changed under it; nothing was written.
+        """
+        started = time.perf_counter()
+        plan = self._plan(through_epoch)
+        report: dict[str, Any] = {"through_epoch": None, "merged_files": 0, "rows": 0}
+        if plan is not None:
+            files, through = plan
+            merged = [f for f in files if f.kind == "change" and f.epoch <= through]
+            report["through_epoch"] = through
+            if len(merged) > 1:
+                assert self._schema is not None
+                schema = stored_schema(self._schema, self.key_columns)
+                rows = read_data_files(self.uri, [f.path for f in merged], columns=schema.names)
+                newest = pa.table(last_per_key(rows, self.key_columns).columns, schema=schema)
+                name = merged_file_name(min(f.first for f in merged), max(f.epoch for f in merged))
+                added = [write_data_file(self.uri, name, newest)]
+                hooks.point(COMPACT_WRITTEN)
+                self._commit_compaction(merged, added, through, folds_base=False)
+                report.update(merged_files=len(merged), rows=newest.num_rows)
+        report["seconds"] = round(time.perf_counter() - started, 3)
+        return report
+
+    def compact(
+        self, target_size: int | None = None, *, through_epoch: int | None = None
+    ) -> dict[str, Any]:
+        """Fold the change files of epochs up to ``through_epoch`` into a new base.
+
+        Never called by ``apply()``: the write path only appends. The old base and
+        the folded changes are merged by the rule (tombstones dropped) and written
+        as base files; the table's own epochs log is compacted too.
+
+        Args:
+            target_size: about how many bytes of Arrow data per base file.
+            through_epoch: fold epochs up to this one. Default: all but the newest,
+                which stays revertible (``revert()`` of a folded epoch is refused).
+
+        Returns:
+            ``through_epoch``, ``folded_epochs`` (change files folded),
+            ``files_removed``, ``files_added``, ``rows`` (of the new base), ``seconds``.
+
+        Raises:
+            FencedError: a newer generation has taken over; nothing was written.
+            InvalidInputError: ``through_epoch`` is after the newest epoch.
+            RetryableError: the table changed under the compaction in a way it
+                cannot rebase over; nothing was written.
+        """
+        started = time.perf_counter()
+        plan = self._plan(through_epoch)
+        report: dict[str, Any] = {"through_epoch": None, "folded_epochs": 0, "files_removed": 0,
+                                  "files_added": 0, "rows": None}  # fmt: skip
+        if plan is not None:
+            files, through = plan
+            bases = [f for f in files if f.kind == "base"]
+            folded = [f for f in files if f.kind == "change" and f.epoch <= through]
+            report["through_epoch"] = through
+            if folded:
+                added = self._write_base(bases, folded, target_size)
+                hooks.point(COMPACT_WRITTEN)
+                self._commit_compaction(bases + folded, added, through, folds_base=True)
+                report.update(
+                    folded_epochs=sum(f.epoch - f.first + 1 for f in folded),
+                    files_removed=len(bases) + len(folded),
+                    files_added=len(added),
+                    rows=sum(f.num_records for f in added),
+                )
+            try:
+                self.epochs.compact()
+            except RetryableError as exc:
+                log.info("epochs log of %s: compaction deferred: %s", self.uri, exc)
+        report["seconds"] = round(time.perf_counter() - started, 3)
+        return report
+
+    def _write_base(
+        self, bases: list[StoreFile], folded: list[StoreFile], target_size: int | None
+    ) -> list[DataFile]:
+        """Merge the base and the folded change files; write the result as new base files."""
+        assert self._schema is not None
+        schema = stored_schema(self._schema, self.key_columns)
+        columns = schema.names
+        base = (
+            read_data_files(self.uri, [f.path for f in bases], columns=columns)
+            if bases
+            else schema.empty_table()
+        )
+        changes = read_data_files(self.uri, [f.path for f in folded], columns=columns)
+        state = pa.table(apply_changes(base, changes, self.key_columns).columns, schema=schema)
+        per_row = max(1, state.nbytes // max(1, state.num_rows))
+        per_file = max(1, (target_size or DEFAULT_TARGET_SIZE) // per_row)
+        # The base is named by the newest epoch it really holds: a merged file that
+        # reaches past the requested epoch is not folded (the ranges are disjoint).
+        through = max(f.epoch for f in folded)
+        tag = uuid.uuid4().hex
+        added = []
+        for part, start in enumerate(range(0, max(state.num_rows, 1), per_file)):
+            chunk = state.slice(start, per_file)
+            if chunk.num_rows or part == 0:
+                added.append(write_data_file(self.uri, base_file_name(through, tag, part), chunk))
+        return added
+
+    def _commit_compaction(
+        self, replaced: list[StoreFile], added: list[DataFile], through: int, *, folds_base: bool
+    ) -> None:
+        """Commit ``added`` in place of ``replaced`` on a fresh snapshot, if still valid.
+
+        Valid means: every replaced file is still live, and no other file holds
+        changes of an epoch up to ``through`` (nor, for a fold, another base).
+        """
+        assert self._schema is not None
+        names = {f.path for f in added}
+        marker = "reconcile.compacted_through" if folds_base else "reconcile.merged_through"
+
+        def landed() -> bool:
+            fresh = DeltaTable(self.uri)
+            return names <= {f.path for f in live_files(fresh, name=self.uri)}
+
+        for attempt in range(_COMMIT_ATTEMPTS):
+            table = self._delta()
+            assert table is not None
+            check_generation(table, self._fence, self.generation, table_name=self.uri)
+            live = {f.path: f for f in live_files(table, name=self.uri)}
+            replaced_paths = {f.path for f in replaced}
+            gone = [p for p in replaced_paths if p not in live]
+            late = [
+                f.path
+                for f in live.values()
+                if f.path not in replaced_paths
+                and (
+                    (f.kind == "change" and f.epoch <= through) or (folds_base and f.kind == "base")
+                )
+            ]
+            if gone or late:
+                # A revert or another compaction since our read: what we wrote no
+                # longer describes the table. Its files are orphans for vacuum.
+                raise RetryableError(
+                    f"table {self.uri!r}: the table changed under compaction through epoch "
+                    f"{through} (gone: {sorted(gone)}, new: {sorted(late)}); nothing was written",
+                    table=self.uri,
+                )
+            try:
+                commit_files(
+                    self.uri,
+                    added,
+                    stored_schema(self._schema, self.key_columns),
+                    app_id=self._fence,
+                    version=self.generation,
+                    remove=[DataFile(f.path, f.size, 0, "", 0) for f in replaced],
+                    fence=(self._fence, self.generation),
+                    custom_metadata={marker: through, "reconcile.generation": self.generation},
+                    check_schema=False,  # written from the stored schema here
+                    table_name=self.uri,
+                    table=table,
+                    landed=landed,
+                    data_change=False,  # the same state, by merge-on-read, at every epoch
+                )
+                return
+            except RetryableError:
+                # An apply landed between our check and our commit (both carry the
+                # fence token): check again on the newer snapshot and retry.
+                if attempt == _COMMIT_ATTEMPTS - 1:
+                    raise
