@@ -28,7 +28,8 @@ from reconcile.contract import (
 )
 from reconcile.decisions import Settle, decide_stranded, is_terminal
 from reconcile.faults import FaultPlan
-from reconcile.metrics import Metrics, NullMetrics, timed
+from reconcile.logs import within_cycle
+from reconcile.metrics import Metrics, record_result, record_started, timed, with_labels
 from reconcile.progress import EpochStatus, ProgressLog
 from reconcile.progress_file import FileProgressLog
 from reconcile.results import (
@@ -119,7 +120,7 @@ class CommitCycle:
             )
         self.sinks: dict[str, TwoPhaseSink] = dict(zip(names, sinks, strict=True))
         self.progress: ProgressLog = progress
-        self.metrics: Metrics = metrics or NullMetrics()
+        self.metrics: Metrics = with_labels(metrics, pipeline=self.pipeline)
         self.faults = faults or FaultPlan()
         self.commit_attempts = commit_attempts
         self.generation: int | None = None
@@ -127,6 +128,7 @@ class CommitCycle:
 
     # ------------------------------------------------------------------ start
 
+    @within_cycle
     def start(self) -> RecoveryReport:
         """Claim a writer generation and resolve every stranded txn.
 
@@ -168,6 +170,7 @@ class CommitCycle:
             self._finish_committed(report)
             self.metrics.count("recovery.committed", len(report.committed))
             self.metrics.count("recovery.aborted", len(report.aborted))
+            record_started(self.metrics, self.progress.last_committed())
             if unknown:
                 self.metrics.count("recovery.unknown", len(unknown))
                 raise OutcomeUnknownError(
@@ -254,6 +257,7 @@ class CommitCycle:
 
     # ------------------------------------------------------------- run_epoch
 
+    @within_cycle
     def run_epoch(self, epoch: int, outputs: Mapping[str, Iterable[Any]]) -> CommitResult:
         """Run one epoch through the whole cycle.
 
@@ -308,7 +312,7 @@ class CommitCycle:
                 result = self._complete(epoch, txns, generation, outputs)
             else:
                 result = self._run(epoch, outputs, txns, generation)
-        self.metrics.count(f"cycle.outcome.{type(result).__name__}")
+        record_result(self.metrics, result)
         self._log_result(result, outputs, time.perf_counter() - began)
         return result
 
