@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -10,10 +11,11 @@ from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
 
 from reconcile import CommitCycle, MemoryProgressLog
+from reconcile.config import MetricsSettings, load_config
 from reconcile.contract import ConfigurationError
 from reconcile.faults import Fault, FaultKind, FaultPlan, FaultySink
 from reconcile.metrics import record_ambiguous_commit, record_drift
-from reconcile.prometheus import PrometheusMetrics
+from reconcile.prometheus import HttpExporter, PrometheusMetrics, TextfileExporter, export
 from sinks.memory import MemorySink, MemoryStore
 
 
@@ -180,3 +182,29 @@ def test_the_lag_is_seconds_since_the_newest_commit_at_scrape_time() -> None:
     lag = value(m, "reconcile_epoch_lag_seconds", pipeline="p")
     assert lag is not None and lag > 1e9
     assert value(m, "reconcile_last_commit_timestamp_seconds", pipeline="p") == 1000.0
+
+
+def test_export_starts_what_the_config_file_asks_for(tmp_path: Path) -> None:
+    base = '[store]\nroot = "s"\n[pipelines.p.sinks.a]\ndsn = "host=h"\ntable = "t"\nkeys = ["k"]\n'
+    served = tmp_path / "served.toml"
+    served.write_text(base + "[metrics]\nport = 0\n")
+    filed = tmp_path / "filed.toml"
+    filed.write_text(base + '[metrics]\ntextfile = "out.prom"\ninterval_s = 60\n')
+    http = export(_metrics(served))
+    try:
+        assert isinstance(http, HttpExporter) and http.port > 0
+        http.metrics.count("cycle.outcome.CommitFatal", pipeline="p", step="commit")
+        with urllib.request.urlopen(http.url, timeout=10) as response:
+            assert b'reconcile_commit_fatal_total{pipeline="p"} 1.0' in response.read()
+    finally:
+        http.close()
+    textfile = export(_metrics(filed))
+    assert isinstance(textfile, TextfileExporter) and textfile.interval_s == 60
+    textfile.close()
+    assert "reconcile_commits_total" in (tmp_path / "out.prom").read_text()
+
+
+def _metrics(path: Path) -> MetricsSettings:
+    settings = load_config(path).metrics
+    assert settings is not None
+    return settings
