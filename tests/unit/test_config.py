@@ -103,9 +103,10 @@ def test_a_wrong_type_of_a_secret_does_not_show_its_value(tmp_path: Path) -> Non
 
 
 def test_a_literal_password_in_a_bad_dsn_is_not_echoed(tmp_path: Path) -> None:
-    # libpq's own parse error quotes the fragment it choked on: here, the password.
+    # An unquoted password with a space: libpq's own parse error quotes the
+    # fragment it choked on ('missing "=" after "<the rest of the password>"').
     text = MINIMAL.replace(
-        'dsn = "postgresql://app@db:5432/shop"', f'dsn = "host=db password={SECRET} dbname"'
+        'dsn = "postgresql://app@db:5432/shop"', f'dsn = "host=db password=p {SECRET} dbname=x"'
     ).replace('password_env = "PG_PASSWORD"\n', "")
     message = load_error(tmp_path, text)
     assert "pipelines.orders.sinks.lines.dsn: not a valid libpq connection string" in message
