@@ -29,8 +29,7 @@ import json
 import logging
 import re
 import sys
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping
 from contextvars import ContextVar
 from datetime import UTC, datetime
 from typing import IO, Concatenate, ParamSpec, Protocol, TypeVar
@@ -81,22 +80,29 @@ def current() -> dict[str, object]:
     return dict(_CONTEXT.get() or {})
 
 
-@contextmanager
-def context(**fields: object) -> Iterator[dict[str, object]]:
+class context:  # used as a function: ``with context(sink=...):``
     """Add ``fields`` to the log context inside the block (None values are left out).
+
+    A class rather than a generator-based context manager: it wraps every sink
+    call of every epoch, so it is kept to a dict merge and a contextvar set.
 
     Raises:
         ValueError: a field would overwrite a LogRecord attribute (``name``, ``msg``, ...).
     """
-    clash = sorted(set(fields) & _RECORD_ATTRS)
-    if clash:
-        raise ValueError(f"log context field(s) {clash} would overwrite LogRecord attributes")
-    merged = {**(_CONTEXT.get() or {}), **{k: v for k, v in fields.items() if v is not None}}
-    token = _CONTEXT.set(merged)
-    try:
-        yield dict(merged)
-    finally:
-        _CONTEXT.reset(token)
+
+    __slots__ = ("_fields", "_token")
+
+    def __init__(self, **fields: object) -> None:
+        if not _RECORD_ATTRS.isdisjoint(fields):
+            clash = sorted(set(fields) & _RECORD_ATTRS)
+            raise ValueError(f"log context field(s) {clash} would overwrite LogRecord attributes")
+        self._fields = {k: v for k, v in fields.items() if v is not None}
+
+    def __enter__(self) -> None:
+        self._token = _CONTEXT.set({**(_CONTEXT.get() or {}), **self._fields})
+
+    def __exit__(self, *exc: object) -> None:
+        _CONTEXT.reset(self._token)
 
 
 class ContextFilter(logging.Filter):
@@ -213,14 +219,16 @@ def within_cycle(method: Callable[Concatenate[S, P], R]) -> Callable[Concatenate
     Decorates ``CommitCycle.start`` and ``run_epoch``: the epoch is the
     method's argument named ``epoch``, if it has one.
     """
-    signature = inspect.signature(method)
-    takes_epoch = "epoch" in signature.parameters
+    # The epoch's position among the positional arguments after self, found
+    # once here: binding the signature on every call would cost more than the rest.
+    names = list(inspect.signature(method).parameters)[1:]
+    at = names.index("epoch") if "epoch" in names else None
 
     @functools.wraps(method)
     def scoped(self: S, /, *args: P.args, **kwargs: P.kwargs) -> R:
         epoch = None
-        if takes_epoch:
-            epoch = signature.bind_partial(self, *args, **kwargs).arguments.get("epoch")
+        if at is not None:
+            epoch = args[at] if len(args) > at else kwargs.get("epoch")
         with (
             activate(self.metrics),
             context(pipeline=self.pipeline, epoch=epoch, generation=self.generation),

@@ -35,6 +35,7 @@ name                                      kind    meaning
 ``drift.found``                           gauge   rows that differ, per verify [table, kind]
 ``drift.repaired``                        count   rows a repair applied [table]
 ``drift.checks``                          count   verify/repair runs [table, result]
+``drift.seconds``                         time    one verify/repair run [table]
 ========================================  ======  ==========================================
 """
 
@@ -60,6 +61,7 @@ __all__ = [
     "active",
     "record_ambiguous_commit",
     "record_drift",
+    "record_report",
     "record_result",
     "record_started",
     "timed",
@@ -214,7 +216,9 @@ def _takes_labels(metrics: object) -> bool:
 
 def with_labels(metrics: Metrics | None, **labels: str) -> Metrics:
     """``metrics`` (NullMetrics if None) adding ``labels`` to everything reported through it."""
-    return LabelledMetrics(metrics if metrics is not None else NullMetrics(), **labels)
+    if metrics is None or isinstance(metrics, NullMetrics):
+        return NullMetrics()  # nothing to label: skip a merge per report
+    return LabelledMetrics(metrics, **labels)
 
 
 @contextmanager
@@ -306,6 +310,7 @@ def record_drift(
     extra: int,
     changed: int,
     applied: int = 0,
+    seconds: float | None = None,
     metrics: Metrics | None = None,
 ) -> None:
     """Report what one verify or repair of a sink table found and did.
@@ -322,6 +327,7 @@ def record_drift(
         extra: rows the sink held but should not.
         changed: keys the sink held with other values.
         applied: rows written or deleted to repair (0 for a verify or a dry run).
+        seconds: how long the run took, if known.
         metrics: where to report; default: the active metrics.
 
     Raises:
@@ -338,3 +344,42 @@ def record_drift(
         sink.count("drift.repaired", applied, pipeline=pipeline, table=table)
     drift = missing + extra + changed
     sink.count("drift.checks", pipeline=pipeline, table=table, result="drift" if drift else "clean")
+    if seconds is not None:
+        sink.observe("drift.seconds", seconds, pipeline=pipeline, table=table)
+
+
+class DriftReport(Protocol):
+    """What :func:`record_report` reads from a verify or repair report."""
+
+    @property
+    def table(self) -> str: ...
+    @property
+    def missing(self) -> int: ...
+    @property
+    def extra(self) -> int: ...
+    @property
+    def changed(self) -> int: ...
+    @property
+    def applied(self) -> int: ...
+    @property
+    def seconds(self) -> float: ...
+
+
+def record_report(pipeline: str, report: DriftReport, *, metrics: Metrics | None = None) -> None:
+    """:func:`record_drift` from a report (``reconcile.recovery.report.ReconcileReport``).
+
+    Args:
+        pipeline: the pipeline.
+        report: anything with table, missing, extra, changed, applied and seconds.
+        metrics: where to report; default: the active metrics.
+    """
+    record_drift(
+        pipeline,
+        report.table,
+        missing=report.missing,
+        extra=report.extra,
+        changed=report.changed,
+        applied=report.applied,
+        seconds=report.seconds,
+        metrics=metrics,
+    )

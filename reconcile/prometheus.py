@@ -121,7 +121,7 @@ class PrometheusMetrics:
         names = tuple(labels)
         full = f"{self.namespace}_{name}"
         if kind is Histogram:
-            buckets = _SLOW if name == "recovery_seconds" else _FAST
+            buckets = _SLOW if name in ("recovery_seconds", "verify_seconds") else _FAST
             metric = kind(full, text, names, registry=self.registry, buckets=buckets)
         else:
             metric = kind(full, text, names, registry=self.registry)
@@ -200,6 +200,11 @@ class PrometheusMetrics:
         }
         self._times: dict[str, _Route[Histogram]] = {
             "cycle.epoch": histogram("epoch_seconds", "Duration of run_epoch()", ["pipeline"]),
+            "drift.seconds": histogram(
+                "verify_seconds",
+                "Duration of one verify or repair of a sink table",
+                ["pipeline", "table"],
+            ),
             "cycle.start": histogram(
                 "recovery_seconds",
                 "Duration of start(): bind the sinks, fence older writers, settle stranded txns",

@@ -16,9 +16,11 @@ from reconcile.metrics import (
     activate,
     active,
     record_drift,
+    record_report,
     timed,
     with_labels,
 )
+from reconcile.recovery.report import ReconcileReport
 from sinks.memory import MemorySink, MemoryStore
 
 
@@ -172,3 +174,26 @@ def test_a_fatal_outcome_of_a_sink_is_counted_as_fatal() -> None:
     assert isinstance(result, CommitFatal) and not result.restart
     assert metrics.value("cycle.outcome.CommitFatal", pipeline="shop", step="prepare") == 1
     assert metrics.gauge("cycle.last_committed_epoch", pipeline="shop") is None
+
+
+def test_record_report_takes_a_recovery_report() -> None:
+    report = ReconcileReport(
+        table="lines",
+        mode="full",
+        reason="requested",
+        target_epoch=9,
+        rows_pulled=100,
+        buckets_compared=0,
+        buckets_differing=0,
+        missing=2,
+        extra=0,
+        changed=1,
+        applied=3,
+        seconds=0.25,
+        dry_run=False,
+    )
+    m = InMemoryMetrics()
+    record_report("shop", report, metrics=m)
+    assert m.gauge("drift.found", pipeline="shop", table="lines", kind="changed") == 1
+    assert m.value("drift.repaired", pipeline="shop", table="lines") == 3
+    assert m.durations("drift.seconds", pipeline="shop", table="lines") == [0.25]

@@ -78,7 +78,7 @@ def test_every_name_a_running_pipeline_reports_has_a_series_of_its_own(
         "CommitFatal",
     ]
     record_ambiguous_commit("shop", "a", "committed", "pg_xact_status", metrics=m)
-    record_drift("shop", "a", missing=1, extra=0, changed=0, applied=1, metrics=m)
+    record_drift("shop", "a", missing=1, extra=0, changed=0, applied=1, seconds=0.5, metrics=m)
     m.count("drive.retries", pipeline="shop", restart="true")
     names = {name for name, _ in samples(m)}
     for expected in (
@@ -97,6 +97,7 @@ def test_every_name_a_running_pipeline_reports_has_a_series_of_its_own(
         "reconcile_drift_rows",
         "reconcile_drift_repaired_rows_total",
         "reconcile_verify_runs_total",
+        "reconcile_verify_seconds_count",
         "reconcile_drive_retries_total",
     ):
         assert expected in names, expected
