@@ -26,7 +26,8 @@ from reconcile.contract import (
 from reconcile.decisions import is_terminal
 from reconcile.expected import ExpectedState, ReplayRows
 from reconcile.faults import FaultPlan
-from reconcile.metrics import Metrics, NullMetrics, timed
+from reconcile.logs import within_cycle
+from reconcile.metrics import Metrics, record_result, timed, with_labels
 from reconcile.progress import EpochStatus, ProgressLog
 from reconcile.progress_file import FileProgressLog
 from reconcile.restart import Restart
@@ -156,7 +157,7 @@ class CommitCycle:
         self.sinks: dict[str, TwoPhaseSink] = dict(zip(names, sinks, strict=True))
         self.progress: ProgressLog = progress
         self.expected_state = expected_state
-        self.metrics: Metrics = metrics or NullMetrics()
+        self.metrics: Metrics = with_labels(metrics, pipeline=self.pipeline)
         self.faults = faults or FaultPlan()
         self.commit_attempts = commit_attempts
         self.generation: int | None = None
@@ -164,6 +165,7 @@ class CommitCycle:
 
     # ------------------------------------------------------------------ start
 
+    @within_cycle
     def start(self) -> RecoveryReport:
         """Claim a writer generation and resolve every stranded txn.
 
@@ -197,6 +199,7 @@ class CommitCycle:
 
     # ------------------------------------------------------------- run_epoch
 
+    @within_cycle
     def run_epoch(self, epoch: int, outputs: Mapping[str, Iterable[Any]]) -> CommitResult:
         """Run one epoch through the whole cycle.
 
@@ -251,7 +254,7 @@ class CommitCycle:
                 result = self._complete(epoch, txns, generation, outputs)
             else:
                 result = self._run(epoch, outputs, txns, generation)
-        self.metrics.count(f"cycle.outcome.{type(result).__name__}")
+        record_result(self.metrics, result)
         log_result(
             log, self.pipeline, self.generation, result, outputs, time.perf_counter() - began
         )

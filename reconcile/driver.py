@@ -230,6 +230,9 @@ def drive(
     def before_sleep(state: RetryCallState) -> None:
         again = state.outcome.exception() if state.outcome else None
         if isinstance(again, _Again):
+            cycle = run.cycle  # report through it before restart() throws it away
+            if cycle is not None:
+                cycle.metrics.count("drive.retries", restart=str(again.restart).lower())
             if again.restart:
                 run.restart()
             log.warning(
@@ -238,6 +241,7 @@ def drive(
                 "restart" if again.restart else "same cycle",
                 state.attempt_number,
                 again.reason,
+                extra={"pipeline": cycle.pipeline if cycle else None, "epoch": state.args[0]},
             )
 
     try:

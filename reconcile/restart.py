@@ -18,7 +18,7 @@ from reconcile.contract import (
 )
 from reconcile.decisions import Settle, decide_stranded, is_terminal
 from reconcile.expected import ExpectedState, ReplayRows
-from reconcile.metrics import Metrics
+from reconcile.metrics import Metrics, record_started
 from reconcile.progress import EpochStatus, ProgressLog
 from reconcile.results import RecoveryReport
 from reconcile.sink import TwoPhaseSink, bind_writer, has_durable_prepare
@@ -93,6 +93,7 @@ class Restart:
         self.finish_committed(report)
         self.metrics.count("recovery.committed", len(report.committed))
         self.metrics.count("recovery.aborted", len(report.aborted))
+        record_started(self.metrics, self.progress.last_committed())
         if unknown:
             self.metrics.count("recovery.unknown", len(unknown))
             raise OutcomeUnknownError(

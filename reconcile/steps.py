@@ -18,6 +18,7 @@ from reconcile.contract import (
     SinkOutcome,
     SinkTxnId,
 )
+from reconcile.logs import context
 from reconcile.metrics import Metrics
 from reconcile.sink import TwoPhaseSink, check_outcome, has_durable_prepare
 
@@ -84,7 +85,10 @@ class SinkSteps:
         outcome: SinkOutcome = Retryable("not tried")
         for _ in range(self.commit_attempts):
             try:
-                outcome = check_outcome(sink.name, operation, txn, getattr(sink, operation)(txn))
+                with context(sink=sink.name, txn=str(txn)):
+                    outcome = check_outcome(
+                        sink.name, operation, txn, getattr(sink, operation)(txn)
+                    )
             except (ContractViolationError, OutcomeUnknownError):
                 # A sink that says it cannot tell (I4) is not retried into a
                 # guess, nor replayed over: the error reaches the operator.
@@ -93,7 +97,7 @@ class SinkSteps:
                 outcome = Retryable(repr(exc))
             if isinstance(outcome, Ok | Fatal):
                 break
-            self.metrics.count(f"sink.{operation}.retryable")
+            self.metrics.count(f"sink.{operation}.retryable", sink=sink.name)
         return outcome
 
     def settle(
@@ -121,7 +125,8 @@ class SinkSteps:
         for name, sink in self.sinks.items():
             txn = txns[name]
             try:
-                value = getattr(sink, operation)(txn, *args(name))
+                with context(sink=name, txn=str(txn)):
+                    value = getattr(sink, operation)(txn, *args(name))
             except Exception as exc:
                 # Before the commit point an unknown outcome is harmless: the
                 # epoch is aborted everywhere, and abort is idempotent.
@@ -168,7 +173,7 @@ class SinkSteps:
                     fatal=True,
                     error=_cause(outcome),
                 )
-            self.metrics.count("sink.commit.replayed")
+            self.metrics.count("sink.commit.replayed", sink=name)
             for operation, args in (("stage", (rows,)), ("prepare", ())):
                 step = check_outcome(name, operation, txn, getattr(sink, operation)(txn, *args))
                 if not isinstance(step, Ok):

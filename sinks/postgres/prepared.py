@@ -323,6 +323,7 @@ class PreparedPostgresSink(PostgresSink):
             txn_id,
             target,
             self._inflight.get(txn_id.key, "?"),
+            extra={"xid": self._inflight.get(txn_id.key)},
         )
         self._forget(txn_id)
         return OK

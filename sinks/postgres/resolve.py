@@ -18,6 +18,7 @@ from psycopg import errors, sql
 
 from reconcile import hooks
 from reconcile.contract import ConfigurationError, OutcomeUnknownError, SinkTxnId
+from reconcile.metrics import record_ambiguous_commit
 
 from .connection import PgTarget, connect_failure
 from .markers import StateTables
@@ -216,6 +217,7 @@ def resolve_commit(
                 (txn.gid,),
             ).fetchone()
             if listed is not None:
+                record_ambiguous_commit(pipeline, sink, "prepared", Evidence.PREPARED_XACTS.value)
                 return Resolved(
                     Resolution.PREPARED, Evidence.PREPARED_XACTS, f"{txn.gid} is still prepared"
                 )
@@ -248,6 +250,7 @@ def resolve_commit(
                 if waiting == "SyncRep"
                 else ""
             )
+            record_ambiguous_commit(pipeline, sink, "unknown", "none")
             raise OutcomeUnknownError(
                 f"postgres sink {sink!r}: cannot resolve the COMMIT of {describe}: "
                 f"pg_xact_status is {status or 'NULL'}{' (xid in the future)' if future else ''} "
@@ -271,6 +274,10 @@ def resolve_commit(
             resolved.resolution.value,
             resolved.decided_by.value,
             resolved.detail,
+            extra={"xid": txn.xid},
+        )
+        record_ambiguous_commit(
+            pipeline, sink, resolved.resolution.value, resolved.decided_by.value
         )
         return resolved
     finally:

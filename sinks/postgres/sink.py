@@ -300,6 +300,7 @@ class PostgresSink(PgSinkClient):
             txn_id,
             self._schema.display if self._schema else self.table,
             txn.xid,
+            extra={"xid": txn.xid},
         )
         self._staged.pop(txn_id.key, None)
         return OK
