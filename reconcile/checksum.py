@@ -203,14 +203,20 @@ def server_check_sql() -> tuple[str, list[tuple[str, int]]]:
 # ---------------------------------------------------------------------------
 
 
+# Byte -> its two lowercase hex digits, as one little-endian uint16 (the digits in order).
+_HEX_PAIRS = _HEX[np.arange(256) >> 4].astype(np.uint16) | (
+    _HEX[np.arange(256) & 0x0F].astype(np.uint16) << 8
+)
+
+
 def _hex_fixed(raw: npt.NDArray[np.uint8], width: int) -> pa.Array:
     """Rows of ``width`` bytes (a ``(rows, width)`` matrix) as lowercase hex strings."""
     rows = raw.shape[0]
-    digits = np.empty((rows, width * 2), dtype=np.uint8)
-    digits[:, 0::2] = _HEX[raw >> 4]
-    digits[:, 1::2] = _HEX[raw & 0x0F]
+    digits = _HEX_PAIRS[raw]  # (rows, width) uint16: two ASCII digits per byte
     offsets = np.arange(rows + 1, dtype=np.int32) * (width * 2)
-    return pa.StringArray.from_buffers(rows, pa.py_buffer(offsets), pa.py_buffer(digits.tobytes()))
+    return pa.StringArray.from_buffers(
+        rows, pa.py_buffer(offsets), pa.py_buffer(np.ascontiguousarray(digits).view(np.uint8))
+    )
 
 
 def _hex_variable(arr: pa.Array) -> pa.Array:

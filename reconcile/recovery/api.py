@@ -71,16 +71,9 @@ def _target(
 
         sink: Any = PostgresSink(dsn, table, name=table, schema=schema, key=keys)
     else:
-        import importlib
+        from sinks.sql import SqlSink
 
-        try:
-            sql_sinks = importlib.import_module("sinks.sql")
-        except ImportError:
-            raise ConfigurationError(
-                f"recover: {dsn.split(':', 1)[0]!r} is not a PostgreSQL connection, and the "
-                "generic SQL path (sinks.sql) is not available"
-            ) from None
-        sink = sql_sinks.SqlSink(dsn, table, name=table, schema=schema, key=keys)
+        sink = SqlSink(dsn, table, name=table, schema=schema, key=keys)
     return sink, sink.recovery_target(pipeline, None, write=write)
 
 

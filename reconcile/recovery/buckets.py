@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -99,7 +100,7 @@ def find_differing_ranges(
     *,
     first_level: int = 1024,
     fanout: int = 32,
-    leaf_rows: int = 2048,
+    leaf_rows: int = 256,
 ) -> BucketSearch:
     """Compare checksums range by range and return the differing ranges to pull.
 
@@ -114,7 +115,6 @@ def find_differing_ranges(
             pulled rather than cut again.
     """
     column = expected.column(first_key).combine_chunks()
-    sums = row_checksums(expected, checksum_columns)
     search = BucketSearch()
     if expected.num_rows == 0:
         # Nothing expected: any row the sink holds is extra; one range is all.
@@ -125,11 +125,24 @@ def find_differing_ranges(
             search.leaves.append((KeyRange(), 0, 0))
         return search
     stack: list[tuple[KeyRange, int, int, int]] = [(KeyRange(), 0, expected.num_rows, first_level)]
+    top: dict[int, tuple[int, int]] | None
+    top_bounds, top_positions = _cut(column, 0, expected.num_rows, first_level)
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        # The database scans the whole table for the first level while the
+        # expected side's checksums are computed here: the two overlap.
+        first: Future[dict[int, tuple[int, int]]] = pool.submit(
+            snap.bucket_sums, top_bounds, KeyRange()
+        )
+        sums = row_checksums(expected, checksum_columns)
+        top = first.result()
     while stack:
         within, start, stop, parts = stack.pop()
-        bounds, positions = _cut(column, start, stop, parts)
+        if top is not None:
+            bounds, positions, theirs, top = top_bounds, top_positions, top, None
+        else:
+            bounds, positions = _cut(column, start, stop, parts)
+            theirs = snap.bucket_sums(bounds, within)
         mine = _expected_sums(sums, start, stop, positions)
-        theirs = snap.bucket_sums(bounds, within)
         search.compared += len(mine)
         edges = [start, *positions, stop]
         lows = [within.lo, *bounds]

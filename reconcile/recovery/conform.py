@@ -20,7 +20,18 @@ import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
 from reconcile.contract import InvalidInputError
 from reconcile.hashing import row_hash_arrow
 
-__all__ = ["SinkColumn", "check_columns", "conform", "hash_pulled", "wants_text"]
+__all__ = [
+    "UNCONVERTIBLE",
+    "SinkColumn",
+    "check_columns",
+    "conform",
+    "hash_pulled",
+    "wants_text",
+]
+
+# A pulled table may carry this boolean column: rows whose values a puller could
+# not convert to the expected types (they then count as changed, never as equal).
+UNCONVERTIBLE = "_unconvertible"
 
 # XORed into the row hash of a row with a value that does not convert: it then
 # differs from the expected row's hash (a collision would need this exact flip).
@@ -153,6 +164,9 @@ def conform(pulled: pa.Table, schema: pa.Schema) -> tuple[pa.Table, npt.NDArray[
     """
     arrays = []
     bad: npt.NDArray[np.bool_] | None = None
+    if UNCONVERTIBLE in pulled.column_names:
+        flags = pulled.column(UNCONVERTIBLE).to_numpy(zero_copy_only=False).astype(bool)
+        bad = flags if flags.any() else None
     for field in schema:
         column = pulled.column(field.name).combine_chunks()
         if isinstance(column.type, pa.ExtensionType):
