@@ -90,7 +90,7 @@ def row(rng: random.Random, i: int, epoch: int) -> dict[str, Any]:
     return {
         "id": i,
         "name": rng.choice([None, "", f"n{i}-{epoch}", "héllo"]),
-        "amount": rng.choice([None, decimal.Decimal(rng.randrange(-10**6, 10**6)) / 100]),
+        "amount": rng.choice([None, decimal.Decimal(rng.randrange(-(10**6), 10**6)) / 100]),
         "ratio": rng.choice([None, 0.5, -2.25, float(epoch)]),
         "day": rng.choice([None, dt.date(2024, 1, 1) + dt.timedelta(days=i)]),
         "at": rng.choice([None, dt.datetime(2024, 1, 1, 12) + dt.timedelta(microseconds=i)]),
@@ -157,7 +157,9 @@ def url(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
 
 
 @pytest.mark.parametrize("mode", ["full", "auto"])
-def test_hand_drift_found_and_repaired_through_sqlalchemy(url: str, tmp_path: Path, mode: str) -> None:
+def test_hand_drift_found_and_repaired_through_sqlalchemy(
+    url: str, tmp_path: Path, mode: str
+) -> None:
     written(url, tmp_path)
     clean = recover(url, str(tmp_path), "shop", "orders", mode=mode, dry_run=True,
                     fast_path=False)  # fmt: skip
