@@ -51,8 +51,11 @@ class ExpectedSource:
             ``changed_keys``, ``last_epoch``, ``user_schema``, ``key_columns``).
     """
 
-    def __init__(self, store: Any) -> None:
+    def __init__(self, store: Any, *, values: bool = False) -> None:
         self.store = store
+        # A repair needs the expected values of the keys it writes: read them in
+        # the same pass as the hashes (one read of the store, not two).
+        self.values = values
         self._full: dict[int, pa.Table] = {}
 
     def rows(self, epoch: int) -> pa.Table:
@@ -64,6 +67,8 @@ class ExpectedSource:
 
     def hashes(self, epoch: int, keys: list[str]) -> pa.Table:
         """Keys and ``_row_hash`` at ``epoch`` (the full rows if already read)."""
+        if self.values:
+            self.rows(epoch)
         if epoch in self._full:
             return self._full[epoch].select([*keys, HASH])
         table: pa.Table = self.store.snapshot(epoch, columns=[*keys, HASH])
@@ -187,7 +192,7 @@ def reconcile_table(
         )
     columns = target.columns()
     check_columns(target.display, schema, columns, keys)
-    source = ExpectedSource(store)
+    source = ExpectedSource(store, values=not dry_run)
     sink_types = {name: col.kind for name, col in columns.items()}
     for _attempt in range(_MAX_ATTEMPTS):
         # The store's newest epoch, read again on each attempt: an epoch that

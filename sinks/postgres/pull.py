@@ -218,8 +218,13 @@ class PgSnapshot:
         staged = keys.select(self.keys)
         cur.adbc_ingest(name, staged, mode="replace", temporary=True)
         self._run(f"ANALYZE pg_temp.{name}")
+        # The staged keys have the expected state's types (a uuid kept as text,
+        # say): cast them to the column's own type, so the key's index serves.
         match = sql.SQL(" AND ").join(
-            sql.SQL("t.{0} = k.{0}").format(sql.Identifier(k)) for k in self.keys
+            sql.SQL("t.{0} = k.{0}::{1}").format(
+                sql.Identifier(k), sql.SQL(self.table.columns[k].sql_type)
+            )
+            for k in self.keys
         )
         query = sql.SQL(
             "SELECT {cols} FROM {table} AS t JOIN {keys} AS k ON {match} "
