@@ -1,4 +1,4 @@
-"""Benchmark: pull-and-diff recovery on PostgreSQL (full, scoped, buckets) against raw COPY and reladiff.
+"""Benchmark: pull-and-diff recovery on PostgreSQL (full, scoped, buckets), raw COPY, reladiff.
 
 One command; every ratio comes from one run on the same tables:
 
@@ -141,10 +141,13 @@ class Sink:
 def raw_copy_seconds(dsn: str, table: str) -> tuple[float, int]:
     start = time.perf_counter()
     size = 0
-    with psycopg.connect(dsn) as conn, conn.cursor() as cur:
-        with cur.copy(f"COPY {table} TO STDOUT (FORMAT BINARY)") as copy:
-            for block in copy:
-                size += len(block)
+    with (
+        psycopg.connect(dsn) as conn,
+        conn.cursor() as cur,
+        cur.copy(f"COPY {table} TO STDOUT (FORMAT BINARY)") as copy,
+    ):
+        for block in copy:
+            size += len(block)
     return time.perf_counter() - start, size
 
 
@@ -306,7 +309,8 @@ def markdown(r: dict[str, Any]) -> str:
         "",
         "| figure | value | target |",
         "|---|---|---|",
-        f"| `full_vs_copy_ratio` (raw COPY time / full verify time) | **{r['full_vs_copy_ratio']}** "
+        "| `full_vs_copy_ratio` (raw COPY time / full verify time) | "
+        f"**{r['full_vs_copy_ratio']}** "
         f"({r['full_verify_rows_per_s']:,} vs {r['raw_copy_rows_per_s']:,} rows/s) | >= 0.5 |",
         f"| `divergence_100_vs_full_ratio` (scoped / full, 100 rows) | "
         f"**{r['divergence_100_vs_full_ratio']}** | <= 0.05 |",
@@ -319,7 +323,8 @@ def markdown(r: dict[str, Any]) -> str:
         "",
         "## Recovery time against divergence and sink size (after a crash, repair included)",
         "",
-        "| sink rows | divergent rows | full (s) | scoped (s) | scoped / full | rows pulled (scoped) |",
+        "| sink rows | divergent rows | full (s) | scoped (s) | scoped / full "
+        "| rows pulled (scoped) |",
         "|---|---|---|---|---|---|",
     ]
     for row in r["divergence"]:
@@ -334,7 +339,8 @@ def markdown(r: dict[str, Any]) -> str:
         "## Method",
         "",
         "- Raw COPY: `COPY t TO STDOUT (FORMAT BINARY)` read to the end by psycopg, best of 2.",
-        "- Full verify: `reconcile.recover(mode='full', dry_run=True)`: the store's keys and hashes, "
+        "- Full verify: `reconcile.recover(mode='full', dry_run=True)`: the store's keys and "
+        "hashes, "
         "the table pulled with COPY BINARY into Arrow (ADBC), hashed, diffed; best of 2.",
         "- Divergence: the store records an epoch the sink never got (half updates of existing "
         "keys, half new keys), then `recover(mode=..., after_crash=True)` repairs it "

@@ -168,7 +168,8 @@ def test_a_repair_by_a_fenced_off_writer_writes_nothing(server: PgServer, tmp_pa
         assert report.mode == "scoped" and report.changed == 3
         assert sink_rows(setup) == expected_rows(setup)
         owner = setup.scalar(
-            "SELECT array[log_id, generation::text] FROM reconcile.reconcile_commits WHERE epoch = 1"
+            "SELECT array[log_id, generation::text] FROM reconcile.reconcile_commits "
+            "WHERE epoch = 1"
         )
         assert owner == [log_id, "9"]
     finally:
