@@ -12,12 +12,13 @@ from contextlib import contextmanager
 
 import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
 
+from reconcile.contract import ConfigurationError
 from reconcile.recovery.conform import SinkColumn
 from reconcile.recovery.target import Repair
 
 from .binding import connect_checked
 from .client import PgSinkClient
-from .markers import MARKERS_TABLE
+from .markers import MARKERS_TABLE, REPAIRS_TABLE
 from .pull import PgSnapshot, sink_columns
 from .repair import apply_repair
 from .schema import TableSchema, reflect_table
@@ -54,8 +55,21 @@ class PgRecoveryTarget:
             # The sink's own start-up checks: the target, and the state tables
             # verified (created where missing) before the repair writes to them.
             self._table = self.sink.setup()
-            assert self.sink._state is not None
-            self._marker_schema = self.sink._state.schema
+            state = self.sink._state
+            assert state is not None
+            self._marker_schema = state.schema
+            what = f"repair of postgres sink {self.sink.name!r}"
+            with connect_checked(self.sink.target, what, self.sink.application_name) as conn:
+                found = conn.execute(
+                    "SELECT to_regclass(%s)", (state.display(REPAIRS_TABLE),)
+                ).fetchone()
+            if found is None or found[0] is None:
+                raise ConfigurationError(
+                    f"{what}: {state.display(REPAIRS_TABLE)} does not exist and the sink's role "
+                    "could not create it; create it as the schema's owner (its definition is in "
+                    "docs/postgres.md) or grant CREATE on the schema, then repair again; nothing "
+                    "was written"
+                )
             return self._table
         what = f"verify of postgres sink {self.sink.name!r}"
         with connect_checked(self.sink.target, what, self.sink.application_name) as conn:

@@ -14,7 +14,9 @@ from pathlib import Path
 import pytest
 
 from reconcile import Mode, hooks, recover
+from reconcile.contract import RetryableError
 from reconcile.recovery.engine import PULLED
+from sinks.postgres.repair import REPAIR_APPLIED
 from tests.recovery_setup import (
     SIMPLE_DDL,
     SIMPLE_SCHEMA,
@@ -179,3 +181,25 @@ def test_an_epoch_committed_between_pull_and_apply_makes_the_repair_pull_again(
     assert report.target_epoch == 3  # the second pull saw the new epoch
     assert sink_rows(simple) == expected_rows(simple)
     assert simple.scalar("SELECT count(*) FROM reconcile.reconcile_repairs") == 1
+
+
+def test_a_repair_commit_without_reply_is_resolved_by_the_database(simple: Setup) -> None:
+    hand_drift(simple)
+    before = sink_rows(simple)
+
+    def lose_the_connection() -> None:
+        # The repair's backend dies before its COMMIT: the client gets no reply.
+        simple.scalar(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE application_name = 'reconcile:*:orders' AND state = 'idle in transaction'"
+        )
+
+    with (
+        hooks.at(REPAIR_APPLIED, lose_the_connection) as armed,
+        pytest.raises(RetryableError, match=r"did not take effect.*pg_xact_status"),
+    ):
+        recover(simple.dsn, simple.root, "shop", "orders", mode="full")
+    assert armed.fired == 1
+    assert sink_rows(simple) == before  # aborted, as pg_xact_status said
+    recover(simple.dsn, simple.root, "shop", "orders", mode="full")
+    assert sink_rows(simple) == expected_rows(simple)
