@@ -66,6 +66,8 @@ import pyarrow.compute as pc  # type: ignore[import-untyped, unused-ignore]
 from psycopg import sql
 
 from reconcile.contract import InvalidInputError
+from reconcile.lookup3 import pg_hash_bytes as _pg_hash_bytes
+from reconcile.lookup3 import pg_hash_text_arrow as _pg_hash_text_arrow
 
 __all__ = [
     "KINDS",
@@ -80,7 +82,6 @@ __all__ = [
     "server_check_sql",
 ]
 
-U32 = npt.NDArray[np.uint32]
 U64 = npt.NDArray[np.uint64]
 
 # hashtextextended's seed (any non-zero int64; "reconcil" in ASCII).
@@ -119,8 +120,6 @@ _EPOCH_2000_DAYS = 10_957  # 2000-01-01 - 1970-01-01
 _EPOCH_2000_US = _EPOCH_2000_DAYS * 86_400 * 1_000_000
 _US_PER_UNIT = {"s": 1_000_000, "ms": 1_000, "us": 1}
 _HEX = np.frombuffer(b"0123456789abcdef", dtype=np.uint8)
-# Rows per slice of the lookup3 matrices: bounds the temporaries.
-_SLICE_ROWS = 1 << 17
 
 
 def checksum_kind(column: str, kind: str) -> str:
@@ -351,134 +350,14 @@ def row_text_arrow(table: pa.Table, columns: Sequence[tuple[str, str]]) -> pa.Ar
     )
 
 
-# ---------------------------------------------------------------------------
-# The hash: PostgreSQL's hash_bytes_extended (lookup3), scalar and vectorized
-# ---------------------------------------------------------------------------
-
-
-def _rot(x: U32, k: int) -> U32:
-    return (x << np.uint32(k)) | (x >> np.uint32(32 - k))
-
-
-def _mix(a: U32, b: U32, c: U32) -> tuple[U32, U32, U32]:
-    a = a - c
-    a ^= _rot(c, 4)
-    c = c + b
-    b = b - a
-    b ^= _rot(a, 6)
-    a = a + c
-    c = c - b
-    c ^= _rot(b, 8)
-    b = b + a
-    a = a - c
-    a ^= _rot(c, 16)
-    c = c + b
-    b = b - a
-    b ^= _rot(a, 19)
-    a = a + c
-    c = c - b
-    c ^= _rot(b, 4)
-    b = b + a
-    return a, b, c
-
-
-def _final(a: U32, b: U32, c: U32) -> tuple[U32, U32, U32]:
-    c ^= b
-    c = c - _rot(b, 14)
-    a ^= c
-    a = a - _rot(c, 11)
-    b ^= a
-    b = b - _rot(a, 25)
-    c ^= b
-    c = c - _rot(b, 16)
-    a ^= c
-    a = a - _rot(c, 4)
-    b ^= a
-    b = b - _rot(a, 14)
-    c ^= b
-    c = c - _rot(b, 24)
-    return a, b, c
-
-
-def _lookup3(words: U32, lengths: npt.NDArray[np.int64], blocks: int, seed: int) -> U64:
-    """hash_bytes_extended of rows given as zero-padded LE uint32 words, ``(rows, 3 * (blocks+1))``.
-
-    Every row has ``blocks`` full 12-byte blocks and a tail of ``len % 12`` bytes
-    (zero bytes beyond it), exactly as the C code consumes them.
-    """
-    with np.errstate(over="ignore"):
-        init = (np.uint32(0x9E3779B9) + lengths.astype(np.uint32) + np.uint32(3923095)).astype(
-            np.uint32
-        )
-        a, b, c = init.copy(), init.copy(), init.copy()
-        if seed:
-            a = a + np.uint32((seed >> 32) & 0xFFFFFFFF)
-            b = b + np.uint32(seed & 0xFFFFFFFF)
-            a, b, c = _mix(a, b, c)
-        for block in range(blocks):
-            a = a + words[:, 3 * block]
-            b = b + words[:, 3 * block + 1]
-            c = c + words[:, 3 * block + 2]
-            a, b, c = _mix(a, b, c)
-        tail = 3 * blocks
-        # The tail's bytes 8..10 go into c shifted by 8: its lowest byte is
-        # reserved for the length in lookup3 (PostgreSQL adds the length at set-up).
-        a = a + words[:, tail]
-        b = b + words[:, tail + 1]
-        c = c + (words[:, tail + 2] << np.uint32(8))
-        a, b, c = _final(a, b, c)
-    return (b.astype(np.uint64) << np.uint64(32)) | c.astype(np.uint64)
-
-
 def pg_hash_bytes(data: bytes, seed: int = SEED) -> int:
-    """PostgreSQL's ``hash_bytes_extended(data, seed)`` of one byte string, as uint64.
-
-    The scalar reference of :func:`pg_hash_text_arrow` (and what
-    ``hashtextextended(text COLLATE "C", seed)`` returns, as a signed int8).
-    """
-    blocks = len(data) // 12
-    padded = data + b"\x00" * ((blocks + 1) * 12 - len(data))
-    words = np.frombuffer(padded, dtype="<u4").reshape(1, -1).astype(np.uint32)
-    lengths = np.array([len(data)], dtype=np.int64)
-    return int(_lookup3(words, lengths, blocks, seed & 0xFFFFFFFFFFFFFFFF)[0])
+    """``hashtextextended(data COLLATE "C", seed)`` of one byte string, as uint64."""
+    return _pg_hash_bytes(data, seed)
 
 
 def pg_hash_text_arrow(texts: pa.Array, seed: int = SEED) -> U64:
-    """``hash_bytes_extended`` of every value of a string or binary array, vectorized.
-
-    Rows are grouped by their count of full 12-byte blocks; each group is gathered
-    into a zero-padded word matrix through a strided window view.
-    """
-    arr = texts.cast(pa.large_binary())
-    n = len(arr)
-    out = np.zeros(n, dtype=np.uint64)
-    if n == 0:
-        return out
-    offsets = np.frombuffer(arr.buffers()[1], dtype=np.int64)[arr.offset : arr.offset + n + 1]
-    buf = arr.buffers()[2]
-    data = np.frombuffer(buf, dtype=np.uint8) if buf is not None else np.zeros(0, np.uint8)
-    starts = offsets[:-1].astype(np.int64)
-    lengths = (offsets[1:] - offsets[:-1]).astype(np.int64)
-    low = int(starts.min())
-    width_max = (int(lengths.max()) // 12 + 1) * 12
-    padded = np.concatenate([data[low : int(offsets[-1])], np.zeros(width_max, dtype=np.uint8)])
-    starts = starts - low
-    block_counts = lengths // 12
-    seed &= 0xFFFFFFFFFFFFFFFF
-    for blocks in np.unique(block_counts).tolist():
-        width = (blocks + 1) * 12
-        window = np.lib.stride_tricks.sliding_window_view(padded, width)
-        rows = np.flatnonzero(block_counts == blocks)
-        step = max(1, _SLICE_ROWS * 12 // width)
-        positions = np.arange(width, dtype=np.int64)
-        for lo in range(0, len(rows), step):
-            part = rows[lo : lo + step]
-            mat = np.array(window[starts[part]], dtype=np.uint8)
-            # Zero the bytes past each row's end (they belong to the next row).
-            mat[positions[None, :] >= lengths[part][:, None]] = 0
-            words = mat.view("<u4").astype(np.uint32, copy=False)
-            out[part] = _lookup3(words, lengths[part], blocks, seed)
-    return out
+    """The same for every value of a string or binary array, vectorized."""
+    return _pg_hash_text_arrow(texts, seed)
 
 
 def row_checksums(table: pa.Table, columns: Sequence[tuple[str, str]]) -> U64:
