@@ -42,9 +42,10 @@ unambiguous: only text fields may hold ``|`` or be empty, and they carry their
 length, so a NULL moved from one column to another changes the text. The row's
 checksum is PostgreSQL's ``hashtextextended(row_text COLLATE "C", SEED)``: Bob
 Jenkins' lookup3 over the UTF-8 bytes with a 64-bit seed (``hash_bytes_extended``
-in PostgreSQL's ``src/common/hashfn.c``), reimplemented in numpy below. A bucket's
-checksum is the sum of its rows' checksums modulo 2**64, which does not depend on
-row order; with the row count it is compared exactly.
+in PostgreSQL's ``src/common/hashfn.c``), reimplemented in numpy in
+``reconcile.lookup3``. A bucket's checksum is the sum of its rows' checksums
+modulo 2**64, which does not depend on row order; with the row count it is
+compared exactly.
 
 Why not the canonical row hash (``reconcile.hashing``) itself: PostgreSQL has no
 xxhash, and a PL/pgSQL one would be far slower than the pull it is meant to
