@@ -33,6 +33,7 @@ from reconcile.cycle import CommitCycle
 from reconcile.driver import DriveReport, RetryPolicy, drive
 from reconcile.progress import EpochStatus, MemoryProgressLog, ProgressLog
 from reconcile.progress_file import FileProgressLog
+from reconcile.recovery import Mode, ReconcileReport, recover, recover_sink
 from reconcile.results import (
     CommitAborted,
     CommitFatal,
@@ -62,10 +63,12 @@ __all__ = [
     "InvalidInputError",
     "MarkerMismatchError",
     "MemoryProgressLog",
+    "Mode",
     "Ok",
     "OutcomeUnknownError",
     "ProgressLog",
     "ReconcileError",
+    "ReconcileReport",
     "RecoveryReport",
     "RetryPolicy",
     "Retryable",
@@ -78,6 +81,8 @@ __all__ = [
     "WriterIdentity",
     "check_outcome",
     "drive",
+    "recover",
+    "recover_sink",
 ]
 
 __version__ = "0.1.0"

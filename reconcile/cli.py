@@ -1,4 +1,4 @@
-"""The ``reconcile`` command line: the demo pipeline, a pipeline's status, Postgres housekeeping."""
+"""The ``reconcile`` command line: the demo, a pipeline's status, verify / repair, housekeeping."""
 
 from __future__ import annotations
 
@@ -55,6 +55,34 @@ def _parser() -> argparse.ArgumentParser:
     )
     status.add_argument("--json", action="store_true")
 
+    for name, text in (
+        (
+            "verify",
+            "compare a sink table with its expected state (exit 1 on drift; writes nothing)",
+        ),
+        (
+            "repair",
+            "bring a sink table to its expected state, in one transaction (exit 1 if it did)",
+        ),
+    ):
+        sub = commands.add_parser(name, help=text)
+        sub.add_argument(
+            "--pg",
+            metavar="DSN",
+            required=True,
+            help="the sink database: libpq DSN or SQLAlchemy URL",
+        )
+        sub.add_argument("--store", required=True, help="the expected-state store's root")
+        sub.add_argument("--pipeline", required=True)
+        sub.add_argument("--table", required=True, help="the sink table (and its store table)")
+        sub.add_argument(
+            "--mode", choices=["full", "scoped", "buckets", "auto"], default="auto",
+            help="how to find what differs (default auto)",
+        )  # fmt: skip
+        sub.add_argument("--epoch", type=int, help="compare with this epoch (default: the newest)")
+        sub.add_argument("--schema", help="the sink table's schema (default: the current one)")
+        sub.add_argument("--json", action="store_true", help="print one JSON object")
+
     pg = commands.add_parser("pg", help="PostgreSQL sink database housekeeping")
     pg_commands = pg.add_subparsers(dest="pg_command", required=True)
     for name, text in (
@@ -92,10 +120,27 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _demo(args)
         if args.command == "pg":
             return _pg(args)
+        if args.command in ("verify", "repair"):
+            from reconcile.cli_recover import run_recover
+
+            return run_recover(args)
         return _status(args)
     except ReconcileError as exc:
-        print(f"reconcile: error: {exc}", file=sys.stderr)
+        print(f"reconcile: error: {_one_line(str(exc))}", file=sys.stderr)
         return 2
+    except Exception as exc:
+        if args.command not in ("verify", "repair"):
+            raise
+        # verify/repair run from cron: any failure is exit 2 and one line.
+        print(f"reconcile: error: {type(exc).__name__}: {_one_line(str(exc))}", file=sys.stderr)
+        return 2
+
+
+def _one_line(text: str) -> str:
+    """An error message on one line, passwords redacted (cron mails and alerts show one line)."""
+    from sinks.postgres.connection import redact_text
+
+    return " ".join(redact_text(text).split())
 
 
 def _demo(args: argparse.Namespace) -> int:

@@ -87,11 +87,30 @@ class PgSinkClient:
 
     @property
     def capabilities(self) -> SinkCapabilities:
-        """Durable prepare in prepared mode; ``_epoch`` once the target is known to have it."""
+        """Durable prepare in prepared mode; ``_epoch`` once the target is known to have it.
+
+        Pullable and with bucket checksums: ``recovery_target`` pulls the table
+        with COPY into Arrow and has the server checksum key ranges.
+        """
         return SinkCapabilities(
             durable_prepare=self.durable_prepare,
             epoch_column=self._schema is not None and self._schema.has_epoch_column,
+            pullable=True,
+            bucket_checksums=True,
         )
+
+    def recovery_target(self, pipeline: str, generation: int | None, *, write: bool) -> Any:
+        """This sink's table as a pull-and-diff target (``reconcile.recovery``).
+
+        Args:
+            pipeline: whose markers and fence row.
+            generation: the writer generation the repair is fenced with; None
+                for an operator's repair (it acts for the fence's owner).
+            write: a repair may follow (False: verify only reads).
+        """
+        from .recovery import PgRecoveryTarget
+
+        return PgRecoveryTarget(self, pipeline, generation, write=write)
 
     mode = "transactional"
 

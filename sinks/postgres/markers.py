@@ -15,6 +15,9 @@ __all__ = [
     "FENCES_TABLE",
     "MARKERS_COLUMNS",
     "MARKERS_TABLE",
+    "REPAIRS_COLUMNS",
+    "REPAIRS_KEY",
+    "REPAIRS_TABLE",
     "EpochStart",
     "Fence",
     "Marker",
@@ -23,6 +26,10 @@ __all__ = [
 
 MARKERS_TABLE = "reconcile_commits"
 FENCES_TABLE = "reconcile_fences"
+# One row per pull-and-diff repair transaction (reconcile.recover), written in
+# that transaction: it records a repair of an epoch whose marker exists already
+# (markers are one per epoch), and its xid settles an ambiguous COMMIT of it.
+REPAIRS_TABLE = "reconcile_repairs"
 
 # name -> (format_type(), NOT NULL). The start-up check (tables.py) compares an
 # existing table with exactly this, so the DDL below and these stay in step.
@@ -50,6 +57,25 @@ FENCES_COLUMNS: dict[str, tuple[str, bool]] = {
 }
 FENCES_KEY = ("pipeline", "sink")
 
+REPAIRS_COLUMNS: dict[str, tuple[str, bool]] = {
+    "pipeline": ("text", True),
+    "sink": ("text", True),
+    "xid": ("xid8", True),
+    "epoch": ("bigint", True),
+    "target_schema": ("text", True),
+    "target_table": ("text", True),
+    "log_id": ("text", False),
+    "backend_pid": ("integer", True),
+    "generation": ("bigint", True),
+    "mode": ("text", True),
+    "missing": ("bigint", True),
+    "extra": ("bigint", True),
+    "changed": ("bigint", True),
+    "applied": ("bigint", True),
+    "repaired_at": ("timestamp with time zone", True),
+}
+REPAIRS_KEY = ("pipeline", "sink", "xid")
+
 _CREATE_MARKERS = """
 CREATE TABLE IF NOT EXISTS {markers} (
     pipeline      text        NOT NULL,
@@ -74,6 +100,26 @@ CREATE TABLE IF NOT EXISTS {fences} (
     log_id     text,
     updated_at timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY (pipeline, sink)
+)"""
+
+_CREATE_REPAIRS = """
+CREATE TABLE IF NOT EXISTS {repairs} (
+    pipeline      text        NOT NULL,
+    sink          text        NOT NULL,
+    xid           xid8        NOT NULL,
+    epoch         bigint      NOT NULL,
+    target_schema text        NOT NULL,
+    target_table  text        NOT NULL,
+    log_id        text,
+    backend_pid   integer     NOT NULL,
+    generation    bigint      NOT NULL,
+    mode          text        NOT NULL,
+    missing       bigint      NOT NULL,
+    extra         bigint      NOT NULL,
+    changed       bigint      NOT NULL,
+    applied       bigint      NOT NULL,
+    repaired_at   timestamptz NOT NULL DEFAULT clock_timestamp(),
+    PRIMARY KEY (pipeline, sink, xid)
 )"""
 
 # The durability level of every epoch txn: a role or database default of
@@ -157,15 +203,25 @@ class StateTables:
         self.schema = schema
         self.markers = sql.Identifier(schema, MARKERS_TABLE)
         self.fences = sql.Identifier(schema, FENCES_TABLE)
+        self.repairs = sql.Identifier(schema, REPAIRS_TABLE)
 
     def display(self, table: str = MARKERS_TABLE) -> str:
         """``schema.table`` of one of the two tables, quoted as SQL wants it."""
         return sql.Identifier(self.schema, table).as_string(None)
 
-    def create(self, conn: psycopg.Connection[Any]) -> None:
-        """Create both tables if missing (autocommit). tables.py verifies them after."""
-        for statement in (_CREATE_MARKERS, _CREATE_FENCES):
-            query = sql.SQL(statement).format(markers=self.markers, fences=self.fences)
+    def create(self, conn: psycopg.Connection[Any], tables: tuple[str, ...] | None = None) -> None:
+        """Create the tables (default: all) if missing (autocommit); tables.py verifies them."""
+        statements = {
+            MARKERS_TABLE: _CREATE_MARKERS,
+            FENCES_TABLE: _CREATE_FENCES,
+            REPAIRS_TABLE: _CREATE_REPAIRS,
+        }
+        for table, statement in statements.items():
+            if tables is not None and table not in tables:
+                continue
+            query = sql.SQL(statement).format(
+                markers=self.markers, fences=self.fences, repairs=self.repairs
+            )
             # Two sessions may run CREATE TABLE IF NOT EXISTS at once; the
             # loser gets a unique violation, and the table exists anyway.
             with contextlib.suppress(errors.UniqueViolation):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import enum
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -164,6 +165,7 @@ def resolve_commit(
     scope: Scope,
     timeout: float,
     app: str = "reconcile-resolve",
+    evidence: Callable[[psycopg.Connection[Any]], tuple[bool, bool]] | None = None,
 ) -> Resolved:
     """Settle a COMMIT (or COMMIT PREPARED) whose outcome we did not see.
 
@@ -174,6 +176,9 @@ def resolve_commit(
         scope: the writer's target and progress log, which a marker must match.
         timeout: seconds to keep trying to reach the server, to wait for an
             in-progress txn to finish, and for synchronous standbys to confirm.
+        evidence: what stands in for the epoch's marker, for a txn that is not
+            an epoch's (a repair): returns (our txn's own row is there, a row of
+            any attempt is there). Default: the epoch's marker.
 
     Returns:
         COMMITTED, ABORTED, or PREPARED (prepared mode, still prepared), with
@@ -222,19 +227,16 @@ def resolve_commit(
                     Resolution.PREPARED, Evidence.PREPARED_XACTS, f"{txn.gid} is still prepared"
                 )
             status, future = _xact_status(conn, txn.xid, deadline, prepared=False)
-        marker = state.find_marker(conn, pipeline, sink, epoch)
-        if marker is not None:
-            mismatch = check_marker(marker, scope, state, where="resolving the COMMIT")
-            if mismatch is not None:
-                raise mismatch
-        resolved = _decide(
-            conn,
-            txn,
-            status,
-            future,
-            marker is not None and marker.xid == txn.xid,
-            marker is not None,
-        )
+        if evidence is not None:
+            ours, anyone = evidence(conn)
+        else:
+            marker = state.find_marker(conn, pipeline, sink, epoch)
+            if marker is not None:
+                mismatch = check_marker(marker, scope, state, where="resolving the COMMIT")
+                if mismatch is not None:
+                    raise mismatch
+            ours, anyone = marker is not None and marker.xid == txn.xid, marker is not None
+        resolved = _decide(conn, txn, status, future, ours, anyone)
         if resolved is None:
             # Case 6, never guessed:
             #  - "committed" without our marker: the xid was reused after a crash

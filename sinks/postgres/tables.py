@@ -25,6 +25,9 @@ from .markers import (
     MARKERS_COLUMNS,
     MARKERS_KEY,
     MARKERS_TABLE,
+    REPAIRS_COLUMNS,
+    REPAIRS_KEY,
+    REPAIRS_TABLE,
     StateTables,
 )
 
@@ -204,20 +207,32 @@ def open_state_tables(
     """
     schema = _locate(conn, explicit_schema, target_schema)
     state = StateTables(schema)
+    missing = tuple(
+        t
+        for t in (MARKERS_TABLE, FENCES_TABLE, REPAIRS_TABLE)
+        if not _relation_exists(conn, schema, t)
+    )
     try:
-        if not (
-            _relation_exists(conn, schema, MARKERS_TABLE)
-            and _relation_exists(conn, schema, FENCES_TABLE)
-        ):
-            state.create(conn)
+        if missing:
+            state.create(conn, missing)
     except errors.InsufficientPrivilege as err:
-        raise ConfigurationError(
-            f"{what}: cannot create {state.display(MARKERS_TABLE)} and "
-            f"{state.display(FENCES_TABLE)}: {str(err).strip()}. Grant CREATE on schema "
-            f"{schema} to the sink's role (once), or create schema {DEFAULT_STATE_SCHEMA} "
-            "AUTHORIZATION <the sink's role>, or give state_schema= a schema it may create in",
-            schema=schema,
-        ) from None
+        if missing == (REPAIRS_TABLE,):
+            # A schema set up before repairs were recorded, where this role may
+            # not create: epochs need only the other two; a repair says what to do.
+            log.warning(
+                "postgres sink: cannot create %s (%s); pull-and-diff repairs need it",
+                state.display(REPAIRS_TABLE),
+                str(err).strip(),
+            )
+            missing = ()
+        else:
+            raise ConfigurationError(
+                f"{what}: cannot create {state.display(MARKERS_TABLE)} and "
+                f"{state.display(FENCES_TABLE)}: {str(err).strip()}. Grant CREATE on schema "
+                f"{schema} to the sink's role (once), or create schema {DEFAULT_STATE_SCHEMA} "
+                "AUTHORIZATION <the sink's role>, or give state_schema= a schema it may create in",
+                schema=schema,
+            ) from None
     me = conn.execute("SELECT current_user::text").fetchone()
     assert me is not None
     trusted = [str(me[0])] + ([state_owner] if state_owner else [])
@@ -225,7 +240,10 @@ def open_state_tables(
     for table, columns, key in (
         (MARKERS_TABLE, MARKERS_COLUMNS, MARKERS_KEY),
         (FENCES_TABLE, FENCES_COLUMNS, FENCES_KEY),
+        (REPAIRS_TABLE, REPAIRS_COLUMNS, REPAIRS_KEY),
     ):
+        if table == REPAIRS_TABLE and not _relation_exists(conn, schema, table):
+            continue  # could not be created (logged above): epochs do not need it
         problems += _check_table(conn, schema, table, columns, key, trusted)
     owner = conn.execute(_SCHEMA_OWNER_SQL, (schema,)).fetchone()
     if owner is not None and owner[0] not in trusted and not owner[1]:

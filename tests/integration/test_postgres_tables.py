@@ -161,6 +161,13 @@ TAMPERING = {
     ],
     "has columns": ["ALTER TABLE reconcile.reconcile_commits ADD COLUMN note text"],
     "owned by role": ["ALTER TABLE reconcile.reconcile_fences OWNER TO {intruder}"],
+    # The repairs table (pull-and-diff) is checked like the other two.
+    "reconcile_repairs has triggers ['t2']": [
+        "CREATE FUNCTION public.t2() RETURNS trigger LANGUAGE plpgsql AS $$BEGIN RETURN NEW; END$$",
+        "CREATE TRIGGER t2 BEFORE INSERT ON reconcile.reconcile_repairs "
+        "FOR EACH ROW EXECUTE FUNCTION public.t2()",
+    ],
+    "reconcile_repairs has columns": ["ALTER TABLE reconcile.reconcile_repairs ADD COLUMN x text"],
 }
 
 

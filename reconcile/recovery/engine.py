@@ -1,0 +1,279 @@
+"""Pull, hash, diff, apply: bring one sink table to its expected state, in any mode.
+
+The engine is written against ``RecoveryTarget`` (``target.py``), so the same
+steps run on the Postgres fast path and on any SQLAlchemy database:
+
+1. check the sink table's columns against the expected state's (a mismatch is
+   an error naming the column, before anything is pulled);
+2. open one consistent snapshot of the sink, which also reads its newest marker;
+3. find what differs, by mode: every row (full); the keys the store changed
+   since the newest marker plus the rows of later epochs (scoped); the key
+   ranges whose checksums differ (buckets);
+4. unless it is a dry run, apply the difference in ONE sink transaction with
+   the marker of the target epoch; if an epoch committed meanwhile (the newest
+   marker moved), pull again.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
+
+from reconcile import hooks
+from reconcile.contract import InvalidInputError, RetryableError
+from reconcile.recovery.buckets import find_differing_ranges, sort_expected
+from reconcile.recovery.conform import check_columns, conform, hash_pulled
+from reconcile.recovery.diff import HASH, Diff, diff_tables
+from reconcile.recovery.modes import Mode, choose_mode
+from reconcile.recovery.report import ReconcileReport
+from reconcile.recovery.target import Progress, RecoveryTarget, Repair, SinkSnapshot
+
+__all__ = ["PULLED", "ExpectedSource", "reconcile_table"]
+
+log = logging.getLogger("reconcile.recovery")
+
+# How often a repair pulls again because epochs kept committing meanwhile.
+_MAX_ATTEMPTS = 5
+# After the snapshot was pulled and diffed, before the repair's transaction: a
+# running pipeline may commit an epoch here, which makes the diff stale.
+PULLED = hooks.declare("recovery.pulled")
+
+
+class ExpectedSource:
+    """The expected state of one table at the target epoch, read lazily from the store.
+
+    Args:
+        store: an ``ExpectedStateStore`` (its public API: ``snapshot``,
+            ``changed_keys``, ``last_epoch``, ``user_schema``, ``key_columns``).
+    """
+
+    def __init__(self, store: Any, *, values: bool = False) -> None:
+        self.store = store
+        # A repair needs the expected values of the keys it writes: read them in
+        # the same pass as the hashes (one read of the store, not two).
+        self.values = values
+        self._full: dict[int, pa.Table] = {}
+
+    def rows(self, epoch: int) -> pa.Table:
+        """Keys, values and ``_row_hash`` of every expected row at ``epoch``."""
+        if epoch not in self._full:
+            names = [*self.store.user_schema.names, HASH]
+            self._full[epoch] = self.store.snapshot(epoch, columns=names)
+        return self._full[epoch]
+
+    def hashes(self, epoch: int, keys: list[str]) -> pa.Table:
+        """Keys and ``_row_hash`` at ``epoch`` (the full rows if already read)."""
+        if self.values:
+            self.rows(epoch)
+        if epoch in self._full:
+            return self._full[epoch].select([*keys, HASH])
+        table: pa.Table = self.store.snapshot(epoch, columns=[*keys, HASH])
+        return table
+
+
+@dataclass
+class _Found:
+    diff: Diff
+    expected: pa.Table  # the expected rows compared (keys + hash, maybe values)
+    pulled: int
+    compared: int = 0
+    differing: int = 0
+
+
+def _semi(table: pa.Table, keys_table: pa.Table, keys: list[str]) -> pa.Table:
+    """Rows of ``table`` whose key is in ``keys_table``."""
+    if keys_table.num_rows == 0 or table.num_rows == 0:
+        return table.slice(0, 0)
+    wanted = keys_table.select(keys).cast(table.select(keys).schema)
+    return table.join(wanted.group_by(keys).aggregate([]), keys=keys, join_type="left semi")
+
+
+def _actual(raw: pa.Table, schema: pa.Schema, keys: list[str]) -> pa.Table:
+    rows, bad = conform(raw, schema)
+    return rows.select(keys).append_column(HASH, hash_pulled(rows, bad, schema.names))
+
+
+def _full(snap: SinkSnapshot, source: ExpectedSource, schema: pa.Schema, keys: list[str],
+          epoch: int, progress: Progress | None) -> _Found:  # fmt: skip
+    expected = source.hashes(epoch, keys)
+    raw = snap.pull_all(progress)
+    return _Found(diff_tables(expected, _actual(raw, schema, keys), keys), expected, raw.num_rows)
+
+
+def _scoped(snap: SinkSnapshot, source: ExpectedSource, schema: pa.Schema, keys: list[str],
+            epoch: int, since: int) -> _Found:  # fmt: skip
+    try:
+        changed = source.store.changed_keys(since).select(keys)
+    except InvalidInputError as err:
+        raise InvalidInputError(
+            f"scoped mode: the expected state cannot list the keys changed since the sink's "
+            f"newest marker (epoch {since}): {err}; use mode full or buckets"
+        ) from err
+    raw = snap.pull_keys(changed, since)
+    actual = _actual(raw, schema, keys)
+    scope = pa.concat_tables([changed.cast(actual.select(keys).schema), actual.select(keys)])
+    expected = _semi(source.hashes(epoch, keys), scope, keys)
+    return _Found(diff_tables(expected, actual, keys), expected, raw.num_rows)
+
+
+def _buckets(
+    snap: SinkSnapshot,
+    source: ExpectedSource,
+    schema: pa.Schema,
+    keys: list[str],
+    epoch: int,
+    sink_types: dict[str, str],
+    options: dict[str, int],
+) -> _Found:
+    snap.check_buckets()
+    expected = sort_expected(source.rows(epoch), keys[0])
+    columns = [(name, sink_types[name]) for name in schema.names]
+    search = find_differing_ranges(snap, expected, columns, keys[0], **options)
+    pulled = [snap.pull_range(within) for within, _, _ in search.leaves]
+    parts = [expected.slice(start, stop - start) for _, start, stop in search.leaves]
+    compared = (
+        pa.concat_tables(parts).select([*keys, HASH])
+        if parts
+        else expected.select([*keys, HASH]).slice(0, 0)
+    )
+    raws = [p for p in pulled if p.num_rows]
+    actual = _actual(pa.concat_tables(raws), schema, keys) if raws else compared.slice(0, 0)
+    found = _Found(diff_tables(compared, actual, keys), compared, sum(p.num_rows for p in pulled))
+    found.compared, found.differing = search.compared, search.differing
+    return found
+
+
+def reconcile_table(
+    target: RecoveryTarget,
+    store: Any,
+    *,
+    mode: Mode = Mode.AUTO,
+    after_crash: bool = False,
+    target_epoch: int | None = None,
+    dry_run: bool = False,
+    progress: Progress | None = None,
+    bucket_options: dict[str, int] | None = None,
+) -> ReconcileReport:
+    """Bring one sink table to the expected state (or, ``dry_run``, only measure the drift).
+
+    Args:
+        target: the sink table (see ``target.py``).
+        store: its expected-state store table.
+        mode: full, scoped, buckets, or auto (chosen by ``choose_mode``).
+        after_crash: recovery after a restart (auto then prefers scoped).
+        target_epoch: the epoch to compare with; default the store's newest.
+        dry_run: report without writing.
+        progress: called as rows are pulled (full mode).
+        bucket_options: ``first_level``, ``fanout``, ``leaf_rows`` for buckets mode.
+
+    Returns:
+        The report: what was pulled and compared, what differed, what was applied.
+
+    Raises:
+        InvalidInputError: the table is not in the store, the schemas no longer
+            match (the column is named), scoped mode on a sink without ``_epoch``
+            or without a marker; nothing was written.
+        RetryableError: epochs kept committing during every attempt.
+    """
+    started = time.monotonic()
+    schema = store.user_schema
+    keys = list(store.key_columns)
+    last = store.last_epoch()
+    if schema is None or last is None:
+        raise InvalidInputError(
+            f"table {target.display}: the expected-state store holds no epoch of it "
+            f"(pipeline {getattr(store, 'pipeline', '?')!r}, table "
+            f"{getattr(store, 'sink', '?')!r}); check --store, --pipeline and --table; "
+            "nothing was pulled or written"
+        )
+    columns = target.columns()
+    check_columns(target.display, schema, columns, keys)
+    source = ExpectedSource(store, values=not dry_run)
+    sink_types = {name: col.kind for name, col in columns.items()}
+    for _attempt in range(_MAX_ATTEMPTS):
+        # The store's newest epoch, read again on each attempt: an epoch that
+        # committed meanwhile was recorded in the store first.
+        epoch = store.last_epoch() if target_epoch is None else target_epoch
+        with target.snapshot(schema, keys) as snap:
+            newest = snap.newest_epoch
+            chosen, why = choose_mode(
+                mode,
+                after_crash=after_crash,
+                epoch_column=target.epoch_column,
+                bucket_checksums=target.bucket_checksums,
+                verified_epoch=newest,
+            )
+            if chosen is Mode.SCOPED:
+                if not target.epoch_column:
+                    raise InvalidInputError(
+                        f"table {target.display} has no _epoch column, which scoped mode needs; "
+                        "use mode full or buckets (or add the column: create_epoch_column=True)",
+                        table=target.display,
+                    )
+                if newest is None:
+                    raise InvalidInputError(
+                        f"table {target.display}: scoped mode starts from the sink's newest "
+                        "marker, and it has none; use mode full or buckets",
+                        table=target.display,
+                    )
+                found = _scoped(snap, source, schema, keys, epoch, min(newest, epoch))
+            elif chosen is Mode.BUCKETS:
+                if not target.bucket_checksums:
+                    raise InvalidInputError(
+                        f"table {target.display}: this database computes no bucket checksums "
+                        "(buckets mode runs on PostgreSQL); use mode full or scoped"
+                    )
+                found = _buckets(snap, source, schema, keys, epoch, sink_types,
+                                 bucket_options or {})  # fmt: skip
+            else:
+                found = _full(snap, source, schema, keys, epoch, progress)
+        applied = 0
+        behind = newest is None or newest < epoch
+        if not dry_run and (not found.diff.empty or behind):
+            hooks.point(PULLED)
+            repair = _repair(source, found, epoch, newest, keys, chosen)
+            result = target.apply(repair)
+            if result is None:
+                continue  # an epoch committed since the pull: the diff is stale
+            applied = result
+        return ReconcileReport(
+            table=target.display,
+            mode=chosen.value,
+            reason=why,
+            target_epoch=epoch,
+            rows_pulled=found.pulled,
+            buckets_compared=found.compared,
+            buckets_differing=found.differing,
+            missing=found.diff.missing.num_rows,
+            extra=found.diff.extra.num_rows,
+            changed=found.diff.changed.num_rows,
+            applied=applied,
+            seconds=round(time.monotonic() - started, 6),
+            dry_run=dry_run,
+        )
+    raise RetryableError(
+        f"table {target.display}: epochs kept committing during {_MAX_ATTEMPTS} repair "
+        "attempts (the newest marker moved each time); nothing was written, run it again"
+    )
+
+
+def _repair(source: ExpectedSource, found: _Found, epoch: int, newest: int | None,
+            keys: list[str], mode: Mode) -> Repair:  # fmt: skip
+    diff = found.diff
+    wanted = pa.concat_tables([diff.missing, diff.changed])
+    upserts = _semi(source.rows(epoch), wanted, keys) if wanted.num_rows else None
+    names = source.store.user_schema.names
+    if upserts is None:
+        upserts = source.rows(epoch).select(names).slice(0, 0)
+    return Repair(
+        upserts=upserts.select(names),
+        deletes=diff.extra.select(keys),
+        target_epoch=epoch,
+        seen_newest=newest,
+        counts=diff.counts,
+        mode=mode.value,
+    )

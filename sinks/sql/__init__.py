@@ -1,0 +1,5 @@
+"""A transactional exactly-once sink, and pull-and-diff recovery, for any SQLAlchemy database."""
+
+from .sink import SqlSink
+
+__all__ = ["SqlSink"]

@@ -1,0 +1,402 @@
+"""A transactional exactly-once sink for any database SQLAlchemy speaks (one transaction per epoch).
+
+``prepare`` opens a transaction, locks and checks the writer's fence row,
+writes the epoch's rows (deletes, then each upserted key deleted and inserted:
+the one upsert every database has) and the epoch's marker, and leaves the
+transaction open; ``commit`` commits it. There is no transaction id to ask the
+database about, so a COMMIT without reply is settled by the marker alone: if
+the marker is there the epoch is in, otherwise it is replayed, and the marker's
+primary key makes that exactly-once even if the first attempt commits late.
+Like the Postgres sink's transactional mode, its prepare is not durable.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
+import sqlalchemy as sa
+
+from reconcile.contract import (
+    OK,
+    Change,
+    ConfigurationError,
+    Fatal,
+    FencedError,
+    MarkerMismatchError,
+    Retryable,
+    SinkOutcome,
+    SinkTxnId,
+    WriterIdentity,
+    validate_name,
+)
+from reconcile.sink import SinkCapabilities
+
+from .state import SqlState
+
+__all__ = ["EPOCH_COLUMN", "SqlSink"]
+
+log = logging.getLogger("reconcile.sinks.sql")
+
+EPOCH_COLUMN = "_epoch"
+
+
+def redact_url(url: str) -> str:
+    """The URL with its password hidden (for every message)."""
+    try:
+        return sa.make_url(url).render_as_string(hide_password=True)
+    except sa.exc.ArgumentError:
+        return "<unparsable URL>"
+
+
+@dataclass
+class _Open:
+    conn: sa.Connection | None  # None: the epoch was already committed
+    txn: sa.Transaction | None
+
+
+class SqlSink:
+    """Exactly-once sink into one table of any SQLAlchemy database.
+
+    The epoch's transaction stays open from ``prepare`` to ``commit``. On
+    SQLite, which has one writer per database file, give each sink of a
+    pipeline a file of its own: two sinks in one file would wait on each other
+    until the busy timeout, and every epoch would abort as retryable.
+
+    Args:
+        url: an SQLAlchemy URL (``sqlite:///path.db``, ``postgresql+psycopg://...``).
+        table: the target table (it must exist, with a primary key or ``key``).
+        name: the sink's name within the pipeline.
+        pipeline: optional; ``bind()`` supplies it.
+        schema: the target's schema (default: the connection's).
+        key: key columns (default: the primary key).
+        state_schema: the schema of the ``reconcile_sql_*`` tables (default: the connection's).
+    """
+
+    def __init__(
+        self,
+        url: str,
+        table: str,
+        *,
+        name: str,
+        pipeline: str | None = None,
+        schema: str | None = None,
+        key: Sequence[str] | None = None,
+        state_schema: str | None = None,
+    ) -> None:
+        self._name = validate_name("sink", name)
+        self.pipeline = None if pipeline is None else validate_name("pipeline", pipeline)
+        self.url, self.table_name, self.schema_name = url, table, schema
+        self.key_given = None if key is None else list(key)
+        try:
+            self.engine = sa.create_engine(url)
+        except (sa.exc.ArgumentError, ImportError) as err:
+            raise ConfigurationError(
+                f"sql sink {name!r}: bad URL {redact_url(url)}: {err}"
+            ) from None
+        self.state = SqlState(state_schema)
+        self._writer: WriterIdentity | None = None
+        self._target: sa.Table | None = None
+        self._staged: dict[tuple[str, str, int], list[Any]] = {}
+        self._open: dict[tuple[str, str, int], _Open] = {}
+
+    # -- identity and set-up ------------------------------------------------
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def capabilities(self) -> SinkCapabilities:
+        """Not durable (an open transaction); pullable through SQLAlchemy; no bucket checksums."""
+        return SinkCapabilities(
+            durable_prepare=False,
+            epoch_column=self._target is not None and EPOCH_COLUMN in self._target.c,
+            pullable=True,
+            bucket_checksums=False,
+        )
+
+    def __repr__(self) -> str:
+        return (
+            f"SqlSink(name={self._name!r}, table={self.table_name!r}, url={redact_url(self.url)!r})"
+        )
+
+    def _error(self, what: str, err: BaseException) -> str:
+        text = f"sql sink {self._name!r} ({redact_url(self.url)}): {what}: {err}"
+        password = sa.make_url(self.url).password
+        return text.replace(str(password), "***") if password else text
+
+    def target(self) -> sa.Table:
+        """The reflected target table (reflected once; the state tables created if missing).
+
+        Raises:
+            ConfigurationError: the database cannot be reached, or the table is
+                missing or has no key.
+        """
+        if self._target is None:
+            try:
+                table = sa.Table(
+                    self.table_name, sa.MetaData(schema=self.schema_name), autoload_with=self.engine
+                )
+                self.state.create(self.engine)
+            except sa.exc.NoSuchTableError:
+                raise ConfigurationError(
+                    f"sql sink {self._name!r}: target table {self.table_name!r} does not exist"
+                ) from None
+            except sa.exc.SQLAlchemyError as err:
+                raise ConfigurationError(self._error("start-up check failed", err)) from None
+            if not self.key_columns(table):
+                raise ConfigurationError(
+                    f"sql sink {self._name!r}: table {self.table_name!r} has no primary key; "
+                    "give key=(...)"
+                )
+            self._target = table
+        return self._target
+
+    def key_columns(self, table: sa.Table | None = None) -> list[str]:
+        table = table if table is not None else self.target()
+        return self.key_given or [c.name for c in table.primary_key.columns]
+
+    def _log_id(self) -> str | None:
+        return None if self._writer is None else self._writer.log_id
+
+    def bind(self, writer: WriterIdentity) -> None:
+        """Bind to the pipeline's writer: check the target, claim the fence row.
+
+        Raises:
+            ConfigurationError: another pipeline, or an unusable target.
+            MarkerMismatchError: another progress log holds the fence row.
+        """
+        if self.pipeline is not None and self.pipeline != writer.pipeline:
+            raise ConfigurationError(
+                f"sql sink {self._name!r} was built for pipeline {self.pipeline!r}, bound to "
+                f"{writer.pipeline!r}"
+            )
+        self._writer, self.pipeline = writer, writer.pipeline
+        self.target()
+        with self.engine.begin() as conn:
+            fence = self.state.claim(conn, writer.pipeline, self._name, writer.log_id)
+        if fence[1] != writer.log_id:
+            raise MarkerMismatchError(
+                f"sql sink {self._name!r}: its fence row belongs to progress log {fence[1]!r}, "
+                f"not to this pipeline's {writer.log_id!r}; another state wrote this sink",
+                found_log_id=fence[1],
+            )
+
+    # -- the contract ---------------------------------------------------------
+
+    def _check(self, txn_id: SinkTxnId) -> Fatal | None:
+        if txn_id.sink != self._name or self.pipeline not in (None, txn_id.pipeline):
+            return Fatal.of(ConfigurationError(f"sql sink {self._name!r} got txn {txn_id}"))
+        return None
+
+    def stage(self, txn_id: SinkTxnId, rows: Iterable[Any]) -> SinkOutcome:
+        """Buffer rows: dicts (upserts), Changes, or Arrow tables."""
+        if (bad := self._check(txn_id)) is not None:
+            return bad
+        if isinstance(rows, pa.Table):
+            rows = rows.to_pylist()
+        staged: list[Any] = []
+        for item in rows:
+            if isinstance(item, pa.Table):
+                staged.extend(item.to_pylist())
+            elif isinstance(item, dict | Change):
+                staged.append(item)
+            else:
+                return Fatal(f"sql sink {self._name!r}: cannot stage {type(item).__name__}")
+        self._staged[txn_id.key] = staged
+        return OK
+
+    def _marker_outcome(self, conn: sa.Connection, txn_id: SinkTxnId) -> SinkOutcome | None:
+        marker = self.state.find_marker(conn, *txn_id.key)
+        if marker is None:
+            return None
+        if marker.log_id != self._log_id() or marker.target_table != self.table_name:
+            return Fatal.of(
+                MarkerMismatchError(
+                    f"sql sink {self._name!r}: epoch {txn_id.epoch} was committed into table "
+                    f"{marker.target_table!r} by progress log {marker.log_id!r}; this writer "
+                    f"({self._log_id()!r}) writes {self.table_name!r}. Nothing was written.",
+                    epoch=txn_id.epoch,
+                )
+            )
+        return OK
+
+    def _fenced(self, conn: sa.Connection, txn_id: SinkTxnId) -> Fatal | None:
+        fence = self.state.lock_fence(conn, txn_id.pipeline, self._name, txn_id.generation)
+        if fence is None:
+            fence = self.state.claim(conn, txn_id.pipeline, self._name, self._log_id())
+            fence = self.state.lock_fence(conn, txn_id.pipeline, self._name, txn_id.generation)
+        assert fence is not None
+        if fence[1] != self._log_id():
+            return Fatal.of(MarkerMismatchError(
+                f"sql sink {self._name!r}: the fence row belongs to progress log {fence[1]!r}"
+            ))  # fmt: skip
+        if fence[0] != txn_id.generation:
+            return Fatal.of(FencedError(
+                f"sql sink {self._name!r}: generation {txn_id.generation} is fenced off by "
+                f"{fence[0]}; nothing was written", generation=txn_id.generation, fence=fence[0],
+            ))  # fmt: skip
+        return None
+
+    def prepare(self, txn_id: SinkTxnId) -> SinkOutcome:
+        """Open the epoch's transaction: fence, rows, marker. It stays open until commit."""
+        if (bad := self._check(txn_id)) is not None:
+            return bad
+        self._discard(txn_id.key)
+        try:
+            table = self.target()
+        except ConfigurationError as err:
+            return Fatal.of(err)
+        conn = self.engine.connect()
+        txn = conn.begin()
+        try:
+            done = self._marker_outcome(conn, txn_id)
+            if done is not None:
+                txn.rollback()
+                conn.close()
+                if isinstance(done, type(OK)):
+                    self._open[txn_id.key] = _Open(None, None)
+                return done
+            staged = self._staged.get(txn_id.key)
+            if staged is None:
+                txn.rollback()
+                conn.close()
+                return Retryable(f"sql sink {self._name!r}: nothing staged for {txn_id}")
+            if (fenced := self._fenced(conn, txn_id)) is not None:
+                txn.rollback()
+                conn.close()
+                return fenced
+            written = write_rows(conn, table, self.key_columns(), staged, txn_id.epoch)
+            conn.execute(self.state.markers.insert().values(
+                pipeline=txn_id.pipeline, sink=self._name, epoch=txn_id.epoch,
+                target_table=self.table_name, log_id=self._log_id(),
+                generation=txn_id.generation, row_count=written,
+            ))  # fmt: skip
+        except sa.exc.IntegrityError as err:
+            txn.rollback()
+            conn.close()
+            if self.state.markers.name in str(err):
+                with self.engine.connect() as c:
+                    again = self._marker_outcome(c, txn_id)
+                if again is not None:
+                    if isinstance(again, type(OK)):
+                        self._open[txn_id.key] = _Open(None, None)
+                    return again
+            return Fatal(self._error(f"prepare({txn_id}) refused; nothing was written", err))
+        except (sa.exc.DataError, sa.exc.StatementError) as err:
+            txn.rollback()
+            conn.close()
+            if isinstance(err, sa.exc.OperationalError):
+                return Retryable(self._error(f"prepare({txn_id}); nothing was written", err))
+            return Fatal(self._error(f"prepare({txn_id}) refused; nothing was written", err))
+        self._open[txn_id.key] = _Open(conn, txn)
+        return OK
+
+    def commit(self, txn_id: SinkTxnId) -> SinkOutcome:
+        """COMMIT the open transaction; without an answer, the marker settles it."""
+        if (bad := self._check(txn_id)) is not None:
+            return bad
+        held = self._open.pop(txn_id.key, None)
+        if held is not None and held.conn is not None and held.txn is not None:
+            try:
+                held.txn.commit()
+                self._staged.pop(txn_id.key, None)
+                return OK
+            except sa.exc.SQLAlchemyError as err:
+                log.warning("%s", self._error(f"COMMIT of {txn_id}", err))
+            finally:
+                held.conn.close()
+        # No open txn here (a restart), or a COMMIT without a definite answer:
+        # the marker, written in the same transaction, is the only evidence.
+        try:
+            with self.engine.connect() as conn:
+                done = self._marker_outcome(conn, txn_id)
+        except sa.exc.SQLAlchemyError as err:
+            return Retryable(self._error(f"commit({txn_id}): cannot read the marker", err))
+        if done is not None:
+            self._staged.pop(txn_id.key, None)
+            return done
+        return Fatal(
+            f"sql sink {self._name!r}: {txn_id} is not open in this process and has no marker: "
+            "it did not commit; replay the epoch (prepare again)"
+        )
+
+    def abort(self, txn_id: SinkTxnId) -> SinkOutcome:
+        """Roll back the open transaction. Fatal for an epoch that is committed."""
+        if (bad := self._check(txn_id)) is not None:
+            return bad
+        had = txn_id.key in self._open
+        self._discard(txn_id.key)
+        self._staged.pop(txn_id.key, None)
+        if had:
+            return OK
+        try:
+            with self.engine.connect() as conn:
+                done = self._marker_outcome(conn, txn_id)
+        except sa.exc.SQLAlchemyError:
+            return OK  # nothing of it is open here, and an open txn dies with its process
+        if done is None:
+            return OK
+        if isinstance(done, Fatal):
+            return done
+        return Fatal(f"sql sink {self._name!r}: abort of {txn_id}, which is committed")
+
+    def recover(self) -> Sequence[SinkTxnId]:
+        """Always []: an open transaction never outlives its connection."""
+        return []
+
+    def _discard(self, key: tuple[str, str, int]) -> None:
+        held = self._open.pop(key, None)
+        if held is not None and held.conn is not None:
+            try:
+                if held.txn is not None:
+                    held.txn.rollback()
+            finally:
+                held.conn.close()
+
+    def close(self) -> None:
+        """Roll back open epochs, close connections."""
+        for key in list(self._open):
+            self._discard(key)
+        self.engine.dispose()
+
+    def recovery_target(self, pipeline: str, generation: int | None, *, write: bool) -> Any:
+        """This sink's table as a pull-and-diff target (``reconcile.recovery``)."""
+        from .recovery import SqlRecoveryTarget
+
+        return SqlRecoveryTarget(self, pipeline, generation, write=write)
+
+
+def write_rows(
+    conn: sa.Connection, table: sa.Table, keys: list[str], items: Sequence[Any], epoch: int
+) -> int:
+    """Apply upserts and deletes: each key deleted, then the upserted rows inserted.
+
+    Returns the rows upserted plus the keys deleted.
+    """
+    upserts: dict[tuple[Any, ...], dict[str, Any]] = {}
+    deletes: dict[tuple[Any, ...], dict[str, Any]] = {}
+    for item in items:
+        row, op = (item.row, item.op) if isinstance(item, Change) else (item, "upsert")
+        key = tuple(row[k] for k in keys)
+        if op == "delete":
+            upserts.pop(key, None)
+            deletes[key] = {f"k_{k}": row[k] for k in keys}
+        else:
+            deletes.pop(key, None)
+            upserts[key] = dict(row)
+    match = sa.and_(*(table.c[k] == sa.bindparam(f"k_{k}") for k in keys))
+    gone = list(deletes.values()) + [{f"k_{k}": r[k] for k in keys} for r in upserts.values()]
+    if gone:
+        conn.execute(table.delete().where(match), gone)
+    if upserts:
+        rows = list(upserts.values())
+        if EPOCH_COLUMN in table.c:
+            for row in rows:
+                row[EPOCH_COLUMN] = epoch
+        conn.execute(table.insert(), rows)
+    return len(upserts) + len(deletes)

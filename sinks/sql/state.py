@@ -1,0 +1,144 @@
+"""The generic SQL sink's own tables, through SQLAlchemy Core: markers, fences, repairs.
+
+The same three facts as the Postgres sink's tables, in any database SQLAlchemy
+speaks, under their own names (``reconcile_sql_*``) so that both sinks can share
+a database: a marker per committed epoch (written in the epoch's transaction),
+the newest writer generation per (pipeline, sink), and one row per repair.
+There is no transaction id to record: an ambiguous COMMIT is settled by the
+marker (or the repair's row) alone.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import sqlalchemy as sa
+
+__all__ = ["SqlMarker", "SqlState"]
+
+MARKERS = "reconcile_sql_commits"
+FENCES = "reconcile_sql_fences"
+REPAIRS = "reconcile_sql_repairs"
+
+
+@dataclass(frozen=True)
+class SqlMarker:
+    """A committed epoch: where it was written and by which progress log."""
+
+    epoch: int
+    target_table: str
+    log_id: str | None
+    generation: int
+
+
+class SqlState:
+    """The three state tables in one schema (None: the connection's default)."""
+
+    def __init__(self, schema: str | None) -> None:
+        self.metadata = sa.MetaData(schema=schema)
+        self.markers = sa.Table(
+            MARKERS,
+            self.metadata,
+            sa.Column("pipeline", sa.String(63), primary_key=True),
+            sa.Column("sink", sa.String(63), primary_key=True),
+            sa.Column("epoch", sa.BigInteger, primary_key=True, autoincrement=False),
+            sa.Column("target_table", sa.Text, nullable=False),
+            sa.Column("log_id", sa.Text, nullable=True),
+            sa.Column("generation", sa.BigInteger, nullable=False),
+            sa.Column("row_count", sa.BigInteger, nullable=False),
+        )
+        self.fences = sa.Table(
+            FENCES,
+            self.metadata,
+            sa.Column("pipeline", sa.String(63), primary_key=True),
+            sa.Column("sink", sa.String(63), primary_key=True),
+            sa.Column("generation", sa.BigInteger, nullable=False),
+            sa.Column("log_id", sa.Text, nullable=True),
+        )
+        self.repairs = sa.Table(
+            REPAIRS,
+            self.metadata,
+            sa.Column("repair_id", sa.String(36), primary_key=True),
+            sa.Column("pipeline", sa.String(63), nullable=False),
+            sa.Column("sink", sa.String(63), nullable=False),
+            sa.Column("epoch", sa.BigInteger, nullable=False),
+            sa.Column("target_table", sa.Text, nullable=False),
+            sa.Column("mode", sa.String(16), nullable=False),
+            sa.Column("missing", sa.BigInteger, nullable=False),
+            sa.Column("extra", sa.BigInteger, nullable=False),
+            sa.Column("changed", sa.BigInteger, nullable=False),
+            sa.Column("applied", sa.BigInteger, nullable=False),
+        )
+
+    def create(self, engine: sa.Engine) -> None:
+        """Create the tables that are missing."""
+        self.metadata.create_all(engine, checkfirst=True)
+
+    def exists(self, conn: sa.Connection) -> bool:
+        """Whether the marker table exists (a verify creates nothing)."""
+        return sa.inspect(conn).has_table(MARKERS, schema=self.metadata.schema)
+
+    def find_marker(
+        self, conn: sa.Connection, pipeline: str, sink: str, epoch: int
+    ) -> SqlMarker | None:
+        m = self.markers.c
+        row = conn.execute(
+            sa.select(m.epoch, m.target_table, m.log_id, m.generation).where(
+                m.pipeline == pipeline, m.sink == sink, m.epoch == epoch
+            )
+        ).first()
+        return None if row is None else SqlMarker(int(row[0]), str(row[1]), row[2], int(row[3]))
+
+    def newest(self, conn: sa.Connection, pipeline: str, sink: str) -> int | None:
+        m = self.markers.c
+        value = conn.execute(
+            sa.select(sa.func.max(m.epoch)).where(m.pipeline == pipeline, m.sink == sink)
+        ).scalar()
+        return None if value is None else int(value)
+
+    def fence(self, conn: sa.Connection, pipeline: str, sink: str) -> tuple[int, str | None] | None:
+        f = self.fences.c
+        row = conn.execute(
+            sa.select(f.generation, f.log_id).where(f.pipeline == pipeline, f.sink == sink)
+        ).first()
+        return None if row is None else (int(row[0]), row[1])
+
+    def lock_fence(
+        self, conn: sa.Connection, pipeline: str, sink: str, generation: int | None
+    ) -> tuple[int, str | None] | None:
+        """Lock the fence row inside the caller's transaction; raise it to ``generation``.
+
+        An UPDATE (rather than SELECT ... FOR UPDATE, which not every database
+        has) takes the row's write lock everywhere (in SQLite, the database's):
+        from here until the transaction ends no other writer of the sink can
+        commit. Returns the fence after, or None if there is no fence row.
+        """
+        f = self.fences.c
+        where = [f.pipeline == pipeline, f.sink == sink]
+        values: dict[str, Any] = {"generation": f.generation}
+        if generation is not None:
+            values = {
+                "generation": sa.case((f.generation < generation, generation), else_=f.generation)
+            }
+        conn.execute(self.fences.update().where(*where).values(**values))
+        return self.fence(conn, pipeline, sink)
+
+    def claim(
+        self, conn: sa.Connection, pipeline: str, sink: str, log_id: str | None
+    ) -> tuple[int, str | None]:
+        """Create the fence row if missing (the first writer's log id); return it."""
+        found = self.fence(conn, pipeline, sink)
+        if found is None:
+            try:
+                with conn.begin_nested():
+                    conn.execute(
+                        self.fences.insert().values(
+                            pipeline=pipeline, sink=sink, generation=0, log_id=log_id
+                        )
+                    )
+            except sa.exc.IntegrityError:
+                pass  # created meanwhile by another writer
+            found = self.fence(conn, pipeline, sink)
+        assert found is not None
+        return found
