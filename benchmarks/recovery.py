@@ -43,7 +43,7 @@ from tests.fix_pg import PgServer  # noqa: E402
 RESULTS = ROOT / "benchmarks" / "results"
 DDL = (
     "CREATE TABLE {t} (id bigint PRIMARY KEY, name text, qty int4, price float8, "
-    "at timestamptz, _epoch bigint)"
+    "at timestamptz, _epoch bigint); CREATE INDEX ON {t} (_epoch)"
 )
 SCHEMA = pa.schema(
     [

@@ -19,7 +19,7 @@ from expected_state.layout import (
     state_schema,
     stored_schema,
 )
-from expected_state.merge import apply_changes, last_per_key
+from expected_state.merge import apply_changes, last_per_key, member_mask
 from reconcile.contract import InvalidInputError
 
 __all__ = ["Reading", "live_files"]
@@ -171,7 +171,13 @@ class Reading:
                 epoch=epoch,
             ) from exc
 
-    def snapshot(self, epoch: int | None = None, columns: Sequence[str] | None = None) -> pa.Table:
+    def snapshot(
+        self,
+        epoch: int | None = None,
+        columns: Sequence[str] | None = None,
+        *,
+        keys: pa.Table | None = None,
+    ) -> pa.Table:
         """The expected state as of ``epoch`` (default: the newest), as Arrow.
 
         Merge-on-read: the base plus the change files up to ``epoch``, the newest
@@ -182,6 +188,9 @@ class Reading:
         Args:
             epoch: a recorded epoch (or one skipped over), or None for the newest.
             columns: the columns to read (default all: keys, values, _row_hash, _epoch).
+            keys: only the rows of these keys (a table with the key columns): the
+                files are still read, but the merge, which costs most, runs over
+                those keys only (what scoped recovery reads).
 
         Returns:
             One row per key.
@@ -209,6 +218,10 @@ class Reading:
         read = list(dict.fromkeys([*self.key_columns, *wanted, EPOCH_COLUMN, OP_COLUMN]))
         base = self._read([f for f in files if f.kind == "base"], read, epoch)
         changes = self._read([f for f in files if f.kind == "change"], read, epoch)
+        if keys is not None:
+            wanted_keys = keys.select(self.key_columns).cast(base.select(self.key_columns).schema)
+            base = base.filter(member_mask(base, wanted_keys, self.key_columns))
+            changes = changes.filter(member_mask(changes, wanted_keys, self.key_columns))
         state = apply_changes(base, changes, self.key_columns)
         return state.select(wanted)
 

@@ -74,6 +74,16 @@ class ExpectedSource:
         table: pa.Table = self.store.snapshot(epoch, columns=[*keys, HASH])
         return table
 
+    def of_keys(self, epoch: int, keys: list[str], scope: pa.Table) -> pa.Table:
+        """The expected rows of the keys in ``scope`` only, with values if a repair needs them.
+
+        Scoped recovery's read: merging the whole table per key is what a full
+        read costs most, so the store merges the scope's keys only.
+        """
+        names = [*self.store.user_schema.names, HASH] if self.values else [*keys, HASH]
+        table: pa.Table = self.store.snapshot(epoch, columns=names, keys=scope)
+        return table
+
 
 @dataclass
 class _Found:
@@ -116,8 +126,9 @@ def _scoped(snap: SinkSnapshot, source: ExpectedSource, schema: pa.Schema, keys:
     raw = snap.pull_keys(changed, since)
     actual = _actual(raw, schema, keys)
     scope = pa.concat_tables([changed.cast(actual.select(keys).schema), actual.select(keys)])
-    expected = _semi(source.hashes(epoch, keys), scope, keys)
-    return _Found(diff_tables(expected, actual, keys), expected, raw.num_rows)
+    expected = source.of_keys(epoch, keys, scope)
+    compared = expected.select([*keys, HASH])
+    return _Found(diff_tables(compared, actual, keys), expected, raw.num_rows)
 
 
 def _buckets(
@@ -265,10 +276,12 @@ def _repair(source: ExpectedSource, found: _Found, epoch: int, newest: int | Non
             keys: list[str], mode: Mode) -> Repair:  # fmt: skip
     diff = found.diff
     wanted = pa.concat_tables([diff.missing, diff.changed])
-    upserts = _semi(source.rows(epoch), wanted, keys) if wanted.num_rows else None
     names = source.store.user_schema.names
-    if upserts is None:
-        upserts = source.rows(epoch).select(names).slice(0, 0)
+    # The expected rows the diff compared carry the values when they were read
+    # with them (scoped mode reads only its keys): no second read of the store.
+    has_values = set(names) <= set(found.expected.column_names)
+    expected = found.expected if has_values else source.rows(epoch)
+    upserts = _semi(expected, wanted, keys) if wanted.num_rows else expected.slice(0, 0)
     return Repair(
         upserts=upserts.select(names),
         deletes=diff.extra.select(keys),

@@ -75,6 +75,16 @@ def open_target(
                 schema.ident, sql.Identifier(EPOCH_COLUMN)
             )
         )
+        # Scoped recovery pulls the rows of epochs after the newest marker
+        # (`_epoch > n`): without an index that is a scan of the whole table,
+        # and recovery would cost what the table costs, not what diverged.
+        conn.execute(
+            sql.SQL("CREATE INDEX IF NOT EXISTS {} ON {} ({})").format(
+                sql.Identifier(f"{table[:40]}_reconcile_epoch"),
+                schema.ident,
+                sql.Identifier(EPOCH_COLUMN),
+            )
+        )
         schema = reflect_table(conn, schema.schema, table, key)
     if append_only and len(schema.key) != 1:
         raise ConfigurationError(
