@@ -295,7 +295,7 @@ def markdown(r: dict[str, Any]) -> str:
          "off the write path", ms(steady["maintain_merge_vacuum_checkpoint"])),
         ("read the newest snapshot", f"{mor['snapshot_rows']:,} rows: base + "
          f"{mor['snapshot_change_files']} change files", f"{mor['snapshot_read_s']} s"),
-        ("read a time-travelled snapshot", "25 epochs back", f"{mor['time_travel_read_s']} s"),
+        ("read a time-travelled snapshot", "5 epochs back", f"{mor['time_travel_read_s']} s"),
         ("changed_keys of the last 10 epochs", "", f"{mor['changed_keys_last_10_epochs_s']} s"),
         ("compact: fold 10 epochs of new keys into the base", f"{rows} rows",
          f"{mor['compact_fold_10_epochs_s']} s"),
