@@ -46,12 +46,29 @@ class _Link:
     swallow: threading.Event = field(default_factory=threading.Event)
     closed: threading.Event = field(default_factory=threading.Event)
 
+    cut: threading.Event = field(default_factory=threading.Event)
+
     def close(self) -> None:
         self.closed.set()
         for sock in (self.client, self.server):
             with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)
             sock.close()
+
+    def cut_after_sending(self) -> None:
+        """Drop the client at once; the server gets what was sent, then an orderly EOF.
+
+        Not close() on the server side: closing a socket with unread bytes
+        sends an RST, and a server that has not read the COMMIT yet (a loaded
+        machine) would lose it with the connection, which is not the fault
+        meant. The reader thread drains the server until it hangs up.
+        """
+        self.cut.set()
+        with contextlib.suppress(OSError):
+            self.client.shutdown(socket.SHUT_RDWR)
+        self.client.close()
+        with contextlib.suppress(OSError):
+            self.server.shutdown(socket.SHUT_WR)
 
 
 class FaultProxy:
@@ -143,7 +160,7 @@ class FaultProxy:
                 cut_pending = cut_pending or fault == CUT_AFTER_COMMIT_SENT
                 if cut_pending and kind in (b"Q", b"S"):
                     self.fired.set()
-                    link.close()
+                    link.cut_after_sending()
                     return
         except (OSError, ConnectionError, struct.error):
             link.close()
@@ -154,6 +171,8 @@ class FaultProxy:
                 data = link.server.recv(65536)
                 if not data:
                     break
+                if link.cut.is_set():
+                    continue  # the client is gone: drain until the server hangs up
                 if link.swallow.is_set():
                     # The server answered the COMMIT, so it has committed:
                     # the reply is dropped with the connection.
