@@ -38,6 +38,7 @@ from expected_state.store import ExpectedStateStore  # noqa: E402
 from reconcile import recover  # noqa: E402
 from reconcile.contract import OK, SinkTxnId  # noqa: E402
 from sinks.postgres import PostgresSink  # noqa: E402
+from sinks.postgres.apply import write_csv  # noqa: E402
 from tests.fix_pg import PgServer  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
@@ -156,7 +157,7 @@ def load_plain(dsn: str, root: str, table: str, plain: str) -> None:
     import pyarrow.csv as pacsv
 
     buffer = io.BytesIO()
-    pacsv.write_csv(expected, buffer, pacsv.WriteOptions(include_header=False))
+    write_csv(expected, buffer, pacsv.WriteOptions(include_header=False))
     with psycopg.connect(dsn) as conn:
         conn.execute(f"CREATE TABLE {plain} (LIKE {table})")
         with conn.cursor().copy(

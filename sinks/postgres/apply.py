@@ -171,6 +171,17 @@ def _copy_rows(
             copy.write_row(row)
 
 
+def write_csv(table: pa.Table, out: io.BytesIO, options: pacsv.WriteOptions) -> None:
+    """Arrow's CSV writer over one chunk per column.
+
+    pyarrow 26's writer emits garbage (NUL bytes, or other rows' bytes, which
+    could be valid CSV) for a table whose columns have several chunks, the
+    first one empty: what slicing and concatenating epochs makes. One
+    contiguous chunk is written correctly; the copy is bounded by the slice.
+    """
+    pacsv.write_csv(table.combine_chunks(), out, options)
+
+
 def _copy_arrow(cur: psycopg.Cursor[Any], name: sql.Composable, table: pa.Table) -> None:
     # CSV written by Arrow's C++ writer: no per-row Python. Strings are always
     # quoted, NULLs are empty and unquoted, which is exactly COPY CSV's NULL.
@@ -184,7 +195,7 @@ def _copy_arrow(cur: psycopg.Cursor[Any], name: sql.Composable, table: pa.Table)
         for part in _table_chunks(table, COPY_CHUNK):
             buffer.seek(0)
             buffer.truncate()
-            pacsv.write_csv(part, buffer, options)
+            write_csv(part, buffer, options)
             with buffer.getbuffer() as view:
                 copy.write(view)
 
