@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
+import pyarrow.compute as pc  # type: ignore[import-untyped, unused-ignore]
 
 from reconcile import hooks
 from reconcile.contract import InvalidInputError, RetryableError
@@ -31,6 +32,9 @@ from reconcile.recovery.diff import HASH, Diff, diff_tables
 from reconcile.recovery.modes import Mode, choose_mode
 from reconcile.recovery.report import ReconcileReport
 from reconcile.recovery.target import Progress, RecoveryTarget, Repair, SinkSnapshot
+
+# The store's change-kind column (upsert or delete).
+OP = "_op"
 
 __all__ = ["PULLED", "ExpectedSource", "reconcile_table"]
 
@@ -74,13 +78,31 @@ class ExpectedSource:
         table: pa.Table = self.store.snapshot(epoch, columns=[*keys, HASH])
         return table
 
-    def of_keys(self, epoch: int, keys: list[str], scope: pa.Table) -> pa.Table:
+    def of_keys(self, epoch: int, keys: list[str], scope: pa.Table, since: int) -> pa.Table:
         """The expected rows of the keys in ``scope`` only, with values if a repair needs them.
 
-        Scoped recovery's read: merging the whole table per key is what a full
-        read costs most, so the store merges the scope's keys only.
+        Scoped recovery's read, at a cost that follows the scope: a key changed
+        in epochs ``(since, epoch]`` is at its newest change there, read from
+        the change files only; only the other keys of the scope (sink rows of
+        later epochs the store did not change: a run that was reverted) are
+        looked up in a snapshot, which reads the base.
         """
         names = [*self.store.user_schema.names, HASH] if self.values else [*keys, HASH]
+        try:
+            newest = self.store.newest_changes(since, epoch, names)
+        except InvalidInputError:
+            # The change files after `since` are no longer all there (vacuum): the
+            # snapshot of the scope, which time-travels, is still right.
+            return self._snapshot_of(epoch, names, scope)
+        scope_keys = scope.select(keys).cast(newest.select(keys).schema)
+        newest = _semi(newest, scope_keys, keys)
+        rest = scope_keys.join(newest.select(keys), keys=keys, join_type="left anti")
+        upserts = newest.filter(pc.equal(newest.column(OP), "upsert")).select(names)
+        if rest.num_rows == 0:
+            return upserts
+        return pa.concat_tables([upserts, self._snapshot_of(epoch, names, rest)])
+
+    def _snapshot_of(self, epoch: int, names: list[str], scope: pa.Table) -> pa.Table:
         table: pa.Table = self.store.snapshot(epoch, columns=names, keys=scope)
         return table
 
@@ -126,7 +148,7 @@ def _scoped(snap: SinkSnapshot, source: ExpectedSource, schema: pa.Schema, keys:
     raw = snap.pull_keys(changed, since)
     actual = _actual(raw, schema, keys)
     scope = pa.concat_tables([changed.cast(actual.select(keys).schema), actual.select(keys)])
-    expected = source.of_keys(epoch, keys, scope)
+    expected = source.of_keys(epoch, keys, scope, since)
     compared = expected.select([*keys, HASH])
     return _Found(diff_tables(compared, actual, keys), expected, raw.num_rows)
 
