@@ -64,7 +64,13 @@ def apply_changes(base: pa.Table, changes: pa.Table, keys: Sequence[str]) -> pa.
     """
     if changes.num_rows == 0:
         return base
-    net = last_per_key(changes.select(base.column_names), keys)
+    changes = changes.select(base.column_names)
+    epochs = pc.min_max(changes.column(EPOCH_COLUMN))
+    # One epoch holds one row per key (its net change): with every row of the
+    # same epoch there is nothing to group, and the group-by (the costliest step
+    # of a snapshot when the store is one big epoch) is skipped.
+    single_epoch = epochs["min"].as_py() == epochs["max"].as_py()
+    net = changes if single_epoch else last_per_key(changes, keys)
     if base.num_rows:
         base = base.filter(pc.invert(member_mask(base, net, keys)))
     upserts = net.filter(pc.equal(net.column(OP_COLUMN), "upsert"))

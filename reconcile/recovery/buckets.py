@@ -13,8 +13,9 @@ same as full mode's.
 
 from __future__ import annotations
 
+import bisect
 import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,7 +28,15 @@ import pyarrow.compute as pc  # type: ignore[import-untyped, unused-ignore]
 from reconcile.checksum import row_checksums
 from reconcile.recovery.target import KeyRange, SinkSnapshot
 
-__all__ = ["BucketSearch", "find_differing_ranges"]
+__all__ = [
+    "BucketSearch",
+    "cut_bounds",
+    "find_differing_ranges",
+    "first_position",
+    "range_figures",
+    "search_from_summary",
+    "sort_expected",
+]
 
 
 @dataclass
@@ -44,13 +53,16 @@ class BucketSearch:
     compared: int = 0
     differing: int = 0
     leaves: list[tuple[KeyRange, int, int]] = field(default_factory=list)
+    # The first level's bounds and expected (rows, checksum) per range, when
+    # computed from the expected rows.
+    top: tuple[list[Any], list[tuple[int, int]]] | None = None
 
 
 def _value(column: pa.ChunkedArray | pa.Array, i: int) -> Any:
     return column[i].as_py()
 
 
-def _first_position(column: pa.Array, value: Any, lo: int, hi: int) -> int:
+def first_position(column: pa.Array, value: Any, lo: int, hi: int) -> int:
     """The first index in ``[lo, hi)`` of the sorted ``column`` whose value is >= ``value``."""
     while lo < hi:
         mid = (lo + hi) // 2
@@ -61,7 +73,7 @@ def _first_position(column: pa.Array, value: Any, lo: int, hi: int) -> int:
     return lo
 
 
-def _cut(column: pa.Array, start: int, stop: int, parts: int) -> tuple[list[Any], list[int]]:
+def cut_bounds(column: pa.Array, start: int, stop: int, parts: int) -> tuple[list[Any], list[int]]:
     """Bounds that cut sorted rows ``[start, stop)`` into about ``parts`` ranges.
 
     Returns the bounds (distinct values, each above the first row's) and the
@@ -77,11 +89,11 @@ def _cut(column: pa.Array, start: int, stop: int, parts: int) -> tuple[list[Any]
             continue
         lo = positions[-1] if positions else start
         bounds.append(value)
-        positions.append(_first_position(column, value, lo, rank + 1))
+        positions.append(first_position(column, value, lo, rank + 1))
     return bounds, positions
 
 
-def _expected_sums(
+def range_figures(
     sums: npt.NDArray[np.uint64], start: int, stop: int, positions: Sequence[int]
 ) -> list[tuple[int, int]]:
     edges = [start, *positions, stop]
@@ -90,6 +102,80 @@ def _expected_sums(
         total = int(np.sum(sums[a:b], dtype=np.uint64)) if b > a else 0
         out.append((b - a, total))
     return out
+
+
+@dataclass
+class _Walk:
+    """The state of one search: the sorted expected rows, their checksums, what is left."""
+
+    snap: SinkSnapshot
+    column: pa.Array  # the first key column of the sorted expected rows
+    sums: npt.NDArray[np.uint64]  # their row checksums
+    fanout: int
+    leaf_rows: int
+    search: BucketSearch
+    stack: list[tuple[KeyRange, int, int, int]] = field(default_factory=list)
+
+    def differs(self, within: KeyRange, start: int, stop: int) -> None:
+        """Range ``within`` (expected rows ``[start, stop)``) differs: cut it again, or pull it."""
+        self.search.differing += 1
+        rows = stop - start
+        # Cut again only where it can help: enough rows, and more than one
+        # distinct first-key value among them.
+        can_cut = rows > self.leaf_rows and (
+            _value(self.column, start) != _value(self.column, stop - 1)
+        )
+        if can_cut:
+            self.stack.append((within, start, stop, self.fanout))
+        else:
+            self.search.leaves.append((within, start, stop))
+
+    def compare(
+        self,
+        within: KeyRange,
+        bounds: list[Any],
+        edges: list[int],
+        mine: list[tuple[int, int]],
+        theirs: dict[int, tuple[int, int]],
+    ) -> None:
+        """Compare one level's figures, bucket by bucket."""
+        self.search.compared += len(mine)
+        lows = [within.lo, *bounds]
+        highs = [*bounds, within.hi]
+        for b in range(len(mine)):
+            if theirs.get(b, (0, 0)) != mine[b]:
+                self.differs(KeyRange(lows[b], highs[b]), edges[b], edges[b + 1])
+        # Rows the sink holds outside every expected range (below the first
+        # bound it is bucket 0; above the last, the last bucket) are caught by
+        # those buckets' counts; nothing else can hold them.
+
+    def descend(self) -> BucketSearch:
+        """Cut and compare the differing ranges until every one left is a leaf to pull.
+
+        Level by level: the database computes the figures of every range cut at
+        one level in ONE query (the ranges are disjoint, so the union of their
+        edges numbers every sub-range apart), so the round trips follow the
+        depth of the search, not the number of ranges that differ.
+        """
+        while self.stack:
+            level, self.stack = sorted(self.stack, key=lambda item: item[1]), []
+            cuts = [cut_bounds(self.column, start, stop, parts) for _, start, stop, parts in level]
+            edges = sorted(
+                {v for (within, *_), (bounds, _) in zip(level, cuts, strict=True)
+                 for v in (within.lo, *bounds, within.hi) if v is not None}
+            )  # fmt: skip
+            found = self.snap.bucket_sums(edges, [within for within, *_ in level])
+            for (within, start, stop, _), (bounds, positions) in zip(level, cuts, strict=True):
+                # Sub-range j starts at its edge e_j: the union's bucket numbering
+                # gives it the number of union edges at or below e_j.
+                lows = [within.lo, *bounds]
+                theirs = {
+                    j: found.get(0 if lo is None else bisect.bisect_right(edges, lo), (0, 0))
+                    for j, lo in enumerate(lows)
+                }
+                mine = range_figures(self.sums, start, stop, positions)
+                self.compare(within, bounds, [start, *positions, stop], mine, theirs)
+        return self.search
 
 
 def find_differing_ranges(
@@ -113,59 +199,89 @@ def find_differing_ranges(
         fanout: ranges a differing range is cut into.
         leaf_rows: a differing range with at most this many expected rows is
             pulled rather than cut again.
+
+    Returns:
+        The search, with the first level's bounds and expected figures (what a
+        ``BucketSummary`` keeps for the next search).
     """
     column = expected.column(first_key).combine_chunks()
     search = BucketSearch()
     if expected.num_rows == 0:
         # Nothing expected: any row the sink holds is extra; one range is all.
-        found = snap.bucket_sums([], KeyRange())
+        found = snap.bucket_sums([], [KeyRange()])
         search.compared = 1
         if found:
             search.differing = 1
             search.leaves.append((KeyRange(), 0, 0))
         return search
-    stack: list[tuple[KeyRange, int, int, int]] = [(KeyRange(), 0, expected.num_rows, first_level)]
-    top: dict[int, tuple[int, int]] | None
-    top_bounds, top_positions = _cut(column, 0, expected.num_rows, first_level)
+    bounds, positions = cut_bounds(column, 0, expected.num_rows, first_level)
     with ThreadPoolExecutor(max_workers=1) as pool:
         # The database scans the whole table for the first level while the
         # expected side's checksums are computed here: the two overlap.
         first: Future[dict[int, tuple[int, int]]] = pool.submit(
-            snap.bucket_sums, top_bounds, KeyRange()
+            snap.bucket_sums, bounds, [KeyRange()]
         )
         sums = row_checksums(expected, checksum_columns)
-        top = first.result()
-    while stack:
-        within, start, stop, parts = stack.pop()
-        if top is not None:
-            bounds, positions, theirs, top = top_bounds, top_positions, top, None
-        else:
-            bounds, positions = _cut(column, start, stop, parts)
-            theirs = snap.bucket_sums(bounds, within)
-        mine = _expected_sums(sums, start, stop, positions)
-        search.compared += len(mine)
-        edges = [start, *positions, stop]
-        lows = [within.lo, *bounds]
-        highs = [*bounds, within.hi]
-        for b in range(len(mine)):
-            if theirs.get(b, (0, 0)) == mine[b]:
-                continue
-            search.differing += 1
-            sub = KeyRange(lows[b], highs[b])
-            rows = edges[b + 1] - edges[b]
-            # Cut again only where it can help: enough rows, and more than one
-            # distinct first-key value among them.
-            can_cut = rows > leaf_rows and (
-                _value(column, edges[b]) != _value(column, edges[b + 1] - 1)
-            )
-            if can_cut:
-                stack.append((sub, edges[b], edges[b + 1], fanout))
-            else:
-                search.leaves.append((sub, edges[b], edges[b + 1]))
-        # Rows the sink holds outside every expected range (below the first
-        # bound it is bucket 0; above the last, the last bucket) are caught by
-        # those buckets' counts; nothing else can hold them.
-    return search
+        theirs = first.result()
+    walk = _Walk(snap, column, sums, fanout, leaf_rows, search)
+    edges = [0, *positions, expected.num_rows]
+    mine = range_figures(sums, 0, expected.num_rows, positions)
+    search.top = (bounds, mine)
+    walk.compare(KeyRange(), bounds, edges, mine, theirs)
+    return walk.descend()
+
+
+def search_from_summary(
+    snap: SinkSnapshot,
+    bounds: list[Any],
+    figures: list[tuple[int, int]],
+    read_ranges: Callable[[list[KeyRange]], pa.Table],
+    checksum_columns: Sequence[tuple[str, str]],
+    first_key: str,
+    *,
+    fanout: int = 32,
+    leaf_rows: int = 256,
+) -> tuple[BucketSearch, pa.Table] | None:
+    """The same search, with the first level's expected figures kept from an earlier one.
+
+    Only the database scans the whole table; the expected rows are read, and
+    their checksums computed, for the first-level ranges that differ only.
+
+    Args:
+        bounds, figures: the first level's bounds and expected (rows, checksum)
+            per range, as of the target epoch (``BucketSummary``).
+        read_ranges: reads the expected rows of some ranges (any order).
+
+    Returns:
+        The search and the expected rows it read (sorted), or None when those
+        rows do not add up to the kept figures: the summary is wrong, and the
+        caller searches from the expected rows instead.
+    """
+    search = BucketSearch()
+    theirs = snap.bucket_sums(bounds, [KeyRange()])
+    search.compared = len(figures)
+    lows = [None, *bounds]
+    highs = [*bounds, None]
+    differing = [b for b in range(len(figures)) if theirs.get(b, (0, 0)) != figures[b]]
+    ranges = [KeyRange(lows[b], highs[b]) for b in differing]
+    expected = sort_expected(read_ranges(ranges), first_key)
+    column = expected.column(first_key).combine_chunks()
+    sums = row_checksums(expected, checksum_columns)
+    walk = _Walk(snap, column, sums, fanout, leaf_rows, search)
+    for b, within in zip(differing, ranges, strict=True):
+        start = 0 if within.lo is None else first_position(column, within.lo, 0, len(column))
+        stop = (
+            len(column)
+            if within.hi is None
+            else first_position(column, within.hi, start, len(column))
+        )
+        mine = range_figures(sums, start, stop, [])[0]
+        if mine != figures[b]:
+            # The rows read here are the expected state; the kept figures
+            # disagree, so they are not: never trust them for the other ranges.
+            return None
+        walk.differs(within, start, stop)
+    return walk.descend(), expected
 
 
 def sort_expected(expected: pa.Table, first_key: str) -> pa.Table:

@@ -21,16 +21,28 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
 import pyarrow.compute as pc  # type: ignore[import-untyped, unused-ignore]
 
 from reconcile import hooks
 from reconcile.contract import InvalidInputError, RetryableError
-from reconcile.recovery.buckets import find_differing_ranges, sort_expected
+from reconcile.recovery.buckets import (
+    find_differing_ranges,
+    search_from_summary,
+    sort_expected,
+)
 from reconcile.recovery.conform import check_columns, conform, hash_pulled
 from reconcile.recovery.diff import HASH, Diff, diff_tables
 from reconcile.recovery.modes import Mode, choose_mode
 from reconcile.recovery.report import ReconcileReport
+from reconcile.recovery.summary import (
+    BucketSummary,
+    bring_forward,
+    load_summary,
+    rebalance,
+    save_summary,
+)
 from reconcile.recovery.target import Progress, RecoveryTarget, Repair, SinkSnapshot
 
 # The store's change-kind column (upsert or delete).
@@ -163,19 +175,67 @@ def _buckets(
     options: dict[str, int],
 ) -> _Found:
     snap.check_buckets()
-    expected = sort_expected(source.rows(epoch), keys[0])
     columns = [(name, sink_types[name]) for name in schema.names]
-    search = find_differing_ranges(snap, expected, columns, keys[0], **options)
-    pulled = [snap.pull_range(within) for within, _, _ in search.leaves]
+    store = source.store
+    names = [*schema.names, HASH]
+    searched = None
+
+    def read(spans: list[tuple[Any, Any]]) -> pa.Table:
+        if not spans:  # nothing differs: no need to read the store at all
+            fields = [store.user_schema.field(c) for c in schema.names]
+            return pa.schema([*fields, pa.field(HASH, pa.int64())]).empty_table()
+        table: pa.Table = store.snapshot(epoch, columns=names, ranges=spans)
+        return table
+
+    kept = load_summary(store, columns, keys[0])
+    summary = bring_forward(kept, store, epoch) if kept is not None else None
+    if summary is not None:
+        summary = rebalance(summary, read)
+    if summary is not None and summary.bounds:
+        deeper = {k: v for k, v in options.items() if k != "first_level"}
+        searched = search_from_summary(
+            snap,
+            summary.bounds,
+            summary.figures,
+            lambda ranges: read([(r.lo, r.hi) for r in ranges]),
+            columns,
+            keys[0],
+            **deeper,
+        )
+        if searched is None:
+            log.warning("bucket summary of %s disagrees with the store: computed again", store.uri)
+    if searched is not None:
+        search, expected = searched
+        if summary is not None and summary is not kept:
+            save_summary(store, summary)
+    else:
+        expected = sort_expected(source.rows(epoch), keys[0])
+        search = find_differing_ranges(snap, expected, columns, keys[0], **options)
+        if search.top is not None:
+            bounds, figures = search.top
+            save_summary(
+                store,
+                BucketSummary(
+                    epoch=epoch,
+                    version=store.version_of(epoch),
+                    first_key=keys[0],
+                    columns=tuple(columns),
+                    bounds=bounds,
+                    rows=np.array([n for n, _ in figures], dtype=np.int64),
+                    sums=np.array([c for _, c in figures], dtype=np.uint64),
+                ),
+            )
+    # The leaves are pulled in one query: the round trips do not grow with the drift.
+    raw = snap.pull_ranges([within for within, _, _ in search.leaves]) if search.leaves else None
     parts = [expected.slice(start, stop - start) for _, start, stop in search.leaves]
     compared = (
         pa.concat_tables(parts).select([*keys, HASH])
         if parts
         else expected.select([*keys, HASH]).slice(0, 0)
     )
-    raws = [p for p in pulled if p.num_rows]
-    actual = _actual(pa.concat_tables(raws), schema, keys) if raws else compared.slice(0, 0)
-    found = _Found(diff_tables(compared, actual, keys), compared, sum(p.num_rows for p in pulled))
+    pulled = raw.num_rows if raw is not None else 0
+    actual = _actual(raw, schema, keys) if pulled else compared.slice(0, 0)
+    found = _Found(diff_tables(compared, actual, keys), compared, pulled)
     found.compared, found.differing = search.compared, search.differing
     return found
 

@@ -7,7 +7,7 @@ checksums in the database) and ``sinks.sql`` for any database SQLAlchemy speaks.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -50,16 +50,19 @@ class SinkSnapshot(Protocol):
         """Raise InvalidInputError if buckets mode cannot run on this table (naming why)."""
         ...
 
-    def bucket_sums(self, bounds: list[Any], within: KeyRange) -> dict[int, tuple[int, int]]:
+    def bucket_sums(
+        self, bounds: list[Any], within: Sequence[KeyRange]
+    ) -> dict[int, tuple[int, int]]:
         """Per bucket of the first key column: (rows, sum of row checksums mod 2**64).
 
-        Bucket ``i`` holds the rows of ``within`` with ``bounds[i-1] <= key < bounds[i]``
-        (``width_bucket`` numbering: 0 below the first bound).
+        Bucket ``i`` holds the rows in any of the (disjoint) ranges ``within``
+        with ``bounds[i-1] <= key < bounds[i]`` (``width_bucket`` numbering: 0
+        below the first bound). One query, however many ranges.
         """
         ...
 
-    def pull_range(self, within: KeyRange) -> pa.Table:
-        """The rows whose first key column is in the range."""
+    def pull_ranges(self, ranges: Sequence[KeyRange]) -> pa.Table:
+        """The rows whose first key column is in one of the (disjoint) ranges, in one query."""
         ...
 
 

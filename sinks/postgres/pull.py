@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -319,10 +319,31 @@ class PgSnapshot:
             self._sums = conn
         return self._sums
 
-    def bucket_sums(self, bounds: list[Any], within: KeyRange) -> dict[int, tuple[int, int]]:
+    def _ranges_sql(
+        self, ranges: Sequence[KeyRange], first: int
+    ) -> tuple[sql.Composable, list[Any], bool]:
+        """WHERE conditions for any of ``ranges``; parameters numbered from ``first``.
+
+        Returns the condition, its parameters, and whether it is the whole table.
+        """
+        if not ranges:
+            return sql.SQL("false"), [], False
+        if any(r.lo is None and r.hi is None for r in ranges):
+            return sql.SQL("true"), [], True
+        parts: list[sql.Composable] = []
+        params: list[Any] = []
+        for within in ranges:
+            where, more = self._range_sql(within, first + len(params))
+            parts.append(sql.SQL("({})").format(where))
+            params += more
+        return sql.SQL(" OR ").join(parts), params, False
+
+    def bucket_sums(
+        self, bounds: list[Any], within: Sequence[KeyRange]
+    ) -> dict[int, tuple[int, int]]:
         """Per-bucket (count, checksum) computed by the database from the values."""
         cast = sql.SQL(self.table.columns[self.keys[0]].sql_type)
-        where, params = self._range_sql(within, 2)
+        where, params, wide = self._ranges_sql(within, 2)
         query = sql.SQL(
             "SELECT pg_catalog.width_bucket({key}, $1::text[]::{cast}[]) AS b, count(*), "
             "(pg_catalog.sum({checksum}) % 18446744073709551616)::text "
@@ -336,14 +357,26 @@ class PgSnapshot:
         )
         # The driver's $n placeholders, as psycopg's %s (no other % in the query).
         text = re.sub(r"\$\d+", "%s", self._text(query).replace("%", "%%"))
-        rows = (
-            self._sums_session().execute(text, [[_literal(b) for b in bounds], *params]).fetchall()
-        )
+        session = self._sums_session()
+        if wide:
+            # The planner guesses one group per row for width_bucket (it has no
+            # statistics on the expression), so it judges partial aggregation in
+            # parallel workers not worth it and scans the whole table in one
+            # process. The groups are at most len(bounds) + 1: costing the workers'
+            # tuples at nothing lets it choose them (measured: 2x on 2 cores).
+            # SET LOCAL: this read-only transaction only.
+            session.execute("SET LOCAL parallel_setup_cost = 0")
+            session.execute("SET LOCAL parallel_tuple_cost = 0")
+        rows = session.execute(text, [[_literal(b) for b in bounds], *params]).fetchall()
+        if wide:
+            # Narrow ranges are index scans: leave their plans to the defaults.
+            session.execute("SET LOCAL parallel_setup_cost TO DEFAULT")
+            session.execute("SET LOCAL parallel_tuple_cost TO DEFAULT")
         return {int(b): (int(n), int(s) % (1 << 64)) for b, n, s in rows}
 
-    def pull_range(self, within: KeyRange) -> pa.Table:
-        """The rows of one key range (a differing bucket)."""
-        where, params = self._range_sql(within, 1)
+    def pull_ranges(self, ranges: Sequence[KeyRange]) -> pa.Table:
+        """The rows of some key ranges (the differing buckets), in one query."""
+        where, params, _ = self._ranges_sql(ranges, 1)
         query = sql.SQL("SELECT {} FROM {} AS t WHERE {}").format(
             self._select_list(), self.table.ident, where
         )

@@ -12,7 +12,7 @@ server); here it says so. The repair is one transaction with its markers.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -170,11 +170,13 @@ class _Snapshot:
             "mode full or scoped"
         )
 
-    def bucket_sums(self, bounds: list[Any], within: KeyRange) -> dict[int, tuple[int, int]]:
+    def bucket_sums(
+        self, bounds: list[Any], within: Sequence[KeyRange]
+    ) -> dict[int, tuple[int, int]]:
         self.check_buckets()
         return {}
 
-    def pull_range(self, within: KeyRange) -> pa.Table:
+    def pull_ranges(self, ranges: Sequence[KeyRange]) -> pa.Table:
         self.check_buckets()
         return _to_arrow([], self.schema)
 
