@@ -179,7 +179,9 @@ class CommitCycle:
             RetryableError: a sink cannot be reached now, or cannot list its
                 stranded txns now; retry later.
             OutcomeUnknownError: a stranded txn whose epoch the progress log no
-                longer knows; it names the txn. Every decidable txn is resolved first.
+                longer knows, in a sink that pull-and-diff cannot stand in for (no
+                expected state, or not pullable); it names the txn. Every decidable
+                txn is resolved first.
             FatalError: a sink cannot resolve a stranded txn.
         """
         with timed(self.metrics, "cycle.start"):

@@ -21,7 +21,7 @@ from reconcile.expected import ExpectedState, ReplayRows
 from reconcile.metrics import Metrics, record_started
 from reconcile.progress import EpochStatus, ProgressLog
 from reconcile.results import RecoveryReport
-from reconcile.sink import TwoPhaseSink, bind_writer, has_durable_prepare
+from reconcile.sink import TwoPhaseSink, bind_writer, capabilities_of, has_durable_prepare
 from reconcile.steps import SinkSteps
 
 __all__ = ["Restart"]
@@ -71,7 +71,8 @@ class Restart:
 
         Raises:
             OutcomeUnknownError: a stranded txn whose epoch the progress log no
-                longer knows; it names the txn. Every decidable txn is resolved first.
+                longer knows, in a sink that pull-and-diff cannot stand in for; it
+                names the txn. Every decidable txn is resolved first.
             FatalError, RetryableError: a sink cannot list or resolve its txns.
         """
         report = RecoveryReport(generation)
@@ -86,21 +87,26 @@ class Restart:
                 log.info("pipeline %s: epoch %d of %s was never decided: reverted in the "
                          "expected state", self.pipeline, epoch, sink)  # fmt: skip
         unknown = self.settle_stranded(report)
+        repair = self.abort_for_pull_and_diff(unknown, report)
+        unknown = [t for t in unknown if t.sink not in repair]
         # Epochs that were decided but never reached the commit point are dead.
         for epoch in self.progress.epochs_in(EpochStatus.DECIDED):
             self.progress.mark(epoch, EpochStatus.ABORTED, generation)
             report.abandoned_epochs.append(epoch)
         self.finish_committed(report)
+        self.pull_and_diff(repair, report)
         self.metrics.count("recovery.committed", len(report.committed))
         self.metrics.count("recovery.aborted", len(report.aborted))
         record_started(self.metrics, self.progress.last_committed())
         if unknown:
             self.metrics.count("recovery.unknown", len(unknown))
+            names = [str(t) for t in unknown]
             raise OutcomeUnknownError(
                 f"pipeline {self.pipeline!r}: the progress log no longer knows the "
-                f"epochs of stranded txns {unknown}; they were left prepared. "
-                "Resolve them with pull-and-diff recovery (reconcile repair).",
-                txns=unknown,
+                f"epochs of stranded txns {names}; they were left prepared. "
+                "Roll them back by hand, then bring the sink to its expected state "
+                "with pull-and-diff recovery (reconcile repair, or recover_sink()).",
+                txns=names,
             )
         log.info(
             "pipeline %s: started as generation %d (committed %d, aborted %d stranded txns; "
@@ -114,9 +120,9 @@ class Restart:
         )
         return report
 
-    def settle_stranded(self, report: RecoveryReport) -> list[str]:
+    def settle_stranded(self, report: RecoveryReport) -> list[SinkTxnId]:
         """Commit or abort every txn a sink holds prepared; return those never guessed."""
-        unknown: list[str] = []
+        unknown: list[SinkTxnId] = []
         for name, sink in self.sinks.items():
             try:
                 stranded = list(sink.recover())
@@ -142,8 +148,64 @@ class Restart:
                     self._steps.settle(sink, "abort", txn)
                     report.aborted.append(str(txn))
                 else:
-                    unknown.append(str(txn))
+                    unknown.append(txn)
         return unknown
+
+    def abort_for_pull_and_diff(self, unknown: list[SinkTxnId], report: RecoveryReport) -> set[str]:
+        """Abort the stranded txns the log no longer knows, where pull-and-diff can stand in.
+
+        The log cannot say whether such a txn's epoch passed the commit point,
+        so neither committing nor aborting it can be decided from the log. With
+        an expected state, it need not be: the store holds what the sink must
+        hold at the newest decided epoch. Aborting the txn loses nothing that
+        pull-and-diff does not restore (``pull_and_diff``, after the committed
+        epochs are finished), and committing could add rows of a run the store
+        does not hold. A sink that cannot be pulled from, or has no store
+        table, keeps its txn prepared and is reported as before.
+
+        Returns:
+            The sinks to bring to the expected state.
+        """
+        if self.expected_state is None:
+            return set()
+        repair: set[str] = set()
+        for txn in unknown:
+            sink = self.sinks[txn.sink]
+            if txn.sink not in self.expected_state.tables or not capabilities_of(sink).pullable:
+                continue
+            log.warning("pipeline %s: stranded txn %s is of an epoch the progress log no longer "
+                        "knows: rolled back, the sink is brought to its expected state by "
+                        "pull-and-diff", self.pipeline, txn)  # fmt: skip
+            self._steps.settle(sink, "abort", txn)
+            report.aborted.append(str(txn))
+            repair.add(txn.sink)
+        return repair
+
+    def pull_and_diff(self, names: set[str], report: RecoveryReport) -> None:
+        """Bring each of these sinks to the store's state at the newest committed epoch."""
+        target = self.progress.last_committed()
+        if not names or target is None or self.expected_state is None:
+            return
+        # Imported here: the recovery engine is only needed on this path.
+        from reconcile.recovery.api import recover_sink
+        from reconcile.recovery.modes import Mode
+
+        for name in sorted(names):
+            # Full mode: the txn's epoch is older than anything the log keeps, so
+            # its rows may be anywhere before the sink's newest marker, where
+            # scoped mode does not look. A rare path: correctness over speed.
+            found = recover_sink(
+                self.sinks[name],
+                self.expected_state.tables[name],
+                report.generation,
+                mode=Mode.FULL,
+                target_epoch=target,
+            )
+            report.repaired[name] = found.applied
+            log.info("pipeline %s: sink %s brought to epoch %d by pull-and-diff (%s mode): "
+                     "%d missing, %d extra, %d changed, %d applied", self.pipeline, name, target,
+                     found.mode, found.missing, found.extra, found.changed,
+                     found.applied)  # fmt: skip
 
     def finish_committed(self, report: RecoveryReport) -> None:
         """Take every epoch that is past the commit point but not finalized into every sink.

@@ -82,6 +82,9 @@ class RecoveryReport:
     # Committed epochs that sinks without a durable prepare still lack: the
     # next run_epoch() of that epoch replays its outputs into them.
     replay_needed: dict[int, list[str]] = field(default_factory=dict)
+    # Sinks brought to their expected state by pull-and-diff (a stranded txn of
+    # an epoch the log no longer knows was rolled back): rows applied per sink.
+    repaired: dict[str, int] = field(default_factory=dict)
 
 
 def log_result(

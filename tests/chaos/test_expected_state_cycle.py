@@ -128,3 +128,59 @@ def test_a_refused_decision_reverts_what_was_recorded(
     assert cycle.run_epoch(1, scenario.outputs(1))  # the next run is recorded
     cycle.close()
     scenario.check([0, 1])
+
+
+def test_a_stranded_txn_the_log_no_longer_knows_is_rolled_back_and_the_sink_diffed(
+    postgres_prepared_harness: SinkHarness, tmp_path: Path
+) -> None:
+    # The log was compacted past epoch 1, the sink lost epoch 1's rows and
+    # marker (by hand), and a zombie holds a prepared txn of epoch 1 with rows
+    # of its own. The log cannot decide that txn; the store can stand in:
+    # start() rolls it back and brings the sink to the store's state by
+    # pull-and-diff, with no human step and none of the zombie's rows.
+    import psycopg
+
+    from reconcile import CommitCycle, CommitSucceeded
+    from reconcile.contract import OK, SinkTxnId, WriterIdentity
+    from reconcile.progress import EpochStatus
+    from reconcile.sink import bind_writer
+    from reconcile.testing.scenario import PIPELINE, rows_for
+
+    harness = postgres_prepared_harness
+    scenario = Scenario(harness, tmp_path / "state", sinks=["alpha"], expected_root=tmp_path / "e")
+    cycle = CommitCycle(PIPELINE, [harness.new_sink("alpha")], expected_state=scenario.expected())
+    cycle.start()
+    for e in range(4):
+        assert cycle.run_epoch(e, scenario.outputs(e)) == CommitSucceeded(e)
+    generation = cycle.generation or 0
+    cycle.close()
+    expected = scenario.expected()
+    assert expected.progress.compact(generation, keep_epochs=1)
+    assert expected.progress.status(1) is EpochStatus.UNKNOWN
+    dsn = harness.dsn  # type: ignore[attr-defined]
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        lost = conn.execute("DELETE FROM alpha WHERE _epoch = 1").rowcount
+        conn.execute("DELETE FROM reconcile.reconcile_commits WHERE sink = 'alpha' AND epoch = 1")
+    assert lost > 0
+    zombie = harness.new_sink("alpha")
+    bind_writer(zombie, WriterIdentity(PIPELINE, expected.progress.log_id))
+    ghost = SinkTxnId(PIPELINE, "alpha", 1, generation)
+    zombie_rows = [{"k": f"zombie-{i}", "v": 666} for i in range(3)] + rows_for(1, nonce=999)
+    assert zombie.stage(ghost, zombie_rows) == OK
+    assert zombie.prepare(ghost) == OK
+    zombie.close()
+    assert harness.prepared("alpha") == [ghost]
+
+    restarted = CommitCycle(
+        PIPELINE, [harness.new_sink("alpha")], expected_state=scenario.expected()
+    )
+    report = restarted.start()
+    restarted.close()
+    assert harness.prepared("alpha") == []
+    assert str(ghost) in report.aborted
+    assert report.repaired["alpha"] >= lost
+    store = scenario.expected().tables["alpha"]
+    want = {r["k"]: r["v"] for r in store.snapshot(columns=["k", "v"]).to_pylist()}
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        held = dict(conn.execute("SELECT k, v FROM alpha").fetchall())
+    assert held == want
