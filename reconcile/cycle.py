@@ -12,7 +12,6 @@ from reconcile import hooks
 from reconcile.contract import (
     ConfigurationError,
     ContractViolationError,
-    EpochOrderError,
     Fatal,
     FatalError,
     FencedError,
@@ -23,13 +22,13 @@ from reconcile.contract import (
     UnknownSinkError,
     validate_name,
 )
-from reconcile.decisions import is_terminal
+from reconcile.decisions import check_epoch_number, check_epoch_order, is_terminal
 from reconcile.expected import ExpectedState, ReplayRows
 from reconcile.faults import FaultPlan
 from reconcile.logs import within_cycle
 from reconcile.metrics import Metrics, record_result, timed, with_labels
 from reconcile.progress import EpochStatus, ProgressLog
-from reconcile.progress_file import FileProgressLog
+from reconcile.progress_file import open_progress_log
 from reconcile.restart import Restart
 from reconcile.results import (
     CommitAborted,
@@ -59,12 +58,6 @@ log = logging.getLogger("reconcile.cycle")
 # behind the store, to be brought to it).
 RECORDED = hooks.declare("cycle.expected_state.recorded")
 DECIDED = hooks.declare("cycle.decided")
-
-_LOG_MEMBERS = ("log_id", "claim_generation", "mark", "status", "last_committed", "epochs_in")
-
-
-def _missing(value: object, members: Sequence[str]) -> list[str]:
-    return [m for m in members if not hasattr(value, m)]
 
 
 def failed_at_commit_point(failed: StepFailed | ContractViolationError) -> bool:
@@ -133,29 +126,11 @@ class CommitCycle:
         if commit_attempts < 1:
             raise ConfigurationError(f"commit_attempts must be >= 1, got {commit_attempts}")
         if expected_state is not None:
-            if progress is not None:
-                raise ConfigurationError(
-                    f"pipeline {pipeline!r}: give a progress log or an expected state, not "
-                    "both (the expected state's epochs table is the progress log)"
-                )
             expected_state.check_sinks(names)
-            progress = expected_state.progress
-        if progress is None:
-            raise ConfigurationError(
-                f"pipeline {pipeline!r}: a progress log (a folder, or a ProgressLog) or an "
-                "expected state is needed to know which epochs are committed"
-            )
-        if isinstance(progress, str | os.PathLike):
-            progress = FileProgressLog(progress, pipeline)
-        missing = _missing(progress, _LOG_MEMBERS)
-        if missing:
-            raise ConfigurationError(
-                f"pipeline {pipeline!r}: {type(progress).__name__} is not a progress log: it "
-                f"lacks {', '.join(missing)} (pass a FileProgressLog, a MemoryProgressLog, "
-                "or a folder)"
-            )
         self.sinks: dict[str, TwoPhaseSink] = dict(zip(names, sinks, strict=True))
-        self.progress: ProgressLog = progress
+        self.progress: ProgressLog = open_progress_log(
+            pipeline, progress, expected_state.progress if expected_state is not None else None
+        )
         self.expected_state = expected_state
         self.metrics: Metrics = with_labels(metrics, pipeline=self.pipeline)
         self.faults = faults or FaultPlan()
@@ -260,6 +235,13 @@ class CommitCycle:
         log_result(
             log, self.pipeline, self.generation, result, outputs, time.perf_counter() - began
         )
+        if self.expected_state is not None and isinstance(result, CommitSucceeded):
+            # After the epoch is visible in every sink, not on its way there: the
+            # epoch's latency does not include it, only the next epoch's start.
+            # Keep the store's history from the oldest epoch some sink may still lack.
+            lacking = self.progress.epochs_in(EpochStatus.COMMITTED)
+            with timed(self.metrics, "cycle.housekeeping"):
+                self.expected_state.maintain(min([epoch, *lacking]))
         return result
 
     def close(self) -> None:
@@ -278,19 +260,9 @@ class CommitCycle:
 
     def _check_epoch(self, epoch: int) -> EpochStatus | None:
         """The epoch's status; raise EpochOrderError if running it would go backwards."""
-        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
-            raise EpochOrderError(
-                f"pipeline {self.pipeline!r}: epoch must be an int >= 0, got {epoch!r}"
-            )
+        check_epoch_number(self.pipeline, epoch)
         status = self.progress.status(epoch)
-        last = self.progress.last_committed()
-        if last is not None and epoch < last and status is not EpochStatus.COMMITTED:
-            raise EpochOrderError(
-                f"pipeline {self.pipeline!r}: epoch {epoch} goes backwards; epoch {last} "
-                "is already committed. Nothing was staged.",
-                epoch=epoch,
-                last_committed=last,
-            )
+        check_epoch_order(self.pipeline, epoch, status, self.progress.last_committed())
         return status
 
     def _run(

@@ -6,6 +6,7 @@ import enum
 
 from reconcile.contract import (
     ContractViolationError,
+    EpochOrderError,
     FencedError,
     InvalidInputError,
     MarkerMismatchError,
@@ -13,7 +14,13 @@ from reconcile.contract import (
 )
 from reconcile.progress import EpochStatus
 
-__all__ = ["Settle", "decide_stranded", "is_terminal"]
+__all__ = [
+    "Settle",
+    "check_epoch_number",
+    "check_epoch_order",
+    "decide_stranded",
+    "is_terminal",
+]
 
 
 class Settle(enum.Enum):
@@ -54,3 +61,27 @@ def is_terminal(error: BaseException | None) -> bool:
     """
     terminal = (InvalidInputError, ContractViolationError, FencedError, MarkerMismatchError)
     return isinstance(error, ReconcileError) and isinstance(error, terminal)
+
+
+def check_epoch_number(pipeline: str, epoch: object) -> None:
+    """Raise EpochOrderError unless ``epoch`` is an int >= 0 (a bool is not one)."""
+    if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+        raise EpochOrderError(f"pipeline {pipeline!r}: epoch must be an int >= 0, got {epoch!r}")
+
+
+def check_epoch_order(
+    pipeline: str, epoch: int, status: EpochStatus | None, last_committed: int | None
+) -> None:
+    """Raise EpochOrderError if running ``epoch`` would go backwards.
+
+    An epoch below the newest committed one may run only to finish it (it is
+    COMMITTED, not yet in every sink); anything else would reorder history.
+    """
+    last = last_committed
+    if last is not None and epoch < last and status is not EpochStatus.COMMITTED:
+        raise EpochOrderError(
+            f"pipeline {pipeline!r}: epoch {epoch} goes backwards; epoch {last} "
+            "is already committed. Nothing was staged.",
+            epoch=epoch,
+            last_committed=last,
+        )

@@ -10,12 +10,19 @@ the decision; see ``CommitCycle`` for the order and what recovery does with it.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
 
-from reconcile.contract import Change, ConfigurationError, InvalidInputError, validate_name
+from reconcile.contract import (
+    Change,
+    ConfigurationError,
+    InvalidInputError,
+    ReconcileError,
+    validate_name,
+)
 
 if TYPE_CHECKING:  # the store (deltalake) is imported when an expected state is built
     from expected_state.store import ExpectedStateStore
@@ -23,6 +30,8 @@ if TYPE_CHECKING:  # the store (deltalake) is imported when an expected state is
 __all__ = ["ExpectedState", "ReplayRows", "as_changes", "replay_rows"]
 
 OP_COLUMN = "_op"
+
+log = logging.getLogger("reconcile.expected")
 
 
 def as_changes(sink: str, rows: Iterable[Any]) -> list[Change] | pa.Table:
@@ -143,6 +152,27 @@ class ExpectedState:
                 store.revert(last)
                 reverted.append((sink, last))
         return reverted
+
+    def maintain(self, verified_epoch: int) -> dict[str, dict[str, Any]]:
+        """The store's housekeeping that is due, table by table (between epochs).
+
+        Merge-on-read keeps an epoch's cost in proportion to its own rows only
+        if the change files and the Delta log are folded and pruned now and
+        then (``ExpectedStateStore.maintain``: cheap when nothing is due). The
+        change files from ``verified_epoch`` on are kept, which scoped recovery
+        and bucket summaries read. A failure is logged, never raised: the epoch
+        it follows is committed in every sink, and the next call tries again.
+        """
+        done: dict[str, dict[str, Any]] = {}
+        for sink, store in self.tables.items():
+            if store.user_schema is None:
+                continue
+            try:
+                done[sink] = store.maintain(keep_from_epoch=verified_epoch)
+            except ReconcileError as exc:
+                log.warning("pipeline %s: housekeeping of the expected state of %s deferred: %s",
+                            self.pipeline, sink, exc)  # fmt: skip
+        return done
 
     def changes_of(self, sink: str, epoch: int) -> pa.Table:
         """The changes recorded for ``sink`` in ``epoch`` (what its sink must receive)."""

@@ -14,7 +14,13 @@ from typing import Any
 from reconcile import hooks
 from reconcile.contract import ConfigurationError, FatalError, validate_name
 from reconcile.durable import fsync_path, write_all, write_atomically
-from reconcile.progress import EpochStatus, ProgressState, StateBackedLog, numbered
+from reconcile.progress import (
+    EpochStatus,
+    ProgressLog,
+    ProgressState,
+    StateBackedLog,
+    numbered,
+)
 
 __all__ = ["COMPACTED", "FileProgressLog", "read_progress"]
 
@@ -197,3 +203,46 @@ def read_progress(directory: str | os.PathLike[str], pipeline: str) -> ProgressS
     for line in data[: data.rfind(b"\n") + 1].splitlines():
         state.apply(json.loads(line))
     return state
+
+
+_LOG_MEMBERS = ("log_id", "claim_generation", "mark", "status", "last_committed", "epochs_in")
+
+
+def open_progress_log(
+    pipeline: str,
+    progress: ProgressLog | str | os.PathLike[str] | None,
+    store_log: ProgressLog | None = None,
+) -> ProgressLog:
+    """The pipeline's progress log: the one given, a FileProgressLog in a folder, or the store's.
+
+    Args:
+        pipeline: the pipeline's name.
+        progress: a ProgressLog, a folder for a FileProgressLog, or None.
+        store_log: the expected state's epochs table, when the cycle has one
+            (it is then the progress log, and ``progress`` must be None).
+
+    Raises:
+        ConfigurationError: both or neither given, or an object that is no progress log.
+    """
+    if store_log is not None:
+        if progress is not None:
+            raise ConfigurationError(
+                f"pipeline {pipeline!r}: give a progress log or an expected state, not "
+                "both (the expected state's epochs table is the progress log)"
+            )
+        progress = store_log
+    if progress is None:
+        raise ConfigurationError(
+            f"pipeline {pipeline!r}: a progress log (a folder, or a ProgressLog) or an "
+            "expected state is needed to know which epochs are committed"
+        )
+    if isinstance(progress, str | os.PathLike):
+        return FileProgressLog(progress, pipeline)
+    missing = [m for m in _LOG_MEMBERS if not hasattr(progress, m)]
+    if missing:
+        raise ConfigurationError(
+            f"pipeline {pipeline!r}: {type(progress).__name__} is not a progress log: it "
+            f"lacks {', '.join(missing)} (pass a FileProgressLog, a MemoryProgressLog, "
+            "or a folder)"
+        )
+    return progress

@@ -38,9 +38,11 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
+import pyarrow.compute as pc  # type: ignore[import-untyped, unused-ignore]
 import pyarrow.parquet as pq  # type: ignore[import-untyped, unused-ignore]
 
 from expected_state.delta_files import filesystem
+from expected_state.layout import OP_COLUMN
 from expected_state.reading import sortable_numbers
 from reconcile.checksum import SEED, row_checksums
 from reconcile.contract import InvalidInputError
@@ -61,8 +63,9 @@ _FORMAT = 1
 _META = b"reconcile.bucket_summary"
 FOLDER = "_reconcile_buckets"
 # Past this share of the table changed since the summary, computing it again
-# from the expected rows costs less than bringing it forward key by key.
-_MAX_CHANGED_SHARE = 0.25
+# from the expected rows costs less than bringing it forward key by key (which
+# reads the store for the old rows, and checksums the old and the new rows).
+_MAX_CHANGED_SHARE = 0.05
 # A range holding this many times its share of the rows has grown lopsided
 # (e.g. ascending keys all land in the last range): compute the bounds again.
 _MAX_SKEW = 8
@@ -199,6 +202,21 @@ def _add(
             np.add.at(sums, where, (~checksums) + np.uint64(1))
 
 
+def _state_of(store: Any, keys: pa.Table, since: int, epoch: int, names: list[str]) -> pa.Table:
+    """The rows at ``epoch`` of ``keys`` (all changed after ``since``), read from the change files.
+
+    A key's newest change in ``(since, epoch]`` is its state at ``epoch``; only
+    keys changed after ``epoch`` too are looked up in a snapshot.
+    """
+    newest = store.newest_changes(since, epoch, names)
+    upserts = newest.filter(pc.equal(newest.column(OP_COLUMN), "upsert")).select(names)
+    key_names = list(store.key_columns)
+    rest = keys.join(newest.select(key_names), keys=key_names, join_type="left anti")
+    if rest.num_rows == 0:
+        return upserts
+    return pa.concat_tables([upserts, store.snapshot(epoch, columns=names, keys=rest)])
+
+
 def bring_forward(summary: BucketSummary, store: Any, epoch: int) -> BucketSummary | None:
     """The summary as of ``epoch``, from the store's changes since its own epoch.
 
@@ -220,7 +238,7 @@ def bring_forward(summary: BucketSummary, store: Any, epoch: int) -> BucketSumma
             return None
         names = [c for c, _ in summary.columns]
         before = store.snapshot(summary.epoch, columns=names, keys=changed)
-        after = store.snapshot(epoch, columns=names, keys=changed)
+        after = _state_of(store, changed, summary.epoch, epoch, names)
     except InvalidInputError as exc:
         log.info("bucket summary of %s computed again: %s", store.uri, exc)
         return None

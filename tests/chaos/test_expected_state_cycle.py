@@ -184,3 +184,41 @@ def test_a_stranded_txn_the_log_no_longer_knows_is_rolled_back_and_the_sink_diff
     with psycopg.connect(dsn, autocommit=True) as conn:
         held = dict(conn.execute("SELECT k, v FROM alpha").fetchall())
     assert held == want
+
+
+def test_the_cycle_keeps_the_store_folded_between_epochs(
+    memory_harness: SinkHarness, tmp_path: Path
+) -> None:
+    # Merge-on-read stays proportional to the epoch only if the change files
+    # are folded now and then: the cycle runs the store's housekeeping after
+    # each committed epoch, so a long run does not pile them up.
+    from expected_state.delta_log import last_checkpoint
+    from expected_state.housekeeping import DEFAULT_COMPACT_CHANGES_AFTER
+    from expected_state.reading import live_files
+    from reconcile import CommitSucceeded
+
+    scenario = Scenario(
+        memory_harness, tmp_path / "state", sinks=["alpha"], expected_root=tmp_path / "e"
+    )
+    cycle = scenario.build()
+    cycle.start()
+    epochs = list(range(DEFAULT_COMPACT_CHANGES_AFTER + 10))
+    for e in epochs:
+        assert cycle.run_epoch(e, scenario.outputs(e)) == CommitSucceeded(e)
+    cycle.close()
+    store = scenario.expected().tables["alpha"]
+    table = store._delta()
+    assert table is not None
+    own = [f for f in live_files(table, name=store.uri) if f.kind == "change" and not f.merged]
+    assert len(own) < DEFAULT_COMPACT_CHANGES_AFTER
+    assert any(f.merged for f in live_files(table, name=store.uri))
+    assert last_checkpoint(store.uri) is not None
+    # The sink holds what the store holds (the epochs vacuum pruned from the
+    # store's history included: the snapshot folds them in).
+    held: dict[object, object] = {}
+    committed = memory_harness.committed("alpha")
+    assert sorted(committed) == epochs
+    for e in epochs:
+        held.update({r["k"]: r["v"] for r in committed[e]})
+    want = {r["k"]: r["v"] for r in store.snapshot(columns=["k", "v"]).to_pylist()}
+    assert held == want

@@ -82,6 +82,19 @@ def changes(keys: list[int], deletes: set[int], seed: int) -> list[Change]:
     return out
 
 
+def upserts(keys: range, seed: int) -> pa.Table:
+    """An epoch of upserts as Arrow (what a large epoch looks like)."""
+    ids = list(keys)
+    return pa.table(
+        {
+            "id": pa.array(ids, pa.int64()),
+            "name": pa.array([f"n{k}-{seed}" for k in ids]),
+            "total": pa.array([k * seed for k in ids], pa.int64()),
+            "_op": pa.array(["upsert"] * len(ids)),
+        }
+    )
+
+
 epochs_strategy = st.lists(
     st.tuples(
         st.lists(st.integers(0, 400), min_size=1, max_size=40, unique=True),  # keys touched
@@ -135,10 +148,10 @@ def test_a_summary_of_an_epoch_recorded_again_is_dropped(tmp_path: Path) -> None
 
 def test_a_lopsided_range_is_cut_again_from_its_own_rows(tmp_path: Path) -> None:
     store = ExpectedStateStore(str(tmp_path), "p", "t", ["id"], schema=SCHEMA)
-    store.apply(0, changes(list(range(20_000)), set(), 1))
-    summary = summary_at(store, 0, 200)
+    store.apply(0, upserts(range(100_000), 1))
+    summary = summary_at(store, 0, 1000)
     # Ascending keys: every new row lands in the last range.
-    store.apply(1, changes(list(range(20_000, 23_000)), set(), 2))
+    store.apply(1, upserts(range(100_000, 103_000), 2))
     forward = bring_forward(summary, store, 1)
     assert forward is not None and int(forward.rows[-1]) == 3000 + 100
 
