@@ -35,7 +35,7 @@ from reconcile.faults import SimulatedCrash
 from reconcile.progress import EpochStatus
 from reconcile.results import CommitAborted, CommitResult, CommitSucceeded
 
-__all__ = ["DriveReport", "RetryPolicy", "drive"]
+__all__ = ["DriveReport", "Driver", "RetryPolicy", "drive"]
 
 log = logging.getLogger("reconcile.driver")
 
@@ -97,10 +97,10 @@ class _Run:
     def __init__(
         self,
         build: Callable[[], CommitCycle],
-        outputs: Callable[[int], Mapping[str, Iterable[Any]]],
         on_progress: Callable[[int, CommitResult], None] | None,
     ) -> None:
-        self.build, self.outputs, self.on_progress = build, outputs, on_progress
+        self.build, self.on_progress = build, on_progress
+        self.outputs: Callable[[int], Mapping[str, Iterable[Any]]] = _no_outputs
         self.report = DriveReport()
         self.cycle: CommitCycle | None = None
         self.started = False
@@ -224,48 +224,100 @@ def drive(
         ContractViolationError: at once, as above.
         OutcomeUnknownError: from start(): only pull-and-diff (or an operator) can settle it.
     """
-    policy = retry or RetryPolicy()
-    run = _Run(build, outputs, on_progress)
-
-    def before_sleep(state: RetryCallState) -> None:
-        again = state.outcome.exception() if state.outcome else None
-        if isinstance(again, _Again):
-            cycle = run.cycle  # report through it before restart() throws it away
-            if cycle is not None:
-                cycle.metrics.count("drive.retries", restart=str(again.restart).lower())
-            if again.restart:
-                run.restart()
-            log.warning(
-                "retrying in %.2fs (%s, attempt %d): %s",
-                state.next_action.sleep if state.next_action else 0.0,
-                "restart" if again.restart else "same cycle",
-                state.attempt_number,
-                again.reason,
-                extra={"pipeline": cycle.pipeline if cycle else None, "epoch": state.args[0]},
-            )
-
+    driver = Driver(build, retry=retry, on_progress=on_progress)
     try:
         for epoch in epochs:
-            retrying = Retrying(
-                retry=retry_if_exception_type(_Again),
-                stop=stop_after_delay(policy.give_up_after_s),
-                wait=wait_exponential_jitter(
-                    multiplier=policy.initial_s, max=policy.max_s, jitter=policy.jitter_s
-                ),
-                before_sleep=before_sleep,
-                reraise=True,
-            )
-            try:
-                retrying(run.attempt, epoch)
-            except _Stop as stop:
-                raise stop.error from None
-            except _Again as last:
-                raise FatalError(
-                    f"epoch {epoch} did not commit within {policy.give_up_after_s:g}s: first "
-                    f"error: {run.first_error or last.reason}; last error: {last.reason}",
-                    epoch=epoch,
-                ) from last.error
+            driver.run(epoch, outputs)
     finally:
-        if run.cycle is not None:
-            run.cycle.close()  # a clean exit closes connections, as a process end would
-    return run.report
+        driver.close()  # a clean exit closes connections, as a process end would
+    return driver.report
+
+
+def _no_outputs(epoch: int) -> Mapping[str, Iterable[Any]]:
+    raise AssertionError(f"epoch {epoch}: outputs asked for outside Driver.run")
+
+
+class Driver:
+    """``drive``'s rules applied one epoch at a time, over a cycle kept between epochs.
+
+    For a pipeline whose epochs arrive one by one and are not known in advance,
+    such as a stream's micro-batches: ``run(epoch, outputs)`` returns once the
+    epoch is in every sink, retrying and restarting exactly as ``drive`` does,
+    and keeps the started cycle (its writer generation, its connections) for the
+    next epoch. ``drive`` is a loop over it.
+    """
+
+    def __init__(
+        self,
+        build: Callable[[], CommitCycle],
+        *,
+        retry: RetryPolicy | None = None,
+        on_progress: Callable[[int, CommitResult], None] | None = None,
+    ) -> None:
+        self.policy = retry or RetryPolicy()
+        self._run = _Run(build, on_progress)
+
+    @property
+    def report(self) -> DriveReport:
+        """What every ``run`` so far did (committed, skipped, retries, restarts)."""
+        return self._run.report
+
+    @property
+    def cycle(self) -> CommitCycle | None:
+        """The current cycle, if one is built (None after a restart threw it away)."""
+        return self._run.cycle
+
+    def run(self, epoch: int, outputs: Callable[[int], Mapping[str, Iterable[Any]]]) -> None:
+        """Run ``epoch`` until it is in every sink (see ``drive`` for how, and what it raises).
+
+        ``outputs(e)`` computes epoch ``e``'s rows; it is asked for an earlier
+        epoch only when a restart finds that epoch committed in the log and
+        missing from a sink without a durable prepare.
+        """
+        run, policy = self._run, self.policy
+        run.outputs, run.first_error = outputs, None  # an epoch's own first error is named
+
+        def before_sleep(state: RetryCallState) -> None:
+            again = state.outcome.exception() if state.outcome else None
+            if isinstance(again, _Again):
+                cycle = run.cycle  # report through it before restart() throws it away
+                if cycle is not None:
+                    cycle.metrics.count("drive.retries", restart=str(again.restart).lower())
+                if again.restart:
+                    run.restart()
+                log.warning(
+                    "retrying in %.2fs (%s, attempt %d): %s",
+                    state.next_action.sleep if state.next_action else 0.0,
+                    "restart" if again.restart else "same cycle",
+                    state.attempt_number,
+                    again.reason,
+                    extra={"pipeline": cycle.pipeline if cycle else None, "epoch": state.args[0]},
+                )
+
+        retrying = Retrying(
+            retry=retry_if_exception_type(_Again),
+            stop=stop_after_delay(policy.give_up_after_s),
+            wait=wait_exponential_jitter(
+                multiplier=policy.initial_s, max=policy.max_s, jitter=policy.jitter_s
+            ),
+            before_sleep=before_sleep,
+            reraise=True,
+        )
+        try:
+            retrying(run.attempt, epoch)
+        except _Stop as stop:
+            raise stop.error from None
+        except _Again as last:
+            raise FatalError(
+                f"epoch {epoch} did not commit within {policy.give_up_after_s:g}s: first "
+                f"error: {run.first_error or last.reason}; last error: {last.reason}",
+                epoch=epoch,
+            ) from last.error
+        finally:
+            run.outputs = _no_outputs
+
+    def close(self) -> None:
+        """Close the current cycle's sinks, as a process end would."""
+        if self._run.cycle is not None:
+            self._run.cycle.close()
+            self._run.cycle, self._run.started = None, False
