@@ -267,6 +267,17 @@ class Driver:
         """The current cycle, if one is built (None after a restart threw it away)."""
         return self._run.cycle
 
+    @property
+    def started(self) -> bool:
+        """Whether the current cycle's ``start()`` has run (it runs inside ``run``)."""
+        return self._run.cycle is not None and self._run.started
+
+    def current(self) -> CommitCycle:
+        """The current cycle, built if there is none; ``run`` starts it."""
+        if self._run.cycle is None:
+            self._run.cycle = self._run.build()
+        return self._run.cycle
+
     def run(self, epoch: int, outputs: Callable[[int], Mapping[str, Iterable[Any]]]) -> None:
         """Run ``epoch`` until it is in every sink (see ``drive`` for how, and what it raises).
 

@@ -9,7 +9,10 @@ does not exist, and a mutant that deletes a point makes its test fail (the
 action never ran, and the test asserts that it did).
 
 A subprocess can also be told to die by SIGKILL at a point, for real-crash
-tests: ``RECONCILE_KILL_AT=<point>[:<nth>]`` in its environment.
+tests: ``RECONCILE_KILL_AT=<point>[:<nth>]`` in its environment. Processes
+that inherit it (Spark's Python workers) would each die there; with
+``RECONCILE_KILL_ONCE=<file>`` too, only the first process to create that file
+dies, and the file, holding its pid and the point, shows that the kill fired.
 
 An unarmed point costs one dictionary lookup.
 """
@@ -65,11 +68,27 @@ _KILL_AT = _kill_spec()
 _KILL_HITS: dict[str, int] = {}
 
 
+def _first_to_die(name: str) -> bool:
+    """Whether this process is the one to die (always, unless RECONCILE_KILL_ONCE names a file)."""
+    once = os.environ.get("RECONCILE_KILL_ONCE")
+    if not once:
+        return True
+    try:
+        fd = os.open(once, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+    except FileExistsError:
+        return False
+    with os.fdopen(fd, "w") as out:
+        out.write(f"{os.getpid()} {name}\n")
+        out.flush()
+        os.fsync(out.fileno())
+    return True
+
+
 def point(name: str) -> None:
     """Mark a window: run the action armed here, if any (never re-entered)."""
     if _KILL_AT is not None and _KILL_AT[0] == name:
         _KILL_HITS[name] = _KILL_HITS.get(name, 0) + 1
-        if _KILL_HITS[name] == _KILL_AT[1]:
+        if _KILL_HITS[name] == _KILL_AT[1] and _first_to_die(name):
             os.kill(os.getpid(), signal.SIGKILL)
     arming = _ARMED.get(name)
     if arming is None:
