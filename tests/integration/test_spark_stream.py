@@ -1,0 +1,184 @@
+"""Exactly-once Structured Streaming into PostgreSQL: a real Spark driver killed by SIGKILL.
+
+Each test runs ``tests.spark_stream_pipeline`` (three micro-batches, two sink
+tables, an expected state) in a subprocess, kills it at a named point of
+micro-batch 1, runs it again on the same Spark checkpoint, and then reads
+what PostgreSQL holds: every input row exactly once under the epoch of its
+batch, the per-batch totals, one marker per sink and epoch, the sink equal to
+the expected state, and, because the pipeline stamps each run's tag into its
+rows (a transform that is not deterministic on replay), which run's rows of
+batch 1 won.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from expected_state.store import ExpectedStateStore
+
+pytestmark = [pytest.mark.integration, pytest.mark.spark]
+
+REPO = Path(__file__).resolve().parents[2]
+BATCHES = 3
+ROWS = 60  # per batch
+CUSTOMERS = 7
+
+
+def amount(i: int) -> Decimal:
+    return (Decimal(i) * Decimal("1.25")).quantize(Decimal("0.01"))
+
+
+def make_inbox(root: Path) -> None:
+    """File b holds ids b*ROWS .. b*ROWS+ROWS-1; older files first, one per micro-batch."""
+    inbox = root / "inbox"
+    inbox.mkdir(parents=True)
+    start = time.time() - 100
+    for b in range(BATCHES):
+        path = inbox / f"batch-{b}.json"
+        with path.open("w") as out:
+            for i in range(b * ROWS, (b + 1) * ROWS):
+                out.write(
+                    json.dumps({"id": i, "customer": i % CUSTOMERS, "amount": float(amount(i))})
+                )
+                out.write("\n")
+        os.utime(path, (start + b, start + b))
+
+
+def run_pipeline(
+    dsn: str, root: Path, tag: str, *, env: dict[str, str] | None = None, master: str = "local[2]"
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "tests.spark_stream_pipeline", dsn, str(root), tag, master],
+        cwd=REPO,
+        env={**os.environ, "PYSPARK_PYTHON": sys.executable, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+def summary(proc: subprocess.CompletedProcess[str]) -> dict[str, Any]:
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return result
+
+
+def check_exactly_once(dsn: str, root: Path, winners: dict[int, str]) -> None:
+    """What PostgreSQL holds, against a model of the input and against the expected state."""
+    with psycopg.connect(dsn) as conn:
+        events = conn.execute("SELECT id, customer, amount, run, _epoch FROM events").fetchall()
+        totals = conn.execute("SELECT customer, amount, n, _epoch FROM totals").fetchall()
+        markers = conn.execute(
+            "SELECT sink, epoch FROM reconcile.reconcile_commits WHERE pipeline = 'shop'"
+        ).fetchall()
+    ids = [row[0] for row in events]
+    assert len(ids) == len(set(ids)) == BATCHES * ROWS  # none lost, none twice
+    model_events = {
+        (i, i % CUSTOMERS, amount(i), winners[i // ROWS], i // ROWS) for i in range(BATCHES * ROWS)
+    }
+    assert set(events) == model_events  # every row under its own epoch, from the winning run
+    last = BATCHES - 1
+    model_totals = {
+        (
+            c,
+            sum((amount(i) for i in range(last * ROWS, BATCHES * ROWS) if i % CUSTOMERS == c),
+                Decimal(0)),
+            sum(1 for i in range(last * ROWS, BATCHES * ROWS) if i % CUSTOMERS == c),
+            last,
+        )
+        for c in range(CUSTOMERS)
+    }  # fmt: skip
+    assert set(totals) == model_totals
+    assert sorted(markers) == sorted((s, e) for s in ("events", "totals") for e in range(BATCHES))
+    # The sink equals what the store says it must hold (the store's own rows).
+    store = ExpectedStateStore(str(root / "store"), "shop", "events", ["id"]).snapshot()
+    expected = set(
+        zip(
+            *(store.column(c).to_pylist() for c in ("id", "customer", "amount", "run")), strict=True
+        )
+    )
+    assert expected == {row[:4] for row in events}
+
+
+def test_a_clean_run_writes_every_batch_once_and_a_rerun_writes_nothing(
+    pg_db: str, tmp_path: Path
+) -> None:
+    make_inbox(tmp_path)
+    first = summary(run_pipeline(pg_db, tmp_path, "r1"))
+    assert first["committed"] == list(range(BATCHES))
+    check_exactly_once(pg_db, tmp_path, {0: "r1", 1: "r1", 2: "r1"})
+    again = summary(run_pipeline(pg_db, tmp_path, "r2"))  # nothing new in the inbox
+    assert again["committed"] == []
+    check_exactly_once(pg_db, tmp_path, {0: "r1", 1: "r1", 2: "r1"})
+    assert not list((tmp_path / "staging" / "shop").iterdir())  # nothing staged is left
+
+
+# point of micro-batch 1 (its second hit) -> whose rows batch 1 ends with
+KILLS = {
+    # staged on the executors, nothing recorded: the re-run is the only run
+    "stream.batch_staged": "r2",
+    # recorded in the store, never decided: start() reverts it; the re-run wins
+    "cycle.expected_state.recorded": "r2",
+    # decided, the open sink transactions died with the driver: the sinks are
+    # given the RECORDED rows, never the re-run's
+    "cycle.decided": "r1",
+    # in every sink, Spark's commit log not written: Spark re-runs the batch,
+    # and the cycle finds it finalized (a no-op)
+    "stream.batch_committed": "r1",
+}
+
+
+@pytest.mark.chaos
+@pytest.mark.parametrize("point", sorted(KILLS))
+def test_driver_killed_mid_batch_resumes_exactly_once(
+    pg_db: str, tmp_path: Path, point: str
+) -> None:
+    make_inbox(tmp_path)
+    fired = tmp_path / "killed"
+    killed = run_pipeline(
+        pg_db,
+        tmp_path,
+        "r1",
+        env={"RECONCILE_KILL_AT": f"{point}:2", "RECONCILE_KILL_ONCE": str(fired)},
+    )
+    assert killed.returncode == -9, killed.stderr[-3000:]
+    assert fired.read_text().split()[1] == point  # the fault fired, there
+    resumed = summary(run_pipeline(pg_db, tmp_path, "r2"))
+    winner = KILLS[point]
+    check_exactly_once(pg_db, tmp_path, {0: "r1", 1: winner, 2: "r2"})
+    if point == "stream.batch_committed":
+        assert resumed["replayed"] == [1] and resumed["committed"] == [1, 2]
+    else:
+        assert 1 in resumed["committed"] and 2 in resumed["committed"]
+
+
+@pytest.mark.chaos
+def test_an_executor_killed_after_staging_its_file_is_retried_and_counted_once(
+    pg_db: str, tmp_path: Path
+) -> None:
+    """A task attempt that wrote its file and died: its retry writes another; one counts."""
+    make_inbox(tmp_path)
+    fired = tmp_path / "killed"
+    result = summary(
+        run_pipeline(
+            pg_db,
+            tmp_path,
+            "r1",
+            env={"RECONCILE_KILL_AT": "stream.partition_staged", "RECONCILE_KILL_ONCE": str(fired)},
+            master="local[2,4]",  # up to 4 attempts per task
+        )
+    )
+    pid, point = fired.read_text().split()
+    assert point == "stream.partition_staged" and int(pid) > 0  # a Python worker died there
+    assert result["committed"] == list(range(BATCHES)) and result["restarts"] == 0
+    check_exactly_once(pg_db, tmp_path, {0: "r1", 1: "r1", 2: "r1"})

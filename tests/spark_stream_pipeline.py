@@ -1,0 +1,114 @@
+"""A Structured Streaming pipeline into PostgreSQL, run in a subprocess by the stream tests.
+
+``python -m tests.spark_stream_pipeline DSN ROOT RUN_TAG [MASTER]``
+
+It reads the JSON files in ``ROOT/inbox`` one per micro-batch (so batch b is
+file b) and writes two sink tables through ``reconcile.spark.write_stream``
+with an expected state under ``ROOT/store``:
+
+- ``events`` (key ``id``): the batch's rows, stamped with RUN_TAG in ``run``,
+  which makes the transform non-deterministic on replay: a re-run of a batch
+  by a restarted process writes other values than the killed run did;
+- ``totals`` (key ``customer``): the batch's sum and count per customer.
+
+It stops when every file is processed (``availableNow``). Tests kill it with
+``RECONCILE_KILL_AT`` (and ``RECONCILE_KILL_ONCE``) and run it again on the
+same ROOT, which resumes from the same Spark checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Any
+
+TABLES = """
+CREATE TABLE IF NOT EXISTS events (
+    id bigint PRIMARY KEY, customer int NOT NULL, amount numeric(12,2), run text, _epoch bigint
+);
+CREATE TABLE IF NOT EXISTS totals (
+    customer int PRIMARY KEY, amount numeric(14,2), n bigint, _epoch bigint
+);
+"""
+SCHEMA = "id long, customer int, amount decimal(12,2)"
+
+
+def outputs(run_tag: str) -> dict[str, Any]:
+    """Each sink's DataFrame from a micro-batch (``events`` stamped with the run's tag)."""
+    from pyspark.sql import functions as F
+
+    return {
+        "events": lambda b: b.withColumn("run", F.lit(run_tag)),
+        "totals": lambda b: b.groupBy("customer").agg(
+            F.sum("amount").cast("decimal(14,2)").alias("amount"), F.count("*").alias("n")
+        ),
+    }
+
+
+def main(argv: list[str]) -> int:
+    dsn, root, run_tag = argv[0], argv[1], argv[2]
+    master = argv[3] if len(argv) > 3 else "local[2]"
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    import psycopg
+    from pyspark.sql import SparkSession
+
+    from reconcile import CommitCycle
+    from reconcile.expected import ExpectedState
+    from reconcile.spark.stream import write_stream
+    from sinks.postgres import postgres_sink
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(TABLES)  # type: ignore[arg-type]
+
+    def build() -> CommitCycle:
+        expected = ExpectedState(
+            f"{root}/store", "shop", {"events": ["id"], "totals": ["customer"]}
+        )
+        sinks = [postgres_sink(dsn, t, name=t) for t in ("events", "totals")]
+        return CommitCycle("shop", sinks, expected_state=expected)
+
+    spark = (
+        SparkSession.builder.master(master)
+        .appName("reconcile-stream-test")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.sql.session.timeZone", "UTC")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    frame = (
+        spark.readStream.schema(SCHEMA)
+        .option("maxFilesPerTrigger", 1)
+        .json(f"{root}/inbox")
+        .repartition(2)  # two tasks per batch: two staged files per sink
+    )
+    query = write_stream(
+        frame,
+        build,
+        checkpoint=f"{root}/checkpoint",
+        staging=f"{root}/staging",
+        outputs=outputs(run_tag),
+        trigger={"availableNow": True},
+    )
+    query.awaitTermination()
+    writer = query.reconcile_writer
+    report = writer.report
+    writer.close()
+    print(
+        json.dumps(
+            {
+                "committed": report.committed_epochs,
+                "replayed": [r.epoch for r in report.results if getattr(r, "replayed", False)],
+                "restarts": report.restarts,
+            }
+        ),
+        flush=True,
+    )
+    spark.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
