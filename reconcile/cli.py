@@ -69,19 +69,47 @@ def _parser() -> argparse.ArgumentParser:
         sub.add_argument(
             "--pg",
             metavar="DSN",
-            required=True,
-            help="the sink database: libpq DSN or SQLAlchemy URL",
+            help="the sink database: libpq DSN or SQLAlchemy URL (or use --config)",
         )
-        sub.add_argument("--store", required=True, help="the expected-state store's root")
-        sub.add_argument("--pipeline", required=True)
-        sub.add_argument("--table", required=True, help="the sink table (and its store table)")
+        sub.add_argument("--store", help="the expected-state store's root (or use --config)")
+        sub.add_argument("--pipeline")
         sub.add_argument(
-            "--mode", choices=["full", "scoped", "buckets", "auto"], default="auto",
-            help="how to find what differs (default auto)",
+            "--table",
+            help="the sink table (and its store table); with --config, the sink's name",
+        )
+        sub.add_argument(
+            "--config", type=Path, help="a config file: check the sink tables it names"
+        )
+        sub.add_argument(
+            "--all", action="store_true", help="with --config: every sink table of every pipeline"
+        )
+        sub.add_argument(
+            "--mode", choices=["full", "scoped", "buckets", "auto"], default=None,
+            help="how to find what differs (default auto, or the config file's mode)",
         )  # fmt: skip
         sub.add_argument("--epoch", type=int, help="compare with this epoch (default: the newest)")
         sub.add_argument("--schema", help="the sink table's schema (default: the current one)")
         sub.add_argument("--json", action="store_true", help="print one JSON object")
+
+    watch = commands.add_parser(
+        "watch",
+        help="verify a config file's sink tables on a schedule (scoped: the recent epochs); "
+        "--repair repairs drift; drift is exported through the file's [metrics]",
+    )
+    watch.add_argument("--config", type=Path, required=True)
+    watch.add_argument("--pipeline", help="only this pipeline's sink tables")
+    watch.add_argument("--every", default="60s", help="how often: 30s, 5m, 1h (default 60s)")
+    watch.add_argument(
+        "--epochs", type=int, default=10,
+        help="scoped mode: check the keys changed in the newest N epochs (default 10)",
+    )  # fmt: skip
+    watch.add_argument(
+        "--mode", choices=["full", "scoped", "buckets", "auto"], default=None,
+        help="how to check (default scoped)",
+    )  # fmt: skip
+    watch.add_argument("--repair", action="store_true", help="repair the drift found")
+    watch.add_argument("--count", type=int, default=0, help="stop after N rounds (default: never)")
+    watch.add_argument("--json", action="store_true", help="one JSON object per round")
 
     pg = commands.add_parser("pg", help="PostgreSQL sink database housekeeping")
     pg_commands = pg.add_subparsers(dest="pg_command", required=True)
@@ -121,15 +149,30 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "pg":
             return _pg(args)
         if args.command in ("verify", "repair"):
+            if args.config is not None:
+                from reconcile.cli_config import run_config_recover
+
+                return run_config_recover(args)
+            missing = [
+                f"--{n}" for n in ("pg", "store", "pipeline", "table") if not getattr(args, n)
+            ]
+            if missing:
+                raise ConfigurationError(
+                    f"reconcile {args.command}: {', '.join(missing)} required (or --config FILE)"
+                )
             from reconcile.cli_recover import run_recover
 
             return run_recover(args)
+        if args.command == "watch":
+            from reconcile.cli_config import run_watch
+
+            return run_watch(args)
         return _status(args)
     except ReconcileError as exc:
         print(f"reconcile: error: {_one_line(str(exc))}", file=sys.stderr)
         return 2
     except Exception as exc:
-        if args.command not in ("verify", "repair"):
+        if args.command not in ("verify", "repair", "watch"):
             raise
         # verify/repair run from cron: any failure is exit 2 and one line.
         print(f"reconcile: error: {type(exc).__name__}: {_one_line(str(exc))}", file=sys.stderr)

@@ -73,7 +73,11 @@ def summary(report: ReconcileReport, *, repair: bool) -> str:
 def run_recover(args: argparse.Namespace) -> int:
     """Run ``verify`` or ``repair``; return the exit code (errors raise ReconcileError)."""
     repair = args.command == "repair"
-    options: dict[str, Any] = {"mode": args.mode, "dry_run": not repair, "schema": args.schema}
+    options: dict[str, Any] = {
+        "mode": args.mode or "auto",
+        "dry_run": not repair,
+        "schema": args.schema,
+    }
     if args.epoch is not None:
         options["target_epoch"] = args.epoch
     with _progress(sys.stderr.isatty() and not args.json, args.table) as progress:

@@ -64,16 +64,17 @@ def _target(
     fast_path: bool,
     schema: str | None,
     keys: Sequence[str] | None,
+    name: str,
 ) -> tuple[Any, RecoveryTarget]:
-    """A sink client for ``table`` and its recovery target."""
+    """A sink client for ``table`` (named ``name`` in its markers) and its recovery target."""
     if fast_path and is_postgres(dsn):
         from sinks.postgres import PostgresSink
 
-        sink: Any = PostgresSink(dsn, table, name=table, schema=schema, key=keys)
+        sink: Any = PostgresSink(dsn, table, name=name, schema=schema, key=keys)
     else:
         from sinks.sql import SqlSink
 
-        sink = SqlSink(dsn, table, name=table, schema=schema, key=keys)
+        sink = SqlSink(dsn, table, name=name, schema=schema, key=keys)
     return sink, sink.recovery_target(pipeline, None, write=write)
 
 
@@ -91,6 +92,8 @@ def recover(
     schema: str | None = None,
     fast_path: bool = True,
     progress: Progress | None = None,
+    sink: str | None = None,
+    since_epoch: int | None = None,
 ) -> ReconcileReport:
     """Bring a sink table to its expected state: pull, hash, diff, apply only the difference.
 
@@ -117,6 +120,12 @@ def recover(
         fast_path: PostgreSQL through COPY and ADBC (default); False goes
             through SQLAlchemy like any other database.
         progress: called with (rows pulled, estimated total) during a full pull.
+        sink: the sink's name, which names its store table and its markers,
+            when it differs from ``table`` (a config file's sink ``lines``
+            writing table ``order_lines``); default ``table``.
+        since_epoch: scoped mode checks the keys changed after this epoch
+            (and the sink rows of later epochs) instead of after the sink's
+            newest marker: a scheduled check of the recent epochs.
 
     Returns:
         What was pulled, compared, found and applied.
@@ -132,21 +141,23 @@ def recover(
     """
     validate_name("pipeline", pipeline)
     chosen = _mode(mode)
-    sink, target = _target(dsn, pipeline, table, write=not dry_run, fast_path=fast_path,
-                           schema=schema, keys=keys)  # fmt: skip
+    name = validate_name("sink", sink if sink is not None else table)
+    client, target = _target(dsn, pipeline, table, write=not dry_run, fast_path=fast_path,
+                             schema=schema, keys=keys, name=name)  # fmt: skip
     try:
         key_columns = list(keys) if keys is not None else target.key_columns()
         return reconcile_table(
             target,
-            _store(store, pipeline, table, key_columns),
+            _store(store, pipeline, name, key_columns),
             mode=chosen,
             after_crash=after_crash,
             target_epoch=target_epoch,
             dry_run=dry_run,
             progress=progress,
+            since_epoch=since_epoch,
         )
     finally:
-        sink.close()
+        client.close()
 
 
 def recover_sink(

@@ -250,6 +250,7 @@ def reconcile_table(
     dry_run: bool = False,
     progress: Progress | None = None,
     bucket_options: dict[str, int] | None = None,
+    since_epoch: int | None = None,
 ) -> ReconcileReport:
     """Bring one sink table to the expected state (or, ``dry_run``, only measure the drift).
 
@@ -262,6 +263,8 @@ def reconcile_table(
         dry_run: report without writing.
         progress: called as rows are pulled (full mode).
         bucket_options: ``first_level``, ``fanout``, ``leaf_rows`` for buckets mode.
+        since_epoch: scoped mode's start, when earlier than the sink's newest
+            marker (a scheduled check of the recent epochs).
 
     Returns:
         The report: what was pulled and compared, what differed, what was applied.
@@ -313,7 +316,12 @@ def reconcile_table(
                         "marker, and it has none; use mode full or buckets",
                         table=target.display,
                     )
-                found = _scoped(snap, source, schema, keys, epoch, min(newest, epoch))
+                # From the sink's newest marker, or from further back when asked:
+                # an earlier start only widens the keys checked, never narrows them.
+                since = min(newest, epoch)
+                if since_epoch is not None:
+                    since = min(since, since_epoch)
+                found = _scoped(snap, source, schema, keys, epoch, since)
             elif chosen is Mode.BUCKETS:
                 if not target.bucket_checksums:
                     raise InvalidInputError(
