@@ -1,6 +1,6 @@
 """A Structured Streaming pipeline into PostgreSQL, run in a subprocess by the stream tests.
 
-``python -m tests.spark_stream_pipeline DSN ROOT RUN_TAG [MASTER]``
+``python -m tests.spark_stream_pipeline DSN ROOT RUN_TAG [MASTER [format]]``
 
 It reads the JSON files in ``ROOT/inbox`` one per micro-batch (so batch b is
 file b) and writes two sink tables through ``reconcile.spark.write_stream``
@@ -10,6 +10,10 @@ with an expected state under ``ROOT/store``:
   which makes the transform non-deterministic on replay: a re-run of a batch
   by a restarted process writes other values than the killed run did;
 - ``totals`` (key ``customer``): the batch's sum and count per customer.
+
+With ``format``, the stream goes through ``df.writeStream.format("reconcile")``
+instead, into ``events`` alone (whose commit runs in a Python process Spark
+starts, which builds its cycle with :func:`build_events`).
 
 It stops when every file is processed (``availableNow``). Tests kill it with
 ``RECONCILE_KILL_AT`` (and ``RECONCILE_KILL_ONCE``) and run it again on the
@@ -46,9 +50,21 @@ def outputs(run_tag: str) -> dict[str, Any]:
     }
 
 
+def build_events(options: dict[str, str]) -> Any:
+    """The ``build`` option of the format writer: the cycle of ``events`` alone."""
+    from reconcile import CommitCycle
+    from reconcile.expected import ExpectedState
+    from sinks.postgres import postgres_sink
+
+    expected = ExpectedState(f"{options['root']}/store", "shop", {"events": ["id"]})
+    sink = postgres_sink(options["dsn"], "events", name="events")
+    return CommitCycle("shop", [sink], expected_state=expected)
+
+
 def main(argv: list[str]) -> int:
     dsn, root, run_tag = argv[0], argv[1], argv[2]
     master = argv[3] if len(argv) > 3 else "local[2]"
+    use_format = len(argv) > 4 and argv[4] == "format"
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     import psycopg
     from pyspark.sql import SparkSession
@@ -84,6 +100,27 @@ def main(argv: list[str]) -> int:
         .json(f"{root}/inbox")
         .repartition(2)  # two tasks per batch: two staged files per sink
     )
+    if use_format:
+        from pyspark.sql import functions as F
+
+        from reconcile.spark.source import register
+
+        register(spark)
+        query = (
+            frame.withColumn("run", F.lit(run_tag))
+            .writeStream.format("reconcile")
+            .option("build", "tests.spark_stream_pipeline:build_events")
+            .option("staging", f"{root}/staging")
+            .option("dsn", dsn)
+            .option("root", root)
+            .option("checkpointLocation", f"{root}/checkpoint")
+            .trigger(availableNow=True)
+            .start()
+        )
+        query.awaitTermination()
+        print(json.dumps({"committed": None}), flush=True)
+        spark.stop()
+        return 0
     query = write_stream(
         frame,
         build,

@@ -48,7 +48,7 @@ import logging
 import os
 import shutil
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -61,7 +61,7 @@ from reconcile.driver import Driver, DriveReport, RetryPolicy
 from reconcile.progress import EpochStatus
 from reconcile.results import CommitResult
 
-__all__ = ["StreamWriter", "write_stream"]
+__all__ = ["StreamWriter", "outputs_of", "read_staged", "stage_batches", "write_stream"]
 
 log = logging.getLogger("reconcile.spark.stream")
 
@@ -77,13 +77,12 @@ Transform = Callable[[Any], Any]  # a micro-batch DataFrame -> a sink's DataFram
 STAGED_SCHEMA = "path string, rows long"
 
 
-def _stage_partition(folder: str, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    """On an executor: write this partition's batches as one Arrow IPC file in ``folder``.
+def stage_batches(folder: str, batches: Iterable[pa.RecordBatch]) -> tuple[str, int] | None:
+    """On an executor: write a task's batches as one Arrow IPC file in ``folder``.
 
-    Yields one row (the file's path, its row count); an empty partition writes
-    and yields nothing. The file name is new for every task attempt, so a
-    retried or speculative attempt never overwrites a file another attempt
-    may be returning.
+    Returns the file's path and row count, or None for no rows (no file is
+    left). The file name is new for every task attempt, so a retried or
+    speculative attempt never overwrites a file another attempt may return.
     """
     os.makedirs(folder, exist_ok=True)
     path = os.path.join(folder, f"part-{uuid.uuid4().hex}.arrow")
@@ -99,20 +98,54 @@ def _stage_partition(folder: str, batches: Iterator[pa.RecordBatch]) -> Iterator
         if writer is not None:
             writer.close()
     if writer is None:
-        return
+        return None
     hooks.point(PARTITION_STAGED)
-    yield pa.RecordBatch.from_pydict(
-        {"path": [path], "rows": [rows]},
-        schema=pa.schema([("path", pa.string()), ("rows", pa.int64())]),
-    )
+    return path, rows
 
 
-def _read_staged(paths: Iterable[str], schema: pa.Schema) -> pa.Table:
-    """The staged files as one Arrow table, memory-mapped (the OS pages it in as it is read)."""
+def _stage_partition(folder: str, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """``mapInArrow``'s function: stage the partition, yield one (path, rows) row if any."""
+    staged = stage_batches(folder, batches)
+    if staged is not None:
+        yield pa.RecordBatch.from_pydict(
+            {"path": [staged[0]], "rows": [staged[1]]},
+            schema=pa.schema([("path", pa.string()), ("rows", pa.int64())]),
+        )
+
+
+def read_staged(
+    paths: Sequence[str], rows: int, schema: pa.Schema, *, batch_id: int, sink: str
+) -> pa.Table:
+    """The staged files as one Arrow table, memory-mapped (the OS pages it in as it is read).
+
+    Raises:
+        FatalError: the files hold another number of rows than the tasks reported.
+    """
     tables = [pa.ipc.open_file(pa.memory_map(p)).read_all() for p in paths]
     if not tables:
-        return schema.empty_table()
-    return pa.concat_tables(tables) if len(tables) > 1 else tables[0]
+        table = schema.empty_table()
+    else:
+        table = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
+    if table.num_rows != rows:
+        raise FatalError(
+            f"micro-batch {batch_id}, sink {sink!r}: the staged files hold {table.num_rows} "
+            f"rows, the tasks reported {rows}; nothing was recorded",
+            epoch=batch_id,
+        )
+    return table
+
+
+def outputs_of(
+    pipeline: str, batch_id: int, staged: Mapping[str, pa.Table]
+) -> Callable[[int], Mapping[str, Iterable[Any]]]:
+    """``Driver.run``'s outputs: the staged rows for this batch, ``_Gone`` for any other."""
+
+    def outputs(epoch: int) -> Mapping[str, Iterable[Any]]:
+        if epoch == batch_id:
+            return staged
+        return _Gone(pipeline, epoch, batch_id)
+
+    return outputs
 
 
 @dataclass
@@ -195,13 +228,7 @@ class StreamWriter:
         try:
             staged = self._stage(batch, batch_id, transforms, run_folder, stats)
             hooks.point(BATCH_STAGED)
-
-            def outputs(epoch: int) -> Mapping[str, Iterable[Any]]:
-                if epoch == batch_id:
-                    return staged
-                return _Gone(cycle.pipeline, epoch, batch_id)
-
-            self.driver.run(batch_id, outputs)
+            self.driver.run(batch_id, outputs_of(cycle.pipeline, batch_id, staged))
             result = self.report.results[-1] if self.report.results else None
             stats.replayed = bool(result is not None and _replayed(result))
             hooks.point(BATCH_COMMITTED)
@@ -233,15 +260,10 @@ class StreamWriter:
             stats.rows[sink] = sum(int(row["rows"]) for row in written)
             stats.files[sink] = len(paths)
             tz = batch.sparkSession.conf.get("spark.sql.session.timeZone")
-            table = _read_staged(paths, to_arrow_schema(frame.schema, timezone=tz))
-            if table.num_rows != stats.rows[sink]:
-                raise FatalError(
-                    f"micro-batch {batch_id}, sink {sink!r}: the staged files hold "
-                    f"{table.num_rows} rows, the tasks reported {stats.rows[sink]}; nothing "
-                    "was recorded",
-                    epoch=batch_id,
-                )
-            staged[sink] = table
+            schema = to_arrow_schema(frame.schema, timezone=tz)
+            staged[sink] = read_staged(
+                paths, stats.rows[sink], schema, batch_id=batch_id, sink=sink
+            )
         return staged
 
     def _sweep(self, pipeline: str, batch_id: int) -> None:
