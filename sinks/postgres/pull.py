@@ -52,6 +52,8 @@ _KINDS = {
 # COLLATE "C") and in Arrow, so that key ranges mean the same on both sides.
 _RANGE_KINDS = ("int", "numeric", "text", "uuid", "date", "timestamp", "timestamptz")
 _BATCH_ROWS = 1 << 16
+# What pg_export_snapshot() returns: hex words joined by dashes.
+_SNAPSHOT_ID = re.compile(r"[0-9A-Fa-f]+(-[0-9A-Fa-f]+){1,3}")
 
 
 def sink_columns(table: TableSchema) -> dict[str, SinkColumn]:
@@ -80,6 +82,8 @@ class PgSnapshot:
         marker_schema: the schema of ``reconcile_commits`` (None: no markers yet).
         pipeline: whose markers to read.
         sink: the sink's name in the markers.
+        shared: a snapshot another session exported (``export()``): this one
+            sees exactly what that one sees (parallel pulls of one state).
     """
 
     def __init__(
@@ -91,9 +95,13 @@ class PgSnapshot:
         marker_schema: str | None,
         pipeline: str,
         sink: str,
+        shared: str | None = None,
     ) -> None:
+        if shared is not None and not _SNAPSHOT_ID.fullmatch(shared):
+            raise InvalidInputError(f"not an exported snapshot id: {shared!r}")
         self.target, self.table, self.schema, self.keys = target, table, schema, keys
         self.marker_schema, self.pipeline, self.sink = marker_schema, pipeline, sink
+        self.shared = shared
         self.newest_epoch: int | None = None
         self._conn: Any = None
         self._sums: psycopg.Connection[Any] | None = None
@@ -115,6 +123,10 @@ class PgSnapshot:
             # The first statement of the transaction fixes its snapshot: every
             # pull, checksum and the marker below see the same committed state.
             self._run("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+            if self.shared is not None:
+                # Before any query of the transaction: the exported snapshot becomes
+                # ours (the id was checked against its format; it cannot be a parameter).
+                self._run(f"SET TRANSACTION SNAPSHOT '{self.shared}'")
             # pg_catalog only: every name below is qualified, and the staged keys
             # live in pg_temp, which is then searched first for unqualified names
             # (the driver's own COPY into them), never a schema a role could plant.
@@ -132,6 +144,11 @@ class PgSnapshot:
             finally:
                 self._conn.close()
                 self._conn = None
+
+    def export(self) -> str:
+        """This snapshot's id, for other sessions to share it while this one stays open."""
+        row = self._run("SELECT pg_catalog.pg_export_snapshot()").fetchone()
+        return str(row[0])
 
     def _run(self, query: str, parameters: Any = None) -> Any:
         cur = self._conn.cursor()
@@ -373,6 +390,37 @@ class PgSnapshot:
             session.execute("SET LOCAL parallel_setup_cost TO DEFAULT")
             session.execute("SET LOCAL parallel_tuple_cost TO DEFAULT")
         return {int(b): (int(n), int(s) % (1 << 64)) for b, n, s in rows}
+
+    def range_bounds(self, parts: int) -> list[Any]:
+        """Values of the first key column that cut the table into ``parts`` of about equal rows.
+
+        At most ``parts - 1`` distinct values, ascending in the order the ranges
+        use (``COLLATE "C"`` for text), from one ``percentile_disc`` pass over
+        the key (an index-only scan where the key is indexed).
+
+        Raises:
+            InvalidInputError: the first key column's type cannot be cut into ranges.
+        """
+        kind = self._columns[self.keys[0]].kind
+        if kind not in _RANGE_KINDS:
+            raise InvalidInputError(
+                f"table {self.table.display}: its first key column {self.keys[0]!r} is of "
+                f"kind {kind!r}, which cannot be cut into key ranges; verify it in-process"
+            )
+        if parts <= 1:
+            return []
+        fractions = ", ".join(repr(i / parts) for i in range(1, parts))
+        query = sql.SQL(
+            "SELECT pg_catalog.percentile_disc(ARRAY[{}]::float8[]) WITHIN GROUP (ORDER BY {}) "
+            "FROM {} AS t"
+        ).format(sql.SQL(fractions), self._key_expr(), self.table.ident)
+        row = self._run(self._text(query)).fetchone()
+        values = [] if row is None or row[0] is None else list(row[0])
+        bounds: list[Any] = []
+        for value in values:
+            if value is not None and (not bounds or value != bounds[-1]):
+                bounds.append(value)
+        return bounds
 
     def pull_ranges(self, ranges: Sequence[KeyRange]) -> pa.Table:
         """The rows of some key ranges (the differing buckets), in one query."""

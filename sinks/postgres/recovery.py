@@ -105,11 +105,13 @@ class PgRecoveryTarget:
         return list(self._open().key)
 
     @contextmanager
-    def snapshot(self, schema: pa.Schema, keys: list[str]) -> Iterator[PgSnapshot]:
+    def snapshot(
+        self, schema: pa.Schema, keys: list[str], *, shared: str | None = None
+    ) -> Iterator[PgSnapshot]:
         table = self._open()
         snap = PgSnapshot(
             self.sink.target, table, schema, keys, self._marker_schema, self.pipeline,
-            self.sink.name,
+            self.sink.name, shared,
         )  # fmt: skip
         with snap.opened() as opened:
             yield opened

@@ -1,0 +1,364 @@
+"""Distributed verify and repair on Spark: executors pull key ranges; the diff is a Spark join.
+
+``spark_recover(spark, dsn, store, pipeline, table)`` is full-mode pull-and-diff
+for a PostgreSQL sink table too large for one process:
+
+1. the driver opens one REPEATABLE READ snapshot of the sink, exports it
+   (``pg_export_snapshot``), reads the sink's newest marker in it, and cuts
+   the first key column into ranges of about equal rows (``percentile_disc``);
+2. each executor task imports that very snapshot (``SET TRANSACTION
+   SNAPSHOT``), so that every range is read from one consistent state, pulls
+   its range with COPY into Arrow, and casts it to the expected state's types;
+3. the canonical row hash is computed by Spark as a native expression
+   (``hashing_spark.row_hash_column``, no Python UDF), and the sink's rows are
+   joined by key with the expected state, read from the store's Delta table
+   through the bridge (``spark_state.read_state``): missing, extra and
+   changed keys are counted by the executors;
+4. with ``dry_run=False``, executors apply the difference in bounded
+   transactions (``batch_rows`` rows each), each ONE sink transaction with
+   its repair record, fenced and re-checked against the newest marker exactly
+   as an in-process repair (``sinks.postgres.repair``).
+
+The driver receives counts and a few sample keys only, never rows. A repair
+killed midway leaves whole transactions behind: run it again and it finds,
+and applies, only what is still missing; nothing is applied twice. A
+transaction that finds that an epoch committed since the pull writes nothing
+and is counted as ``stale``: run again.
+
+Only the sink's own newest state is compared: the target epoch is the sink's
+newest marker (which the store recorded before the sink committed it). A sink
+that is behind the store (a pipeline that crashed mid-epoch) is brought to the
+store by the pipeline's ``start()`` or an in-process ``reconcile repair``,
+which also writes the missing markers; this job refuses to repair it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from itertools import pairwise
+from typing import Any
+
+import numpy as np
+import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
+
+from reconcile.contract import InvalidInputError, validate_name
+from reconcile.recovery.report import ReconcileReport
+from reconcile.recovery.target import KeyRange, Repair
+
+__all__ = ["SparkReport", "spark_recover"]
+
+log = logging.getLogger("reconcile.spark.verify")
+
+BAD = "_bad"  # a pulled row with a value that does not convert to the expected type
+KIND = "_kind"  # missing | extra | changed
+HASH = "_row_hash"
+ACTUAL = "_actual_hash"
+
+
+@dataclass(frozen=True)
+class _Sink:
+    """What an executor task needs to open the sink table (pickled into every task)."""
+
+    dsn: str = field(repr=False)  # holds the password: never shown
+    table: str
+    schema: str | None
+    keys: tuple[str, ...] | None  # None: the table's primary key
+    name: str
+    pipeline: str
+
+    def target(self, *, write: bool) -> Any:
+        from sinks.postgres import PostgresSink
+
+        sink = PostgresSink(self.dsn, self.table, name=self.name, schema=self.schema, key=self.keys)
+        return sink.recovery_target(self.pipeline, None, write=write)
+
+
+@dataclass(frozen=True)
+class _Pull:
+    sink: _Sink
+    store_schema: pa.Schema
+    shared: str  # the driver's exported snapshot
+    ranges: tuple[KeyRange, ...]
+
+
+def _pull(job: _Pull, ids: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """On an executor: pull the ranges whose numbers arrive, conformed to the store's types."""
+    from reconcile.recovery.conform import conform
+
+    target = job.sink.target(write=False)
+    try:
+        with target.snapshot(
+            job.store_schema, list(job.sink.keys or ()), shared=job.shared
+        ) as snap:
+            for batch in ids:
+                for index in batch.column(0).to_pylist():
+                    raw = snap.pull_ranges([job.ranges[index]])
+                    rows, bad = conform(raw, job.store_schema)
+                    flags = np.zeros(rows.num_rows, dtype=bool) if bad is None else bad
+                    yield from rows.append_column(BAD, pa.array(flags)).to_batches()
+    finally:
+        target.close()
+
+
+@dataclass(frozen=True)
+class _Apply:
+    sink: _Sink
+    store_schema: pa.Schema
+    epoch: int
+    newest: int | None
+    batch_rows: int
+
+
+def _chunks(batches: Iterator[pa.RecordBatch], size: int) -> Iterator[pa.Table]:
+    pending: list[pa.RecordBatch] = []
+    rows = 0
+    for batch in batches:
+        pending.append(batch)
+        rows += batch.num_rows
+        if rows >= size:
+            table = pa.Table.from_batches(pending)
+            for start in range(0, table.num_rows - table.num_rows % size, size):
+                yield table.slice(start, size)
+            rest = table.slice(table.num_rows - table.num_rows % size)
+            pending, rows = rest.to_batches(), rest.num_rows
+    if rows:
+        yield pa.Table.from_batches(pending)
+
+
+def _apply(job: _Apply, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """On an executor: apply the task's share of the diff, ``batch_rows`` rows a transaction."""
+    import pyarrow.compute as pc  # type: ignore[import-untyped, unused-ignore]
+
+    keys = list(job.sink.keys or ())
+    names = job.store_schema.names
+    target = job.sink.target(write=True)
+    applied = stale = transactions = 0
+    try:
+        for chunk in _chunks(batches, job.batch_rows):
+            kind = chunk.column(KIND)
+            extra = pc.equal(kind, "extra")
+            upserts = chunk.filter(pc.invert(extra)).select(names).cast(job.store_schema)
+            deletes = chunk.filter(extra).select(keys)
+            counts = {k: int(pc.sum(pc.equal(kind, k)).as_py() or 0)
+                      for k in ("missing", "extra", "changed")}  # fmt: skip
+            done = target.apply(
+                Repair(
+                    upserts=upserts,
+                    deletes=deletes,
+                    target_epoch=job.epoch,
+                    seen_newest=job.newest,
+                    counts=counts,
+                    mode="full",
+                )
+            )
+            transactions += 1
+            if done is None:
+                stale += chunk.num_rows  # an epoch committed since the pull: run again
+            else:
+                applied += done
+    finally:
+        target.close()
+    yield pa.RecordBatch.from_pydict(
+        {"applied": [applied], "stale": [stale], "transactions": [transactions]},
+        schema=pa.schema(
+            [("applied", pa.int64()), ("stale", pa.int64()), ("transactions", pa.int64())]
+        ),
+    )
+
+
+@dataclass(frozen=True)
+class SparkReport(ReconcileReport):
+    """A ``ReconcileReport`` with what the Spark job adds.
+
+    Attributes:
+        partitions: key ranges pulled in parallel.
+        transactions: repair transactions committed (or found stale).
+        stale: rows whose repair transaction found an epoch committed since the
+            pull (nothing of it written): run the job again.
+        samples: up to a few keys per kind (missing, extra, changed).
+    """
+
+    partitions: int = 0
+    transactions: int = 0
+    stale: int = 0
+    samples: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+
+
+def _split(table: str, schema: str | None) -> tuple[str | None, str]:
+    if schema is None and "." in table:
+        head, _, tail = table.partition(".")
+        return head, tail
+    return schema, table
+
+
+def spark_recover(
+    spark: Any,
+    dsn: str,
+    store: str,
+    pipeline: str,
+    table: str,
+    *,
+    sink: str | None = None,
+    keys: Sequence[str] | None = None,
+    schema: str | None = None,
+    dry_run: bool = True,
+    partitions: int | None = None,
+    batch_rows: int = 50_000,
+    samples: int = 5,
+) -> SparkReport:
+    """Verify (or repair) a PostgreSQL sink table against its expected state, on Spark.
+
+    Args:
+        spark: the SparkSession (any master: local, ``local-cluster``, a cluster).
+        dsn: the sink database (libpq DSN or URL); executors connect with it.
+        store: the expected-state store root (every executor reads it).
+        pipeline: the pipeline's name.
+        table: the sink table (``name`` or ``schema.name``).
+        sink: the sink's name (its store table and markers); default the table's name.
+        keys: the key columns; default the table's primary key.
+        schema: the table's schema, if not in ``table``.
+        dry_run: only report (the default, ``verify``); False repairs.
+        partitions: key ranges pulled in parallel; default Spark's default parallelism.
+        batch_rows: rows per repair transaction.
+        samples: keys shown per kind of difference.
+
+    Returns:
+        The counts, with ``mode`` "full" and what the job did.
+
+    Raises:
+        InvalidInputError: no such store table, schemas that do not match (the
+            column is named), a first key column that cannot be cut into ranges,
+            or a repair of a sink that is behind the store.
+        ConfigurationError: the database cannot be reached (the password redacted).
+    """
+    from pyspark.sql import functions as F
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    from expected_state.spark_state import read_state
+    from expected_state.store import ExpectedStateStore
+    from reconcile.hashing_spark import row_hash_column
+    from reconcile.recovery.conform import _UNCONVERTIBLE, check_columns
+
+    started = time.monotonic()
+    validate_name("pipeline", pipeline)
+    table_schema, table_name = _split(table, schema)
+    name = validate_name("sink", sink if sink is not None else table_name)
+    if batch_rows < 1:
+        raise InvalidInputError(f"batch_rows must be >= 1, got {batch_rows}")
+    parts = int(partitions or spark.sparkContext.defaultParallelism)
+    probe = _Sink(dsn, table_name, table_schema, tuple(keys) if keys else None, name, pipeline)
+    target = probe.target(write=False)
+    try:
+        key_columns = list(keys) if keys else target.key_columns()
+        job_sink = _Sink(dsn, table_name, table_schema, tuple(key_columns), name, pipeline)
+        expected_store = ExpectedStateStore(store, pipeline, name, key_columns)
+        user_schema = expected_store.user_schema
+        last = expected_store.last_epoch()
+        if user_schema is None or last is None:
+            raise InvalidInputError(
+                f"table {target.display}: the expected-state store holds no epoch of it "
+                f"(pipeline {pipeline!r}, table {name!r}); check the store, pipeline and table; "
+                "nothing was pulled or written"
+            )
+        check_columns(target.display, user_schema, target.columns(), key_columns)
+        with target.snapshot(user_schema, key_columns) as snap:
+            newest = snap.newest_epoch
+            shared = snap.export()
+            bounds = snap.range_bounds(parts)
+            edges = [None, *bounds, None]
+            ranges = tuple(KeyRange(lo, hi) for lo, hi in pairwise(edges))
+            epoch = newest if newest is not None and newest <= last else last
+            behind = newest is None or newest < last
+            if behind and not dry_run:
+                raise InvalidInputError(
+                    f"table {target.display}: the sink's newest marker is epoch {newest}, the "
+                    f"store's newest is {last}: the sink is behind (a pipeline recovering?). "
+                    "Bring it to the store with the pipeline's start() or the in-process "
+                    "`reconcile repair`, which also writes the missing markers; nothing was written"
+                )
+            pull = _Pull(job_sink, user_schema, shared, ranges)
+            pulled_schema = from_arrow_schema(
+                user_schema.append(pa.field(BAD, pa.bool_())), prefer_timestamp_ntz=True
+            )
+            ids = spark.range(len(ranges), numPartitions=len(ranges))
+            pulled = ids.mapInArrow(lambda it: _pull(pull, it), pulled_schema)
+            hashed = row_hash_column(user_schema.names, pulled.schema)
+            actual = pulled.select(
+                *key_columns,
+                F.when(F.col(BAD), hashed.bitwiseXOR(F.lit(int(_UNCONVERTIBLE)))).otherwise(hashed)
+                .alias(ACTUAL),
+            )  # fmt: skip
+            expected = read_state(
+                spark, expected_store.uri, key_columns, version=expected_store.version_of(epoch)
+            )
+            joined = expected.select(*key_columns, HASH).join(actual, key_columns, "full_outer")
+            kind = (
+                F.when(F.col(ACTUAL).isNull(), F.lit("missing"))
+                .when(F.col(HASH).isNull(), F.lit("extra"))
+                .when(F.col(HASH) != F.col(ACTUAL), F.lit("changed"))
+            )
+            # Every key once, classified (None: the same on both sides), kept on the
+            # executors: the counts, the samples and the repair read it, not the sink.
+            classified = joined.select(
+                *key_columns, kind.alias(KIND), F.col(ACTUAL).isNotNull().alias("_pulled")
+            ).persist()
+            try:
+                figures = (
+                    classified.groupBy(KIND)
+                    .agg(
+                        F.count(F.lit(1)).alias("n"),
+                        F.sum(F.col("_pulled").cast("long")).alias("p"),
+                    )
+                    .collect()
+                )
+                counted = {r[KIND]: int(r["n"]) for r in figures if r[KIND] is not None}
+                rows_pulled = sum(int(r["p"] or 0) for r in figures)
+                diff = classified.where(F.col(KIND).isNotNull()).select(*key_columns, KIND)
+                shown = {
+                    k: [r.asDict() for r in diff.where(F.col(KIND) == k).limit(samples)
+                        .select(*key_columns).collect()]
+                    for k in counted
+                }  # fmt: skip
+                applied = stale = transactions = 0
+                if not dry_run and counted:
+                    job = _Apply(job_sink, user_schema, epoch, newest, batch_rows)
+                    work = diff.join(
+                        expected.select(*user_schema.names), key_columns, "left"
+                    ).repartition(len(ranges), *key_columns)
+                    done = work.mapInArrow(
+                        lambda it: _apply(job, it),
+                        "applied long, stale long, transactions long",
+                    ).collect()
+                    applied = sum(int(r["applied"]) for r in done)
+                    stale = sum(int(r["stale"]) for r in done)
+                    transactions = sum(int(r["transactions"]) for r in done)
+            finally:
+                classified.unpersist()
+        display = target.display
+    finally:
+        target.close()
+    reason = f"distributed full pull on Spark: {len(ranges)} key ranges from one snapshot"
+    if behind:
+        reason += f"; the sink is behind the store (marker {newest}, store {last})"
+    return SparkReport(
+        table=display,
+        mode="full",
+        reason=reason,
+        target_epoch=epoch,
+        rows_pulled=rows_pulled,
+        buckets_compared=0,
+        buckets_differing=0,
+        missing=counted.get("missing", 0),
+        extra=counted.get("extra", 0),
+        changed=counted.get("changed", 0),
+        applied=applied,
+        seconds=round(time.monotonic() - started, 6),
+        dry_run=dry_run,
+        partitions=len(ranges),
+        transactions=transactions,
+        stale=stale,
+        samples=shown,
+    )
