@@ -88,6 +88,14 @@ def _parser() -> argparse.ArgumentParser:
             help="how to find what differs (default auto, or the config file's mode)",
         )  # fmt: skip
         sub.add_argument("--epoch", type=int, help="compare with this epoch (default: the newest)")
+        sub.add_argument(
+            "--spark", action="store_true",
+            help="run as a distributed Spark job (full mode: executors pull key ranges)",
+        )  # fmt: skip
+        sub.add_argument("--master", help="with --spark: the Spark master (default local[*])")
+        sub.add_argument(
+            "--partitions", type=int, help="with --spark: key ranges pulled in parallel"
+        )
         sub.add_argument("--schema", help="the sink table's schema (default: the current one)")
         sub.add_argument("--json", action="store_true", help="print one JSON object")
 

@@ -73,6 +73,10 @@ def summary(report: ReconcileReport, *, repair: bool) -> str:
 def run_recover(args: argparse.Namespace) -> int:
     """Run ``verify`` or ``repair``; return the exit code (errors raise ReconcileError)."""
     repair = args.command == "repair"
+    if args.spark:
+        from reconcile.spark.job import run_on_spark
+
+        return run_on_spark(args)
     options: dict[str, Any] = {
         "mode": args.mode or "auto",
         "dry_run": not repair,

@@ -35,6 +35,8 @@ which also writes the missing markers; this job refuses to repair it.
 from __future__ import annotations
 
 import logging
+import os
+import re
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -44,6 +46,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
 
+from reconcile import contract, hooks
 from reconcile.contract import InvalidInputError, validate_name
 from reconcile.recovery.report import ReconcileReport
 from reconcile.recovery.target import KeyRange, Repair
@@ -51,6 +54,32 @@ from reconcile.recovery.target import KeyRange, Repair
 __all__ = ["SparkReport", "spark_recover"]
 
 log = logging.getLogger("reconcile.spark.verify")
+
+# On the driver: the snapshot is exported and the ranges cut; no executor has
+# imported it yet (a test ends the exporting session here).
+SNAPSHOT_EXPORTED = hooks.declare("spark.verify.snapshot_exported")
+# The last line of a Python traceback that Spark carries back from an executor.
+_RAISED = re.compile(r"^(reconcile\.contract\.[A-Za-z]+): (.*)$", re.M)
+
+
+def _from_executor(exc: BaseException) -> BaseException:
+    """The engine's own error an executor raised, rebuilt with its type and message.
+
+    Spark hands a task's Python exception to the driver as text inside its own
+    exception (the task's traceback); an engine error found there is raised as
+    itself, so that callers (and the exit codes) see what went wrong, not "a
+    Spark job failed".
+    """
+    found = _RAISED.findall(str(exc))
+    if not found:
+        return exc
+    name, message = found[-1]
+    kind = getattr(contract, name.rsplit(".", 1)[1], None)
+    if not (isinstance(kind, type) and issubclass(kind, contract.ReconcileError)):
+        return exc
+    rebuilt: BaseException = kind(f"on an executor: {message}")
+    return rebuilt
+
 
 BAD = "_bad"  # a pulled row with a value that does not convert to the expected type
 KIND = "_kind"  # missing | extra | changed
@@ -91,7 +120,12 @@ def _pull(job: _Pull, ids: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]
     target = job.sink.target(write=False)
     try:
         with target.snapshot(
-            job.store_schema, list(job.sink.keys or ()), shared=job.shared
+            job.store_schema,
+            list(job.sink.keys or ()),
+            shared=job.shared,
+            # Which executor process (and its parent) holds which pull, in
+            # pg_stat_activity: the worker may be gone when someone looks.
+            application_name=f"reconcile-pull-{os.getpid()}-{os.getppid()}",
         ) as snap:
             for batch in ids:
                 for index in batch.column(0).to_pylist():
@@ -187,6 +221,93 @@ class SparkReport(ReconcileReport):
     samples: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
 
 
+@dataclass
+class _JobResult:
+    counted: dict[str, int]
+    rows_pulled: int
+    samples: dict[str, list[dict[str, Any]]]
+    applied: int = 0
+    stale: int = 0
+    transactions: int = 0
+
+
+def _run_job(
+    spark: Any,
+    pull: _Pull,
+    store: Any,
+    epoch: int,
+    newest: int | None,
+    *,
+    dry_run: bool,
+    batch_rows: int,
+    samples: int,
+) -> _JobResult:
+    """The Spark side: pull, hash, join, count, and (not ``dry_run``) apply from executors."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    from expected_state.spark_state import read_state
+    from reconcile.hashing_spark import row_hash_column
+    from reconcile.recovery.conform import _UNCONVERTIBLE
+
+    schema, keys = pull.store_schema, list(pull.sink.keys or ())
+    pulled_schema = from_arrow_schema(
+        schema.append(pa.field(BAD, pa.bool_())), prefer_timestamp_ntz=True
+    )
+    ids = spark.range(len(pull.ranges), numPartitions=len(pull.ranges))
+    pulled = ids.mapInArrow(lambda it: _pull(pull, it), pulled_schema)
+    hashed = row_hash_column(schema.names, pulled.schema)
+    # A value that did not convert gets a hash that matches nothing (as in-process).
+    flagged = hashed.bitwiseXOR(F.lit(int(_UNCONVERTIBLE)))
+    actual = pulled.select(*keys, F.when(F.col(BAD), flagged).otherwise(hashed).alias(ACTUAL))
+    expected = read_state(spark, store.uri, keys, version=store.version_of(epoch))
+    joined = expected.select(*keys, HASH).join(actual, keys, "full_outer")
+    kind = (
+        F.when(F.col(ACTUAL).isNull(), F.lit("missing"))
+        .when(F.col(HASH).isNull(), F.lit("extra"))
+        .when(F.col(HASH) != F.col(ACTUAL), F.lit("changed"))
+    )
+    # Every key once, classified (None: the same on both sides), kept on the
+    # executors: the counts, the samples and the repair read it, not the sink.
+    classified = joined.select(
+        *keys, kind.alias(KIND), F.col(ACTUAL).isNotNull().alias("_pulled")
+    ).persist()
+    try:
+        figures = (
+            classified.groupBy(KIND)
+            .agg(F.count(F.lit(1)).alias("n"), F.sum(F.col("_pulled").cast("long")).alias("p"))
+            .collect()
+        )
+        counted = {r[KIND]: int(r["n"]) for r in figures if r[KIND] is not None}
+        diff = classified.where(F.col(KIND).isNotNull()).select(*keys, KIND)
+        result = _JobResult(
+            counted=counted,
+            rows_pulled=sum(int(r["p"] or 0) for r in figures),
+            samples={
+                k: [
+                    r.asDict()
+                    for r in diff.where(F.col(KIND) == k).select(*keys).limit(samples).collect()
+                ]
+                for k in counted
+            },
+        )
+        if dry_run or not counted:
+            return result
+        job = _Apply(pull.sink, schema, epoch, newest, batch_rows)
+        work = diff.join(expected.select(*schema.names), keys, "left").repartition(
+            len(pull.ranges), *keys
+        )
+        done = work.mapInArrow(
+            lambda it: _apply(job, it), "applied long, stale long, transactions long"
+        ).collect()
+        result.applied = sum(int(r["applied"]) for r in done)
+        result.stale = sum(int(r["stale"]) for r in done)
+        result.transactions = sum(int(r["transactions"]) for r in done)
+        return result
+    finally:
+        classified.unpersist()
+
+
 def _split(table: str, schema: str | None) -> tuple[str | None, str]:
     if schema is None and "." in table:
         head, _, tail = table.partition(".")
@@ -234,13 +355,8 @@ def spark_recover(
             or a repair of a sink that is behind the store.
         ConfigurationError: the database cannot be reached (the password redacted).
     """
-    from pyspark.sql import functions as F
-    from pyspark.sql.pandas.types import from_arrow_schema
-
-    from expected_state.spark_state import read_state
     from expected_state.store import ExpectedStateStore
-    from reconcile.hashing_spark import row_hash_column
-    from reconcile.recovery.conform import _UNCONVERTIBLE, check_columns
+    from reconcile.recovery.conform import check_columns
 
     started = time.monotonic()
     validate_name("pipeline", pipeline)
@@ -268,6 +384,7 @@ def spark_recover(
             newest = snap.newest_epoch
             shared = snap.export()
             bounds = snap.range_bounds(parts)
+            hooks.point(SNAPSHOT_EXPORTED)
             edges = [None, *bounds, None]
             ranges = tuple(KeyRange(lo, hi) for lo, hi in pairwise(edges))
             epoch = newest if newest is not None and newest <= last else last
@@ -279,64 +396,22 @@ def spark_recover(
                     "Bring it to the store with the pipeline's start() or the in-process "
                     "`reconcile repair`, which also writes the missing markers; nothing was written"
                 )
-            pull = _Pull(job_sink, user_schema, shared, ranges)
-            pulled_schema = from_arrow_schema(
-                user_schema.append(pa.field(BAD, pa.bool_())), prefer_timestamp_ntz=True
-            )
-            ids = spark.range(len(ranges), numPartitions=len(ranges))
-            pulled = ids.mapInArrow(lambda it: _pull(pull, it), pulled_schema)
-            hashed = row_hash_column(user_schema.names, pulled.schema)
-            actual = pulled.select(
-                *key_columns,
-                F.when(F.col(BAD), hashed.bitwiseXOR(F.lit(int(_UNCONVERTIBLE)))).otherwise(hashed)
-                .alias(ACTUAL),
-            )  # fmt: skip
-            expected = read_state(
-                spark, expected_store.uri, key_columns, version=expected_store.version_of(epoch)
-            )
-            joined = expected.select(*key_columns, HASH).join(actual, key_columns, "full_outer")
-            kind = (
-                F.when(F.col(ACTUAL).isNull(), F.lit("missing"))
-                .when(F.col(HASH).isNull(), F.lit("extra"))
-                .when(F.col(HASH) != F.col(ACTUAL), F.lit("changed"))
-            )
-            # Every key once, classified (None: the same on both sides), kept on the
-            # executors: the counts, the samples and the repair read it, not the sink.
-            classified = joined.select(
-                *key_columns, kind.alias(KIND), F.col(ACTUAL).isNotNull().alias("_pulled")
-            ).persist()
             try:
-                figures = (
-                    classified.groupBy(KIND)
-                    .agg(
-                        F.count(F.lit(1)).alias("n"),
-                        F.sum(F.col("_pulled").cast("long")).alias("p"),
-                    )
-                    .collect()
+                found = _run_job(
+                    spark,
+                    _Pull(job_sink, user_schema, shared, ranges),
+                    expected_store,
+                    epoch,
+                    newest,
+                    dry_run=dry_run,
+                    batch_rows=batch_rows,
+                    samples=samples,
                 )
-                counted = {r[KIND]: int(r["n"]) for r in figures if r[KIND] is not None}
-                rows_pulled = sum(int(r["p"] or 0) for r in figures)
-                diff = classified.where(F.col(KIND).isNotNull()).select(*key_columns, KIND)
-                shown = {
-                    k: [r.asDict() for r in diff.where(F.col(KIND) == k).limit(samples)
-                        .select(*key_columns).collect()]
-                    for k in counted
-                }  # fmt: skip
-                applied = stale = transactions = 0
-                if not dry_run and counted:
-                    job = _Apply(job_sink, user_schema, epoch, newest, batch_rows)
-                    work = diff.join(
-                        expected.select(*user_schema.names), key_columns, "left"
-                    ).repartition(len(ranges), *key_columns)
-                    done = work.mapInArrow(
-                        lambda it: _apply(job, it),
-                        "applied long, stale long, transactions long",
-                    ).collect()
-                    applied = sum(int(r["applied"]) for r in done)
-                    stale = sum(int(r["stale"]) for r in done)
-                    transactions = sum(int(r["transactions"]) for r in done)
-            finally:
-                classified.unpersist()
+            except Exception as exc:
+                rebuilt = _from_executor(exc)
+                if rebuilt is exc:
+                    raise
+                raise rebuilt from exc
         display = target.display
     finally:
         target.close()
@@ -348,17 +423,17 @@ def spark_recover(
         mode="full",
         reason=reason,
         target_epoch=epoch,
-        rows_pulled=rows_pulled,
+        rows_pulled=found.rows_pulled,
         buckets_compared=0,
         buckets_differing=0,
-        missing=counted.get("missing", 0),
-        extra=counted.get("extra", 0),
-        changed=counted.get("changed", 0),
-        applied=applied,
+        missing=found.counted.get("missing", 0),
+        extra=found.counted.get("extra", 0),
+        changed=found.counted.get("changed", 0),
+        applied=found.applied,
         seconds=round(time.monotonic() - started, 6),
         dry_run=dry_run,
         partitions=len(ranges),
-        transactions=transactions,
-        stale=stale,
-        samples=shown,
+        transactions=found.transactions,
+        stale=found.stale,
+        samples=found.samples,
     )

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import Any
 
 import psycopg
@@ -84,6 +84,8 @@ class PgSnapshot:
         sink: the sink's name in the markers.
         shared: a snapshot another session exported (``export()``): this one
             sees exactly what that one sees (parallel pulls of one state).
+        application_name: the pull session's name in ``pg_stat_activity``
+            (default: the DSN's).
     """
 
     def __init__(
@@ -96,12 +98,14 @@ class PgSnapshot:
         pipeline: str,
         sink: str,
         shared: str | None = None,
+        application_name: str | None = None,
     ) -> None:
         if shared is not None and not _SNAPSHOT_ID.fullmatch(shared):
             raise InvalidInputError(f"not an exported snapshot id: {shared!r}")
         self.target, self.table, self.schema, self.keys = target, table, schema, keys
         self.marker_schema, self.pipeline, self.sink = marker_schema, pipeline, sink
         self.shared = shared
+        self.application_name = application_name
         self.newest_epoch: int | None = None
         self._conn: Any = None
         self._sums: psycopg.Connection[Any] | None = None
@@ -116,7 +120,10 @@ class PgSnapshot:
         import adbc_driver_postgresql.dbapi as adbc
 
         try:
-            self._conn = adbc.connect(self.target.conninfo())
+            named = (
+                {} if self.application_name is None else {"application_name": self.application_name}
+            )
+            self._conn = adbc.connect(self.target.conninfo(**named))
         except adbc_driver_manager.Error as err:
             raise _adbc_error(self.target, err, "pull: cannot connect") from None
         try:
@@ -140,9 +147,14 @@ class PgSnapshot:
                 if self._sums is not None:
                     self._sums.close()
                     self._sums = None
-                self._conn.rollback()
+                # Read only: a session that is gone (terminated, server restarted)
+                # has nothing to roll back, and its error must not hide the one
+                # that ended the block.
+                with suppress(adbc_driver_manager.Error):
+                    self._conn.rollback()
             finally:
-                self._conn.close()
+                with suppress(adbc_driver_manager.Error):
+                    self._conn.close()
                 self._conn = None
 
     def export(self) -> str:

@@ -106,12 +106,17 @@ class PgRecoveryTarget:
 
     @contextmanager
     def snapshot(
-        self, schema: pa.Schema, keys: list[str], *, shared: str | None = None
+        self,
+        schema: pa.Schema,
+        keys: list[str],
+        *,
+        shared: str | None = None,
+        application_name: str | None = None,
     ) -> Iterator[PgSnapshot]:
         table = self._open()
         snap = PgSnapshot(
             self.sink.target, table, schema, keys, self._marker_schema, self.pipeline,
-            self.sink.name, shared,
+            self.sink.name, shared, application_name,
         )  # fmt: skip
         with snap.opened() as opened:
             yield opened
