@@ -54,3 +54,13 @@ def test_in_ranges_is_the_plain_definition(
         for v in values
     ]
     assert in_ranges(column, ranges).to_pylist() == want
+
+
+def test_a_value_at_an_upper_bound_is_outside_on_the_vectorized_path() -> None:
+    """No NULLs (the vectorized path), values on every bound: [lo, hi) keeps lo, drops hi."""
+    for kind in ("int", "timestamp", "date"):
+        convert, typ = _KINDS[kind]
+        column = pa.chunked_array([pa.array([convert(v) for v in (-5, 0, 4, 5, 9, 10, 20)], typ)])
+        ranges = [(convert(0), convert(5)), (convert(9), convert(10))]
+        got = in_ranges(column, ranges).to_pylist()
+        assert got == [False, True, True, False, True, False, False], kind
