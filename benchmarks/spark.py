@@ -1,0 +1,347 @@
+"""Benchmark: the engine on Spark, next to the in-process engine, in one run on the same data.
+
+``python -m benchmarks.spark [--rows N] [--batches B] [--batch-rows R]``
+
+1. **Verify.** Full verify of an N-row PostgreSQL table (default 10M): in-process
+   (COPY into Arrow, numpy hash, Arrow diff) and as a Spark job
+   (``spark_recover``) on ``local[2]`` with 1, 2, 4 and 8 pull partitions, and on
+   ``local-cluster`` with 1 and 2 workers (executor JVMs in processes of their
+   own). Every run must report no drift: the timings are of a real comparison.
+2. **Streaming.** The same file stream (B micro-batches of R rows) written by
+   ``write_stream`` (exactly-once: staged by executors, store recorded, one
+   transaction per sink with its marker) and by a plain at-least-once
+   ``foreachBatch`` that COPYs each batch into a table, with the default
+   trigger (the next batch as soon as the last is done) and with a 1 s
+   ``processingTime`` trigger. Per batch, Spark's own ``addBatch`` duration
+   (the write) and ``triggerExecution`` (the whole micro-batch) are reported.
+
+It starts its own throwaway PostgreSQL (fsync on) and writes
+``benchmarks/results/spark_verify.json``, ``.md`` and ``spark_verify.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import psycopg
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+
+from benchmarks.recovery import SCHEMA, Sink  # noqa: E402
+from benchmarks.report import RESULTS, machine, now, versions, write_report  # noqa: E402
+from reconcile import CommitCycle, recover  # noqa: E402
+from reconcile.expected import ExpectedState  # noqa: E402
+from tests.fix_pg import PgServer  # noqa: E402
+
+PARTITIONS = (1, 2, 4, 8)
+WORKERS = (1, 2)
+
+
+def session(master: str) -> Any:
+    from pyspark.sql import SparkSession
+
+    spark = (
+        SparkSession.builder.master(master)
+        .appName("reconcile-bench")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", "8")
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.driver.memory", "4g")
+        .config("spark.executorEnv.PYSPARK_PYTHON", sys.executable)
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def timed_spark_verify(spark: Any, dsn: str, root: str, table: str, parts: int) -> float:
+    from reconcile.spark.verify import spark_recover
+
+    start = time.perf_counter()
+    report = spark_recover(spark, dsn, root, "bench", table, partitions=parts)
+    seconds = time.perf_counter() - start
+    assert not report.drift, report
+    return seconds
+
+
+def verify_part(args: argparse.Namespace, dsn: str, root: str, out: dict[str, Any]) -> None:
+    t = time.perf_counter()
+    sink = Sink(dsn, root, "big", args.rows)
+    print(f"loaded {args.rows} rows in {time.perf_counter() - t:.1f}s", flush=True)
+    local = []
+    for _ in range(2):
+        start = time.perf_counter()
+        report = recover(dsn, root, "bench", sink.table, mode="full", dry_run=True)
+        local.append(time.perf_counter() - start)
+        assert not report.drift, report
+    out["in_process_s"] = round(min(local), 3)
+    print(f"in-process full verify {min(local):.2f}s", flush=True)
+    spark = session("local[2]")
+    timed_spark_verify(spark, dsn, root, sink.table, 2)  # warm-up: JIT, Python workers
+    runs = {}
+    for parts in PARTITIONS:
+        runs[str(parts)] = round(timed_spark_verify(spark, dsn, root, sink.table, parts), 3)
+        print(f"spark local[2], {parts} partitions: {runs[str(parts)]}s", flush=True)
+    spark.stop()
+    out["local2_by_partitions_s"] = runs
+    cluster = {}
+    for workers in WORKERS:
+        spark = session(f"local-cluster[{workers},1,2048]")
+        timed_spark_verify(spark, dsn, root, sink.table, 2 * workers)  # warm-up
+        cluster[str(workers)] = round(
+            timed_spark_verify(spark, dsn, root, sink.table, 2 * workers), 3
+        )
+        print(f"spark local-cluster, {workers} workers: {cluster[str(workers)]}s", flush=True)
+        spark.stop()
+    out["local_cluster_by_workers_s"] = cluster
+    best = min(runs.values())
+    out["spark_best_local2_s"] = best
+    out["spark_vs_in_process_ratio"] = round(out["in_process_s"] / best, 3)
+
+
+def make_inbox(folder: Path, batches: int, rows: int) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from benchmarks.recovery import rows as make_rows
+
+    folder.mkdir(parents=True)
+    start = time.time() - 10 * batches
+    for b in range(batches):
+        ids = np.arange(b * rows, (b + 1) * rows, dtype=np.int64)
+        path = folder / f"batch-{b:05d}.parquet"
+        pq.write_table(make_rows(ids, seed=b).cast(SCHEMA), path)
+        os.utime(path, (start + b, start + b))
+    del pa
+
+
+def stream_once(
+    spark: Any, dsn: str, work: Path, table: str, mode: str, trigger: dict[str, Any] | None
+) -> dict[str, Any]:
+    """One streaming run over the inbox; Spark's own per-batch durations."""
+    from reconcile.spark.stream import write_stream
+    from sinks.postgres import postgres_sink
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(
+            f"CREATE TABLE {table} (id bigint PRIMARY KEY, name text, qty int4, "  # type: ignore[arg-type]
+            "price float8, at timestamptz, _epoch bigint)"
+        )
+    frame = (
+        spark.readStream.schema(spark.read.parquet(str(work / "inbox")).schema)
+        .option("maxFilesPerTrigger", 1)
+        .parquet(str(work / "inbox"))
+    )
+    checkpoint = work / f"checkpoint-{table}"
+    if mode == "exactly_once":
+        store = str(work / f"store-{table}")
+
+        def build() -> CommitCycle:
+            expected = ExpectedState(store, "bench", {table: ["id"]})
+            return CommitCycle("bench", [postgres_sink(dsn, table, name=table)],
+                               expected_state=expected)  # fmt: skip
+
+        query = write_stream(
+            frame, build, checkpoint=checkpoint, staging=work / f"staging-{table}", trigger=trigger
+        )
+    else:
+        # At-least-once: each micro-batch COPYs straight into the table (no
+        # marker, no store, no staging); a replayed batch would be written again.
+        # Its rows are collected to the driver (toArrow) and sent as CSV: the
+        # usual hand-written foreachBatch, and the fastest simple COPY here.
+        def copy_batch(batch: Any, batch_id: int) -> None:
+            import io
+
+            import pyarrow.csv as pacsv
+
+            from sinks.postgres.apply import write_csv
+
+            data = batch.toArrow()
+            buffer = io.BytesIO()
+            write_csv(data, buffer, pacsv.WriteOptions(include_header=False))
+            names = ", ".join(data.column_names)
+            statement = f"COPY {table} ({names}) FROM STDIN (FORMAT csv)"
+            with (
+                psycopg.connect(dsn, autocommit=True) as conn,
+                conn.cursor() as cur,
+                cur.copy(statement) as copy,  # type: ignore[arg-type]
+            ):
+                copy.write(buffer.getvalue())
+
+        stream = frame.writeStream.foreachBatch(copy_batch).option(
+            "checkpointLocation", str(checkpoint)
+        )
+        if trigger:
+            stream = stream.trigger(**trigger)
+        query = stream.start()
+    began = time.perf_counter()
+    query.processAllAvailable()
+    elapsed = time.perf_counter() - began
+    progress = [p for p in query.recentProgress if p["numInputRows"] > 0]
+    query.stop()
+    writer = getattr(query, "reconcile_writer", None)
+    if writer is not None:
+        writer.close()
+    with psycopg.connect(dsn) as conn:
+        held = conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0]  # type: ignore[arg-type, index]
+    add = [p["durationMs"]["addBatch"] for p in progress]
+    whole = [p["durationMs"]["triggerExecution"] for p in progress]
+    rows = sum(p["numInputRows"] for p in progress)
+    return {
+        "batches": len(progress),
+        "rows": rows,
+        "rows_in_table": held,
+        "seconds": round(elapsed, 3),
+        "rows_per_s": round(rows / elapsed),
+        "add_batch_ms_p50": statistics.median(add),
+        "add_batch_ms_p95": float(np.percentile(add, 95)),
+        "batch_ms_p50": statistics.median(whole),
+        "batch_ms_p95": float(np.percentile(whole, 95)),
+    }
+
+
+def streaming_part(args: argparse.Namespace, dsn: str, out: dict[str, Any]) -> None:
+    work = Path(tempfile.mkdtemp(prefix="reconcile-bench-stream-"))
+    make_inbox(work / "inbox", args.batches, args.batch_rows)
+    spark = session("local[2]")
+    runs = []
+    try:
+        n = 0
+        triggers = (("as_fast_as_possible", None), ("processing_time_1s", {"processingTime": "1s"}))
+        for trigger_name, trigger in triggers:
+            for mode in ("at_least_once", "exactly_once"):
+                n += 1
+                result = stream_once(spark, dsn, work, f"stream_{n}", mode, trigger)
+                result.update(mode=mode, trigger=trigger_name)
+                assert result["rows_in_table"] == args.batches * args.batch_rows, result
+                runs.append(result)
+                print(json.dumps(result), flush=True)
+    finally:
+        spark.stop()
+        shutil.rmtree(work, ignore_errors=True)
+    out["streaming"] = runs
+
+
+def markdown(r: dict[str, Any]) -> str:
+    m = r["machine"]
+    lines = [
+        "# The engine on Spark",
+        "",
+        f"Run {r['when']} on {m['cpu_model']} ({m['cpus']} cores, {m['memory_gib']} GiB), "
+        f"PostgreSQL {r['postgres']}, pyspark {r['versions'].get('pyspark')}.",
+        "",
+        f"## Full verify of {r['rows']:,} rows (no drift)",
+        "",
+        "| how | seconds |",
+        "|---|---|",
+        f"| in-process (COPY into Arrow, numpy hash) | {r['in_process_s']} |",
+    ]
+    for parts, s in r["local2_by_partitions_s"].items():
+        lines.append(f"| Spark `local[2]`, {parts} pull partitions | {s} |")
+    for workers, s in r["local_cluster_by_workers_s"].items():
+        lines.append(f"| Spark `local-cluster`, {workers} worker(s), 2 partitions each | {s} |")
+    lines += [
+        "",
+        f"In-process / best Spark `local[2]`: **{r['spark_vs_in_process_ratio']}** (above 1: "
+        "Spark is faster).",
+        "",
+        f"## Streaming: {r['batches']} micro-batches of {r['batch_rows']:,} rows",
+        "",
+        "| trigger | writer | rows/s | write p50 ms | write p95 ms | batch p50 ms | batch p95 ms |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for s in r["streaming"]:
+        lines.append(
+            f"| {s['trigger']} | {s['mode']} | {s['rows_per_s']:,} | {s['add_batch_ms_p50']:.0f} "
+            f"| {s['add_batch_ms_p95']:.0f} | {s['batch_ms_p50']:.0f} | {s['batch_ms_p95']:.0f} |"
+        )
+    lines += [
+        "",
+        "*write* is Spark's `addBatch` (the sink's work for the batch); *batch* is the whole "
+        "micro-batch (`triggerExecution`). A row is visible in PostgreSQL when its batch's write "
+        "ends: with the exactly-once writer, no checkpoint interval is added.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def plot(r: dict[str, Any], out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    labels = (
+        ["in-process"]
+        + [f"local[2] p={p}" for p in r["local2_by_partitions_s"]]
+        + [f"cluster w={w}" for w in r["local_cluster_by_workers_s"]]
+    )
+    values = [r["in_process_s"], *r["local2_by_partitions_s"].values(),
+              *r["local_cluster_by_workers_s"].values()]  # fmt: skip
+    left.barh(labels, values, color=["tab:gray"] + ["tab:blue"] * (len(values) - 1))
+    left.set_xlabel("seconds")
+    left.set_title(f"Full verify of {r['rows']:,} rows")
+    left.invert_yaxis()
+    names = [f"{s['mode']}\n{s['trigger']}" for s in r["streaming"]]
+    right.bar(names, [s["add_batch_ms_p50"] for s in r["streaming"]], label="write p50")
+    right.bar(names, [s["add_batch_ms_p95"] - s["add_batch_ms_p50"] for s in r["streaming"]],
+              bottom=[s["add_batch_ms_p50"] for s in r["streaming"]], label="to p95",
+              alpha=0.5)  # fmt: skip
+    right.set_ylabel("ms per micro-batch")
+    right.set_title(f"Streaming write, {r['batch_rows']:,} rows a batch")
+    right.tick_params(axis="x", labelsize=7)
+    right.legend()
+    fig.tight_layout()
+    fig.savefig(out / "spark_verify.png", dpi=110)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rows", type=int, default=10_000_000, help="rows of the verified table")
+    parser.add_argument("--batches", type=int, default=20, help="micro-batches streamed")
+    parser.add_argument("--batch-rows", type=int, default=10_000, help="rows per micro-batch")
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args(argv)
+    server = PgServer(fsync="on", full_page_writes="on", shared_buffers="1GB",
+                      max_wal_size="8GB", work_mem="256MB")  # fmt: skip
+    root = tempfile.mkdtemp(prefix="reconcile-bench-store-")
+    result: dict[str, Any] = {
+        "machine": machine(python=platform.python_version()),
+        "versions": versions("pyspark", "pyarrow", "deltalake", "psycopg"),
+        "when": now(),
+        "rows": args.rows,
+        "batches": args.batches,
+        "batch_rows": args.batch_rows,
+    }
+    try:
+        dsn = server.dsn(server.create_database("bench"))
+        with psycopg.connect(dsn) as conn:
+            result["postgres"] = str(conn.execute("SHOW server_version").fetchone()[0])  # type: ignore[index]
+        verify_part(args, dsn, root, result)
+        streaming_part(args, dsn, result)
+    finally:
+        server.stop()
+        shutil.rmtree(root, ignore_errors=True)
+    write_report("spark_verify", result, markdown(result), args.out)
+    plot(result, args.out)
+    print(markdown(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
