@@ -35,21 +35,22 @@ which also writes the missing markers; this job refuses to repair it.
 from __future__ import annotations
 
 import logging
-import os
 import re
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import pairwise
 from typing import Any
 
-import numpy as np
 import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
 
 from reconcile import contract, hooks
 from reconcile.contract import InvalidInputError, validate_name
 from reconcile.recovery.report import ReconcileReport
-from reconcile.recovery.target import KeyRange, Repair
+from reconcile.recovery.target import KeyRange
+from reconcile.spark.tasks import ACTUAL, BAD, HASH, KIND, ApplyJob, PullJob, SinkAt
+from reconcile.spark.tasks import apply as apply_task
+from reconcile.spark.tasks import pull as pull_task
 
 __all__ = ["SparkReport", "spark_recover"]
 
@@ -79,128 +80,6 @@ def _from_executor(exc: BaseException) -> BaseException:
         return exc
     rebuilt: BaseException = kind(f"on an executor: {message}")
     return rebuilt
-
-
-BAD = "_bad"  # a pulled row with a value that does not convert to the expected type
-KIND = "_kind"  # missing | extra | changed
-HASH = "_row_hash"
-ACTUAL = "_actual_hash"
-
-
-@dataclass(frozen=True)
-class _Sink:
-    """What an executor task needs to open the sink table (pickled into every task)."""
-
-    dsn: str = field(repr=False)  # holds the password: never shown
-    table: str
-    schema: str | None
-    keys: tuple[str, ...] | None  # None: the table's primary key
-    name: str
-    pipeline: str
-
-    def target(self, *, write: bool) -> Any:
-        from sinks.postgres import PostgresSink
-
-        sink = PostgresSink(self.dsn, self.table, name=self.name, schema=self.schema, key=self.keys)
-        return sink.recovery_target(self.pipeline, None, write=write)
-
-
-@dataclass(frozen=True)
-class _Pull:
-    sink: _Sink
-    store_schema: pa.Schema
-    shared: str  # the driver's exported snapshot
-    ranges: tuple[KeyRange, ...]
-
-
-def _pull(job: _Pull, ids: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    """On an executor: pull the ranges whose numbers arrive, conformed to the store's types."""
-    from reconcile.recovery.conform import conform
-
-    target = job.sink.target(write=False)
-    try:
-        with target.snapshot(
-            job.store_schema,
-            list(job.sink.keys or ()),
-            shared=job.shared,
-            # Which executor process (and its parent) holds which pull, in
-            # pg_stat_activity: the worker may be gone when someone looks.
-            application_name=f"reconcile-pull-{os.getpid()}-{os.getppid()}",
-        ) as snap:
-            for batch in ids:
-                for index in batch.column(0).to_pylist():
-                    raw = snap.pull_ranges([job.ranges[index]])
-                    rows, bad = conform(raw, job.store_schema)
-                    flags = np.zeros(rows.num_rows, dtype=bool) if bad is None else bad
-                    yield from rows.append_column(BAD, pa.array(flags)).to_batches()
-    finally:
-        target.close()
-
-
-@dataclass(frozen=True)
-class _Apply:
-    sink: _Sink
-    store_schema: pa.Schema
-    epoch: int
-    newest: int | None
-    batch_rows: int
-
-
-def _chunks(batches: Iterator[pa.RecordBatch], size: int) -> Iterator[pa.Table]:
-    pending: list[pa.RecordBatch] = []
-    rows = 0
-    for batch in batches:
-        pending.append(batch)
-        rows += batch.num_rows
-        if rows >= size:
-            table = pa.Table.from_batches(pending)
-            for start in range(0, table.num_rows - table.num_rows % size, size):
-                yield table.slice(start, size)
-            rest = table.slice(table.num_rows - table.num_rows % size)
-            pending, rows = rest.to_batches(), rest.num_rows
-    if rows:
-        yield pa.Table.from_batches(pending)
-
-
-def _apply(job: _Apply, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    """On an executor: apply the task's share of the diff, ``batch_rows`` rows a transaction."""
-    import pyarrow.compute as pc  # type: ignore[import-untyped, unused-ignore]
-
-    keys = list(job.sink.keys or ())
-    names = job.store_schema.names
-    target = job.sink.target(write=True)
-    applied = stale = transactions = 0
-    try:
-        for chunk in _chunks(batches, job.batch_rows):
-            kind = chunk.column(KIND)
-            extra = pc.equal(kind, "extra")
-            upserts = chunk.filter(pc.invert(extra)).select(names).cast(job.store_schema)
-            deletes = chunk.filter(extra).select(keys)
-            counts = {k: int(pc.sum(pc.equal(kind, k)).as_py() or 0)
-                      for k in ("missing", "extra", "changed")}  # fmt: skip
-            done = target.apply(
-                Repair(
-                    upserts=upserts,
-                    deletes=deletes,
-                    target_epoch=job.epoch,
-                    seen_newest=job.newest,
-                    counts=counts,
-                    mode="full",
-                )
-            )
-            transactions += 1
-            if done is None:
-                stale += chunk.num_rows  # an epoch committed since the pull: run again
-            else:
-                applied += done
-    finally:
-        target.close()
-    yield pa.RecordBatch.from_pydict(
-        {"applied": [applied], "stale": [stale], "transactions": [transactions]},
-        schema=pa.schema(
-            [("applied", pa.int64()), ("stale", pa.int64()), ("transactions", pa.int64())]
-        ),
-    )
 
 
 @dataclass(frozen=True)
@@ -233,7 +112,7 @@ class _JobResult:
 
 def _run_job(
     spark: Any,
-    pull: _Pull,
+    pull: PullJob,
     store: Any,
     epoch: int,
     newest: int | None,
@@ -255,7 +134,7 @@ def _run_job(
         schema.append(pa.field(BAD, pa.bool_())), prefer_timestamp_ntz=True
     )
     ids = spark.range(len(pull.ranges), numPartitions=len(pull.ranges))
-    pulled = ids.mapInArrow(lambda it: _pull(pull, it), pulled_schema)
+    pulled = ids.mapInArrow(lambda it: pull_task(pull, it), pulled_schema)
     hashed = row_hash_column(schema.names, pulled.schema)
     # A value that did not convert gets a hash that matches nothing (as in-process).
     flagged = hashed.bitwiseXOR(F.lit(int(_UNCONVERTIBLE)))
@@ -293,12 +172,12 @@ def _run_job(
         )
         if dry_run or not counted:
             return result
-        job = _Apply(pull.sink, schema, epoch, newest, batch_rows)
+        job = ApplyJob(pull.sink, schema, epoch, newest, batch_rows)
         work = diff.join(expected.select(*schema.names), keys, "left").repartition(
             len(pull.ranges), *keys
         )
         done = work.mapInArrow(
-            lambda it: _apply(job, it), "applied long, stale long, transactions long"
+            lambda it: apply_task(job, it), "applied long, stale long, transactions long"
         ).collect()
         result.applied = sum(int(r["applied"]) for r in done)
         result.stale = sum(int(r["stale"]) for r in done)
@@ -365,11 +244,11 @@ def spark_recover(
     if batch_rows < 1:
         raise InvalidInputError(f"batch_rows must be >= 1, got {batch_rows}")
     parts = int(partitions or spark.sparkContext.defaultParallelism)
-    probe = _Sink(dsn, table_name, table_schema, tuple(keys) if keys else None, name, pipeline)
+    probe = SinkAt(dsn, table_name, table_schema, tuple(keys) if keys else None, name, pipeline)
     target = probe.target(write=False)
     try:
         key_columns = list(keys) if keys else target.key_columns()
-        job_sink = _Sink(dsn, table_name, table_schema, tuple(key_columns), name, pipeline)
+        job_sink = SinkAt(dsn, table_name, table_schema, tuple(key_columns), name, pipeline)
         expected_store = ExpectedStateStore(store, pipeline, name, key_columns)
         user_schema = expected_store.user_schema
         last = expected_store.last_epoch()
@@ -399,7 +278,7 @@ def spark_recover(
             try:
                 found = _run_job(
                     spark,
-                    _Pull(job_sink, user_schema, shared, ranges),
+                    PullJob(job_sink, user_schema, shared, ranges),
                     expected_store,
                     epoch,
                     newest,
