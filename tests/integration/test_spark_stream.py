@@ -226,3 +226,58 @@ def test_format_reconcile_commit_process_killed_after_the_decision(
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     # Batch 0 was decided by the killed run: its recorded rows are what the sink gets.
     check_exactly_once(pg_db, tmp_path, {0: "r1", 1: "r2", 2: "r2"}, sinks=("events",))
+
+
+@pytest.mark.chaos
+@pytest.mark.parametrize("fault", ["drop_after_commit", "drop_before_commit"])
+def test_an_ambiguous_commit_in_a_micro_batch_is_settled_by_the_database(
+    spark: Any, pg_server: Any, tmp_path: Path, fault: str
+) -> None:
+    """Micro-batch 1's COMMIT loses its connection (before or after the server got it)."""
+    from pyspark.sql import functions as F
+
+    from reconcile import CommitCycle, hooks
+    from reconcile.expected import ExpectedState
+    from reconcile.spark.stream import BATCH_STAGED, write_stream
+    from sinks.postgres import postgres_sink
+    from tests.fault_proxy import FaultProxy
+    from tests.spark_stream_pipeline import SCHEMA, TABLES
+
+    make_inbox(tmp_path)
+    dsn = pg_server.dsn(pg_server.create_database())
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(TABLES)  # type: ignore[arg-type]
+    proxy = FaultProxy(pg_server.port)
+    through = conninfo_port(dsn, proxy.port)
+
+    def build() -> CommitCycle:
+        expected = ExpectedState(str(tmp_path / "store"), "shop", {"events": ["id"]})
+        return CommitCycle("shop", [postgres_sink(through, "events", name="events")],
+                           expected_state=expected)  # fmt: skip
+
+    frame = (
+        spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1)
+        .json(str(tmp_path / "inbox")).withColumn("run", F.lit("r1"))
+    )  # fmt: skip
+    try:
+        with hooks.at(BATCH_STAGED, lambda: proxy.arm(fault), nth=2) as arming:
+            query = write_stream(
+                frame, build, checkpoint=tmp_path / "checkpoint", staging=tmp_path / "staging",
+                trigger={"availableNow": True},
+            )  # fmt: skip
+            query.awaitTermination()
+            query.reconcile_writer.close()
+    finally:
+        proxy.close()
+    assert arming.fired == 1 and proxy.fired.is_set()  # the COMMIT of batch 1 was cut
+    check_exactly_once(dsn, tmp_path, {0: "r1", 1: "r1", 2: "r1"}, sinks=("events",))
+
+
+def conninfo_port(dsn: str, port: int) -> str:
+    """``dsn`` with another port (the fault proxy's)."""
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+    params = conninfo_to_dict(dsn)
+    params["port"] = str(port)
+    params["host"] = "127.0.0.1"
+    return make_conninfo(**params)
