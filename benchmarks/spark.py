@@ -45,24 +45,17 @@ from benchmarks.report import RESULTS, machine, now, versions, write_report  # n
 from reconcile import CommitCycle, recover  # noqa: E402
 from reconcile.expected import ExpectedState  # noqa: E402
 from tests.fix_pg import PgServer  # noqa: E402
+from tests.fix_spark import build_local_session  # noqa: E402
 
 PARTITIONS = (1, 2, 4, 8)
 WORKERS = (1, 2)
 
 
 def session(master: str) -> Any:
-    from pyspark.sql import SparkSession
-
-    spark = (
-        SparkSession.builder.master(master)
-        .appName("reconcile-bench")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", "8")
-        .config("spark.sql.session.timeZone", "UTC")
-        .config("spark.driver.memory", "4g")
-        .config("spark.executorEnv.PYSPARK_PYTHON", sys.executable)
-        .getOrCreate()
+    spark = build_local_session(
+        "reconcile-bench",
+        master,
+        **{"spark.sql.shuffle.partitions": "8", "spark.driver.memory": "4g"},
     )
     spark.sparkContext.setLogLevel("ERROR")
     return spark

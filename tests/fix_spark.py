@@ -15,16 +15,19 @@ os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 
 
-def build_local_session(app_name: str = "reconcile-tests") -> Any:
-    """Start (or return) a ``local[2]`` Spark session tuned for small tests.
+def build_local_session(
+    app_name: str = "reconcile-tests", master: str = "local[2]", **conf: str
+) -> Any:
+    """Start (or return) a Spark session tuned for small tests (``local[2]`` by default).
 
-    Raises whatever Spark raises if it cannot start: a test that needs Spark
-    must fail, never skip, when Spark is missing.
+    ``conf`` adds or overrides settings (dots as in Spark's keys). Raises
+    whatever Spark raises if it cannot start: a test that needs Spark must
+    fail, never skip, when Spark is missing.
     """
     from pyspark.sql import SparkSession
 
-    return (
-        SparkSession.builder.master("local[2]")
+    builder = (
+        SparkSession.builder.master(master)
         .appName(app_name)
         .config("spark.sql.shuffle.partitions", "4")
         .config("spark.default.parallelism", "2")
@@ -36,8 +39,11 @@ def build_local_session(app_name: str = "reconcile-tests") -> Any:
         .config("spark.driver.memory", "2g")
         .config("spark.driver.extraJavaOptions", "-Duser.timezone=UTC")
         .config("spark.executor.extraJavaOptions", "-Duser.timezone=UTC")
-        .getOrCreate()
+        .config("spark.executorEnv.PYSPARK_PYTHON", sys.executable)
     )
+    for key, value in conf.items():
+        builder = builder.config(key, value)
+    return builder.getOrCreate()
 
 
 @pytest.fixture(scope="session")

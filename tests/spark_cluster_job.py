@@ -37,21 +37,12 @@ def main(argv: list[str]) -> int:
     dsn, store, table, server_log = argv
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     import psycopg
-    from pyspark.sql import SparkSession
 
     from reconcile import hooks, recover
     from reconcile.spark.verify import SNAPSHOT_EXPORTED, spark_recover
+    from tests.fix_spark import build_local_session
 
-    spark = (
-        SparkSession.builder.master("local-cluster[2,1,1024]")
-        .appName("reconcile-cluster-test")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", "4")
-        .config("spark.sql.session.timeZone", "UTC")
-        .config("spark.executorEnv.PYSPARK_PYTHON", sys.executable)
-        .getOrCreate()
-    )
+    spark = build_local_session("reconcile-cluster-test", "local-cluster[2,1,1024]")
     spark.sparkContext.setLogLevel("ERROR")
     out: dict[str, Any] = {"driver_pid": os.getpid()}
 

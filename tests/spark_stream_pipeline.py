@@ -67,12 +67,12 @@ def main(argv: list[str]) -> int:
     use_format = len(argv) > 4 and argv[4] == "format"
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     import psycopg
-    from pyspark.sql import SparkSession
 
     from reconcile import CommitCycle
     from reconcile.expected import ExpectedState
     from reconcile.spark.stream import write_stream
     from sinks.postgres import postgres_sink
+    from tests.fix_spark import build_local_session
 
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(TABLES)  # type: ignore[arg-type]
@@ -84,14 +84,8 @@ def main(argv: list[str]) -> int:
         sinks = [postgres_sink(dsn, t, name=t) for t in ("events", "totals")]
         return CommitCycle("shop", sinks, expected_state=expected)
 
-    spark = (
-        SparkSession.builder.master(master)
-        .appName("reconcile-stream-test")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.sql.session.timeZone", "UTC")
-        .getOrCreate()
+    spark = build_local_session(
+        "reconcile-stream-test", master, **{"spark.sql.shuffle.partitions": "2"}
     )
     spark.sparkContext.setLogLevel("ERROR")
     frame = (
