@@ -214,7 +214,10 @@ def streaming_part(args: argparse.Namespace, dsn: str, out: dict[str, Any]) -> N
     runs = []
     try:
         n = 0
-        triggers = (("as_fast_as_possible", None), ("processing_time_1s", {"processingTime": "1s"}))
+        triggers = (
+            ("as_fast_as_possible", None),
+            ("processing_time_1s", {"processingTime": "1 second"}),
+        )
         for trigger_name, trigger in triggers:
             for mode in ("at_least_once", "exactly_once"):
                 n += 1
