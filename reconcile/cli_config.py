@@ -30,7 +30,14 @@ from reconcile.config import Config, SinkTableConfig, load_config
 from reconcile.contract import ConfigurationError, ReconcileError
 from reconcile.metrics import Metrics, NullMetrics, record_report
 
-__all__ = ["TableOutcome", "check_tables", "parse_every", "run_config_recover", "run_watch"]
+__all__ = [
+    "TableOutcome",
+    "check_table",
+    "check_tables",
+    "parse_every",
+    "run_config_recover",
+    "run_watch",
+]
 
 log = logging.getLogger("reconcile.watch")
 
@@ -151,7 +158,6 @@ def check_table(
 
 
 def check_tables(
-    config: Config,
     tables: list[SinkTableConfig],
     *,
     repair: bool,
@@ -160,7 +166,6 @@ def check_tables(
     metrics: Metrics | None = None,
 ) -> list[TableOutcome]:
     """:func:`check_table` for each table, in order."""
-    del config  # the tables carry everything; kept for callers that pass the file
     return [
         check_table(t, repair=repair, mode=mode, recent_epochs=recent_epochs, metrics=metrics)
         for t in tables
@@ -202,7 +207,7 @@ def run_config_recover(args: argparse.Namespace) -> int:
     """``verify`` / ``repair`` with ``--config``: every selected table; the exit code."""
     config = load_config(args.config)
     tables = _selected(config, args)
-    outcomes = check_tables(config, tables, repair=args.command == "repair", mode=args.mode)
+    outcomes = check_tables(tables, repair=args.command == "repair", mode=args.mode)
     code = exit_code(outcomes)
     _print(outcomes, as_json=args.json, code=code)
     return code
@@ -245,7 +250,7 @@ def run_watch(args: argparse.Namespace) -> int:
         while not stop.is_set():
             began = time.monotonic()
             outcomes = check_tables(
-                config, tables, repair=args.repair, mode=mode, recent_epochs=recent,
+                tables, repair=args.repair, mode=mode, recent_epochs=recent,
                 metrics=metrics,
             )  # fmt: skip
             code = exit_code(outcomes)

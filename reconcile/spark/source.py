@@ -28,7 +28,6 @@ its only sink) gets the rows. For several sink tables from one stream, use
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 import os
 import shutil
@@ -123,10 +122,10 @@ class _Writer(DataSourceStreamArrowWriter):
             driver.run(batchId, outputs_of(cycle.pipeline, batchId, {sink: table}))
         finally:
             driver.close()
-            self._remove(files)
+            self._remove()
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
-        self._remove(self._files(messages))
+        self._remove()
 
     def _sink(self, cycle: CommitCycle) -> str:
         name = self.options.get("sink")
@@ -144,18 +143,14 @@ class _Writer(DataSourceStreamArrowWriter):
             )
         return name
 
-    def _remove(self, files: list[StagedFile]) -> None:
-        """This batch's files, and anything else staged here.
+    def _remove(self) -> None:
+        """Everything staged here: this batch's files and any dead attempt's.
 
         Micro-batches run one after another, and a batch's commit or abort runs
-        after all its tasks: any other file here is a dead attempt's (of this
-        batch, or of a batch whose driver died), read by no one. The folder is
-        the query's own (one ``staging`` option per query).
+        after all its tasks: any file here is this batch's (read by now) or a
+        dead attempt's (of this batch, or of a batch whose driver died), read
+        by no one. The folder is the query's own (one ``staging`` option per query).
         """
-        for f in files:
-            if f.path:
-                with contextlib.suppress(FileNotFoundError):
-                    os.remove(f.path)
         shutil.rmtree(self.folder, ignore_errors=True)
 
 

@@ -59,7 +59,7 @@ from reconcile.contract import ConfigurationError, FatalError, InvalidInputError
 from reconcile.cycle import CommitCycle
 from reconcile.driver import Driver, DriveReport, RetryPolicy
 from reconcile.progress import EpochStatus
-from reconcile.results import CommitResult
+from reconcile.results import CommitSucceeded
 
 __all__ = ["StreamWriter", "outputs_of", "read_staged", "stage_batches", "write_stream"]
 
@@ -183,7 +183,6 @@ class StreamWriter:
         staging: str | os.PathLike[str],
         retry: RetryPolicy | None = None,
     ) -> None:
-        self.build = build
         self.outputs = dict(outputs) if outputs is not None else None
         self.staging = os.path.abspath(os.fspath(staging))
         self.driver = Driver(build, retry=retry)
@@ -230,7 +229,7 @@ class StreamWriter:
             hooks.point(BATCH_STAGED)
             self.driver.run(batch_id, outputs_of(cycle.pipeline, batch_id, staged))
             result = self.report.results[-1] if self.report.results else None
-            stats.replayed = bool(result is not None and _replayed(result))
+            stats.replayed = isinstance(result, CommitSucceeded) and result.replayed
             hooks.point(BATCH_COMMITTED)
         finally:
             # This run's files are needed by nothing once run() returned or
@@ -284,10 +283,6 @@ class StreamWriter:
 
 def _identity(batch: Any) -> Any:
     return batch
-
-
-def _replayed(result: CommitResult) -> bool:
-    return bool(getattr(result, "replayed", False))
 
 
 class _Gone(Mapping[str, Iterable[Any]]):

@@ -340,10 +340,10 @@ class PgSnapshot:
         use them (measured: about 1.7x faster on 2 cores).
         """
         if self._sums is None:
-            row = self._run("SELECT pg_catalog.pg_export_snapshot()").fetchone()
+            shared = self.export()
             conn = self.target.connect(application_name="reconcile-verify")
             conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
-            conn.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(row[0])))
+            conn.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(shared)))
             conn.execute("SET LOCAL search_path = pg_catalog")
             self._sums = conn
         return self._sums
