@@ -9,9 +9,6 @@ hand, and the commands are checked against what PostgreSQL holds afterwards.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -22,23 +19,13 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from reconcile import CommitCycle, CommitSucceeded
 from reconcile.expected import ExpectedState
 from sinks.postgres import postgres_sink
+from tests.cli_run import cli
 from tests.fix_pg import PASSWORD, PASSWORD_USER
 
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
 EPOCHS = 12
-
-
-def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "reconcile.cli", *args],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})},
-        timeout=300,
-    )
 
 
 def password_dsn(dsn: str) -> str:

@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.cli_run import cli
 from tests.fix_pg import PASSWORD, PASSWORD_USER, PgServer
 from tests.recovery_setup import (
     SIMPLE_DDL,
@@ -23,17 +21,6 @@ from tests.recovery_setup import (
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "reconcile.cli", *args],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})},
-        timeout=300,
-    )
 
 
 @pytest.fixture
