@@ -24,7 +24,6 @@ from tests.fix_pg import PASSWORD, PASSWORD_USER
 
 pytestmark = pytest.mark.integration
 
-REPO = Path(__file__).resolve().parents[2]
 EPOCHS = 12
 
 

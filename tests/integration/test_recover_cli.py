@@ -20,8 +20,6 @@ from tests.recovery_setup import (
 
 pytestmark = pytest.mark.integration
 
-REPO = Path(__file__).resolve().parents[2]
-
 
 @pytest.fixture
 def simple(pg_db: str, tmp_path: Path) -> Setup:
