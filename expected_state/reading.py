@@ -110,7 +110,7 @@ class Reading:
     key_columns: list[str]
     _schema: pa.Schema | None
     _versions: dict[int, int]
-    _epoch_files: dict[int, str]
+    _epoch_files: dict[int, list[str]]  # epoch -> its change files (usually one)
     _versions_upto: int
     _history_from: int  # the oldest version history() still returned
 
@@ -149,7 +149,7 @@ class Reading:
                     self._versions[int(epoch)] = int(commit["version"])
                     path = commit.get("reconcile.file")
                     if path:
-                        self._epoch_files[int(epoch)] = str(path)
+                        self._epoch_files[int(epoch)] = str(path).split(",")
                     else:
                         self._epoch_files.pop(int(epoch), None)
                 elif reverted is not None:
@@ -306,8 +306,9 @@ class Reading:
             base = table.table_uri.rstrip("/")
             chosen += [
                 StoreFile(f"{base}/{path}", path, "change", e, 0)
-                for e, path in self._epoch_files.items()
+                for e, paths in self._epoch_files.items()
                 if since < e <= through
+                for path in paths
             ]
         return sorted(chosen, key=lambda f: f.epoch)
 
@@ -403,9 +404,9 @@ class Reading:
         ]
         if not files:
             versions = self.epoch_versions()
-            path = self._epoch_files.get(epoch)
-            if path is not None:
-                files = [StoreFile(path, path, "change", epoch, 0)]
+            paths = self._epoch_files.get(epoch)
+            if paths is not None:
+                files = [StoreFile(path, path, "change", epoch, 0) for path in paths]
             elif not versions or epoch < min(versions):
                 self.version_of(epoch)  # before the first epoch: raises
         return self._read(files, columns, epoch).select(columns)

@@ -34,6 +34,7 @@ from expected_state.layout import (
     stored_schema,
     user_schema_of,
 )
+from expected_state.parts import Parts
 from expected_state.reading import Reading
 from expected_state.reverting import Reverting
 from reconcile import hooks
@@ -84,7 +85,7 @@ class ApplyResult:
     deleted: int = 0
 
 
-class ExpectedStateStore(Reading, Reverting, Compaction, Housekeeping):
+class ExpectedStateStore(Reading, Reverting, Compaction, Housekeeping, Parts):
     """The expected state of one sink table of one pipeline, as a merge-on-read Delta table.
 
     Layout under ``root``: ``<root>/<pipeline>/<sink>/`` is the Delta table
@@ -134,7 +135,7 @@ class ExpectedStateStore(Reading, Reverting, Compaction, Housekeeping):
         self._table: DeltaTable | None = None
         self._schema: pa.Schema | None = schema
         self._versions: dict[int, int] = {}
-        self._epoch_files: dict[int, str] = {}
+        self._epoch_files: dict[int, list[str]] = {}
         self._versions_upto = -1
         self._history_from = 0
         # (version, epoch token, fence) of this object's last apply() commit.
@@ -292,19 +293,44 @@ class ExpectedStateStore(Reading, Reverting, Compaction, Housekeeping):
         adds: list[DataFile] = []
         if rows.num_rows:
             adds.append(write_data_file(self.uri, change_file_name(epoch), rows))
+        return self._commit_epoch(
+            table, epoch, adds, schema, upserted=net.upserts.num_rows,
+            deleted=net.deletes.num_rows, allow_gap=allow_gap,
+        )  # fmt: skip
+
+    def _commit_epoch(
+        self,
+        table: DeltaTable,
+        epoch: int,
+        adds: list[DataFile],
+        schema: pa.Schema,
+        *,
+        upserted: int,
+        deleted: int,
+        allow_gap: bool,
+        check_schema: bool = False,
+    ) -> ApplyResult:
+        """Add an epoch's change files (written already) in ONE tokened, fenced commit.
+
+        ``table`` is the snapshot the epoch's order and fence were checked on:
+        the first attempt is based on it, so a takeover since makes it fail.
+        """
         metadata: dict[str, Any] = {
             "reconcile.epoch": epoch,
             "reconcile.generation": self.generation,
-            "reconcile.upserted": net.upserts.num_rows,
-            "reconcile.deleted": net.deletes.num_rows,
-            "reconcile.file": adds[0].path if adds else "",
+            "reconcile.upserted": upserted,
+            "reconcile.deleted": deleted,
+            # Every file of the epoch, so that readers find them after compaction
+            # folded them (one, unless Spark executors wrote the epoch in parts).
+            "reconcile.file": ",".join(a.path for a in adds),
         }
         for attempt in range(_COMMIT_ATTEMPTS):
             if attempt:
                 # The last attempt lost to a concurrent commit of this writer (a
                 # compaction): nothing was written. Decide again on a new snapshot.
-                table = self._delta()
-                assert table is not None
+                fresh = self._delta()
+                assert fresh is not None
+                table = fresh
                 if self._already_applied(table, epoch, allow_gap=allow_gap):
                     return ApplyResult(epoch, applied=False, table_version=None)
                 check_generation(table, self._fence, self.generation, table_name=self.uri)
@@ -321,7 +347,9 @@ class ExpectedStateStore(Reading, Reverting, Compaction, Housekeeping):
                     version=epoch,
                     fence=(self._fence, self.generation),
                     custom_metadata=metadata,
-                    check_schema=False,  # the file was written here from `schema`
+                    # apply() wrote its file from `schema` here; files from
+                    # elsewhere (executors) are checked: delta-rs does not.
+                    check_schema=check_schema,
                     token_checked=True,  # read by _already_applied from this very snapshot
                     table_name=self.uri,
                     table=table,
@@ -341,8 +369,8 @@ class ExpectedStateStore(Reading, Reverting, Compaction, Housekeeping):
                 epoch,
                 applied=True,
                 table_version=result.table_version,
-                upserted=net.upserts.num_rows,
-                deleted=net.deletes.num_rows,
+                upserted=upserted,
+                deleted=deleted,
             )
         raise AssertionError("unreachable")  # pragma: no cover
 

@@ -23,6 +23,7 @@ from reconcile.contract import (
     ReconcileError,
     validate_name,
 )
+from reconcile.staged import StagedEpoch
 
 if TYPE_CHECKING:  # the store (deltalake) is imported when an expected state is built
     from expected_state.store import ExpectedStateStore
@@ -137,7 +138,13 @@ class ExpectedState:
                 from the store (see ExpectedStateStore.apply).
         """
         for sink, store in self.tables.items():
-            store.apply(epoch, as_changes(sink, outputs.get(sink, ())), allow_gap=True)
+            rows = outputs.get(sink, ())
+            if isinstance(rows, StagedEpoch):
+                # Executors wrote the change files: add them, read nothing.
+                store.apply_parts(epoch, rows.store_files, upserted=rows.upserted,
+                                  deleted=rows.deleted, allow_gap=True)  # fmt: skip
+            else:
+                store.apply(epoch, as_changes(sink, rows), allow_gap=True)
 
     def revert_undecided(self, decided: int | None) -> list[tuple[str, int]]:
         """Undo what ``record`` wrote for an epoch past ``decided`` (never decided).

@@ -1,6 +1,6 @@
 """A Structured Streaming pipeline into PostgreSQL, run in a subprocess by the stream tests.
 
-``python -m tests.spark_stream_pipeline DSN ROOT RUN_TAG [MASTER [format]]``
+``python -m tests.spark_stream_pipeline DSN ROOT RUN_TAG [MASTER [FORM]]``
 
 It reads the JSON files in ``ROOT/inbox`` one per micro-batch (so batch b is
 file b) and writes two sink tables through ``reconcile.spark.write_stream``
@@ -11,7 +11,10 @@ with an expected state under ``ROOT/store``:
   by a restarted process writes other values than the killed run did;
 - ``totals`` (key ``customer``): the batch's sum and count per customer.
 
-With ``format``, the stream goes through ``df.writeStream.format("reconcile")``
+FORM ``write_stream`` (the default) lets the executors write both sinks
+(staging tables and store change files, split by key into two tasks);
+``driver`` passes ``via="driver"``, so the rows go through the driver. With
+``format``, the stream goes through ``df.writeStream.format("reconcile")``
 instead, into ``events`` alone (whose commit runs in a Python process Spark
 starts, which builds its cycle with :func:`build_events`).
 
@@ -64,7 +67,8 @@ def build_events(options: dict[str, str]) -> Any:
 def main(argv: list[str]) -> int:
     dsn, root, run_tag = argv[0], argv[1], argv[2]
     master = argv[3] if len(argv) > 3 else "local[2]"
-    use_format = len(argv) > 4 and argv[4] == "format"
+    form = argv[4] if len(argv) > 4 else "write_stream"
+    use_format = form == "format"
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     import psycopg
 
@@ -85,7 +89,13 @@ def main(argv: list[str]) -> int:
         return CommitCycle("shop", sinks, expected_state=expected)
 
     spark = build_local_session(
-        "reconcile-stream-test", master, **{"spark.sql.shuffle.partitions": "2"}
+        "reconcile-stream-test",
+        master,
+        **{
+            "spark.sql.shuffle.partitions": "2",
+            # Two tasks per sink even for these few rows: several store parts.
+            "spark.sql.adaptive.coalescePartitions.enabled": "false",
+        },
     )
     spark.sparkContext.setLogLevel("ERROR")
     frame = (
@@ -122,6 +132,7 @@ def main(argv: list[str]) -> int:
         staging=f"{root}/staging",
         outputs=outputs(run_tag),
         trigger={"availableNow": True},
+        via="driver" if form == "driver" else "executors",
     )
     query.awaitTermination()
     writer = query.reconcile_writer

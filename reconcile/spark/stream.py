@@ -43,12 +43,11 @@ through Spark's collect, and are never held by the JVM.
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 import shutil
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -60,79 +59,23 @@ from reconcile.cycle import CommitCycle
 from reconcile.driver import Driver, DriveReport, RetryPolicy
 from reconcile.progress import EpochStatus
 from reconcile.results import CommitSucceeded
+from reconcile.spark.staging import (
+    PgStagePlan,
+    plan_pg_stage,
+    stage_on_executors,
+    stage_to_files,
+)
 
-__all__ = ["StreamWriter", "outputs_of", "read_staged", "stage_batches", "write_stream"]
+__all__ = ["StreamWriter", "outputs_of", "write_stream"]
 
 log = logging.getLogger("reconcile.spark.stream")
 
-# Inside an executor's task: its partition's file is written and closed, and
-# the task has not yet returned it (a task killed here leaves a file no one names).
-PARTITION_STAGED = hooks.declare("stream.partition_staged")
 # On the driver: every task of the batch has staged its rows; nothing is recorded.
 BATCH_STAGED = hooks.declare("stream.batch_staged")
 # On the driver: the epoch is in every sink; Spark has not written its commit log.
 BATCH_COMMITTED = hooks.declare("stream.batch_committed")
 
 Transform = Callable[[Any], Any]  # a micro-batch DataFrame -> a sink's DataFrame
-STAGED_SCHEMA = "path string, rows long"
-
-
-def stage_batches(folder: str, batches: Iterable[pa.RecordBatch]) -> tuple[str, int] | None:
-    """On an executor: write a task's batches as one Arrow IPC file in ``folder``.
-
-    Returns the file's path and row count, or None for no rows (no file is
-    left). The file name is new for every task attempt, so a retried or
-    speculative attempt never overwrites a file another attempt may return.
-    """
-    os.makedirs(folder, exist_ok=True)
-    path = os.path.join(folder, f"part-{uuid.uuid4().hex}.arrow")
-    writer = None
-    rows = 0
-    try:
-        for batch in batches:
-            if writer is None:
-                writer = pa.ipc.new_file(path, batch.schema)
-            writer.write_batch(batch)
-            rows += batch.num_rows
-    finally:
-        if writer is not None:
-            writer.close()
-    if writer is None:
-        return None
-    hooks.point(PARTITION_STAGED)
-    return path, rows
-
-
-def _stage_partition(folder: str, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    """``mapInArrow``'s function: stage the partition, yield one (path, rows) row if any."""
-    staged = stage_batches(folder, batches)
-    if staged is not None:
-        yield pa.RecordBatch.from_pydict(
-            {"path": [staged[0]], "rows": [staged[1]]},
-            schema=pa.schema([("path", pa.string()), ("rows", pa.int64())]),
-        )
-
-
-def read_staged(
-    paths: Sequence[str], rows: int, schema: pa.Schema, *, batch_id: int, sink: str
-) -> pa.Table:
-    """The staged files as one Arrow table, memory-mapped (the OS pages it in as it is read).
-
-    Raises:
-        FatalError: the files hold another number of rows than the tasks reported.
-    """
-    tables = [pa.ipc.open_file(pa.memory_map(p)).read_all() for p in paths]
-    if not tables:
-        table = schema.empty_table()
-    else:
-        table = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
-    if table.num_rows != rows:
-        raise FatalError(
-            f"micro-batch {batch_id}, sink {sink!r}: the staged files hold {table.num_rows} "
-            f"rows, the tasks reported {rows}; nothing was recorded",
-            epoch=batch_id,
-        )
-    return table
 
 
 def outputs_of(
@@ -155,6 +98,7 @@ class BatchStats:
     batch_id: int
     rows: dict[str, int] = field(default_factory=dict)  # sink -> rows staged
     files: dict[str, int] = field(default_factory=dict)  # sink -> files staged
+    via: dict[str, str] = field(default_factory=dict)  # sink -> "executors" or "driver"
     replayed: bool = False  # the epoch was already in every sink: nothing was staged
 
 
@@ -170,6 +114,10 @@ class StreamWriter:
         staging: the folder executors stage rows in; every executor and the
             driver must see it at this path.
         retry: how long an epoch is retried before the query fails.
+        via: "executors" (default): a Postgres sink with an expected state is
+            written from the executors (a staging table and store change
+            files; no row passes through the driver); every other sink goes
+            through the driver. "driver": every sink through the driver.
 
     The cycle is started at the first micro-batch and kept across batches:
     one writer generation per run of the query.
@@ -182,11 +130,16 @@ class StreamWriter:
         *,
         staging: str | os.PathLike[str],
         retry: RetryPolicy | None = None,
+        via: str = "executors",
     ) -> None:
+        if via not in ("executors", "driver"):
+            raise ConfigurationError(f"via must be 'executors' or 'driver', got {via!r}")
         self.outputs = dict(outputs) if outputs is not None else None
         self.staging = os.path.abspath(os.fspath(staging))
         self.driver = Driver(build, retry=retry)
+        self.via = via
         self.last: BatchStats | None = None
+        self._stages: dict[str, PgStagePlan] = {}  # sink -> its Postgres staging table
 
     @property
     def report(self) -> DriveReport:
@@ -225,7 +178,7 @@ class StreamWriter:
             self.staging, cycle.pipeline, f"e{batch_id:012d}-{uuid.uuid4().hex}"
         )
         try:
-            staged = self._stage(batch, batch_id, transforms, run_folder, stats)
+            staged = self._stage(cycle, batch, batch_id, transforms, run_folder, stats)
             hooks.point(BATCH_STAGED)
             self.driver.run(batch_id, outputs_of(cycle.pipeline, batch_id, staged))
             result = self.report.results[-1] if self.report.results else None
@@ -233,40 +186,51 @@ class StreamWriter:
             hooks.point(BATCH_COMMITTED)
         finally:
             # This run's files are needed by nothing once run() returned or
-            # raised: a re-run of the batch stages its own.
+            # raised: a re-run of the batch stages its own. (Its rows in a
+            # staging table stay until a batch commits: run() may still have
+            # been mid-commit, and only the next success proves it is done.)
             shutil.rmtree(run_folder, ignore_errors=True)
         self._sweep(cycle.pipeline, batch_id)
 
     def _stage(
         self,
+        cycle: CommitCycle,
         batch: Any,
         batch_id: int,
         transforms: Mapping[str, Transform],
         run_folder: str,
         stats: BatchStats,
-    ) -> dict[str, pa.Table]:
-        """Have the executors stage every sink's rows; the staged files as Arrow tables."""
-        from pyspark.sql.pandas.types import to_arrow_schema
-
-        staged: dict[str, pa.Table] = {}
+    ) -> dict[str, Any]:
+        """Have the executors stage every sink's rows: what the cycle is given for each."""
+        staged: dict[str, Any] = {}
         for sink, transform in transforms.items():
             frame = transform(batch)
+            plan = plan_pg_stage(cycle, sink, frame) if self.via == "executors" else None
+            if plan is not None:
+                parts = stage_on_executors(frame, plan, batch_id)
+                self._stages[sink] = plan
+                stats.rows[sink], stats.files[sink] = parts.rows, len(parts.store_files)
+                stats.via[sink] = "executors"
+                staged[sink] = parts
+                continue
             folder = os.path.join(run_folder, sink)
-            written = frame.mapInArrow(
-                functools.partial(_stage_partition, folder), STAGED_SCHEMA
-            ).collect()
-            paths = [row["path"] for row in written]
-            stats.rows[sink] = sum(int(row["rows"]) for row in written)
-            stats.files[sink] = len(paths)
-            tz = batch.sparkSession.conf.get("spark.sql.session.timeZone")
-            schema = to_arrow_schema(frame.schema, timezone=tz)
-            staged[sink] = read_staged(
-                paths, stats.rows[sink], schema, batch_id=batch_id, sink=sink
+            staged[sink], stats.files[sink] = stage_to_files(
+                frame, folder, batch_id=batch_id, sink=sink
             )
+            stats.rows[sink] = staged[sink].num_rows
+            stats.via[sink] = "driver"
         return staged
 
     def _sweep(self, pipeline: str, batch_id: int) -> None:
-        """Remove staging folders of batches up to ``batch_id`` left by a dead driver."""
+        """Remove staged rows of batches up to ``batch_id``: this one's, and a dead driver's."""
+        from sinks.postgres.shared_stage import sweep_stage
+
+        for sink, plan in self._stages.items():
+            try:
+                sweep_stage(plan.target, plan.stage, batch_id, "reconcile-stage-sweep")
+            except Exception as exc:  # the batch is committed; the next sweep tries again
+                log.warning("pipeline %s: could not empty the staging table of %s: %s",
+                            pipeline, sink, exc)  # fmt: skip
         root = os.path.join(self.staging, pipeline)
         try:
             names = os.listdir(root)
@@ -322,6 +286,7 @@ def write_stream(
     trigger: Mapping[str, Any] | None = None,
     query_name: str | None = None,
     retry: RetryPolicy | None = None,
+    via: str = "executors",
 ) -> Any:
     """Start a streaming query that writes ``df`` exactly once through ``build()``'s cycle.
 
@@ -337,6 +302,7 @@ def write_stream(
             ``{"processingTime": "1 second"}`` or ``{"availableNow": True}``;
             default: the next micro-batch as soon as the last one is done.
         query_name: the query's name in Spark's UI and metrics.
+        via: where rows go from the executors (see ``StreamWriter``).
 
     Returns:
         The started ``StreamingQuery``; its ``reconcile_writer`` attribute is
@@ -350,7 +316,7 @@ def write_stream(
             "write_stream() takes a streaming DataFrame (spark.readStream...); for a batch "
             "DataFrame, run its epochs with reconcile.drive"
         )
-    writer = StreamWriter(build, outputs, staging=staging, retry=retry)
+    writer = StreamWriter(build, outputs, staging=staging, retry=retry, via=via)
     stream = df.writeStream.foreachBatch(writer).option("checkpointLocation", os.fspath(checkpoint))
     if trigger:
         stream = stream.trigger(**trigger)

@@ -14,6 +14,7 @@ from reconcile.contract import (
     OK,
     ConfigurationError,
     Fatal,
+    FatalError,
     FencedError,
     MarkerMismatchError,
     Ok,
@@ -34,6 +35,7 @@ from .ownership import check_marker
 from .replication import confirm_replicated, watched
 from .resolve import InFlightTxn, Resolution, resolve_commit
 from .session import Session
+from .shared_stage import apply_staged
 from .sink import PostgresSink
 
 __all__ = ["PreparedPostgresSink"]
@@ -186,7 +188,13 @@ class PreparedPostgresSink(PostgresSink):
                     self._release(session)
                     return fenced
                 hooks.point(FENCE_CHECKED)
-                apply_with_arrays(cur, schema, batch, txn_id.epoch, append_only=self.append_only)
+                if batch.staged is not None:
+                    apply_staged(cur, schema, batch.staged, batch.columns, txn_id.epoch,
+                                 append_only=self.append_only)  # fmt: skip
+                else:
+                    apply_with_arrays(
+                        cur, schema, batch, txn_id.epoch, append_only=self.append_only
+                    )
                 state.insert_marker(
                     cur,
                     txn_id.key,
@@ -200,6 +208,9 @@ class PreparedPostgresSink(PostgresSink):
         except MarkerMismatchError as err:
             self._rollback_quietly(session)
             return Fatal.of(err)
+        except FatalError as err:  # staged rows that went missing: re-stage the batch
+            self._rollback_quietly(session)
+            return Fatal(str(err))
         except errors.UniqueViolation as err:
             self._rollback_quietly(session)
             if err.diag.table_name == MARKERS_TABLE:

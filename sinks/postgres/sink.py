@@ -15,6 +15,7 @@ from reconcile.contract import (
     OK,
     ConfigurationError,
     Fatal,
+    FatalError,
     InvalidInputError,
     MarkerMismatchError,
     Ok,
@@ -32,6 +33,7 @@ from .ownership import check_marker
 from .replication import confirm_replicated, watched
 from .resolve import InFlightTxn, Resolution, Resolved, resolve_commit
 from .session import Session
+from .shared_stage import apply_staged
 from .staging import EpochBatch, ValidatedBatch, validate_batch
 
 __all__ = ["PostgresSink"]
@@ -202,14 +204,18 @@ class PostgresSink(PgSinkClient):
                     self._release(session)
                     return fenced
                 hooks.point(FENCE_CHECKED)
-                apply_with_copy(
-                    cur,
-                    schema,
-                    batch,
-                    txn_id.epoch,
-                    append_only=self.append_only,
-                    direct_copy_triggers=self.direct_copy_triggers,
-                )
+                if batch.staged is not None:
+                    apply_staged(cur, schema, batch.staged, batch.columns, txn_id.epoch,
+                                 append_only=self.append_only)  # fmt: skip
+                else:
+                    apply_with_copy(
+                        cur,
+                        schema,
+                        batch,
+                        txn_id.epoch,
+                        append_only=self.append_only,
+                        direct_copy_triggers=self.direct_copy_triggers,
+                    )
                 state.insert_marker(
                     cur,
                     txn_id.key,
@@ -221,6 +227,9 @@ class PostgresSink(PgSinkClient):
         except MarkerMismatchError as err:
             self._rollback_quietly(session)
             return Fatal.of(err)
+        except FatalError as err:  # staged rows that went missing: re-stage the batch
+            self._rollback_quietly(session)
+            return Fatal(str(err))
         except errors.UniqueViolation as err:
             self._rollback_quietly(session)
             if err.diag.table_name == MARKERS_TABLE:

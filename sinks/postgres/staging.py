@@ -9,6 +9,7 @@ from typing import Any
 import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
 
 from reconcile.contract import Change, InvalidInputError
+from reconcile.staged import StagedEpoch
 
 from .arrow_batch import hashable_key, shown_key, validate_arrow
 from .schema import EPOCH_COLUMN, TableSchema
@@ -24,6 +25,7 @@ class EpochBatch:
     upserts: list[dict[str, Any]] = field(default_factory=list)
     deletes: list[dict[str, Any]] = field(default_factory=list)
     tables: list[pa.Table] = field(default_factory=list)
+    staged: StagedEpoch | None = None  # rows Spark executors staged in Postgres
 
     def add(self, rows: Iterable[Any], *, id_column: str | None) -> None:
         """Append rows: dicts (upserts), Changes, or Arrow tables / record batches.
@@ -36,6 +38,16 @@ class EpochBatch:
         Raises:
             InvalidInputError: for a value that is not a row; nothing is staged then.
         """
+        if isinstance(rows, StagedEpoch) or self.staged is not None:
+            # Rows already in the staging table are upserted from there by
+            # SQL: they cannot be mixed with rows sent from this process.
+            if self.staged is not None or len(self) or not isinstance(rows, StagedEpoch):
+                raise InvalidInputError(
+                    "rows staged by Spark executors make the whole epoch; they cannot be "
+                    "mixed with other rows; nothing was staged"
+                )
+            self.staged = rows
+            return
         if isinstance(rows, pa.Table | pa.RecordBatch):
             rows = [rows]
         upserts: list[dict[str, Any]] = []
@@ -76,7 +88,8 @@ class EpochBatch:
 
     def __len__(self) -> int:
         arrow_rows: int = sum(t.num_rows for t in self.tables)
-        return len(self.upserts) + len(self.deletes) + arrow_rows
+        staged = self.staged.rows if self.staged is not None else 0
+        return len(self.upserts) + len(self.deletes) + arrow_rows + staged
 
 
 @dataclass
@@ -88,12 +101,14 @@ class ValidatedBatch:
     arrow: pa.Table | None  # Arrow upserts, columns in ``columns`` order
     delete_keys: list[tuple[Any, ...]]  # key values, in schema.key order
     row_bytes: list[int] = field(default_factory=list)  # about how big each of ``rows`` is
+    staged: StagedEpoch | None = None  # upserts already in a staging table (then no other rows)
 
     @property
     def row_count(self) -> int:
         """Rows upserted plus keys deleted."""
         arrow_rows = self.arrow.num_rows if self.arrow is not None else 0
-        return len(self.rows) + arrow_rows + len(self.delete_keys)
+        staged = self.staged.rows if self.staged is not None else 0
+        return len(self.rows) + arrow_rows + len(self.delete_keys) + staged
 
 
 def _column_mismatch(
@@ -139,6 +154,10 @@ def validate_batch(
     cols = schema.columns
     given: set[str] | None = None
     sources = [set(r) for r in batch.upserts] + [set(t.column_names) for t in batch.tables]
+    if batch.staged is not None:
+        # Only the columns can be checked here: the values are in the staging
+        # table, typed by it, and the executors netted them to one per key.
+        sources.append(set(batch.staged.columns))
     for index, source in enumerate(sources):
         if given is None:
             given = source
@@ -165,6 +184,9 @@ def validate_batch(
             if col.not_null and not col.has_default and missing:
                 raise check.error("NOT NULL column missing from the upserted rows", col.name)
     columns = tuple(c for c in cols if c in given)
+    if batch.staged is not None:
+        return ValidatedBatch(columns=columns, rows=[], arrow=None, delete_keys=[],
+                              staged=batch.staged)  # fmt: skip
     key_pos = [columns.index(k) for k in schema.key] if given else []
 
     rows: list[tuple[Any, ...]] = []

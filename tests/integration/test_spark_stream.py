@@ -123,17 +123,51 @@ def check_exactly_once(
     assert expected == {row[:4] for row in events}
 
 
+def staging_tables(dsn: str) -> dict[str, tuple[int, int]]:
+    """Each Postgres staging table: (rows it holds now, rows ever inserted into it)."""
+    with psycopg.connect(dsn) as conn:
+        found = conn.execute(
+            "SELECT relname, n_tup_ins FROM pg_stat_user_tables "
+            "WHERE relname LIKE '\\_reconcile\\_stage\\_%'"
+        ).fetchall()
+        return {
+            name: (conn.execute(f'SELECT count(*) FROM "{name}"').fetchone()[0], int(ins))
+            for name, ins in found
+        }
+
+
+def store_parts(root: Path, sink: str, epoch: int) -> int:
+    """How many change files the store's Delta log lists for ``epoch`` of ``sink``."""
+    from deltalake import DeltaTable
+
+    return sum(
+        1
+        for path in DeltaTable(str(root / "store" / "shop" / sink)).file_uris()
+        if Path(path).name.startswith(f"change-e{epoch:012d}-")
+    )
+
+
+@pytest.mark.parametrize("form", ["write_stream", "driver"])
 def test_a_clean_run_writes_every_batch_once_and_a_rerun_writes_nothing(
-    pg_db: str, tmp_path: Path
+    pg_db: str, tmp_path: Path, form: str
 ) -> None:
     make_inbox(tmp_path)
-    first = summary(run_pipeline(pg_db, tmp_path, "r1"))
+    first = summary(run_pipeline(pg_db, tmp_path, "r1", form=form))
     assert first["committed"] == list(range(BATCHES))
     check_exactly_once(pg_db, tmp_path, {0: "r1", 1: "r1", 2: "r1"})
-    again = summary(run_pipeline(pg_db, tmp_path, "r2"))  # nothing new in the inbox
+    again = summary(run_pipeline(pg_db, tmp_path, "r2", form=form))  # nothing new in the inbox
     assert again["committed"] == []
     check_exactly_once(pg_db, tmp_path, {0: "r1", 1: "r1", 2: "r1"})
-    assert not list((tmp_path / "staging" / "shop").iterdir())  # nothing staged is left
+    stages = staging_tables(pg_db)
+    if form == "driver":
+        assert not list((tmp_path / "staging" / "shop").iterdir())  # nothing staged is left
+        assert stages == {}  # no row went through a staging table
+        return
+    # The executors wrote the rows: into one staging table per sink (every
+    # row of the three batches went in; none is left), and as two store
+    # change files per epoch (one per task), which one commit added.
+    assert sorted(stages.values()) == [(0, CUSTOMERS * BATCHES), (0, ROWS * BATCHES)]
+    assert [store_parts(tmp_path, "events", e) for e in range(BATCHES)] == [2] * BATCHES
 
 
 # point of micro-batch 1 (its second hit) -> whose rows batch 1 ends with
@@ -176,10 +210,11 @@ def test_driver_killed_mid_batch_resumes_exactly_once(
 
 
 @pytest.mark.chaos
+@pytest.mark.parametrize("form", ["write_stream", "driver"])
 def test_an_executor_killed_after_staging_its_file_is_retried_and_counted_once(
-    pg_db: str, tmp_path: Path
+    pg_db: str, tmp_path: Path, form: str
 ) -> None:
-    """A task attempt that wrote its file and died: its retry writes another; one counts."""
+    """A task attempt that staged its rows and died: its retry stages them again; one counts."""
     make_inbox(tmp_path)
     fired = tmp_path / "killed"
     result = summary(
@@ -189,12 +224,20 @@ def test_an_executor_killed_after_staging_its_file_is_retried_and_counted_once(
             "r1",
             env={"RECONCILE_KILL_AT": "stream.partition_staged", "RECONCILE_KILL_ONCE": str(fired)},
             master="local[2,4]",  # up to 4 attempts per task
+            form=form,
         )
     )
     pid, point = fired.read_text().split()
     assert point == "stream.partition_staged" and int(pid) > 0  # a Python worker died there
     assert result["committed"] == list(range(BATCHES)) and result["restarts"] == 0
     check_exactly_once(pg_db, tmp_path, {0: "r1", 1: "r1", 2: "r1"})
+    if form == "write_stream":
+        # The dead attempt had COPied its rows (committed) before it died: the
+        # staging tables received more rows than the batches hold, and the
+        # epoch took only the kept attempts' (none is left after the sweep).
+        stages = staging_tables(pg_db).values()
+        assert sum(ins for _, ins in stages) > (ROWS + CUSTOMERS) * BATCHES
+        assert all(now == 0 for now, _ in stages)
 
 
 def test_format_reconcile_writes_every_batch_once(pg_db: str, tmp_path: Path) -> None:

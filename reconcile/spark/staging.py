@@ -1,0 +1,228 @@
+"""Where a micro-batch's rows wait between the executors and the commit: two ways.
+
+**Through the store and a Postgres staging table** (``stage_on_executors``),
+for a Postgres sink with an expected state: each executor task nets its
+partition (the batch is split by the sink's key first, so every key is in one
+task), writes the net rows as one change file of the store, and COPYs them
+into the sink's staging table, tagged with the epoch and a task-attempt id of
+its own. Only the file name, the attempt id and counts reach the driver, whose
+commit adds the files in one tokened store commit and upserts the attempts'
+rows into the target in the sink's epoch txn. No row passes through the driver.
+
+**Through files the driver reads** (``stage_batches`` / ``read_staged``), for
+every other sink: each task writes its partition as an Arrow IPC file in a
+staging folder; the driver memory-maps the files the kept attempts name and
+hands the rows to the commit cycle. The batch's rows pass through the driver's
+memory (not through Spark's collect, nor the JVM).
+
+Either way a retried or speculative task attempt writes under a name of its
+own, and the driver reads only what the attempts Spark kept returned: no
+partition counts twice.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import uuid
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
+
+from reconcile import hooks
+from reconcile.contract import ConfigurationError, FatalError
+from reconcile.cycle import CommitCycle
+from reconcile.staged import StagedEpoch
+
+__all__ = [
+    "PARTITION_STAGED",
+    "PgStagePlan",
+    "plan_pg_stage",
+    "read_staged",
+    "stage_batches",
+    "stage_on_executors",
+    "stage_to_files",
+]
+
+# Inside an executor's task: its partition is staged (file written and
+# closed, or rows COPied and committed), and the task has not yet returned it
+# (a task killed here leaves staged rows no one names).
+PARTITION_STAGED = hooks.declare("stream.partition_staged")
+
+STAGED_SCHEMA = "path string, rows long"
+PARTS_SCHEMA = "path string, task string, rows long, upserted long, deleted long"
+_PARTS_ARROW = pa.schema(
+    [("path", pa.string()), ("task", pa.string()), ("rows", pa.int64()),
+     ("upserted", pa.int64()), ("deleted", pa.int64())]
+)  # fmt: skip
+_PARTS_ARROW = pa.schema(
+    [(name, pa.string() if kind == "string" else pa.int64())
+     for name, kind in (f.split() for f in PARTS_SCHEMA.split(", "))]
+)  # fmt: skip
+
+
+def stage_batches(folder: str, batches: Iterable[pa.RecordBatch]) -> tuple[str, int] | None:
+    """On an executor: write a task's batches as one Arrow IPC file in ``folder``.
+
+    Returns the file's path and row count, or None for no rows (no file is
+    left). The file name is new for every task attempt, so a retried or
+    speculative attempt never overwrites a file another attempt may return.
+    """
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, f"part-{uuid.uuid4().hex}.arrow")
+    writer = None
+    rows = 0
+    try:
+        for batch in batches:
+            if writer is None:
+                writer = pa.ipc.new_file(path, batch.schema)
+            writer.write_batch(batch)
+            rows += batch.num_rows
+    finally:
+        if writer is not None:
+            writer.close()
+    if writer is None:
+        return None
+    hooks.point(PARTITION_STAGED)
+    return path, rows
+
+
+def _stage_partition(folder: str, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """``mapInArrow``'s function: stage the partition, yield one (path, rows) row if any."""
+    staged = stage_batches(folder, batches)
+    if staged is not None:
+        yield pa.RecordBatch.from_pydict(
+            {"path": [staged[0]], "rows": [staged[1]]},
+            schema=pa.schema([("path", pa.string()), ("rows", pa.int64())]),
+        )
+
+
+def read_staged(
+    paths: Sequence[str], rows: int, schema: pa.Schema, *, batch_id: int, sink: str
+) -> pa.Table:
+    """The staged files as one Arrow table, memory-mapped (the OS pages it in as it is read).
+
+    Raises:
+        FatalError: the files hold another number of rows than the tasks reported.
+    """
+    tables = [pa.ipc.open_file(pa.memory_map(p)).read_all() for p in paths]
+    if not tables:
+        table = schema.empty_table()
+    else:
+        table = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
+    if table.num_rows != rows:
+        raise FatalError(
+            f"micro-batch {batch_id}, sink {sink!r}: the staged files hold {table.num_rows} "
+            f"rows, the tasks reported {rows}; nothing was recorded",
+            epoch=batch_id,
+        )
+    return table
+
+
+def stage_to_files(frame: Any, folder: str, *, batch_id: int, sink: str) -> tuple[pa.Table, int]:
+    """Have the executors stage ``frame`` as files in ``folder``; the rows, and the file count."""
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    written = frame.mapInArrow(functools.partial(_stage_partition, folder), STAGED_SCHEMA).collect()
+    paths = [row["path"] for row in written]
+    rows = sum(int(row["rows"]) for row in written)
+    tz = frame.sparkSession.conf.get("spark.sql.session.timeZone")
+    schema = to_arrow_schema(frame.schema, timezone=tz)
+    return read_staged(paths, rows, schema, batch_id=batch_id, sink=sink), len(paths)
+
+
+@dataclass(frozen=True)
+class PgStagePlan:
+    """How the executors stage one Postgres sink's rows (it pickles into every task)."""
+
+    sink: str
+    writer: Any  # expected_state.parts.PartWriter
+    target: Any  # sinks.postgres.connection.PgTarget (the password travels to the executors)
+    stage: tuple[str, str]
+    keys: tuple[str, ...]
+
+
+def plan_pg_stage(cycle: CommitCycle, sink: str, frame: Any) -> PgStagePlan | None:
+    """The executor path for ``sink``, or None if its rows must go through the driver.
+
+    The executor path needs a Postgres sink (either mode) whose key is the
+    sink's key in the expected state, and upserts only (no ``_op`` column):
+    deletes and other sinks take the driver path.
+
+    Raises:
+        ConfigurationError: the frame has a column the target table lacks
+            (naming it), or lacks a key column; nothing was staged.
+    """
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    from sinks.postgres.client import PgSinkClient
+    from sinks.postgres.shared_stage import ensure_stage, reflect_target
+
+    client: object = cycle.sinks.get(sink)
+    expected = cycle.expected_state
+    if not isinstance(client, PgSinkClient) or expected is None or sink not in expected.tables:
+        return None
+    if client.append_only or "_op" in frame.columns:
+        return None
+    store = expected.tables[sink]
+    table = reflect_target(client)
+    if list(table.key) != list(store.key_columns):
+        return None  # the sink nets by another key than the store: the driver path checks it
+    unknown = [c for c in frame.columns if c not in table.columns]
+    if unknown:
+        raise ConfigurationError(
+            f"sink {sink!r}: the micro-batch has column {unknown[0]!r}, which table "
+            f"{table.display} does not have; nothing was staged"
+        )
+    tz = frame.sparkSession.conf.get("spark.sql.session.timeZone")
+    writer = store.part_writer(to_arrow_schema(frame.schema, timezone=tz))
+    stage = ensure_stage(client.target, table, client.application_name)
+    return PgStagePlan(sink, writer, client.target, stage, tuple(store.key_columns))
+
+
+def _stage_part(
+    plan: PgStagePlan, epoch: int, batches: Iterator[pa.RecordBatch]
+) -> Iterator[pa.RecordBatch]:
+    """``mapInArrow``'s function on the executor path: net, write the store part, COPY."""
+    from sinks.postgres.shared_stage import copy_to_stage
+
+    received = list(batches)
+    if not received:
+        return
+    net = plan.writer.net(pa.Table.from_batches(received))
+    task = uuid.uuid4().hex  # this attempt's: a retry or a speculative copy has its own
+    path = plan.writer.write(epoch, net)
+    if net.upserts.num_rows:
+        copy_to_stage(plan.target, plan.stage, epoch, task, net.upserts)
+    hooks.point(PARTITION_STAGED)
+    yield pa.RecordBatch.from_pydict(
+        {
+            "path": [path or ""],
+            "task": [task],
+            "rows": [net.upserts.num_rows],
+            "upserted": [net.upserts.num_rows],
+            "deleted": [net.deletes.num_rows],
+        },
+        schema=_PARTS_ARROW,
+    )
+
+
+def stage_on_executors(frame: Any, plan: PgStagePlan, epoch: int) -> StagedEpoch:
+    """Have the executors stage ``frame`` for ``plan``'s sink; what the commit needs of it."""
+    from pyspark.sql import functions as F
+
+    by_key = frame.repartition(*[F.col(k) for k in plan.keys])
+    kept = by_key.mapInArrow(functools.partial(_stage_part, plan, epoch), PARTS_SCHEMA).collect()
+    return StagedEpoch(
+        sink=plan.sink,
+        epoch=epoch,
+        columns=tuple(plan.writer.user_schema.names),
+        stage=plan.stage,
+        tasks=tuple(row["task"] for row in kept),
+        rows=sum(int(row["rows"]) for row in kept),
+        store_files=tuple(row["path"] for row in kept if row["path"]),
+        upserted=sum(int(row["upserted"]) for row in kept),
+        deleted=sum(int(row["deleted"]) for row in kept),
+    )
