@@ -4,16 +4,18 @@
 sink tables through ``foreachBatch``; the micro-batch id is the epoch. For
 each micro-batch:
 
-1. the executors stage their partitions of every sink's DataFrame as Arrow IPC
-   files under ``staging`` (one file per task, in a folder of its own for this
-   run of the batch); only the file names and row counts reach the driver;
-2. the driver memory-maps the files of the tasks Spark reports as successful
-   and hands them to the commit cycle as Arrow tables: one epoch, with the
-   expected state recorded first when the cycle has one;
+1. the executors stage every sink's rows (``reconcile.spark.staging``): for a
+   Postgres sink with an expected state, as store change files and rows in a
+   staging table beside the target, so that no row passes through the driver;
+   for any other sink, as Arrow IPC files that the driver memory-maps. Only
+   file names, task-attempt ids and counts reach the driver;
+2. the driver hands them to the commit cycle as one epoch, with the expected
+   state recorded first when the cycle has one (the change files added in one
+   tokened commit, or the driver's rows written);
 3. the cycle commits it in every sink (``reconcile.Driver``: retries, restarts
    and resolution of an ambiguous COMMIT as in ``drive``), then the batch's
-   staging folder is removed, and only then does ``foreachBatch`` return and
-   Spark write the batch to its commit log.
+   staged files and staging-table rows are removed, and only then does
+   ``foreachBatch`` return and Spark write the batch to its commit log.
 
 Why it is exactly-once:
 
@@ -23,9 +25,10 @@ Why it is exactly-once:
   finished; recorded but never decided, ``start()`` reverts it and the re-run's
   rows are recorded instead.
 - A task that fails and is retried, or runs twice speculatively, may leave a
-  file behind, but the driver reads only the files named by the rows the
-  successful attempts returned (Spark keeps one result per partition), so no
-  partition counts twice.
+  file or committed staging rows behind, but the driver takes only what the
+  successful attempts returned (Spark keeps one result per partition): the
+  files they name, the staging rows of their attempt ids. No partition counts
+  twice.
 - Which run wins when a transform is not deterministic on replay (it stamps
   ``current_timestamp()``, samples, or reads a changing table): the run that
   reached the decision, for every sink with an expected state (a sink that
@@ -37,8 +40,7 @@ Why it is exactly-once:
 
 The staging folder must be one path that the driver and every executor see
 (a shared or network filesystem on a real cluster, any local folder on one
-machine); the driver reads the staged rows by memory map, so they are not sent
-through Spark's collect, and are never held by the JVM.
+machine).
 """
 
 from __future__ import annotations
