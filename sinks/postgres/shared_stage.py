@@ -30,20 +30,18 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import io
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import psycopg
 import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
-import pyarrow.csv as pacsv  # type: ignore[import-untyped, unused-ignore]
 from psycopg import errors, sql
 
 from reconcile.contract import FatalError
 from reconcile.staged import STAGE_EPOCH_COLUMN, STAGE_TASK_COLUMN, StagedEpoch
 
-from .apply import COPY_CHUNK, _table_chunks, _target_columns, _upsert_tail, write_csv
+from .apply import _copy_arrow, _target_columns, _upsert_tail
 from .connection import PgTarget
 from .schema import EPOCH_COLUMN, TableSchema, reflect_table
 
@@ -115,25 +113,14 @@ def copy_to_stage(
 ) -> None:
     """On an executor: COPY a task attempt's rows into the staging table, and commit.
 
-    CSV written by Arrow one bounded slice at a time, as the sink's own COPY
-    path does: the task never holds its partition's CSV whole.
+    The sink's own COPY path (CSV written by Arrow one bounded slice at a
+    time): the task never holds its partition's CSV whole.
     """
     data = rows.append_column(
         STAGE_EPOCH_COLUMN, pa.array(np.full(rows.num_rows, epoch, dtype=np.int64))
     ).append_column(STAGE_TASK_COLUMN, pa.array([task] * rows.num_rows, pa.string()))
-    query = sql.SQL("COPY {} ({}) FROM STDIN (FORMAT CSV)").format(
-        sql.Identifier(*stage), sql.SQL(", ").join(map(sql.Identifier, data.column_names))
-    )
-    options = pacsv.WriteOptions(include_header=False)
-    buffer = io.BytesIO()
     with target.connect(application_name="reconcile-stage") as conn, conn.cursor() as cur:
-        with cur.copy(query) as copy:
-            for part in _table_chunks(data, COPY_CHUNK):
-                buffer.seek(0)
-                buffer.truncate()
-                write_csv(part, buffer, options)
-                with buffer.getbuffer() as view:
-                    copy.write(view)
+        _copy_arrow(cur, sql.Identifier(*stage), data)
         conn.commit()
 
 
