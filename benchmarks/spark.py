@@ -277,7 +277,7 @@ def markdown(r: dict[str, Any]) -> str:
         "the executors write the rows (a staging table and store change files; none passes "
         "through the driver), the default for a Postgres sink with an expected state; "
         "*exactly_once_via_driver*: the driver reads the staged files and writes them "
-        "(`via=\"driver\"`); *at_least_once*: a plain `foreachBatch` COPY of the batch.",
+        '(`via="driver"`); *at_least_once*: a plain `foreachBatch` COPY of the batch.',
         "",
     ]
     return "\n".join(lines)
