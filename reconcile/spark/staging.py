@@ -52,14 +52,10 @@ __all__ = [
 PARTITION_STAGED = hooks.declare("stream.partition_staged")
 
 STAGED_SCHEMA = "path string, rows long"
-PARTS_SCHEMA = "path string, task string, rows long, upserted long, deleted long"
+PARTS_SCHEMA = "path string, task string, upserted long, deleted long"
 _PARTS_ARROW = pa.schema(
-    [("path", pa.string()), ("task", pa.string()), ("rows", pa.int64()),
-     ("upserted", pa.int64()), ("deleted", pa.int64())]
-)  # fmt: skip
-_PARTS_ARROW = pa.schema(
-    [(name, pa.string() if kind == "string" else pa.int64())
-     for name, kind in (f.split() for f in PARTS_SCHEMA.split(", "))]
+    [("path", pa.string()), ("task", pa.string()), ("upserted", pa.int64()),
+     ("deleted", pa.int64())]
 )  # fmt: skip
 
 
@@ -121,16 +117,20 @@ def read_staged(
     return table
 
 
-def stage_to_files(frame: Any, folder: str, *, batch_id: int, sink: str) -> tuple[pa.Table, int]:
-    """Have the executors stage ``frame`` as files in ``folder``; the rows, and the file count."""
+def arrow_schema(frame: Any) -> pa.Schema:
+    """A DataFrame's schema as Arrow, timestamps in the session's time zone."""
     from pyspark.sql.pandas.types import to_arrow_schema
 
+    tz = frame.sparkSession.conf.get("spark.sql.session.timeZone")
+    return to_arrow_schema(frame.schema, timezone=tz)
+
+
+def stage_to_files(frame: Any, folder: str, *, batch_id: int, sink: str) -> tuple[pa.Table, int]:
+    """Have the executors stage ``frame`` as files in ``folder``; the rows, and the file count."""
     written = frame.mapInArrow(functools.partial(_stage_partition, folder), STAGED_SCHEMA).collect()
     paths = [row["path"] for row in written]
     rows = sum(int(row["rows"]) for row in written)
-    tz = frame.sparkSession.conf.get("spark.sql.session.timeZone")
-    schema = to_arrow_schema(frame.schema, timezone=tz)
-    return read_staged(paths, rows, schema, batch_id=batch_id, sink=sink), len(paths)
+    return read_staged(paths, rows, arrow_schema(frame), batch_id=batch_id, sink=sink), len(paths)
 
 
 @dataclass(frozen=True)
@@ -141,7 +141,6 @@ class PgStagePlan:
     writer: Any  # expected_state.parts.PartWriter
     target: Any  # sinks.postgres.connection.PgTarget (the password travels to the executors)
     stage: tuple[str, str]
-    keys: tuple[str, ...]
 
 
 def plan_pg_stage(cycle: CommitCycle, sink: str, frame: Any) -> PgStagePlan | None:
@@ -155,8 +154,6 @@ def plan_pg_stage(cycle: CommitCycle, sink: str, frame: Any) -> PgStagePlan | No
         ConfigurationError: the frame has a column the target table lacks
             (naming it), or lacks a key column; nothing was staged.
     """
-    from pyspark.sql.pandas.types import to_arrow_schema
-
     from sinks.postgres.client import PgSinkClient
     from sinks.postgres.shared_stage import ensure_stage, reflect_target
 
@@ -176,10 +173,9 @@ def plan_pg_stage(cycle: CommitCycle, sink: str, frame: Any) -> PgStagePlan | No
             f"sink {sink!r}: the micro-batch has column {unknown[0]!r}, which table "
             f"{table.display} does not have; nothing was staged"
         )
-    tz = frame.sparkSession.conf.get("spark.sql.session.timeZone")
-    writer = store.part_writer(to_arrow_schema(frame.schema, timezone=tz))
+    writer = store.part_writer(arrow_schema(frame))
     stage = ensure_stage(client.target, table, client.application_name)
-    return PgStagePlan(sink, writer, client.target, stage, tuple(store.key_columns))
+    return PgStagePlan(sink, writer, client.target, stage)
 
 
 def _stage_part(
@@ -201,7 +197,6 @@ def _stage_part(
         {
             "path": [path or ""],
             "task": [task],
-            "rows": [net.upserts.num_rows],
             "upserted": [net.upserts.num_rows],
             "deleted": [net.deletes.num_rows],
         },
@@ -213,16 +208,17 @@ def stage_on_executors(frame: Any, plan: PgStagePlan, epoch: int) -> StagedEpoch
     """Have the executors stage ``frame`` for ``plan``'s sink; what the commit needs of it."""
     from pyspark.sql import functions as F
 
-    by_key = frame.repartition(*[F.col(k) for k in plan.keys])
+    by_key = frame.repartition(*[F.col(k) for k in plan.writer.keys])
     kept = by_key.mapInArrow(functools.partial(_stage_part, plan, epoch), PARTS_SCHEMA).collect()
+    upserted = sum(int(row["upserted"]) for row in kept)
     return StagedEpoch(
         sink=plan.sink,
         epoch=epoch,
         columns=tuple(plan.writer.user_schema.names),
         stage=plan.stage,
         tasks=tuple(row["task"] for row in kept),
-        rows=sum(int(row["rows"]) for row in kept),
+        rows=upserted,  # every staged row is an upsert on this path
         store_files=tuple(row["path"] for row in kept if row["path"]),
-        upserted=sum(int(row["upserted"]) for row in kept),
+        upserted=upserted,
         deleted=sum(int(row["deleted"]) for row in kept),
     )

@@ -141,7 +141,10 @@ class StreamWriter:
         self.driver = Driver(build, retry=retry)
         self.via = via
         self.last: BatchStats | None = None
-        self._stages: dict[str, PgStagePlan] = {}  # sink -> its Postgres staging table
+        # (sink, the frame's schema) -> how its executors stage it (None: via
+        # the driver). Planning reads the catalog and the store and creates
+        # the staging table: once per query run, not once per micro-batch.
+        self._plans: dict[tuple[str, str], PgStagePlan | None] = {}
 
     @property
     def report(self) -> DriveReport:
@@ -207,10 +210,9 @@ class StreamWriter:
         staged: dict[str, Any] = {}
         for sink, transform in transforms.items():
             frame = transform(batch)
-            plan = plan_pg_stage(cycle, sink, frame) if self.via == "executors" else None
+            plan = self._plan(cycle, sink, frame) if self.via == "executors" else None
             if plan is not None:
                 parts = stage_on_executors(frame, plan, batch_id)
-                self._stages[sink] = plan
                 stats.rows[sink], stats.files[sink] = parts.rows, len(parts.store_files)
                 stats.via[sink] = "executors"
                 staged[sink] = parts
@@ -223,11 +225,19 @@ class StreamWriter:
             stats.via[sink] = "driver"
         return staged
 
+    def _plan(self, cycle: CommitCycle, sink: str, frame: Any) -> PgStagePlan | None:
+        """The executor path of ``sink`` for frames of this schema (planned on first use)."""
+        key = (sink, frame.schema.json())
+        if key not in self._plans:
+            self._plans[key] = plan_pg_stage(cycle, sink, frame)
+        return self._plans[key]
+
     def _sweep(self, pipeline: str, batch_id: int) -> None:
         """Remove staged rows of batches up to ``batch_id``: this one's, and a dead driver's."""
         from sinks.postgres.shared_stage import sweep_stage
 
-        for sink, plan in self._stages.items():
+        planned = {plan.sink: plan for plan in self._plans.values() if plan is not None}
+        for sink, plan in planned.items():
             try:
                 sweep_stage(plan.target, plan.stage, batch_id, "reconcile-stage-sweep")
             except Exception as exc:  # the batch is committed; the next sweep tries again
