@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from reconcile.cli_demo import add_demo_parser, run_demo_command
 from reconcile.contract import ConfigurationError, ReconcileError
 
 if TYPE_CHECKING:
@@ -25,16 +26,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
     commands = parser.add_subparsers(dest="command", required=True)
 
-    demo = commands.add_parser(
-        "demo",
-        help="run epochs into file sinks under seeded chaos, then audit exactly-once",
-    )
-    demo.add_argument("--out", type=Path, default=Path("demo-out"), help="state and sink folder")
-    demo.add_argument("--epochs", type=int, default=20, help="epochs to run (default 20)")
-    demo.add_argument("--rows", type=int, default=1000, help="orders per epoch (default 1000)")
-    demo.add_argument("--chaos-seed", type=int, default=7, help="seed of the injected faults")
-    demo.add_argument("--no-chaos", action="store_true", help="inject no faults")
-    demo.add_argument("--json", action="store_true", help="print the report as JSON")
+    add_demo_parser(commands)
 
     status = commands.add_parser(
         "status", help="show a pipeline's progress (read-only; creates and repairs nothing)"
@@ -153,7 +145,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     try:
         if args.command == "demo":
-            return _demo(args)
+            return run_demo_command(args)
         if args.command == "pg":
             return _pg(args)
         if args.command in ("verify", "repair"):
@@ -192,35 +184,6 @@ def _one_line(text: str) -> str:
     from sinks.postgres.connection import redact_text
 
     return " ".join(redact_text(text).split())
-
-
-def _demo(args: argparse.Namespace) -> int:
-    from reconcile.demo import report_json, run_demo
-
-    if args.epochs < 1 or args.rows < 0:
-        print("reconcile: error: --epochs must be >= 1 and --rows >= 0", file=sys.stderr)
-        return 2
-    report = run_demo(
-        args.out,
-        epochs=args.epochs,
-        rows=args.rows,
-        chaos_seed=None if args.no_chaos else args.chaos_seed,
-    )
-    if args.json:
-        print(report_json(report))
-    else:
-        print(
-            f"demo: {report.epochs} epochs x {report.rows_per_epoch} orders into "
-            f"{report.out}/sinks in {report.seconds:.2f}s (resumed from epoch "
-            f"{report.resumed_from})\n"
-            f"chaos: {report.faults_planned} faults planned, {len(report.faults_fired)} fired "
-            f"{report.faults_fired}; {report.restarts} restarts, {report.retries} retries\n"
-            f"committed rows: {report.rows_committed}\n"
-            f"audit: {'OK, every epoch exactly once' if report.audit_ok else 'FAILED'}"
-        )
-        for problem in report.audit_problems:
-            print(f"  - {problem}")
-    return 0 if report.audit_ok else 1
 
 
 def _read_state(state: Path, pipeline: str) -> ProgressState:

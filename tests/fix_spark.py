@@ -20,30 +20,13 @@ def build_local_session(
 ) -> Any:
     """Start (or return) a Spark session tuned for small tests (``local[2]`` by default).
 
-    ``conf`` adds or overrides settings (dots as in Spark's keys). Raises
+    ``reconcile.spark.session.local_session`` with the tests' app name. Raises
     whatever Spark raises if it cannot start: a test that needs Spark must
     fail, never skip, when Spark is missing.
     """
-    from pyspark.sql import SparkSession
+    from reconcile.spark.session import local_session
 
-    builder = (
-        SparkSession.builder.master(master)
-        .appName(app_name)
-        .config("spark.sql.shuffle.partitions", "4")
-        .config("spark.default.parallelism", "2")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.execution.arrow.pyspark.enabled", "true")
-        .config("spark.sql.execution.arrow.pyspark.fallback.enabled", "false")
-        .config("spark.sql.session.timeZone", "UTC")
-        .config("spark.driver.memory", "2g")
-        .config("spark.driver.extraJavaOptions", "-Duser.timezone=UTC")
-        .config("spark.executor.extraJavaOptions", "-Duser.timezone=UTC")
-        .config("spark.executorEnv.PYSPARK_PYTHON", sys.executable)
-    )
-    for key, value in conf.items():
-        builder = builder.config(key, value)
-    return builder.getOrCreate()
+    return local_session(app_name, master, **conf)
 
 
 @pytest.fixture(scope="session")

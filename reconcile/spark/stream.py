@@ -45,6 +45,7 @@ machine).
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 import shutil
@@ -77,7 +78,9 @@ BATCH_STAGED = hooks.declare("stream.batch_staged")
 # On the driver: the epoch is in every sink; Spark has not written its commit log.
 BATCH_COMMITTED = hooks.declare("stream.batch_committed")
 
-Transform = Callable[[Any], Any]  # a micro-batch DataFrame -> a sink's DataFrame
+# A micro-batch DataFrame (and, if the function takes two arguments, its batch
+# id) -> a sink's DataFrame.
+Transform = Callable[..., Any]
 
 
 def outputs_of(
@@ -111,8 +114,9 @@ class StreamWriter:
         build: makes a CommitCycle over fresh sink clients (as ``drive`` takes):
             called once, and again after a restart the cycle asks for.
         outputs: sink name -> a function from the micro-batch DataFrame to that
-            sink's DataFrame (a select, a filter, an aggregation of the batch).
-            By default every sink gets the batch as it is.
+            sink's DataFrame (a select, a filter, an aggregation of the batch);
+            a function of two arguments is also given the batch id. By
+            default every sink gets the batch as it is.
         staging: the folder executors stage rows in; every executor and the
             driver must see it at this path.
         retry: how long an epoch is retried before the query fails.
@@ -209,7 +213,7 @@ class StreamWriter:
         """Have the executors stage every sink's rows: what the cycle is given for each."""
         staged: dict[str, Any] = {}
         for sink, transform in transforms.items():
-            frame = transform(batch)
+            frame = _apply(transform, batch, batch_id)
             plan = self._plan(cycle, sink, frame) if self.via == "executors" else None
             if plan is not None:
                 parts = stage_on_executors(frame, plan, batch_id)
@@ -259,6 +263,24 @@ class StreamWriter:
 
 def _identity(batch: Any) -> Any:
     return batch
+
+
+def _apply(transform: Transform, batch: Any, batch_id: int) -> Any:
+    """``transform(batch)``, or ``transform(batch, batch_id)`` if it takes two arguments.
+
+    The batch id lets a transform read state as of the epoch before (a running
+    total from the expected state at ``batch_id - 1``), which a re-run of the
+    batch reads the same.
+    """
+    try:
+        parameters = inspect.signature(transform).parameters.values()
+    except (TypeError, ValueError):  # a builtin without a signature: one argument
+        return transform(batch)
+    positional = [
+        p for p in parameters
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty
+    ]  # fmt: skip
+    return transform(batch, batch_id) if len(positional) >= 2 else transform(batch)
 
 
 class _Gone(Mapping[str, Iterable[Any]]):

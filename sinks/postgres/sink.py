@@ -40,6 +40,10 @@ __all__ = ["PostgresSink"]
 
 log = logging.getLogger("reconcile.sinks.postgres")
 
+# The epoch txn's COMMIT came back; the cycle has not been told (a crash here
+# leaves a committed epoch whose sink never acknowledged it).
+COMMIT_RETURNED = hooks.declare("pg.commit.returned")
+
 Key = tuple[str, str, int]
 
 
@@ -264,6 +268,7 @@ class PostgresSink(PgSinkClient):
         try:
             with watched(session.conn, self.commit_timeout_s) as seen:
                 session.conn.commit()
+            hooks.point(COMMIT_RETURNED)
         except psycopg.Error as err:
             log.warning("%s", self._describe_error("COMMIT", txn_id, err))
             answered = not session.conn.broken and isinstance(

@@ -17,7 +17,10 @@ pytestmark = pytest.mark.integration
 
 def test_demo_under_chaos_audits_clean(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "demo"
-    assert main(["demo", "--out", str(out), "--epochs", "12", "--rows", "50", "--json"]) == 0
+    assert (
+        main(["demo", "--files", "--out", str(out), "--epochs", "12", "--rows", "50", "--json"])
+        == 0
+    )
     report = json.loads(capsys.readouterr().out)
     assert report["audit_ok"] and report["audit_problems"] == []
     assert report["faults_fired"], "the chaos plan fired nothing"
@@ -37,9 +40,14 @@ def test_demo_resumes_from_the_last_committed_epoch(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out = tmp_path / "demo"
-    assert main(["demo", "--out", str(out), "--epochs", "5", "--rows", "10", "--no-chaos"]) == 0
+    assert (
+        main(["demo", "--files", "--out", str(out), "--epochs", "5", "--rows", "10", "--no-chaos"])
+        == 0
+    )
     capsys.readouterr()
-    assert main(["demo", "--out", str(out), "--epochs", "8", "--rows", "10", "--json"]) == 0
+    assert (
+        main(["demo", "--files", "--out", str(out), "--epochs", "8", "--rows", "10", "--json"]) == 0
+    )
     report = json.loads(capsys.readouterr().out)
     assert report["resumed_from"] == 4 and report["audit_ok"]
     assert main(["status", "--state", str(out / "state"), "--pipeline", "demo", "--json"]) == 0
@@ -54,6 +62,7 @@ def test_console_script_and_bad_input(tmp_path: Path) -> None:
             "-m",
             "reconcile.cli",
             "demo",
+            "--files",
             "--out",
             str(tmp_path / "d"),
             "--epochs",
@@ -73,6 +82,7 @@ def test_console_script_and_bad_input(tmp_path: Path) -> None:
             "-m",
             "reconcile.cli",
             "demo",
+            "--files",
             "--out",
             str(tmp_path / "e"),
             "--epochs",

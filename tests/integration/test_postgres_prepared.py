@@ -9,9 +9,9 @@ import psycopg
 import pytest
 
 from reconcile.contract import OK, ConfigurationError, Fatal, SinkTxnId
+from reconcile.testing.pg_proxy import DROP_AFTER_COMMIT, DROP_BEFORE_COMMIT, FaultProxy
 from sinks.postgres import PreparedPostgresSink, postgres_sink
 from sinks.postgres.resolve import Evidence, Resolution
-from tests.fault_proxy import DROP_AFTER_COMMIT, DROP_BEFORE_COMMIT, FaultProxy
 from tests.fix_pg import PgServer
 
 pytestmark = pytest.mark.integration

@@ -20,6 +20,7 @@ from reconcile.contract import OK, OutcomeUnknownError, SinkTxnId, WriterIdentit
 from reconcile.cycle import CommitCycle, CommitFatal, CommitSucceeded
 from reconcile.progress import EpochStatus
 from reconcile.progress_file import FileProgressLog
+from reconcile.testing.pg_proxy import CUT_AFTER_COMMIT_SENT, FaultProxy
 from sinks.postgres import PgTarget, PostgresSink, postgres_sink
 from sinks.postgres.markers import StateTables
 from sinks.postgres.ownership import Scope
@@ -32,7 +33,6 @@ from sinks.postgres.resolve import (
     backend_identity,
     resolve_commit,
 )
-from tests.fault_proxy import CUT_AFTER_COMMIT_SENT, FaultProxy
 from tests.fix_pg import PgServer, PgStandby
 
 pytestmark = [pytest.mark.integration, pytest.mark.chaos]

@@ -1,15 +1,28 @@
-"""A TCP fault proxy for the Postgres wire protocol: drops a connection around its COMMIT."""
+"""A TCP fault proxy for the Postgres wire protocol: drops a connection around its COMMIT.
+
+The tests arm one fault for the next COMMIT (``arm``); the demo's chaos mode
+(``chaos``) draws one for any COMMIT at a seeded rate, so a pipeline runs
+through a network that loses COMMITs and their replies.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import random
 import re
 import socket
 import struct
 import threading
+from collections import Counter
 from dataclasses import dataclass, field
 
-__all__ = ["CUT_AFTER_COMMIT_SENT", "DROP_AFTER_COMMIT", "DROP_BEFORE_COMMIT", "FaultProxy"]
+__all__ = [
+    "CUT_AFTER_COMMIT_SENT",
+    "DROP_AFTER_COMMIT",
+    "DROP_BEFORE_COMMIT",
+    "FAULTS",
+    "FaultProxy",
+]
 
 _COMMIT = re.compile(rb"^\s*COMMIT(\s+PREPARED)?\b", re.IGNORECASE)
 _UNTYPED_REQUESTS = {80877103, 80877104, 80877102}  # SSLRequest, GSSENCRequest, CancelRequest
@@ -17,6 +30,7 @@ _UNTYPED_REQUESTS = {80877103, 80877104, 80877102}  # SSLRequest, GSSENCRequest,
 DROP_BEFORE_COMMIT = "drop_before_commit"
 DROP_AFTER_COMMIT = "drop_after_commit"
 CUT_AFTER_COMMIT_SENT = "cut_after_commit_sent"
+FAULTS = (DROP_BEFORE_COMMIT, DROP_AFTER_COMMIT, CUT_AFTER_COMMIT_SENT)
 
 
 def _recv_exact(sock: socket.socket, n: int) -> bytes:
@@ -39,6 +53,15 @@ def _is_commit(kind: bytes, body: bytes) -> bool:
     return False
 
 
+def _startup_parameter(body: bytes, name: bytes) -> str:
+    """A parameter of a startup packet (after its length and protocol code): NUL-separated pairs."""
+    fields = body.split(b"\x00")
+    for key, value in zip(fields[::2], fields[1::2], strict=False):
+        if key == name:
+            return value.decode(errors="replace")
+    return ""
+
+
 @dataclass
 class _Link:
     client: socket.socket
@@ -47,6 +70,7 @@ class _Link:
     closed: threading.Event = field(default_factory=threading.Event)
 
     cut: threading.Event = field(default_factory=threading.Event)
+    application_name: str = ""  # from the startup packet
 
     def close(self) -> None:
         self.closed.set()
@@ -96,19 +120,41 @@ class FaultProxy:
         self._lock = threading.Lock()
         self.fired = threading.Event()
         self.commits_seen = 0
+        self.injected: Counter[str] = Counter()  # fault -> how often it was taken
+        self._rng: random.Random | None = None
+        self._rate = 0.0
+        self._apps: tuple[str, ...] = ()
         self._links: list[_Link] = []
         self._stopped = False
         threading.Thread(target=self._accept, daemon=True, name="fault-proxy").start()
 
     def arm(self, fault: str) -> None:
-        assert fault in (DROP_BEFORE_COMMIT, DROP_AFTER_COMMIT, CUT_AFTER_COMMIT_SENT)
+        assert fault in FAULTS
         with self._lock:
             self._armed = fault
             self.fired.clear()
 
-    def _take(self) -> str | None:
+    def chaos(self, seed: int, rate: float, *, applications: tuple[str, ...] = ()) -> None:
+        """From now on, each COMMIT draws a fault with probability ``rate`` (seeded).
+
+        Args:
+            applications: only on connections whose ``application_name`` starts
+                with one of these (default: every connection).
+        """
+        if not 0.0 <= rate <= 1.0:
+            raise ValueError(f"rate must be in [0, 1], got {rate}")
+        with self._lock:
+            self._rng, self._rate, self._apps = random.Random(seed), rate, applications
+
+    def _take(self, link: _Link) -> str | None:
         with self._lock:
             fault, self._armed = self._armed, None
+            chosen = not self._apps or link.application_name.startswith(self._apps)
+            rng = self._rng if fault is None and chosen else None
+            if rng is not None and rng.random() < self._rate:
+                fault = rng.choice(FAULTS)
+            if fault is not None:
+                self.injected[fault] += 1
             return fault
 
     def _accept(self) -> None:
@@ -138,6 +184,7 @@ class FaultProxy:
                 rest = _recv_exact(link.client, length - 8)
                 link.server.sendall(head + rest)
                 if code not in _UNTYPED_REQUESTS:
+                    link.application_name = _startup_parameter(rest, b"application_name")
                     break
             cut_pending = False  # an extended-protocol COMMIT runs at the next Sync
             while not link.closed.is_set():
@@ -147,7 +194,7 @@ class FaultProxy:
                 fault = None
                 if _is_commit(kind, body):
                     self.commits_seen += 1
-                    fault = self._take()
+                    fault = self._take(link)
                     if fault == DROP_BEFORE_COMMIT:
                         self.fired.set()
                         link.close()

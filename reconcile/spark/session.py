@@ -1,0 +1,40 @@
+"""A local SparkSession set up the way the engine's own jobs expect (the demo, the benchmarks)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+__all__ = ["local_session"]
+
+
+def local_session(app_name: str = "reconcile", master: str = "local[2]", **conf: str) -> Any:
+    """Start (or return) a Spark session for one machine (``local[2]`` by default).
+
+    UI and console progress off, Arrow on, UTC, 4 shuffle partitions, and the
+    running interpreter for the Python workers. ``conf`` adds or overrides
+    settings (dots as in Spark's keys). Raises whatever Spark raises if it
+    cannot start.
+    """
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+
+    builder = (
+        SparkSession.builder.master(master)
+        .appName(app_name)
+        .config("spark.sql.shuffle.partitions", "4")
+        .config("spark.default.parallelism", "2")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.execution.arrow.pyspark.enabled", "true")
+        .config("spark.sql.execution.arrow.pyspark.fallback.enabled", "false")
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.driver.memory", "2g")
+        .config("spark.driver.extraJavaOptions", "-Duser.timezone=UTC")
+        .config("spark.executor.extraJavaOptions", "-Duser.timezone=UTC")
+        .config("spark.executorEnv.PYSPARK_PYTHON", sys.executable)
+    )
+    for key, value in conf.items():
+        builder = builder.config(key, value)
+    return builder.getOrCreate()

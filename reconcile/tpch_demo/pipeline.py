@@ -1,0 +1,185 @@
+"""The demo's pipeline process: lineitem files -> Spark Structured Streaming -> two Postgres sinks.
+
+``python -m reconcile.tpch_demo.pipeline WORKDIR EPOCHS [TRIGGER_SECONDS [MASTER]]``, with
+the sink database's DSN in ``RECONCILE_DEMO_DSN`` (never on the command line,
+where ``ps`` shows it). The supervisor starts it, kills it, and starts it again.
+
+Each micro-batch (one dropped file) is one epoch of pipeline ``demo``, written
+by ``reconcile.spark.write_stream`` into:
+
+- ``demo_lineitem``: the batch's lines;
+- ``demo_customer_revenue``: per customer (a join with ``orders``), the running
+  total of ``l_extendedprice * (1 - l_discount)`` and the count of lines. The
+  total of batch ``b`` is the expected state's total as of epoch ``b - 1``
+  plus the batch's own sum: a re-run of the batch after a crash reads the same
+  epoch and computes the same total, and the engine applies each epoch once,
+  so nothing is counted twice.
+
+A restarted process first brings both tables to the expected state of the
+newest decided epoch (``reconcile.recover``, pull-and-diff, scoped to what
+may have changed), then resumes the stream from Spark's checkpoint. It stops
+once every epoch is committed.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from reconcile.contract import RetryableError
+from reconcile.tpch_demo.events import EventLog, EventMetrics
+
+__all__ = ["KEYS", "PIPELINE", "main"]
+
+PIPELINE = "demo"
+KEYS = {"demo_lineitem": ["l_orderkey", "l_linenumber"], "demo_customer_revenue": ["o_custkey"]}
+REVENUE_SCHEMA = "o_custkey long, revenue decimal(18,4), lines long"
+
+
+def recover_tables(dsn: str, store: str, last: int, events: EventLog) -> None:
+    """Bring every sink table to the expected state of epoch ``last`` (pull-and-diff).
+
+    A crash may have left an epoch decided but not in a sink; the store holds
+    its rows, and recovery applies only what differs. Retried while the
+    database is unreachable (the chaos proxy drops connections).
+    """
+    from reconcile.recovery.api import recover
+
+    for table in KEYS:
+        for attempt in range(20):
+            try:
+                found = recover(dsn, store, PIPELINE, table, mode="auto", after_crash=True,
+                                target_epoch=last)  # fmt: skip
+                break
+            except RetryableError:
+                if attempt == 19:
+                    raise
+                time.sleep(0.5)
+        events.write("recovery", table=table, epoch=last, mode=str(found.mode),
+                     missing=found.missing, extra=found.extra, changed=found.changed,
+                     applied=found.applied)  # fmt: skip
+
+
+def revenue_transform(spark: Any, orders: Any, store: Any) -> Any:
+    """The ``demo_customer_revenue`` output of a batch: running totals per customer."""
+    from pyspark.sql import functions as F
+
+    def previous(batch_id: int) -> Any:
+        """The totals as of epoch ``batch_id - 1`` (decided: Spark runs batches in order)."""
+        if batch_id == 0 or store.last_epoch() is None:
+            return spark.createDataFrame([], REVENUE_SCHEMA)
+        state = store.snapshot(epoch=batch_id - 1, columns=["o_custkey", "revenue", "lines"])
+        return spark.createDataFrame(state.to_pandas(), REVENUE_SCHEMA)
+
+    def revenue(batch: Any, batch_id: int) -> Any:
+        delta = (
+            batch.join(orders, batch.l_orderkey == orders.o_orderkey)
+            .groupBy("o_custkey")
+            .agg(
+                F.sum(F.col("l_extendedprice") * (F.lit(1) - F.col("l_discount"))).alias("d"),
+                F.count("*").alias("n"),
+            )
+        )
+        joined = delta.join(F.broadcast(previous(batch_id)), "o_custkey", "left")
+        return joined.select(
+            "o_custkey",
+            (F.coalesce("revenue", F.lit(0)) + F.col("d")).cast("decimal(18,4)").alias("revenue"),
+            (F.coalesce("lines", F.lit(0)) + F.col("n")).cast("long").alias("lines"),
+        )
+
+    return revenue
+
+
+def main(argv: list[str]) -> int:
+    workdir = Path(argv[0])
+    epochs = int(argv[1])
+    trigger_s = float(argv[2]) if len(argv) > 2 else 0.0
+    master = argv[3] if len(argv) > 3 else "local[2,4]"
+    dsn = os.environ["RECONCILE_DEMO_DSN"]
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+
+    from expected_state.progress_log import StoreProgressLog
+    from expected_state.store import ExpectedStateStore
+    from reconcile import CommitCycle
+    from reconcile.expected import ExpectedState
+    from reconcile.spark.session import local_session
+    from reconcile.spark.stream import write_stream
+    from reconcile.tpch_demo.data import LINEITEM_SPARK_SCHEMA
+    from sinks.postgres import postgres_sink
+
+    events = EventLog(workdir / "events.jsonl")
+    store = str(workdir / "expected_state")
+    progress = StoreProgressLog(store, PIPELINE)
+    last = progress.last_committed()
+    if last is not None:
+        recover_tables(dsn, store, last, events)
+    if last is not None and last >= epochs - 1:
+        events.write("finished", last=last)
+        return 0
+    metrics = EventMetrics(events)
+
+    def build() -> CommitCycle:
+        expected = ExpectedState(store, PIPELINE, KEYS)
+        sinks = [postgres_sink(dsn, table, name=table) for table in KEYS]
+        return CommitCycle(PIPELINE, sinks, expected_state=expected, metrics=metrics)
+
+    spark = local_session(
+        "reconcile-demo",
+        master,
+        **{"spark.sql.shuffle.partitions": "2", "spark.sql.adaptive.enabled": "false"},
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    orders = (
+        spark.read.parquet(str(workdir / "tpch" / "orders.parquet"))
+        .select("o_orderkey", "o_custkey")
+        .cache()
+    )
+    lines = (
+        spark.readStream.schema(LINEITEM_SPARK_SCHEMA)
+        .option("maxFilesPerTrigger", 1)
+        .parquet(str(workdir / "inbox"))
+    )
+    revenue_store = ExpectedStateStore(store, PIPELINE, "demo_customer_revenue", ["o_custkey"])
+    query = write_stream(
+        lines,
+        build,
+        checkpoint=workdir / "checkpoint",
+        staging=workdir / "staging",
+        outputs={
+            "demo_lineitem": lambda batch: batch,
+            "demo_customer_revenue": revenue_transform(spark, orders, revenue_store),
+        },
+        trigger={"processingTime": f"{trigger_s} seconds"} if trigger_s else None,
+        query_name="reconcile_demo",
+    )
+    writer = query.reconcile_writer
+    events.write("started", last=last)
+    seen = 0
+    try:
+        while query.isActive:
+            query.awaitTermination(0.2)
+            report = writer.report
+            for epoch in report.committed_epochs[seen:]:
+                events.write("committed", epoch=epoch)
+            seen = len(report.committed_epochs)
+            done = set(report.committed_epochs) | set(report.skipped_epochs)
+            batch = writer.last
+            if batch is not None and batch.replayed:
+                done.add(batch.batch_id)  # re-run, in every sink already
+            if epochs - 1 in done:
+                break
+        if query.exception() is not None:
+            raise RuntimeError(f"the streaming query failed: {query.exception()}")
+    finally:
+        query.stop()
+        writer.close()
+    events.write("finished", last=epochs - 1)
+    spark.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,323 @@
+"""The demo's supervisor: Postgres, the feed, the chaos, the restarts, and the audit.
+
+``run(options)`` is ``reconcile demo``. It starts (or is given) Postgres,
+generates TPC-H, drops lineitem into the watched folder one file per
+``interval``, and runs the pipeline process (``reconcile.tpch_demo.pipeline``)
+until every epoch is committed: when chaos kills it (SIGKILL at a seeded
+named point) or it fails, it is started again, and it resumes from Spark's
+checkpoint and the expected state. With chaos, the pipeline reaches Postgres
+through a proxy that drops connections around COMMIT at a seeded rate.
+
+Everything a run needs is under the work folder (the data, the inbox, the
+checkpoint, the expected state, the event log), so a demo killed whole
+(supervisor, pipeline and Spark) resumes when run again with the same
+``--workdir`` and ``--pg``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import psycopg
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+from reconcile.contract import ConfigurationError
+from reconcile.tpch_demo.data import SINK_TABLES_SQL, Feed, generate
+from reconcile.tpch_demo.events import EventLog
+from reconcile.tpch_demo.pipeline import KEYS, PIPELINE
+from reconcile.tpch_demo.summary import Summary, audit
+
+__all__ = ["KILL_POINTS", "Options", "run"]
+
+# Where chaos kills the pipeline process (``reconcile.hooks`` points). The
+# first two come first in every chaos run: they are the windows a checkpoint-
+# bound sink cannot survive without holding results back.
+KILL_POINTS = {
+    "cycle.expected_state.recorded": "between the store commit and the sink commit",
+    "pg.commit.returned": "between a sink's COMMIT and its acknowledgement",
+    "cycle.decided": "after the decision, before any sink commit",
+    "stream.batch_staged": "after the executors staged a batch, before anything is recorded",
+    "stream.batch_committed": "after every sink committed, before Spark's commit log",
+}
+MAX_FAILURES = 5  # non-kill exits in a row before the demo gives up
+
+
+@dataclass
+class Options:
+    """``reconcile demo``'s options (see its ``--help``)."""
+
+    scale: float = 0.01
+    epochs: int = 10
+    interval: float = 1.0
+    trigger: float = 0.0
+    chaos: int | None = None
+    crashes: int = 4
+    drop_rate: float = 0.15
+    pg: str | None = None
+    workdir: Path | None = None
+    keep: bool = False
+    reset: bool = False
+    master: str = "local[2,4]"
+    progress: bool = True
+
+
+def _die_with_parent() -> None:
+    """In the pipeline process: SIGKILL when the supervisor dies (a demo killed whole)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+@contextlib.contextmanager
+def _postgres(options: Options) -> Iterator[str]:
+    """The sink database's DSN: ``--pg``, or an embedded throwaway server."""
+    if options.pg:
+        yield options.pg
+        return
+    from reconcile.embedded_pg import start_server
+
+    # track_commit_timestamp: each row's visible time is its txn's commit time.
+    with start_server(keep=options.keep, track_commit_timestamp="on") as server:
+        yield str(server.dsn())
+
+
+def _check_run(workdir: Path, options: Options) -> bool:
+    """Record this run's settings, or check a resumed run's; whether it is a resume."""
+    state = workdir / "demo.json"
+    mine = {"scale": options.scale, "epochs": options.epochs, "pg": bool(options.pg)}
+    if not state.exists():
+        workdir.mkdir(parents=True, exist_ok=True)
+        state.write_text(json.dumps(mine))
+        return False
+    theirs = json.loads(state.read_text())
+    if not theirs["pg"]:
+        raise ConfigurationError(
+            f"{workdir} holds a demo run against an embedded Postgres server, which is gone; "
+            "use a fresh --workdir (a run with --pg DSN can be resumed)"
+        )
+    if not options.pg:
+        raise ConfigurationError(f"{workdir} holds a demo run against --pg: give the same --pg")
+    for key in ("scale", "epochs"):
+        if theirs[key] != mine[key]:
+            raise ConfigurationError(
+                f"{workdir} holds a demo run with --{key} {theirs[key]}; resume it with the "
+                f"same --{key}, or use a fresh --workdir"
+            )
+    return True
+
+
+def _prepare_tables(dsn: str, *, resumed: bool, reset: bool) -> None:
+    """Create the sink tables; a fresh run refuses another run's rows unless ``reset``."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        if reset:
+            for table in KEYS:
+                conn.execute(
+                    sql.SQL("DROP TABLE IF EXISTS public.{}").format(sql.Identifier(table))
+                )
+            for state in ("markers", "fences", "repairs"):
+                exists = conn.execute("SELECT to_regclass(%s)", (f"reconcile.{state}",)).fetchone()
+                if exists and exists[0] is not None:
+                    conn.execute(
+                        sql.SQL("DELETE FROM reconcile.{} WHERE pipeline = %s").format(
+                            sql.Identifier(state)
+                        ),
+                        (PIPELINE,),
+                    )
+        for statement in SINK_TABLES_SQL:
+            conn.execute(statement.encode())
+        if resumed:
+            return
+        for table in KEYS:
+            row = conn.execute(
+                sql.SQL("SELECT count(*) FROM public.{}").format(sql.Identifier(table))
+            ).fetchone()
+            if row and row[0]:
+                raise ConfigurationError(
+                    f"table public.{table} holds {row[0]} rows of another demo run; resume that "
+                    "run with its --workdir, or pass --reset to drop the demo tables and the "
+                    f"pipeline {PIPELINE!r}'s markers"
+                )
+
+
+def _via_proxy(dsn: str, port: int) -> str:
+    params = conninfo_to_dict(dsn)
+    params.update(host="127.0.0.1", port=str(port))
+    return make_conninfo(**params)  # type: ignore[arg-type]
+
+
+class _Feeder(threading.Thread):
+    """Drops the next epoch file every ``interval`` seconds, once the pipeline is up."""
+
+    def __init__(self, feed: Feed, interval: float, started: threading.Event) -> None:
+        super().__init__(daemon=True, name="demo-feeder")
+        self.feed, self.interval, self.started = feed, interval, started
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        self.started.wait()
+        for part in self.feed.slices:
+            if self.stop.is_set():
+                return
+            if self.feed.path(part.index).exists():
+                continue
+            self.feed.drop(part.index)
+            self.stop.wait(self.interval)
+
+
+class _Chaos:
+    """The seeded kill plan: which point the pipeline process dies at, launch by launch."""
+
+    def __init__(self, seed: int, budget: int) -> None:
+        rng = random.Random(seed)
+        first, rest = list(KILL_POINTS)[:2], list(KILL_POINTS)[2:]
+        rng.shuffle(first)
+        rng.shuffle(rest)
+        self.order = first + rest
+        self.seed, self.budget = seed, budget
+
+    def plan(self, crashes: int, launch: int) -> tuple[str, int] | None:
+        if crashes >= self.budget:
+            return None
+        rng = random.Random(f"{self.seed}:{launch}")
+        return self.order[crashes % len(self.order)], rng.randint(1, 2)
+
+
+def _launch(
+    workdir: Path, options: Options, dsn: str, launch: int, kill: tuple[str, int] | None
+) -> subprocess.Popen[bytes]:
+    env = dict(os.environ, RECONCILE_DEMO_DSN=dsn, PYSPARK_PYTHON=sys.executable)
+    env.pop("RECONCILE_KILL_AT", None)
+    if kill is not None:
+        (workdir / "kills").mkdir(exist_ok=True)
+        env["RECONCILE_KILL_AT"] = f"{kill[0]}:{kill[1]}"
+        # Spark's Python workers inherit the variable: only the first to reach
+        # the point dies (they never do: the points are on the driver), and the
+        # file proves the kill fired.
+        env["RECONCILE_KILL_ONCE"] = str(workdir / "kills" / f"launch-{launch}")
+    (workdir / "logs").mkdir(exist_ok=True)
+    log = open(workdir / "logs" / f"pipeline-{launch}.log", "wb")  # noqa: SIM115
+    cmd = [sys.executable, "-m", "reconcile.tpch_demo.pipeline", str(workdir),
+           str(options.epochs), str(options.trigger), options.master]  # fmt: skip
+    try:
+        return subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                preexec_fn=_die_with_parent)  # fmt: skip
+    finally:
+        log.close()
+
+
+def _tail(path: Path, chars: int = 3000) -> str:
+    try:
+        return path.read_text(errors="replace")[-chars:]
+    except FileNotFoundError:
+        return ""
+
+
+def run(options: Options) -> Summary:
+    """Run the demo to the end (resuming a run in ``options.workdir``); its summary.
+
+    Raises:
+        ConfigurationError: bad options, a missing tool, or another run's rows.
+        RuntimeError: the pipeline failed ``MAX_FAILURES`` times in a row
+            without being killed (its log's tail is in the message).
+    """
+    own_workdir = options.workdir is None
+    workdir = Path(options.workdir or tempfile.mkdtemp(prefix="reconcile-demo-")).resolve()
+    try:
+        return _run(workdir, options)
+    finally:
+        if own_workdir and not options.keep:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _run(workdir: Path, options: Options) -> Summary:
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+    resumed = _check_run(workdir, options)
+    events = EventLog(workdir / "events.jsonl")
+    console = Console(stderr=True)
+    console.print(f"[bold]reconcile demo[/]: TPC-H scale {options.scale}, {options.epochs} "
+                  f"epochs, work folder {workdir}" + (" (resumed)" if resumed else ""))  # fmt: skip
+    feed = Feed(generate(workdir / "tpch", options.scale), workdir / "inbox", options.epochs)
+    with _postgres(options) as dsn:
+        _prepare_tables(dsn, resumed=resumed, reset=options.reset)
+        proxy = None
+        pipeline_dsn = dsn
+        if options.chaos is not None:
+            from reconcile.testing.pg_proxy import FaultProxy
+
+            params = conninfo_to_dict(dsn)
+            proxy = FaultProxy(int(params.get("port") or 5432), str(params.get("host")))
+            # The sink sessions' COMMITs (the epoch txns, the repairs), where a
+            # lost reply is an ambiguous commit; not the executors' staging COPY.
+            proxy.chaos(options.chaos, options.drop_rate, applications=("reconcile:",))
+            pipeline_dsn = _via_proxy(dsn, proxy.port)
+        chaos = _Chaos(options.chaos, options.crashes) if options.chaos is not None else None
+        started = threading.Event()
+        feeder = _Feeder(feed, options.interval, started)
+        feeder.start()
+        progress = Progress(
+            TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+            TextColumn("{task.fields[status]}"), console=console,
+            disable=not (options.progress and console.is_terminal),
+        )  # fmt: skip
+        failures = 0
+        with progress:
+            bar = progress.add_task("epochs", total=options.epochs, status="")
+            while True:
+                launch = len(events.of("launch"))
+                crashes = len(events.of("crash"))
+                kill = chaos.plan(crashes, launch) if chaos is not None else None
+                events.write("launch", launch=launch, kill=kill)
+                proc = _launch(workdir, options, pipeline_dsn, launch, kill)
+                injected_before = dict(proxy.injected) if proxy else {}
+                while proc.poll() is None:
+                    committed = {e["epoch"] for e in events.of("committed")}
+                    if events.of("started") and not started.is_set():
+                        started.set()
+                    progress.update(bar, completed=len(committed),
+                                    status=f"launch {launch}, crashes {crashes}")  # fmt: skip
+                    time.sleep(0.3)
+                if proxy is not None:
+                    fired = {k: v - injected_before.get(k, 0) for k, v in proxy.injected.items()}
+                    events.write("proxy", injected={k: v for k, v in fired.items() if v})
+                code = proc.returncode
+                kill_file = workdir / "kills" / f"launch-{launch}"
+                if code == -signal.SIGKILL and kill is not None and kill_file.exists():
+                    events.write("crash", launch=launch, point=kill[0], nth=kill[1],
+                                 where=KILL_POINTS[kill[0]])  # fmt: skip
+                    failures = 0
+                    continue
+                if code == 0 and events.of("finished"):
+                    break
+                failures += 1
+                log_tail = _tail(workdir / "logs" / f"pipeline-{launch}.log")
+                events.write("failed", launch=launch, code=code, log=log_tail[-1500:])
+                if failures >= MAX_FAILURES:
+                    raise RuntimeError(
+                        f"the demo pipeline failed {failures} times in a row (exit {code}); "
+                        f"last log ({workdir}/logs/pipeline-{launch}.log):\n{log_tail}"
+                    )
+                time.sleep(failures)  # a database that is restarting: give it time
+            progress.update(bar, completed=options.epochs, status="done")
+        feeder.stop.set()
+        if proxy is not None:
+            proxy.close()
+        summary = audit(dsn, workdir, feed, events, options.epochs)
+        summary.settings = {k: str(v) if isinstance(v, Path) else v
+                            for k, v in asdict(options).items() if k != "pg"}  # fmt: skip
+        return summary
