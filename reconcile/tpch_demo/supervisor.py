@@ -128,15 +128,22 @@ def _prepare_tables(dsn: str, *, resumed: bool, reset: bool) -> None:
                 conn.execute(
                     sql.SQL("DROP TABLE IF EXISTS public.{}").format(sql.Identifier(table))
                 )
-            for state in ("markers", "fences", "repairs"):
-                exists = conn.execute("SELECT to_regclass(%s)", (f"reconcile.{state}",)).fetchone()
-                if exists and exists[0] is not None:
-                    conn.execute(
-                        sql.SQL("DELETE FROM reconcile.{} WHERE pipeline = %s").format(
-                            sql.Identifier(state)
-                        ),
-                        (PIPELINE,),
-                    )
+            # The pipeline's markers, fences and repair log, wherever the sink
+            # keeps them: a fresh run's epoch 0 must not meet an old marker.
+            from sinks.postgres.markers import FENCES_TABLE, MARKERS_TABLE, REPAIRS_TABLE
+
+            found = conn.execute(
+                "SELECT n.nspname, c.relname FROM pg_class c JOIN pg_namespace n "
+                "ON n.oid = c.relnamespace WHERE c.relname = ANY(%s) AND c.relkind = 'r'",
+                ([MARKERS_TABLE, FENCES_TABLE, REPAIRS_TABLE],),
+            ).fetchall()
+            for schema, name in found:
+                conn.execute(
+                    sql.SQL("DELETE FROM {} WHERE pipeline = %s").format(
+                        sql.Identifier(schema, name)
+                    ),
+                    (PIPELINE,),
+                )
         for statement in SINK_TABLES_SQL:
             conn.execute(statement.encode())
         if resumed:

@@ -1,0 +1,77 @@
+"""``reconcile demo`` end to end: the TPC-H stream under chaos, and a demo killed whole.
+
+Both run the real command line in a subprocess against a database of the
+test server, and then read PostgreSQL (``tests.demo_checks``): every line once
+under the epoch of its file, every customer's revenue and line count equal to
+what the TPC-H files add up to, one marker per sink and epoch.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from reconcile.tpch_demo.events import EventLog
+from tests.demo_checks import REPO, assert_sinks_exact, demo_command, run_demo
+
+pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.chaos]
+
+
+def test_demo_under_chaos_verifies_and_its_faults_fired(pg_db: str, tmp_path: Path) -> None:
+    workdir = tmp_path / "demo"
+    summary = run_demo(pg_db, workdir, "--epochs", "4", "--chaos", "3", "--crashes", "2",
+                       "--drop-rate", "0.5", "--interval", "0.5")  # fmt: skip
+
+    # The faults fired: each kill left its file (written by the dying process
+    # at the point), and the proxy dropped connections around COMMIT.
+    kills = sorted((workdir / "kills").iterdir())
+    points = {path.read_text().split()[1] for path in kills}
+    assert points == {"cycle.expected_state.recorded", "pg.commit.returned"}
+    assert summary["crashes"] == len(kills) == 2
+    assert sum(summary["connection_faults"].values()) >= 1
+    assert summary["ambiguous_commits"] >= 1
+
+    assert summary["verified"] is True
+    assert (summary["missing"], summary["extra"], summary["changed"]) == (0, 0, 0)
+    assert summary["committed_epochs"] == summary["epochs"] == 4
+    assert_sinks_exact(pg_db, workdir, 4)
+
+
+def test_demo_killed_whole_resumes_with_the_same_workdir(pg_db: str, tmp_path: Path) -> None:
+    workdir = tmp_path / "demo"
+    cmd = demo_command(pg_db, workdir, "--epochs", "5", "--interval", "1")
+    first = subprocess.Popen(cmd, cwd=REPO, start_new_session=True,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    events = EventLog(workdir / "events.jsonl")
+    deadline = time.monotonic() + 300
+    while len(events.of("committed")) < 2:
+        assert first.poll() is None, "the demo ended before it could be killed"
+        assert time.monotonic() < deadline, "no epoch committed in time"
+        time.sleep(0.2)
+    # SIGKILL the supervisor, the pipeline, Spark's JVM and its Python workers at once.
+    os.killpg(first.pid, signal.SIGKILL)
+    first.wait()
+    pipeline = events.of("started")[-1]["pid"]
+    for _ in range(100):
+        try:
+            os.killpg(first.pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    else:
+        raise AssertionError("a process of the killed demo is still alive")
+    with pytest.raises(ProcessLookupError):
+        os.kill(pipeline, 0)
+    committed_before = {e["epoch"] for e in events.of("committed")}
+    assert 2 <= len(committed_before) < 5
+
+    summary = run_demo(pg_db, workdir, "--epochs", "5", "--interval", "1")
+    assert summary["verified"] is True
+    assert (summary["missing"], summary["extra"], summary["changed"]) == (0, 0, 0)
+    assert len({e["pid"] for e in events.of("launch")}) == 2  # two supervisors ran
+    assert_sinks_exact(pg_db, workdir, 5)

@@ -1,0 +1,106 @@
+"""The demo's parts, without Spark: the feed, a run's settings, the tables, the proxy's chaos."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import psycopg
+import pyarrow.parquet as pq
+import pytest
+
+from reconcile.contract import ConfigurationError
+from reconcile.spark.stream import _apply
+from reconcile.testing.pg_proxy import FaultProxy
+from reconcile.tpch_demo.data import Feed, generate
+from reconcile.tpch_demo.supervisor import Options, _check_run, _prepare_tables
+from tests.fix_pg import PgServer
+
+pytestmark = [pytest.mark.integration]
+
+
+@pytest.fixture(scope="module")
+def tpch(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return generate(tmp_path_factory.mktemp("tpch"), 0.01)
+
+
+def test_the_feed_cuts_lineitem_by_order_key_with_every_line_of_an_order_in_one_file(
+    tpch: Path, tmp_path: Path
+) -> None:
+    feed = Feed(tpch, tmp_path / "inbox", 7)
+    times = [feed.drop(i) for i in range(7)]
+    assert times == sorted(times)
+    lineitem = pq.read_table(tpch / "lineitem.parquet", columns=["l_orderkey", "l_linenumber"])
+    seen: dict[int, int] = {}  # order -> the file holding its lines
+    count = 0
+    for i in range(7):
+        part = pq.read_table(feed.path(i), columns=["l_orderkey", "l_linenumber"])
+        count += part.num_rows
+        for key in part.column("l_orderkey").to_pylist():
+            assert seen.setdefault(key, i) == i, f"order {key} is split over two files"
+        assert part.num_rows == feed.slices[i].rows > 0
+    assert count == lineitem.num_rows
+    assert list(seen) == sorted(seen)  # ascending order keys, file after file
+    assert feed.dropped() == list(range(7))
+    assert feed.drop(3) == times[3]  # a resumed run drops nothing twice
+
+
+def test_a_feed_of_more_epochs_than_orders_is_refused(tpch: Path, tmp_path: Path) -> None:
+    with pytest.raises(ConfigurationError, match="more than the 15000 orders"):
+        Feed(tpch, tmp_path / "inbox", 15001)
+
+
+def test_a_resume_must_match_the_run_it_resumes(tmp_path: Path) -> None:
+    assert _check_run(tmp_path / "a", Options(pg="host=x", epochs=5)) is False
+    assert _check_run(tmp_path / "a", Options(pg="host=x", epochs=5)) is True
+    with pytest.raises(ConfigurationError, match="--epochs 5"):
+        _check_run(tmp_path / "a", Options(pg="host=x", epochs=6))
+    with pytest.raises(ConfigurationError, match="give the same --pg"):
+        _check_run(tmp_path / "a", Options(epochs=5))
+    _check_run(tmp_path / "b", Options())
+    with pytest.raises(ConfigurationError, match="embedded Postgres server, which is gone"):
+        _check_run(tmp_path / "b", Options())
+
+
+def test_a_fresh_run_refuses_another_runs_rows_until_reset(pg_db: str) -> None:
+    _prepare_tables(pg_db, resumed=False, reset=False)
+    with psycopg.connect(pg_db, autocommit=True) as conn:
+        conn.execute("INSERT INTO demo_customer_revenue VALUES (1, 2.5, 1, 0)")
+        conn.execute("CREATE SCHEMA reconcile")
+        conn.execute("CREATE TABLE reconcile.reconcile_commits (pipeline text, epoch int)")
+        conn.execute("INSERT INTO reconcile.reconcile_commits VALUES ('demo', 0), ('other', 0)")
+    with pytest.raises(ConfigurationError, match="demo_customer_revenue holds 1 rows"):
+        _prepare_tables(pg_db, resumed=False, reset=False)
+    _prepare_tables(pg_db, resumed=True, reset=False)  # a resume keeps them
+    _prepare_tables(pg_db, resumed=False, reset=True)
+    with psycopg.connect(pg_db) as conn:
+        assert conn.execute("SELECT count(*) FROM demo_customer_revenue").fetchone() == (0,)
+        left = conn.execute("SELECT pipeline FROM reconcile.reconcile_commits").fetchall()
+        assert left == [("other",)]  # only the demo's markers go
+
+
+def test_proxy_chaos_drops_only_the_chosen_applications_commits(pg_server: PgServer) -> None:
+    proxy = FaultProxy(pg_server.port)
+    try:
+        proxy.chaos(1, 1.0, applications=("reconcile:",))
+        dsn = pg_server.dsn(port=proxy.port)
+        for _ in range(3):  # another application: never touched
+            with psycopg.connect(dsn, application_name="other") as conn:
+                conn.execute("SELECT 1")
+        assert sum(proxy.injected.values()) == 0
+        chosen = psycopg.connect(dsn, application_name="reconcile:demo:x")
+        chosen.execute("SELECT 1")
+        with pytest.raises(psycopg.OperationalError):
+            chosen.commit()  # its COMMIT draws a fault at rate 1
+        chosen.close()
+        assert sum(proxy.injected.values()) == 1
+        with pytest.raises(ValueError, match="rate"):
+            proxy.chaos(1, 1.5)
+    finally:
+        proxy.close()
+
+
+def test_a_transform_of_two_arguments_gets_the_batch_id() -> None:
+    assert _apply(lambda batch: (batch,), "b", 4) == ("b",)
+    assert _apply(lambda batch, batch_id: (batch, batch_id), "b", 4) == ("b", 4)
+    assert _apply(lambda batch, scale=2: (batch, scale), "b", 4) == ("b", 2)
+    assert _apply(str, 7, 4) == "7"
