@@ -176,6 +176,10 @@ def audit(dsn: str, workdir: Path, feed: Feed, events: EventLog, epochs: int) ->
     )
 
 
+def _seconds(ms: float) -> str:
+    return f"{ms:.0f} ms" if ms < 10_000 else f"{ms / 1000:.1f} s"
+
+
 def render(summary: Summary) -> None:
     """The summary as tables on the terminal (rich)."""
     from rich.console import Console
@@ -186,7 +190,8 @@ def render(summary: Summary) -> None:
     table.add_column("value")
     s = summary
     table.add_row("epochs", f"{s.committed_epochs} committed of {s.epochs}")
-    table.add_row("crashes (SIGKILL)", f"{s.crashes}" + "".join(f"\n  {p}" for p in s.crash_points))
+    table.add_row("crashes (SIGKILL)", f"{s.crashes}" + "".join(
+        f"\n  {p.partition(' (')[2].rstrip(')')}" for p in s.crash_points))  # fmt: skip
     table.add_row("pipeline launches / failed exits", f"{s.launches} / {s.failures}")
     table.add_row(
         "connection faults injected",
@@ -208,7 +213,8 @@ def render(summary: Summary) -> None:
     table.add_row(
         "event-to-visible latency",
         "n/a (track_commit_timestamp is off)" if lat["p50"] is None else
-        f"p50 {lat['p50']} ms, p95 {lat['p95']} ms, p99 {lat['p99']} ms ({lat['rows']} rows)",
+        f"p50 {_seconds(lat['p50'])}, p95 {_seconds(lat['p95'])}, p99 {_seconds(lat['p99'])} "
+        f"({lat['rows']} rows)",
     )  # fmt: skip
     table.add_row("verified", "[green]yes[/]" if s.verified else "[red]NO[/]")
     Console().print(table)
