@@ -83,8 +83,12 @@ def _die_with_parent() -> None:
 
 
 @contextlib.contextmanager
-def _postgres(options: Options) -> Iterator[str]:
-    """The sink database's DSN: ``--pg``, or an embedded throwaway server."""
+def _postgres(options: Options, workdir: Path) -> Iterator[str]:
+    """The sink database's DSN: ``--pg``, or an embedded throwaway server.
+
+    A kept embedded server's DSN (with its password) goes into a file only its
+    owner can read, ``<workdir>/embedded_pg.dsn``, never onto the terminal.
+    """
     if options.pg:
         yield options.pg
         return
@@ -92,7 +96,13 @@ def _postgres(options: Options) -> Iterator[str]:
 
     # track_commit_timestamp: each row's visible time is its txn's commit time.
     with start_server(keep=options.keep, track_commit_timestamp="on") as server:
-        yield str(server.dsn())
+        dsn = str(server.dsn())
+        if options.keep:
+            path = workdir / "embedded_pg.dsn"
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as out:
+                out.write(dsn + "\n")
+        yield dsn
 
 
 def _check_run(workdir: Path, options: Options) -> bool:
@@ -260,7 +270,7 @@ def _run(workdir: Path, options: Options) -> Summary:
     console.print(f"[bold]reconcile demo[/]: TPC-H scale {options.scale}, {options.epochs} "
                   f"epochs, work folder {workdir}" + (" (resumed)" if resumed else ""))  # fmt: skip
     feed = Feed(generate(workdir / "tpch", options.scale), workdir / "inbox", options.epochs)
-    with _postgres(options) as dsn:
+    with _postgres(options, workdir) as dsn:
         _prepare_tables(dsn, resumed=resumed, reset=options.reset)
         proxy = None
         pipeline_dsn = dsn
