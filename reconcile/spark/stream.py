@@ -51,6 +51,7 @@ import os
 import shutil
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -210,23 +211,34 @@ class StreamWriter:
         run_folder: str,
         stats: BatchStats,
     ) -> dict[str, Any]:
-        """Have the executors stage every sink's rows: what the cycle is given for each."""
-        staged: dict[str, Any] = {}
-        for sink, transform in transforms.items():
+        """Have the executors stage every sink's rows: what the cycle is given for each.
+
+        The sinks' Spark jobs are submitted from one thread each, so that they
+        run side by side: a micro-batch's staging costs its slowest sink, not
+        the sum (Spark schedules concurrent jobs of one session; nothing is
+        recorded or committed until every sink's rows are staged).
+        """
+
+        def stage_one(sink: str, transform: Transform) -> tuple[Any, int, int, str]:
             frame = _apply(transform, batch, batch_id)
             plan = self._plan(cycle, sink, frame) if self.via == "executors" else None
             if plan is not None:
                 parts = stage_on_executors(frame, plan, batch_id)
-                stats.rows[sink], stats.files[sink] = parts.rows, len(parts.store_files)
-                stats.via[sink] = "executors"
-                staged[sink] = parts
-                continue
+                return parts, parts.rows, len(parts.store_files), "executors"
             folder = os.path.join(run_folder, sink)
-            staged[sink], stats.files[sink] = stage_to_files(
-                frame, folder, batch_id=batch_id, sink=sink
-            )
-            stats.rows[sink] = staged[sink].num_rows
-            stats.via[sink] = "driver"
+            table, files = stage_to_files(frame, folder, batch_id=batch_id, sink=sink)
+            return table, table.num_rows, files, "driver"
+
+        if len(transforms) == 1:
+            done = {sink: stage_one(sink, t) for sink, t in transforms.items()}
+        else:
+            with ThreadPoolExecutor(len(transforms), thread_name_prefix="stage") as pool:
+                futures = {sink: pool.submit(stage_one, sink, t) for sink, t in transforms.items()}
+                done = {sink: future.result() for sink, future in futures.items()}
+        staged: dict[str, Any] = {}
+        for sink, (rows, count, files, via) in done.items():
+            staged[sink] = rows
+            stats.rows[sink], stats.files[sink], stats.via[sink] = count, files, via
         return staged
 
     def _plan(self, cycle: CommitCycle, sink: str, frame: Any) -> PgStagePlan | None:
