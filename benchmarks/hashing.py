@@ -1,7 +1,7 @@
 """Benchmark: the row hash in Python (vectorized) and in Spark, and the Spark bridge writing.
 
-Run: ``.venv/bin/python -m benchmarks.hashing [--rows 10000000]``. Writes
-``benchmarks/results/hashing.json`` and ``benchmarks/results/hashing.md``.
+Run: ``.venv/bin/python -m benchmarks.hashing [--rows 10000000] [--out DIR]``. Writes
+``hashing.json`` and ``hashing.md`` into ``--out`` (default ``benchmarks/results``).
 Figures are rows per second of wall time on this machine; no test asserts them.
 """
 
@@ -119,13 +119,14 @@ def main(argv: list[str] | None = None) -> int:
     """Run the three measurements and write the JSON and Markdown reports."""
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--rows", type=int, default=10_000_000)
+    parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    from tests.fix_spark import build_local_session
+    from reconcile.spark.session import local_session
 
     python_rate = bench_python(args.rows)
     print(f"python hash: {python_rate:,.0f} rows/s", flush=True)
-    spark = build_local_session("reconcile-benchmark")
+    spark = local_session("reconcile-benchmark")
     spark.sparkContext.setLogLevel("ERROR")
     workdir = Path(tempfile.mkdtemp(prefix="bench-bridge-"))
     try:
@@ -145,8 +146,7 @@ def main(argv: list[str] | None = None) -> int:
         "versions": versions("numpy", "pyarrow", "pyspark", "deltalake", "xxhash"),
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    write_report("hashing", report, markdown(report))
+    write_report("hashing", report, markdown(report), args.out)
     return 0
 
 

@@ -21,7 +21,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.report import RESULTS, machine, versions, write_report  # noqa: E402
 from reconcile.contract import OK, SinkTxnId  # noqa: E402
-from reconcile.embedded_pg import EmbeddedPostgres as PgServer  # noqa: E402
+from reconcile.embedded_pg import EmbeddedPostgres  # noqa: E402
 from sinks.postgres import PostgresSink  # noqa: E402
 
 BIG_DDL = (
@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     # Durable settings (fsync on), unlike the test servers: both paths pay the same.
-    server = PgServer(
+    server = EmbeddedPostgres(
         fsync="on",
         full_page_writes="on",
         shared_buffers="512MB",

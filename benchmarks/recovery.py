@@ -37,9 +37,9 @@ from benchmarks.report import machine, now, versions  # noqa: E402
 from expected_state.store import ExpectedStateStore  # noqa: E402
 from reconcile import recover  # noqa: E402
 from reconcile.contract import OK, SinkTxnId  # noqa: E402
+from reconcile.embedded_pg import EmbeddedPostgres  # noqa: E402
 from sinks.postgres import PostgresSink  # noqa: E402
 from sinks.postgres.apply import write_csv  # noqa: E402
-from tests.fix_pg import PgServer  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 DDL = (
@@ -176,7 +176,7 @@ def counts(report: Any) -> dict[str, int]:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    server = PgServer(
+    server = EmbeddedPostgres(
         fsync="on",
         full_page_writes="on",
         shared_buffers="1GB",

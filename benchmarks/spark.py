@@ -43,16 +43,16 @@ os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 from benchmarks.recovery import SCHEMA, Sink  # noqa: E402
 from benchmarks.report import RESULTS, machine, now, versions, write_report  # noqa: E402
 from reconcile import CommitCycle, recover  # noqa: E402
+from reconcile.embedded_pg import EmbeddedPostgres  # noqa: E402
 from reconcile.expected import ExpectedState  # noqa: E402
-from tests.fix_pg import PgServer  # noqa: E402
-from tests.fix_spark import build_local_session  # noqa: E402
+from reconcile.spark.session import local_session  # noqa: E402
 
 PARTITIONS = (1, 2, 4, 8)
 WORKERS = (1, 2)
 
 
 def session(master: str) -> Any:
-    spark = build_local_session(
+    spark = local_session(
         "reconcile-bench",
         master,
         **{"spark.sql.shuffle.partitions": "8", "spark.driver.memory": "4g"},
@@ -326,7 +326,7 @@ def main(argv: list[str] | None = None) -> int:
         help="run the streaming part only, keeping the verify figures of the last report",
     )
     args = parser.parse_args(argv)
-    server = PgServer(fsync="on", full_page_writes="on", shared_buffers="1GB",
+    server = EmbeddedPostgres(fsync="on", full_page_writes="on", shared_buffers="1GB",
                       max_wal_size="8GB", work_mem="256MB")  # fmt: skip
     root = tempfile.mkdtemp(prefix="reconcile-bench-store-")
     result: dict[str, Any] = {

@@ -300,11 +300,15 @@ def _run(workdir: Path, options: Options) -> Summary:
                 crashes = len(events.of("crash"))
                 kill = chaos.plan(crashes, launch) if chaos is not None else None
                 events.write("launch", launch=launch, kill=kill)
+                launched = time.time()
                 proc = _launch(workdir, options, pipeline_dsn, launch, kill)
                 injected_before = dict(proxy.injected) if proxy else {}
                 while proc.poll() is None:
                     committed = {e["epoch"] for e in events.of("committed")}
-                    if events.of("started") and not started.is_set():
+                    # This launch's pipeline is up (not an earlier run's, on a resume).
+                    if not started.is_set() and any(
+                        e["t"] >= launched for e in events.of("started")
+                    ):
                         started.set()
                     progress.update(bar, completed=len(committed),
                                     status=f"launch {launch}, crashes {crashes}")  # fmt: skip
