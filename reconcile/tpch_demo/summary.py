@@ -38,8 +38,8 @@ __all__ = ["Summary", "audit"]
 class Summary:
     """What a demo run did and found (``--json`` prints it as one object)."""
 
-    epochs: int
-    committed_epochs: int
+    epochs: int  # lineitem files (one micro-batch each, unless Spark takes two at a restart)
+    committed_epochs: int  # micro-batches committed
     crashes: int
     crash_points: list[str]
     ambiguous_commits: int
@@ -189,7 +189,7 @@ def render(summary: Summary) -> None:
     table.add_column("what")
     table.add_column("value")
     s = summary
-    table.add_row("epochs", f"{s.committed_epochs} committed of {s.epochs}")
+    table.add_row("lineitem files / micro-batches committed", f"{s.epochs} / {s.committed_epochs}")
     table.add_row("crashes (SIGKILL)", f"{s.crashes}" + "".join(
         f"\n  {p.partition(' (')[2].rstrip(')')}" for p in s.crash_points))  # fmt: skip
     table.add_row("pipeline launches / failed exits", f"{s.launches} / {s.failures}")

@@ -228,7 +228,7 @@ def _launch(
     (workdir / "logs").mkdir(exist_ok=True)
     log = open(workdir / "logs" / f"pipeline-{launch}.log", "wb")  # noqa: SIM115
     cmd = [sys.executable, "-m", "reconcile.tpch_demo.pipeline", str(workdir),
-           str(options.epochs), str(options.trigger), options.master]  # fmt: skip
+           str(options.trigger), options.master]  # fmt: skip
     try:
         return subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
                                 preexec_fn=_die_with_parent)  # fmt: skip

@@ -17,7 +17,13 @@ from pathlib import Path
 import pytest
 
 from reconcile.tpch_demo.events import EventLog
-from tests.demo_checks import REPO, assert_sinks_exact, demo_command, run_demo
+from tests.demo_checks import (
+    REPO,
+    assert_sinks_exact,
+    batches_of_files,
+    demo_command,
+    run_demo,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.chaos]
 
@@ -38,7 +44,8 @@ def test_demo_under_chaos_verifies_and_its_faults_fired(pg_db: str, tmp_path: Pa
 
     assert summary["verified"] is True
     assert (summary["missing"], summary["extra"], summary["changed"]) == (0, 0, 0)
-    assert summary["committed_epochs"] == summary["epochs"] == 4
+    assert summary["epochs"] == 4
+    assert summary["committed_epochs"] == len(set(batches_of_files(workdir).values()))
     assert_sinks_exact(pg_db, workdir, 4)
 
 
@@ -68,7 +75,7 @@ def test_demo_killed_whole_resumes_with_the_same_workdir(pg_db: str, tmp_path: P
     with pytest.raises(ProcessLookupError):
         os.kill(pipeline, 0)
     committed_before = {e["epoch"] for e in events.of("committed")}
-    assert 2 <= len(committed_before) < 5
+    assert len(committed_before) >= 2 and not events.of("finished")
 
     summary = run_demo(pg_db, workdir, "--epochs", "5", "--interval", "1")
     assert summary["verified"] is True
