@@ -1,0 +1,50 @@
+"""Smoke test of the latency benchmark: every mode runs, killed and restarted, at a tiny size.
+
+``benchmarks.latency`` at 3 files (one trigger interval, one two-phase
+checkpoint interval), with its crash runs, into a temporary folder: the
+report has the keys the results rely on, the plot is written, and the
+exactly-once modes (two-phase, pull-and-diff) lost and duplicated nothing.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from benchmarks import latency
+
+pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.spark]
+
+MODES = ("at_least_once", "two_phase_1s", "pull_and_diff")
+
+
+def test_latency_benchmark_tiny(tmp_path: Path) -> None:
+    out = tmp_path / "results"
+    status = latency.main(
+        ["--epochs", "3", "--crash-epochs", "8", "--triggers", "1", "--checkpoints", "1",
+         "--out", str(out), "--workdir", str(tmp_path)]
+    )  # fmt: skip
+    assert status == 0
+    report = json.loads((out / "latency.json").read_text())
+    assert (out / "latency.md").exists()
+    assert (out / "latency_cdf.png").stat().st_size > 0
+    for key in ("machine", "versions", "scale", "epochs", "trigger_intervals_s", "by_trigger"):
+        assert key in report, key
+    assert report["trigger_intervals_s"] == [1.0]
+    assert set(report["modes"]) == set(MODES)
+    for name, figures in report["modes"].items():
+        for key in ("p50_ms", "p95_ms", "p99_ms", "rows_per_s", "duplicates", "missing"):
+            assert figures[key] is not None, (name, key)
+        if name != "at_least_once":
+            assert figures["duplicates"] == 0, (name, figures)
+            assert figures["missing"] == 0, (name, figures)
+    for name in MODES:
+        crash = report["crash_runs"][name]
+        assert "error" not in crash, crash
+        # Every run ends with every line in the table (the at-least-once mode may
+        # count some twice in the totals, never lose one).
+        assert crash["lineitem_missing"] == 0, crash
+        assert crash["crashes"], crash  # the kills fired
+    assert report["targets"]["exactly_once_zero_duplicates_missing"]["pass"]
