@@ -287,7 +287,7 @@ def run_all(args: argparse.Namespace) -> dict[str, Any]:
             report["postgres"] = str(conn.execute("SHOW server_version").fetchone()[0])  # type: ignore[index]
         bench = Bench(args, server, base)
         report["lineitem_rows"] = bench.truth.lines
-        all_modes = [m for m in modes(args.checkpoints) if m.name in args.modes]
+        all_modes = [m for m in modes(args.checkpoints, extra=True) if m.name in args.modes]
         triggers: list[float] = []
         by_trigger: dict[str, dict[str, Any]] = {}
         if args.triggers:
@@ -396,8 +396,8 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    every = [m.name for m in modes(args.checkpoints)]
-    args.modes = args.modes or every
+    every = [m.name for m in modes(args.checkpoints, extra=True)]
+    args.modes = args.modes or [m.name for m in modes(args.checkpoints)]
     unknown = set(args.modes) - set(every)
     if unknown:
         raise SystemExit(f"unknown modes {sorted(unknown)}; known: {every}")

@@ -30,13 +30,14 @@ class Mode:
     name: str
     kind: str  # at_least_once | two_phase | pull_and_diff
     checkpoint_s: float = 0.0
+    via: str = "executors"  # pull_and_diff: where the rows go to Postgres from
 
     def command(
         self, workdir: Path, epochs: int, trigger: float, master: str, rows: int
     ) -> list[str]:
         if self.kind == "pull_and_diff":
             return [sys.executable, "-m", "reconcile.tpch_demo.pipeline", str(workdir),
-                    str(trigger), master]  # fmt: skip
+                    str(trigger), master, self.via]  # fmt: skip
         return [sys.executable, "-m", "benchmarks.latency_modes", self.kind, str(workdir),
                 "--epochs", str(epochs), "--rows", str(rows), "--trigger", str(trigger),
                 "--checkpoint-interval", str(self.checkpoint_s), "--master", master]  # fmt: skip
@@ -58,12 +59,16 @@ class Mode:
                 rng.randint(3, 6))]  # fmt: skip
 
 
-def modes(checkpoints: list[float]) -> list[Mode]:
-    return [
+def modes(checkpoints: list[float], *, extra: bool = False) -> list[Mode]:
+    """The modes of a run; ``extra`` adds the variants run only when named (``--modes``)."""
+    found = [
         Mode("at_least_once", "at_least_once"),
         *(Mode(f"two_phase_{c:g}s", "two_phase", c) for c in checkpoints),
         Mode("pull_and_diff", "pull_and_diff"),
     ]
+    if extra:  # the engine with every row through the driver (write_stream's via="driver")
+        found.append(Mode("pull_and_diff_via_driver", "pull_and_diff", via="driver"))
+    return found
 
 
 @dataclass

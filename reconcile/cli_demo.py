@@ -59,6 +59,9 @@ def add_demo_parser(commands: Any) -> None:
         help="drop the demo tables and markers of an earlier run in --pg first",
     )
     demo.add_argument("--master", default="local[2,4]", help="Spark master (default local[2,4])")
+    demo.add_argument("--via", choices=("executors", "driver"), default="executors",
+                      help="where the rows go to Postgres from (write_stream's via=; default "
+                           "executors)")  # fmt: skip
     demo.add_argument("--json", action="store_true", help="print the summary as JSON")
     demo.add_argument("--out", type=Path, default=Path("demo-out"), help="(--files) output folder")
     demo.add_argument("--rows", type=int, default=1000, help="(--files) orders per epoch")
@@ -93,6 +96,7 @@ def run_demo_command(args: argparse.Namespace) -> int:
             keep=args.keep,
             reset=args.reset,
             master=args.master,
+            via=args.via,
             progress=not args.json,
         )
     )

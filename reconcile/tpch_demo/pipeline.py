@@ -1,6 +1,6 @@
 """The demo's pipeline process: lineitem files -> Spark Structured Streaming -> two Postgres sinks.
 
-``python -m reconcile.tpch_demo.pipeline WORKDIR [TRIGGER_SECONDS [MASTER]]``, with
+``python -m reconcile.tpch_demo.pipeline WORKDIR [TRIGGER_SECONDS [MASTER [VIA]]]``, with
 the sink database's DSN in ``RECONCILE_DEMO_DSN`` (never on the command line,
 where ``ps`` shows it). The supervisor starts it, kills it, and starts it again.
 
@@ -100,6 +100,7 @@ def main(argv: list[str]) -> int:
     workdir = Path(argv[0])
     trigger_s = float(argv[1]) if len(argv) > 1 else 0.0
     master = argv[2] if len(argv) > 2 else "local[2,4]"
+    via = argv[3] if len(argv) > 3 else "executors"
     dsn = os.environ["RECONCILE_DEMO_DSN"]
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
@@ -168,6 +169,7 @@ def main(argv: list[str]) -> int:
         },
         trigger={"processingTime": f"{trigger_s} seconds"} if trigger_s else None,
         query_name="reconcile_demo",
+        via=via,
     )
     writer = query.reconcile_writer
     events.write("started", last=last)

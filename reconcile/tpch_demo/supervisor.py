@@ -73,6 +73,7 @@ class Options:
     keep: bool = False
     reset: bool = False
     master: str = "local[2,4]"
+    via: str = "executors"
     progress: bool = True
 
 
@@ -228,7 +229,7 @@ def _launch(
     (workdir / "logs").mkdir(exist_ok=True)
     log = open(workdir / "logs" / f"pipeline-{launch}.log", "wb")  # noqa: SIM115
     cmd = [sys.executable, "-m", "reconcile.tpch_demo.pipeline", str(workdir),
-           str(options.trigger), options.master]  # fmt: skip
+           str(options.trigger), options.master, options.via]  # fmt: skip
     try:
         return subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
                                 preexec_fn=_die_with_parent)  # fmt: skip
