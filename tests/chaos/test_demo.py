@@ -49,6 +49,7 @@ def test_demo_under_chaos_verifies_and_its_faults_fired(pg_db: str, tmp_path: Pa
     assert_sinks_exact(pg_db, workdir, 4)
 
 
+@pytest.mark.slow  # in CI's slow chaos sample: keeps the default suite under 20 minutes
 def test_demo_killed_whole_resumes_with_the_same_workdir(pg_db: str, tmp_path: Path) -> None:
     workdir = tmp_path / "demo"
     cmd = demo_command(pg_db, workdir, "--epochs", "5", "--interval", "1")
