@@ -7,7 +7,6 @@ missing rows are counted against TPC-H itself.
 
 from __future__ import annotations
 
-import bisect
 import json
 import random
 import sys
@@ -18,6 +17,7 @@ from typing import Any
 import numpy as np
 import psycopg
 
+from reconcile.tpch_demo import summary
 from reconcile.tpch_demo.data import Feed, Truth
 
 __all__ = ["Mode", "Run", "measure", "modes"]
@@ -100,23 +100,8 @@ def _percentile(values: np.ndarray[Any, Any], q: float) -> float:
 
 def row_latencies(conn: psycopg.Connection[Any], feed: Feed) -> tuple[list[int], list[float]]:
     """Per lineitem row: its file's index and its event-to-visible latency (s)."""
-    spans = sorted(
-        (s.lo, s.hi, s.index, feed.path(s.index).stat().st_mtime)
-        for s in feed.slices
-        if feed.path(s.index).exists()
-    )
-    starts = [lo for lo, _, _, _ in spans]
-    files: list[int] = []
-    latency: list[float] = []
-    for key, visible in conn.execute(
-        "SELECT l_orderkey, extract(epoch FROM pg_xact_commit_timestamp(xmin))::float8 "
-        "FROM public.demo_lineitem"
-    ):
-        i = bisect.bisect_right(starts, key) - 1
-        if i >= 0 and visible is not None and key < spans[i][1]:
-            files.append(spans[i][2])
-            latency.append(visible - spans[i][3])
-    return files, latency
+    found = summary.row_latencies(conn, feed)
+    return [index for index, _ in found], [seconds for _, seconds in found]
 
 
 def source_counts(conn: psycopg.Connection[Any], expected: Truth) -> dict[str, int]:

@@ -31,7 +31,7 @@ from reconcile.tpch_demo.data import Feed, truth
 from reconcile.tpch_demo.events import EventLog
 from reconcile.tpch_demo.pipeline import KEYS, PIPELINE
 
-__all__ = ["Summary", "audit"]
+__all__ = ["Summary", "audit", "row_latencies"]
 
 
 @dataclass
@@ -78,14 +78,19 @@ def _percentiles(values: list[float]) -> dict[str, Any]:
     }
 
 
-def latencies(conn: psycopg.Connection[Any], feed: Feed) -> list[float]:
-    """Seconds from each lineitem row's event (its file's drop) to its commit."""
-    on = conn.execute("SHOW track_commit_timestamp").fetchone()
-    if not on or on[0] != "on":
-        return []
-    spans = sorted(feed.event_times())
-    starts = [lo for lo, _, _ in spans]
-    out: list[float] = []
+def row_latencies(conn: psycopg.Connection[Any], feed: Feed) -> list[tuple[int, float]]:
+    """(file index, seconds from the file's drop to the row's commit) per lineitem row.
+
+    Rows whose commit time is unknown (``track_commit_timestamp`` was off when
+    they committed) are left out.
+    """
+    spans = sorted(
+        (s.lo, s.hi, s.index, feed.path(s.index).stat().st_mtime)
+        for s in feed.slices
+        if feed.path(s.index).exists()
+    )
+    starts = [lo for lo, _, _, _ in spans]
+    out: list[tuple[int, float]] = []
     rows = conn.execute(
         "SELECT l_orderkey, extract(epoch FROM pg_xact_commit_timestamp(xmin))::float8 "
         "FROM public.demo_lineitem"
@@ -93,8 +98,16 @@ def latencies(conn: psycopg.Connection[Any], feed: Feed) -> list[float]:
     for key, visible in rows:
         i = bisect.bisect_right(starts, key) - 1
         if i >= 0 and visible is not None and key < spans[i][1]:
-            out.append(max(0.0, visible - spans[i][2]))
+            out.append((spans[i][2], visible - spans[i][3]))
     return out
+
+
+def latencies(conn: psycopg.Connection[Any], feed: Feed) -> list[float]:
+    """Seconds from each lineitem row's event (its file's drop) to its commit."""
+    on = conn.execute("SHOW track_commit_timestamp").fetchone()
+    if not on or on[0] != "on":
+        return []
+    return [max(0.0, seconds) for _, seconds in row_latencies(conn, feed)]
 
 
 def source_check(conn: psycopg.Connection[Any], tpch: Path) -> dict[str, Any]:
