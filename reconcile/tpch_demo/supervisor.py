@@ -305,10 +305,11 @@ def _run(workdir: Path, options: Options) -> Summary:
                 proc = _launch(workdir, options, pipeline_dsn, launch, kill)
                 injected_before = dict(proxy.injected) if proxy else {}
                 while proc.poll() is None:
-                    committed = {e["epoch"] for e in events.of("committed")}
+                    log = list(events.read())  # one read of the log per poll
+                    committed = {e["epoch"] for e in log if e["event"] == "committed"}
                     # This launch's pipeline is up (not an earlier run's, on a resume).
                     if not started.is_set() and any(
-                        e["t"] >= launched for e in events.of("started")
+                        e["event"] == "started" and e["t"] >= launched for e in log
                     ):
                         started.set()
                     progress.update(bar, completed=len(committed),
