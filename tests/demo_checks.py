@@ -38,19 +38,30 @@ def run_demo(dsn: str, workdir: Path, *extra: str, timeout: float = 600) -> dict
 
 
 def batches_of_files(workdir: Path) -> dict[str, int]:
-    """File name -> the micro-batch that read it, from Spark's own source log.
+    """File name -> the micro-batch that read it, from Spark's own checkpoint.
 
-    Spark takes one file per micro-batch here, but may take two in one after a
-    restart: which batch read which file is what its checkpoint recorded.
+    The file source's log gives each file the source's log offset that listed
+    it; the offset log gives each micro-batch the source offset it read up to.
+    Batch b reads the entries after batch b-1's offset up to its own. The two
+    numberings agree until a driver dies between writing them: then a restart
+    lists new files under the next log offset, and one batch may read two.
     """
-    found: dict[str, int] = {}
+    listed: dict[str, int] = {}  # file -> source log offset
     for log in (workdir / "checkpoint" / "sources" / "0").iterdir():
         if log.name.startswith("."):
             continue
         for line in log.read_text().splitlines()[1:]:  # after the "v1" header
             entry = json.loads(line)
-            found[Path(entry["path"]).name] = int(entry["batchId"])
-    return found
+            listed[Path(entry["path"]).name] = int(entry["batchId"])
+    ends: dict[int, int] = {}  # micro-batch -> the source offset it read up to
+    for log in (workdir / "checkpoint" / "offsets").iterdir():
+        if log.name.isdigit():
+            ends[int(log.name)] = json.loads(log.read_text().splitlines()[2])["logOffset"]
+    order = sorted(ends.items())
+    return {
+        name: next(batch for batch, end in order if end >= offset)
+        for name, offset in listed.items()
+    }
 
 
 def assert_sinks_exact(dsn: str, workdir: Path, epochs: int) -> None:
