@@ -1,0 +1,279 @@
+"""A pipeline's leadership lease: one row in a Postgres table, its term in the database's clock.
+
+Why a row and not an advisory lock: an advisory lock lives as long as the
+session that took it. A main stopped by SIGSTOP (or a long GC pause, or cut
+off behind a half-open TCP connection) keeps its session open, so its lock
+would outlive it by as long as TCP keepalive takes to give up, minutes, and no
+standby could take over in seconds. A row whose ``expires_at`` is set in the
+database's own clock runs out on its own: every instance sees the same
+expiry, whatever its host's clock says, no session has to stay open, and it
+works through a transaction-pooling PgBouncer. The row sits in the sink
+database, which every instance must reach anyway.
+
+The lease only says who *should* write. Safety does not rest on it: the
+writer generation, checked inside every sink transaction and every store
+commit, rejects a stale writer that still believes it leads (see
+``reconcile.ha.node``).
+
+Table (created on first use)::
+
+    reconcile_leases(pipeline text PRIMARY KEY, holder text, tenure bigint,
+                     acquired_at, renewed_at, expires_at timestamptz)
+
+``tenure`` counts the changes of holder: it goes up by one at every takeover.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from reconcile.contract import ConfigurationError, RetryableError, validate_name
+from sinks.postgres.connection import PgTarget
+
+__all__ = ["DEFAULT_TERM_S", "LeaseState", "PgLease", "default_holder", "wait_s"]
+
+DEFAULT_TERM_S = 2.0
+_TABLE = "reconcile_leases"
+
+
+def default_holder() -> str:
+    """``host:pid:random``: unique per process, and says where the holder runs."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"[:120]
+
+
+@dataclass(frozen=True)
+class LeaseState:
+    """The lease row as the database saw it."""
+
+    pipeline: str
+    holder: str
+    tenure: int
+    expires_at: datetime
+    remaining_s: float  # until expiry, in the database's clock; <= 0: expired
+
+    @property
+    def expired(self) -> bool:
+        """Whether anyone may take it now."""
+        return self.remaining_s <= 0
+
+
+class PgLease:
+    """The lease of ``pipeline`` in the Postgres database at ``dsn``.
+
+    Args:
+        dsn: a libpq DSN or URL (usually the sink database's).
+        pipeline: the pipeline's name.
+        term_s: how long a taken or renewed lease lasts (default 2 s). The
+            holder renews it every ``term_s / 4``.
+        holder: this instance's name in the row (default host:pid:random).
+        schema: the schema of the lease table (default the connection's).
+
+    One connection (autocommit) is kept open and re-opened after an error.
+    Every statement has a timeout of half a term, so a slow database cannot
+    make a holder believe it still leads.
+    """
+
+    def __init__(
+        self,
+        dsn: str | PgTarget,
+        pipeline: str,
+        *,
+        term_s: float = DEFAULT_TERM_S,
+        holder: str | None = None,
+        schema: str | None = None,
+    ) -> None:
+        if not term_s > 0:
+            raise ConfigurationError(f"lease term must be > 0 seconds, got {term_s!r}")
+        self.target = PgTarget.parse(dsn)
+        self.pipeline = validate_name("pipeline", pipeline)
+        self.term_s = float(term_s)
+        self.holder = holder or default_holder()
+        self._table = (
+            sql.Identifier(schema, _TABLE) if schema is not None else sql.Identifier(_TABLE)
+        )
+        self._conn: psycopg.Connection[Any] | None = None
+        self._lock = threading.Lock()  # one statement at a time on the connection
+        self._tenure: int | None = None
+        self._valid_until = 0.0  # time.monotonic() up to which we surely hold it
+
+    # -- what we know locally ------------------------------------------------
+
+    @property
+    def tenure(self) -> int | None:
+        """The tenure we hold (None: we do not hold the lease)."""
+        return self._tenure
+
+    def held(self) -> bool:
+        """Whether we surely still hold the lease, by this process's own clock.
+
+        The term is counted from *before* the statement that took or renewed
+        it was sent, so this errs towards "no": a process that was paused
+        past its term (the monotonic clock runs on while it is stopped) knows
+        it lost the lease without asking anyone.
+        """
+        return self._tenure is not None and time.monotonic() < self._valid_until
+
+    # -- statements ------------------------------------------------------------
+
+    def try_acquire(self) -> LeaseState | None:
+        """Take the lease if it is free, expired, or ours; None if another holds it.
+
+        A new holder gets the next tenure; taking our own live lease again
+        keeps it. Of two instances racing for an expired lease exactly one
+        wins: the row is locked by the upsert, and the loser's condition is
+        checked again on the winner's row, which has not expired.
+        """
+        sent = time.monotonic()
+        row = self._one(
+            sql.SQL(
+                "INSERT INTO {t} AS l (pipeline, holder, tenure, acquired_at, renewed_at, "
+                "expires_at) VALUES (%(p)s, %(h)s, 1, clock_timestamp(), clock_timestamp(), "
+                "clock_timestamp() + make_interval(secs => %(term)s)) "
+                "ON CONFLICT (pipeline) DO UPDATE SET holder = excluded.holder, "
+                "tenure = CASE WHEN l.holder = excluded.holder AND l.expires_at > "
+                "clock_timestamp() THEN l.tenure ELSE l.tenure + 1 END, "
+                "acquired_at = CASE WHEN l.holder = excluded.holder AND l.expires_at > "
+                "clock_timestamp() THEN l.acquired_at ELSE clock_timestamp() END, "
+                "renewed_at = clock_timestamp(), expires_at = excluded.expires_at "
+                "WHERE l.expires_at <= clock_timestamp() OR l.holder = excluded.holder "
+                "RETURNING pipeline, holder, tenure, expires_at, "
+                "extract(epoch FROM expires_at - clock_timestamp())"
+            ).format(t=self._table),
+            {"p": self.pipeline, "h": self.holder, "term": self.term_s},
+        )
+        if row is None:
+            self._tenure = None
+            return None
+        state = _state(row)
+        self._tenure, self._valid_until = state.tenure, sent + self.term_s
+        return state
+
+    def renew(self) -> bool:
+        """Extend our lease by a term; False if it is no longer ours (then we do not hold it).
+
+        A lease that ran out is not renewed even if nobody took it: the
+        holder was away for longer than its term and must take it anew.
+        """
+        if self._tenure is None:
+            return False
+        sent = time.monotonic()
+        row = self._one(
+            sql.SQL(
+                "UPDATE {t} SET renewed_at = clock_timestamp(), expires_at = "
+                "clock_timestamp() + make_interval(secs => %(term)s) WHERE pipeline = %(p)s "
+                "AND holder = %(h)s AND tenure = %(n)s AND expires_at > clock_timestamp() "
+                "RETURNING pipeline, holder, tenure, expires_at, "
+                "extract(epoch FROM expires_at - clock_timestamp())"
+            ).format(t=self._table),
+            {"p": self.pipeline, "h": self.holder, "n": self._tenure, "term": self.term_s},
+        )
+        if row is None:
+            self._tenure = None
+            return False
+        self._valid_until = sent + self.term_s
+        return True
+
+    def release(self) -> None:
+        """Give the lease up now (a clean stop or a step-down), so a standby need not wait."""
+        tenure, self._tenure = self._tenure, None
+        if tenure is None:
+            return
+        self._one(
+            sql.SQL(
+                "UPDATE {t} SET expires_at = clock_timestamp() WHERE pipeline = %(p)s AND "
+                "holder = %(h)s AND tenure = %(n)s RETURNING pipeline"
+            ).format(t=self._table),
+            {"p": self.pipeline, "h": self.holder, "n": tenure},
+        )
+
+    def release_locally(self) -> None:
+        """Forget the lease without a statement (it was lost; somebody else may hold it now)."""
+        self._tenure = None
+
+    def current(self) -> LeaseState | None:
+        """The lease row (whoever holds it), or None if the pipeline never had one."""
+        row = self._one(
+            sql.SQL(
+                "SELECT pipeline, holder, tenure, expires_at, "
+                "extract(epoch FROM expires_at - clock_timestamp()) FROM {t} "
+                "WHERE pipeline = %(p)s"
+            ).format(t=self._table),
+            {"p": self.pipeline},
+        )
+        return _state(row) if row is not None else None
+
+    def close(self) -> None:
+        """Close the connection (the lease itself stays until released or expired)."""
+        with self._lock:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+
+    # -- plumbing --------------------------------------------------------------
+
+    def _one(self, statement: sql.Composed, params: dict[str, Any]) -> tuple[Any, ...] | None:
+        """Run one statement; its first row. Errors close the connection and say Retryable."""
+        with self._lock:
+            try:
+                conn = self._connection()
+                with conn.cursor() as cur:
+                    cur.execute(statement, params)
+                    return cur.fetchone()
+            except psycopg.Error as exc:
+                if self._conn is not None:
+                    self._conn.close()
+                    self._conn = None
+                raise RetryableError(
+                    f"lease of pipeline {self.pipeline!r} at {self.target.describe()}: "
+                    f"{self.target.redact(str(exc))}",
+                    pipeline=self.pipeline,
+                ) from None
+
+    def _connection(self) -> psycopg.Connection[Any]:
+        if self._conn is None or self._conn.closed:
+            timeout_ms = max(100, int(self.term_s * 500))
+            conn = self.target.connect(
+                autocommit=True,
+                application_name=f"reconcile-lease:{self.pipeline}"[:63],
+                connect_timeout=str(max(1, round(self.term_s))),
+                options=f"-c statement_timeout={timeout_ms} -c lock_timeout={timeout_ms}",
+            )
+            _create_table(conn, self._table)
+            self._conn = conn
+        return self._conn
+
+
+def _create_table(conn: psycopg.Connection[Any], table: sql.Identifier) -> None:
+    """Create the lease table if it is missing (two instances may race to create it)."""
+    statement = sql.SQL(
+        "CREATE TABLE IF NOT EXISTS {t} (pipeline text PRIMARY KEY, holder text NOT NULL, "
+        "tenure bigint NOT NULL, acquired_at timestamptz NOT NULL, renewed_at timestamptz "
+        "NOT NULL, expires_at timestamptz NOT NULL)"
+    ).format(t=table)
+    # Another instance may create it between our check and our create
+    # (CREATE ... IF NOT EXISTS is not atomic in the catalog): then it exists.
+    with contextlib.suppress(psycopg.errors.UniqueViolation):
+        conn.execute(statement)
+
+
+def _state(row: tuple[Any, ...]) -> LeaseState:
+    pipeline, holder, tenure, expires_at, remaining = row
+    return LeaseState(str(pipeline), str(holder), int(tenure), expires_at, float(remaining))
+
+
+def wait_s(state: LeaseState | None, poll_s: float) -> float:
+    """How long a standby waits before it tries again: to the expiry, at most ``poll_s``."""
+    if state is None or state.expired:
+        return 0.0
+    return min(poll_s, state.remaining_s + 0.01)

@@ -1,0 +1,111 @@
+"""The leadership lease on a real Postgres: one holder, expiry in the database's clock, tenures."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import psycopg
+import pytest
+
+from reconcile.contract import ConfigurationError, RetryableError
+from reconcile.ha.lease import PgLease, wait_s
+
+
+def test_one_holder_then_the_other_after_expiry(pg_db: str) -> None:
+    a = PgLease(pg_db, "p", term_s=0.5, holder="a")
+    b = PgLease(pg_db, "p", term_s=0.5, holder="b")
+    first = a.try_acquire()
+    assert first is not None and first.holder == "a" and first.tenure == 1
+    assert a.held()
+    assert b.try_acquire() is None, "a live lease was taken by another holder"
+    assert not b.held()
+    # Taking our own live lease again keeps the tenure.
+    again = a.try_acquire()
+    assert again is not None and again.tenure == 1
+    seen = b.current()
+    assert seen is not None and seen.holder == "a" and not seen.expired
+    assert 0 < wait_s(seen, 10.0) <= 0.52
+    # a stops renewing: its term runs out in the database's clock.
+    time.sleep(0.6)
+    assert not a.held(), "held() must turn false on our own clock once the term is over"
+    taken = b.try_acquire()
+    assert taken is not None and taken.holder == "b" and taken.tenure == 2
+    # a's renewal of the lost tenure is refused, even though it had the row before.
+    assert not a.renew()
+    assert a.tenure is None
+    row = (
+        psycopg.connect(pg_db)
+        .execute("SELECT holder, tenure FROM reconcile_leases WHERE pipeline = 'p'")
+        .fetchone()
+    )
+    assert row == ("b", 2)
+    for lease in (a, b):
+        lease.close()
+
+
+def test_an_expired_lease_is_not_renewed_even_if_nobody_took_it(pg_db: str) -> None:
+    a = PgLease(pg_db, "q", term_s=0.3, holder="a")
+    assert a.try_acquire() is not None
+    assert a.renew()
+    time.sleep(0.4)
+    assert not a.renew(), "a holder away longer than its term must take the lease anew"
+    again = a.try_acquire()
+    assert again is not None and again.tenure == 2
+    a.close()
+
+
+def test_release_lets_a_standby_take_over_at_once(pg_db: str) -> None:
+    a = PgLease(pg_db, "r", term_s=30, holder="a")
+    b = PgLease(pg_db, "r", term_s=30, holder="b")
+    assert a.try_acquire() is not None
+    assert b.try_acquire() is None
+    a.release()
+    assert not a.held()
+    taken = b.try_acquire()
+    assert taken is not None and taken.tenure == 2
+    a.close()
+    b.close()
+
+
+def test_racing_standbys_exactly_one_wins(pg_db: str) -> None:
+    """Eight instances try for one expired lease at the same moment: exactly one wins."""
+    first = PgLease(pg_db, "race", term_s=0.2, holder="old")
+    assert first.try_acquire() is not None
+    first.close()
+    time.sleep(0.3)
+    racers = [PgLease(pg_db, "race", term_s=5, holder=f"s{i}") for i in range(8)]
+    for lease in racers:
+        lease.current()  # connected, so that the race is on the statement, not the connect
+    barrier = threading.Barrier(len(racers))
+    won: list[str] = []
+
+    def race(lease: PgLease) -> None:
+        barrier.wait()
+        if lease.try_acquire() is not None:
+            won.append(lease.holder)
+
+    threads = [threading.Thread(target=race, args=(lease,)) for lease in racers]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(won) == 1, won
+    row = (
+        psycopg.connect(pg_db)
+        .execute("SELECT holder, tenure FROM reconcile_leases WHERE pipeline = 'race'")
+        .fetchone()
+    )
+    assert row == (won[0], 2)
+    for lease in racers:
+        lease.close()
+
+
+def test_bad_settings_and_an_unreachable_database() -> None:
+    with pytest.raises(ConfigurationError, match="term"):
+        PgLease("host=localhost", "p", term_s=0)
+    lease = PgLease("host=127.0.0.1 port=9 user=x password=sekret dbname=x", "p", term_s=1)
+    with pytest.raises(RetryableError) as caught:
+        lease.try_acquire()
+    assert "sekret" not in str(caught.value)
+    assert not lease.held()
