@@ -25,6 +25,7 @@ from tenacity import (
 from reconcile.contract import (
     ContractViolationError,
     FatalError,
+    InvalidInputError,
     OutcomeUnknownError,
     ReconcileError,
     RetryableError,
@@ -271,6 +272,22 @@ class Driver:
     def started(self) -> bool:
         """Whether the current cycle's ``start()`` has run (it runs inside ``run``)."""
         return self._run.cycle is not None and self._run.started
+
+    def adopt(self, cycle: CommitCycle, replay_needed: Iterable[int] = ()) -> None:
+        """Go on with ``cycle``, which the caller built and started (a takeover did).
+
+        ``replay_needed`` is its ``start()`` report's ``replay_needed``: those
+        epochs are finished before the next one runs, as after any start.
+
+        Raises:
+            InvalidInputError: the cycle was not started, or this driver has one already.
+        """
+        if cycle.generation is None:
+            raise InvalidInputError("Driver.adopt() takes a started cycle (call start() first)")
+        if self._run.cycle is not None:
+            raise InvalidInputError("Driver.adopt(): this driver has a cycle already")
+        self._run.cycle, self._run.started = cycle, True
+        self._run.to_finish = sorted(replay_needed)
 
     def current(self) -> CommitCycle:
         """The current cycle, built if there is none; ``run`` starts it."""

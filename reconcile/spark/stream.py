@@ -333,6 +333,7 @@ def write_stream(
     query_name: str | None = None,
     retry: RetryPolicy | None = None,
     via: str = "executors",
+    started: tuple[CommitCycle, Iterable[int]] | None = None,
 ) -> Any:
     """Start a streaming query that writes ``df`` exactly once through ``build()``'s cycle.
 
@@ -349,6 +350,10 @@ def write_stream(
             default: the next micro-batch as soon as the last one is done.
         query_name: the query's name in Spark's UI and metrics.
         via: where rows go from the executors (see ``StreamWriter``).
+        started: (a cycle built by ``build`` and started, its start report's
+            ``replay_needed``): the writer goes on with it instead of starting
+            one at the first micro-batch (a standby that took over started it
+            to fence the old main and converge the sinks first).
 
     Returns:
         The started ``StreamingQuery``; its ``reconcile_writer`` attribute is
@@ -363,6 +368,8 @@ def write_stream(
             "DataFrame, run its epochs with reconcile.drive"
         )
     writer = StreamWriter(build, outputs, staging=staging, retry=retry, via=via)
+    if started is not None:
+        writer.driver.adopt(*started)
     stream = df.writeStream.foreachBatch(writer).option("checkpointLocation", os.fspath(checkpoint))
     if trigger:
         stream = stream.trigger(**trigger)

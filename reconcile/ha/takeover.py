@@ -1,0 +1,177 @@
+"""What a new leader does before its stream starts: fence the old writer everywhere, then converge.
+
+1. ``terminate_old_sessions``: end the sink sessions of the pipeline's
+   earlier writer. A main that is paused (SIGSTOP, a long GC) in the middle of
+   an epoch keeps its transaction open, and with it the row lock on its sink
+   fence; the new writer would wait for that lock until the old session died.
+   Terminating it rolls the open transaction back, which loses nothing: an
+   epoch that passed its decision is in the store, and step 3 puts it in the
+   sink.
+2. ``start_fenced``: build the cycle and ``start()`` it, which claims a new
+   writer generation (the store's fence) after a check that the lease is
+   still held, then raise every sink's fence to that generation at once
+   (``fence_sinks``), not at the first epoch: from here on the old main is
+   rejected inside its own transaction, in every sink and in the store.
+3. ``recover_sinks``: scoped pull-and-diff of every sink table that has an
+   expected state, to the newest decided epoch, as the new generation.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import psycopg
+
+from reconcile.contract import FencedError
+from reconcile.cycle import CommitCycle
+from reconcile.ha.lease import PgLease
+from reconcile.progress import ProgressLog
+
+__all__ = [
+    "LeadershipLostError",
+    "fence_sinks",
+    "guard_claims",
+    "recover_sinks",
+    "terminate_old_sessions",
+]
+
+log = logging.getLogger("reconcile.ha")
+
+
+class LeadershipLostError(FencedError):
+    """This instance no longer holds the pipeline's lease: it must not claim a generation."""
+
+
+class _LeasedProgress:
+    """A progress log whose ``claim_generation`` needs the lease, before and after the claim.
+
+    The check before stops a standby that lost its lease from claiming. The
+    check after (a renewal, in the database) catches a holder that was
+    paused between the first check and its claim: its claim may have landed
+    after a newer leader's and fenced it, but it raises here and never
+    writes, and the newer leader, fenced, claims again (``HaNode``).
+    """
+
+    def __init__(self, inner: ProgressLog, lease: PgLease) -> None:
+        self._inner, self._lease = inner, lease
+
+    def claim_generation(self) -> int:
+        if not self._lease.held():
+            raise LeadershipLostError(
+                f"pipeline {self._lease.pipeline!r}: {self._lease.holder} does not hold the "
+                "lease: no generation claimed"
+            )
+        generation = self._inner.claim_generation()
+        if not self._lease.renew():
+            raise LeadershipLostError(
+                f"pipeline {self._lease.pipeline!r}: {self._lease.holder} lost the lease while "
+                f"claiming generation {generation}: stepping down without writing"
+            )
+        return generation
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+def guard_claims(build: Callable[[], CommitCycle], lease: PgLease) -> Callable[[], CommitCycle]:
+    """``build``, with every cycle's generation claims checked against ``lease``."""
+
+    def leased() -> CommitCycle:
+        cycle = build()
+        cycle.progress = _LeasedProgress(cycle.progress, lease)
+        return cycle
+
+    return leased
+
+
+def terminate_old_sessions(cycle: CommitCycle, *, wait_ms: int = 5000) -> int:
+    """End every session of this pipeline's sinks in their databases; how many were ended.
+
+    Sessions are found by the application_name every sink session of the
+    pipeline carries (``reconcile:<pipeline>:<sink>``, the executors' staging
+    sessions too). Call it before this process opens sessions of its own for
+    these sinks. A sink without a Postgres target (files, Delta, HTTP) has no
+    session to end: its fence alone stops the old writer.
+    """
+    prefix = f"reconcile:{cycle.pipeline}:"
+    ended = 0
+    seen: set[str] = set()
+    for sink in cycle.sinks.values():
+        target = getattr(sink, "target", None)
+        if target is None or not hasattr(target, "connect") or target.describe() in seen:
+            continue
+        seen.add(target.describe())
+        try:
+            with target.connect(autocommit=True, application_name="reconcile-takeover") as conn:
+                # The pids first, then one termination each: in a single
+                # statement the planner may call pg_terminate_backend() on a
+                # row before the filters have ruled it out.
+                pids = [row[0] for row in conn.execute(
+                    "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+                    "AND pid <> pg_backend_pid() AND left(application_name, %s) = %s",
+                    (len(prefix), prefix),
+                ).fetchall()]  # fmt: skip
+                for pid in pids:
+                    conn.execute("SELECT pg_terminate_backend(%s, %s)", (pid, wait_ms))
+        except psycopg.Error as exc:
+            # Not fatal: the fence still rejects the old writer; only the lock
+            # wait of fence_sinks() may then take longer.
+            log.warning("takeover: could not end old sessions of pipeline %s at %s: %s",
+                        cycle.pipeline, target.describe(), target.redact(str(exc)))  # fmt: skip
+            continue
+        if pids:
+            log.info("takeover: ended %d old session(s) of pipeline %s at %s", len(pids),
+                     cycle.pipeline, target.describe())  # fmt: skip
+        ended += len(pids)
+    return ended
+
+
+def fence_sinks(cycle: CommitCycle) -> list[str]:
+    """Raise every sink's fence to the cycle's generation now; the sinks fenced this way.
+
+    A sink without an eager ``fence`` is fenced at its first epoch, inside
+    that epoch's transaction.
+
+    Raises:
+        FencedError: a newer generation holds a sink's fence (we lost).
+    """
+    generation = cycle.generation
+    assert generation is not None, "fence_sinks() after start()"
+    fenced = []
+    for name, sink in cycle.sinks.items():
+        fence = getattr(sink, "fence", None)
+        if callable(fence):
+            fence(cycle.pipeline, generation)
+            fenced.append(name)
+    return fenced
+
+
+def recover_sinks(cycle: CommitCycle) -> dict[str, int]:
+    """Scoped pull-and-diff of every sink with an expected state; rows applied per sink.
+
+    The target is the newest decided epoch. An epoch the old main decided
+    but never committed into a sink (killed between the store commit and the
+    sink commit) is applied here, once, from the rows the store recorded.
+    """
+    from reconcile.recovery.api import recover_sink
+    from reconcile.recovery.modes import Mode
+    from reconcile.sink import capabilities_of
+
+    generation, expected = cycle.generation, cycle.expected_state
+    assert generation is not None, "recover_sinks() after start()"
+    target = cycle.progress.last_committed()
+    applied: dict[str, int] = {}
+    if expected is None or target is None:
+        return applied
+    for name, sink in sorted(cycle.sinks.items()):
+        if name not in expected.tables or not capabilities_of(sink).pullable:
+            continue
+        found = recover_sink(sink, expected.tables[name], generation, mode=Mode.AUTO,
+                             after_crash=True, target_epoch=target)  # fmt: skip
+        applied[name] = found.applied
+        log.info("takeover: sink %s at epoch %d (%s mode): %d missing, %d extra, %d changed, "
+                 "%d applied", name, target, found.mode, found.missing, found.extra,
+                 found.changed, found.applied)  # fmt: skip
+    return applied
