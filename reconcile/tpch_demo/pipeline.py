@@ -26,6 +26,8 @@ from __future__ import annotations
 import os
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +36,7 @@ import pyarrow.parquet as pq  # type: ignore[import-untyped, unused-ignore]
 from reconcile.contract import RetryableError
 from reconcile.tpch_demo.events import EventLog, EventMetrics
 
-__all__ = ["KEYS", "PIPELINE", "main"]
+__all__ = ["KEYS", "PIPELINE", "DoneCheck", "Setup", "decided_epochs", "main", "setup"]
 
 PIPELINE = "demo"
 KEYS = {"demo_lineitem": ["l_orderkey", "l_linenumber"], "demo_customer_revenue": ["o_custkey"]}
@@ -96,29 +98,32 @@ def revenue_transform(spark: Any, orders: Any, store: Any) -> Any:
     return revenue
 
 
-def main(argv: list[str]) -> int:
-    workdir = Path(argv[0])
-    trigger_s = float(argv[1]) if len(argv) > 1 else 0.0
-    master = argv[2] if len(argv) > 2 else "local[2,4]"
-    via = argv[3] if len(argv) > 3 else "executors"
-    dsn = os.environ["RECONCILE_DEMO_DSN"]
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+@dataclass
+class Setup:
+    """What a pipeline process needs: its store, the stream, the sinks, and the done check."""
 
-    from expected_state.progress_log import StoreProgressLog
+    workdir: Path
+    dsn: str
+    events: EventLog
+    store: str
+    spark: Any
+    lines: Any  # the streaming DataFrame of dropped lineitem files
+    build: Callable[[], Any]  # -> CommitCycle
+    outputs: dict[str, Any]
+    all_in: Callable[[int | None], bool]
+
+
+def setup(workdir: Path, dsn: str, master: str) -> Setup:
+    """Start Spark and describe the stream; nothing is read from or written to a sink yet."""
     from expected_state.store import ExpectedStateStore
     from reconcile import CommitCycle
     from reconcile.expected import ExpectedState
     from reconcile.spark.session import local_session
-    from reconcile.spark.stream import write_stream
     from reconcile.tpch_demo.data import LINEITEM_SPARK_SCHEMA
     from sinks.postgres import postgres_sink
 
     events = EventLog(workdir / "events.jsonl")
     store = str(workdir / "expected_state")
-    progress = StoreProgressLog(store, PIPELINE)
-    last = progress.last_committed()
-    if last is not None:
-        recover_tables(dsn, store, last, events)
     # Done is every line of lineitem in the expected state as of a decided
     # epoch, not a batch id: after a restart Spark may take two files into one
     # micro-batch, so batch ids need not match file numbers.
@@ -131,9 +136,6 @@ def main(argv: list[str]) -> int:
         keys: int = lines_store.snapshot(epoch=epoch, columns=["l_orderkey"]).num_rows
         return keys >= total
 
-    if all_in(last):
-        events.write("finished", last=last)
-        return 0
     metrics = EventMetrics(events)
 
     def build() -> CommitCycle:
@@ -152,30 +154,89 @@ def main(argv: list[str]) -> int:
         .select("o_orderkey", "o_custkey")
         .cache()
     )
+    orders.count()  # fill the cache now, not in the first micro-batch (a standby is warm)
     lines = (
         spark.readStream.schema(LINEITEM_SPARK_SCHEMA)
         .option("maxFilesPerTrigger", 1)
         .parquet(str(workdir / "inbox"))
     )
     revenue_store = ExpectedStateStore(store, PIPELINE, "demo_customer_revenue", ["o_custkey"])
+    outputs = {
+        "demo_lineitem": lambda batch: batch,
+        "demo_customer_revenue": revenue_transform(spark, orders, revenue_store),
+    }
+    return Setup(workdir, dsn, events, store, spark, lines, build, outputs, all_in)
+
+
+class DoneCheck:
+    """Whether every line is in, asked at most every ``CHECK_EVERY_S`` and once per new epoch.
+
+    The check reads every key of the lineitem store: at most every few seconds,
+    so that it does not compete with the batches for the CPU.
+    """
+
+    def __init__(self, all_in: Callable[[int | None], bool]) -> None:
+        self.all_in = all_in
+        self.checked: int | None = None
+        self._next = 0.0
+
+    def __call__(self, newest: int | None) -> bool:
+        if newest is None or newest == self.checked or time.monotonic() < self._next:
+            return False
+        self.checked, self._next = newest, time.monotonic() + CHECK_EVERY_S
+        return self.all_in(newest)
+
+
+def decided_epochs(writer: Any) -> list[int]:
+    """The epochs a StreamWriter committed, skipped or found in every sink already."""
+    report = writer.report
+    decided = [*report.committed_epochs, *report.skipped_epochs]
+    batch = writer.last
+    if batch is not None and batch.replayed:
+        decided.append(batch.batch_id)  # re-run, in every sink already
+    return decided
+
+
+def main(argv: list[str]) -> int:
+    workdir = Path(argv[0])
+    trigger_s = float(argv[1]) if len(argv) > 1 else 0.0
+    master = argv[2] if len(argv) > 2 else "local[2,4]"
+    via = argv[3] if len(argv) > 3 else "executors"
+    role = argv[4] if len(argv) > 4 else None
+    dsn = os.environ["RECONCILE_DEMO_DSN"]
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    trigger = {"processingTime": f"{trigger_s} seconds"} if trigger_s else None
+    if role is not None:
+        from reconcile.tpch_demo.ha_pipeline import run_role
+
+        return run_role(workdir, dsn, master, via, trigger, role)
+
+    from expected_state.progress_log import StoreProgressLog
+    from reconcile.spark.stream import write_stream
+
+    events = EventLog(workdir / "events.jsonl")
+    store = str(workdir / "expected_state")
+    last = StoreProgressLog(store, PIPELINE).last_committed()
+    if last is not None:
+        recover_tables(dsn, store, last, events)
+    parts = setup(workdir, dsn, master)
+    if parts.all_in(last):
+        events.write("finished", last=last)
+        return 0
     query = write_stream(
-        lines,
-        build,
+        parts.lines,
+        parts.build,
         checkpoint=workdir / "checkpoint",
         staging=workdir / "staging",
-        outputs={
-            "demo_lineitem": lambda batch: batch,
-            "demo_customer_revenue": revenue_transform(spark, orders, revenue_store),
-        },
-        trigger={"processingTime": f"{trigger_s} seconds"} if trigger_s else None,
+        outputs=parts.outputs,
+        trigger=trigger,
         query_name="reconcile_demo",
         via=via,
     )
     writer = query.reconcile_writer
     events.write("started", last=last)
     seen = 0
-    checked: int | None = None
-    next_check = 0.0
+    done = DoneCheck(parts.all_in)
     try:
         while query.isActive:
             query.awaitTermination(0.2)
@@ -183,24 +244,15 @@ def main(argv: list[str]) -> int:
             for epoch in report.committed_epochs[seen:]:
                 events.write("committed", epoch=epoch)
             seen = len(report.committed_epochs)
-            decided = [*report.committed_epochs, *report.skipped_epochs]
-            batch = writer.last
-            if batch is not None and batch.replayed:
-                decided.append(batch.batch_id)  # re-run, in every sink already
-            newest = max(decided, default=None)
-            # The check reads every key of the lineitem store: at most every few
-            # seconds, so that it does not compete with the batches for the CPU.
-            if newest is not None and newest != checked and time.monotonic() >= next_check:
-                checked, next_check = newest, time.monotonic() + CHECK_EVERY_S
-                if all_in(newest):
-                    break
+            if done(max(decided_epochs(writer), default=None)):
+                break
         if query.exception() is not None:
             raise RuntimeError(f"the streaming query failed: {query.exception()}")
     finally:
         query.stop()
         writer.close()
-    events.write("finished", last=checked)
-    spark.stop()
+    events.write("finished", last=done.checked)
+    parts.spark.stop()
     return 0
 
 

@@ -42,7 +42,7 @@ from reconcile.tpch_demo.events import EventLog
 from reconcile.tpch_demo.pipeline import KEYS, PIPELINE
 from reconcile.tpch_demo.summary import Summary, audit
 
-__all__ = ["KILL_POINTS", "Options", "run"]
+__all__ = ["KILL_POINTS", "Feeder", "Options", "launch_pipeline", "prepare_tables", "run"]
 
 # Where chaos kills the pipeline process (``reconcile.hooks`` points). The
 # first two come first in every chaos run: they are the windows a checkpoint-
@@ -131,7 +131,7 @@ def _check_run(workdir: Path, options: Options) -> bool:
     return True
 
 
-def _prepare_tables(dsn: str, *, resumed: bool, reset: bool) -> None:
+def prepare_tables(dsn: str, *, resumed: bool, reset: bool) -> None:
     """Create the sink tables; a fresh run refuses another run's rows unless ``reset``."""
     with psycopg.connect(dsn, autocommit=True) as conn:
         if reset:
@@ -177,7 +177,7 @@ def _via_proxy(dsn: str, port: int) -> str:
     return make_conninfo(**params)  # type: ignore[arg-type]
 
 
-class _Feeder(threading.Thread):
+class Feeder(threading.Thread):
     """Drops the next epoch file every ``interval`` seconds, once the pipeline is up."""
 
     def __init__(self, feed: Feed, interval: float, started: threading.Event) -> None:
@@ -214,10 +214,18 @@ class _Chaos:
         return self.order[crashes % len(self.order)], rng.randint(1, 2)
 
 
-def _launch(
-    workdir: Path, options: Options, dsn: str, launch: int, kill: tuple[str, int] | None
+def launch_pipeline(
+    workdir: Path,
+    options: Options,
+    dsn: str,
+    launch: int,
+    kill: tuple[str, int] | None,
+    role: str | None = None,
+    env_extra: dict[str, str] | None = None,
 ) -> subprocess.Popen[bytes]:
+    """Start a pipeline process (as ``role`` "main" or "standby" if given); launch numbers it."""
     env = dict(os.environ, RECONCILE_DEMO_DSN=dsn, PYSPARK_PYTHON=sys.executable)
+    env.update(env_extra or {})
     env.pop("RECONCILE_KILL_AT", None)
     if kill is not None:
         (workdir / "kills").mkdir(exist_ok=True)
@@ -230,6 +238,8 @@ def _launch(
     log = open(workdir / "logs" / f"pipeline-{launch}.log", "wb")  # noqa: SIM115
     cmd = [sys.executable, "-m", "reconcile.tpch_demo.pipeline", str(workdir),
            str(options.trigger), options.master, options.via]  # fmt: skip
+    if role is not None:
+        cmd.append(role)
     try:
         return subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
                                 preexec_fn=_die_with_parent)  # fmt: skip
@@ -272,7 +282,7 @@ def _run(workdir: Path, options: Options) -> Summary:
                   f"epochs, work folder {workdir}" + (" (resumed)" if resumed else ""))  # fmt: skip
     feed = Feed(generate(workdir / "tpch", options.scale), workdir / "inbox", options.epochs)
     with _postgres(options, workdir) as dsn:
-        _prepare_tables(dsn, resumed=resumed, reset=options.reset)
+        prepare_tables(dsn, resumed=resumed, reset=options.reset)
         proxy = None
         pipeline_dsn = dsn
         if options.chaos is not None:
@@ -286,7 +296,7 @@ def _run(workdir: Path, options: Options) -> Summary:
             pipeline_dsn = _via_proxy(dsn, proxy.port)
         chaos = _Chaos(options.chaos, options.crashes) if options.chaos is not None else None
         started = threading.Event()
-        feeder = _Feeder(feed, options.interval, started)
+        feeder = Feeder(feed, options.interval, started)
         feeder.start()
         progress = Progress(
             TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
@@ -302,7 +312,7 @@ def _run(workdir: Path, options: Options) -> Summary:
                 kill = chaos.plan(crashes, launch) if chaos is not None else None
                 events.write("launch", launch=launch, kill=kill)
                 launched = time.time()
-                proc = _launch(workdir, options, pipeline_dsn, launch, kill)
+                proc = launch_pipeline(workdir, options, pipeline_dsn, launch, kill)
                 injected_before = dict(proxy.injected) if proxy else {}
                 while proc.poll() is None:
                     log = list(events.read())  # one read of the log per poll

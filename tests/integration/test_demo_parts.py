@@ -12,7 +12,7 @@ from reconcile.contract import ConfigurationError
 from reconcile.spark.stream import _apply
 from reconcile.testing.pg_proxy import FaultProxy
 from reconcile.tpch_demo.data import Feed, generate
-from reconcile.tpch_demo.supervisor import Options, _check_run, _prepare_tables
+from reconcile.tpch_demo.supervisor import Options, _check_run, prepare_tables
 from tests.fix_pg import PgServer
 
 pytestmark = [pytest.mark.integration]
@@ -62,16 +62,16 @@ def test_a_resume_must_match_the_run_it_resumes(tmp_path: Path) -> None:
 
 
 def test_a_fresh_run_refuses_another_runs_rows_until_reset(pg_db: str) -> None:
-    _prepare_tables(pg_db, resumed=False, reset=False)
+    prepare_tables(pg_db, resumed=False, reset=False)
     with psycopg.connect(pg_db, autocommit=True) as conn:
         conn.execute("INSERT INTO demo_customer_revenue VALUES (1, 2.5, 1, 0)")
         conn.execute("CREATE SCHEMA reconcile")
         conn.execute("CREATE TABLE reconcile.reconcile_commits (pipeline text, epoch int)")
         conn.execute("INSERT INTO reconcile.reconcile_commits VALUES ('demo', 0), ('other', 0)")
     with pytest.raises(ConfigurationError, match="demo_customer_revenue holds 1 rows"):
-        _prepare_tables(pg_db, resumed=False, reset=False)
-    _prepare_tables(pg_db, resumed=True, reset=False)  # a resume keeps them
-    _prepare_tables(pg_db, resumed=False, reset=True)
+        prepare_tables(pg_db, resumed=False, reset=False)
+    prepare_tables(pg_db, resumed=True, reset=False)  # a resume keeps them
+    prepare_tables(pg_db, resumed=False, reset=True)
     with psycopg.connect(pg_db) as conn:
         assert conn.execute("SELECT count(*) FROM demo_customer_revenue").fetchone() == (0,)
         left = conn.execute("SELECT pipeline FROM reconcile.reconcile_commits").fetchall()

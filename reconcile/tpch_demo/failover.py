@@ -1,0 +1,356 @@
+"""Failovers of the demo pipeline: a main and a standby, the leader killed or paused, repeatedly.
+
+``run_failovers(options)`` generates the demo's data, starts two pipeline
+processes on one work folder (``main`` and ``standby``, ``reconcile.ha``),
+drops lineitem files, and, each time the leader has committed a few epochs,
+faults it:
+
+- ``kill``: SIGKILL from outside at a random moment, or (seeded) at a named
+  point the process reaches itself, between the store commit and the sink
+  commit first; the killed process is started again as a standby;
+- ``pause``: SIGSTOP for three lease terms, until the standby leads and has
+  committed an epoch; then SIGCONT: the woken main must step down and write
+  nothing more.
+
+Takeover time is read from Postgres: from the fault to the commit time of the
+first marker of the new leader's generation. At the end both tables are
+audited against the expected state and against TPC-H itself.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from reconcile.tpch_demo.data import Feed, generate
+from reconcile.tpch_demo.events import EventLog
+from reconcile.tpch_demo.pipeline import PIPELINE
+from reconcile.tpch_demo.summary import Summary, audit, row_latencies
+from reconcile.tpch_demo.supervisor import Feeder, Options, launch_pipeline, prepare_tables
+
+__all__ = ["Failover", "FailoverOptions", "FailoverRun", "run_failovers"]
+
+# Named points a leader is killed at (``reconcile.hooks``), in this order first.
+POINTS = ("cycle.expected_state.recorded", "pg.commit.returned", "cycle.decided")
+
+
+@dataclass
+class FailoverOptions:
+    """What to run: the workload, how many faults of which kind, the lease term."""
+
+    workdir: Path
+    dsn: str
+    failovers: int = 3
+    fault: str = "kill"  # "kill", "pause" or "mixed"
+    seed: int = 1
+    scale: float = 0.01
+    epochs: int = 60
+    interval: float = 0.5
+    term_s: float = 2.0
+    commits_between: int = 2  # epochs the leader commits before the next fault
+    named_points: bool = True  # some kills at named points (seeded), not only from outside
+    master: str = "local[2,4]"
+    timeout_s: float = 900.0
+
+
+@dataclass
+class Failover:
+    """One fault and the takeover that followed."""
+
+    fault: str  # "kill", "kill at <point>", "pause"
+    old_pid: int
+    old_generation: int | None
+    old_tenure: int
+    new_pid: int | None = None
+    new_generation: int | None = None
+    fault_at: float = 0.0
+    first_commit_at: float | None = None  # the new generation's first marker commit
+    takeover_s: float | None = None
+    old_wrote_after: int = 0  # markers of the old generation committed after the fault
+    stepped_down: bool | None = None  # pause: the woken main stepped down
+
+
+@dataclass
+class FailoverRun:
+    """Every failover, the audit, and the latencies around the faults."""
+
+    failovers: list[Failover] = field(default_factory=list)
+    summary: Summary | None = None
+    max_latency_ms: float | None = None
+    max_latency_in_failover_ms: float | None = None
+    processes: int = 0
+
+
+class _Procs:
+    """The pipeline processes, launched and relaunched."""
+
+    def __init__(self, options: FailoverOptions, demo: Options) -> None:
+        self.options, self.demo = options, demo
+        self.launches = 0
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    def start(self, role: str, kill: tuple[str, int] | None) -> subprocess.Popen[bytes]:
+        extra = {"RECONCILE_DEMO_LEASE_S": str(self.options.term_s)}
+        proc = launch_pipeline(self.options.workdir, self.demo, self.options.dsn,
+                               self.launches, kill, role=role, env_extra=extra)  # fmt: skip
+        self.launches += 1
+        self.procs.append(proc)
+        return proc
+
+    def stop_all(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                with _quiet():
+                    os.kill(proc.pid, signal.SIGCONT)
+                proc.terminate()
+        for proc in self.procs:
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+class _quiet:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type[BaseException] | None, *_: object) -> bool:
+        return kind is not None and issubclass(kind, ProcessLookupError)
+
+
+def _leader(
+    events: EventLog, alive: set[int], above: int = 0
+) -> tuple[int, int | None, int] | None:
+    """(pid, generation, tenure) of the live process that leads now, in a tenure above ``above``.
+
+    A process leads from its ``leading`` event until a ``stepped_down`` event of
+    the same tenure.
+    """
+    down = {(e["pid"], e["tenure"]) for e in events.of("stepped_down")}
+    found = None
+    for e in events.of("leading"):
+        if e["pid"] not in alive or (e["pid"], e["tenure"]) in down or e["tenure"] <= above:
+            continue
+        if found is None or e["tenure"] > found[2]:
+            found = (e["pid"], e.get("generation"), e["tenure"])
+    return found
+
+
+def _commits_of(events: EventLog, pid: int, tenure: int) -> int:
+    return sum(1 for e in events.of("committed") if e["pid"] == pid and e.get("tenure") == tenure)
+
+
+def _markers(dsn: str, where: str, params: tuple[Any, ...]) -> tuple[Any, ...] | None:
+    """One row of an aggregate over this pipeline's markers, None before any marker exists."""
+    from psycopg import sql
+
+    from sinks.postgres.health import find_state_schemas
+    from sinks.postgres.markers import MARKERS_TABLE
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        schemas = find_state_schemas(conn)
+        if not schemas:
+            return None
+        query = sql.SQL("SELECT {} FROM {} WHERE pipeline = %s AND ").format(
+            sql.SQL(where.split(" WHERE ")[0]), sql.Identifier(schemas[0], MARKERS_TABLE)
+        ) + sql.SQL(where.split(" WHERE ")[1])
+        return conn.execute(query, (PIPELINE, *params)).fetchone()
+
+
+def _first_marker(dsn: str, generation: int) -> float | None:
+    """Commit time (epoch seconds) of the first marker written by ``generation`` or later."""
+    row = _markers(dsn, "extract(epoch FROM min(committed_at)) WHERE generation >= %s",
+                   (generation,))  # fmt: skip
+    return float(row[0]) if row and row[0] is not None else None
+
+
+def _markers_after(dsn: str, generation: int, after: float) -> int:
+    """Markers of ``generation`` committed after ``after`` (epoch seconds)."""
+    row = _markers(dsn, "count(*) WHERE generation = %s AND committed_at > to_timestamp(%s)",
+                   (generation, after))  # fmt: skip
+    return int(row[0]) if row else 0
+
+
+def _wait(what: str, check: Any, deadline: float, procs: _Procs, step: float = 0.2) -> Any:
+    while time.time() < deadline:
+        found = check()
+        if found:
+            return found
+        time.sleep(step)
+    procs.stop_all()
+    raise TimeoutError(f"failover run: timed out waiting for {what}")
+
+
+def _wait_leader(events: EventLog, procs: _Procs, deadline: float) -> tuple[int, int | None, int]:
+    alive = {p.pid for p in procs.procs if p.poll() is None}
+    found: tuple[int, int | None, int] = _wait("a leader", lambda: _leader(events, alive),
+                                               deadline, procs)  # fmt: skip
+    return found
+
+
+def _wait_commits(
+    events: EventLog, procs: _Procs, deadline: float, pid: int, tenure: int, n: int
+) -> None:
+    proc = next(p for p in procs.procs if p.pid == pid)
+    _wait(f"{n} commits of the leader",
+          lambda: _commits_of(events, pid, tenure) >= n or proc.poll() is not None,
+          deadline, procs)  # fmt: skip
+
+
+def run_failovers(options: FailoverOptions) -> FailoverRun:
+    """Run the workload through ``options.failovers`` faults of the leader; what happened."""
+    workdir = options.workdir
+    workdir.mkdir(parents=True, exist_ok=True)
+    rng = random.Random(options.seed)
+    deadline = time.time() + options.timeout_s
+    events = EventLog(workdir / "events.jsonl")
+    feed = Feed(generate(workdir / "tpch", options.scale), workdir / "inbox", options.epochs)
+    prepare_tables(options.dsn, resumed=False, reset=True)
+    demo = Options(scale=options.scale, epochs=options.epochs, interval=options.interval,
+                   master=options.master)  # fmt: skip
+    procs = _Procs(options, demo)
+    points = list(POINTS)
+
+    def kill_plan() -> tuple[str, int] | None:
+        if options.fault == "pause" or not options.named_points or rng.random() < 0.5:
+            return None  # killed from outside at a random moment
+        # Late enough that the process, once it leads, commits a few epochs first
+        # (a point is reached once or twice per epoch): one fault per takeover.
+        nth = 2 * options.commits_between + rng.randint(1, 2)
+        return (points.pop(0) if points else rng.choice(POINTS)), nth
+
+    plans: dict[int, tuple[str, int] | None] = {}
+    first = procs.start("main", plan := kill_plan())
+    plans[first.pid] = plan
+    second = procs.start("standby", plan := kill_plan())
+    plans[second.pid] = plan
+    started = threading.Event()
+    feeder = Feeder(feed, options.interval, started)
+    feeder.start()
+    run = FailoverRun()
+    try:
+        for number in range(options.failovers):
+            pid, generation, tenure = _wait_leader(events, procs, deadline)
+            started.set()
+            _wait_commits(events, procs, deadline, pid, tenure, options.commits_between)
+            proc = next(p for p in procs.procs if p.pid == pid)
+            kind = options.fault
+            if kind == "mixed":
+                kind = "pause" if number % 2 else "kill"
+            if kind == "pause":
+                done = _pause(options, events, procs, proc, (generation, tenure), deadline)
+            else:
+                done = _kill(options, events, procs, proc, (generation, tenure), plans.get(pid),
+                             deadline)  # fmt: skip
+                relaunch = procs.start("standby", plan := kill_plan())
+                plans[relaunch.pid] = plan
+            run.failovers.append(done)
+        # Let the stream finish: both processes stop once every line is in.
+        for proc in procs.procs:
+            remaining = max(1.0, deadline - time.time())
+            if proc.poll() is None:
+                proc.wait(remaining)
+    finally:
+        feeder.stop.set()
+        procs.stop_all()
+    run.processes = procs.launches
+    run.summary = audit(options.dsn, workdir, feed, events, options.epochs)
+    with psycopg.connect(options.dsn, autocommit=True) as conn:
+        rows = row_latencies(conn, feed)
+    if rows:
+        run.max_latency_ms = 1000 * max(latency for _, latency in rows)
+        # A file dropped during a failover (from the fault to the new leader's
+        # first commit) waited for the takeover: its rows show the gap.
+        windows = [(f.fault_at, f.first_commit_at) for f in run.failovers if f.first_commit_at]
+        dropped = {s.index: feed.path(s.index).stat().st_mtime for s in feed.slices
+                   if feed.path(s.index).exists()}  # fmt: skip
+        around = [latency for index, latency in rows
+                  if any(a <= dropped.get(index, 0) <= b for a, b in windows)]  # fmt: skip
+        run.max_latency_in_failover_ms = 1000 * max(around) if around else None
+    return run
+
+
+def _kill(
+    options: FailoverOptions,
+    events: EventLog,
+    procs: _Procs,
+    proc: subprocess.Popen[bytes],
+    led: tuple[int | None, int],
+    plan: tuple[str, int] | None,
+    deadline: float,
+) -> Failover:
+    """Kill the leader (or let it die at its named point); wait for the new leader's commit."""
+    if plan is not None:
+        # It dies by itself at the point; the kill file is written just before.
+        _wait(f"the leader to die at {plan[0]}", lambda: proc.poll() is not None, deadline,
+              procs, 0.05)  # fmt: skip
+        kill_file = options.workdir / "kills" / f"launch-{procs.procs.index(proc)}"
+        fault_at = kill_file.stat().st_mtime if kill_file.exists() else time.time()
+        kind = f"kill at {plan[0]}" if kill_file.exists() else "exit"
+    else:
+        fault_at = time.time()
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        kind = "kill"
+    done = Failover(kind, proc.pid, *led, fault_at=fault_at)
+    _takeover(options, events, procs, done, deadline)
+    return done
+
+
+def _pause(
+    options: FailoverOptions,
+    events: EventLog,
+    procs: _Procs,
+    proc: subprocess.Popen[bytes],
+    led: tuple[int | None, int],
+    deadline: float,
+) -> Failover:
+    """SIGSTOP the leader past its lease; SIGCONT once the standby committed; it must step down."""
+    fault_at = time.time()
+    os.kill(proc.pid, signal.SIGSTOP)
+    generation = led[0]
+    done = Failover("pause", proc.pid, *led, fault_at=fault_at)
+    _takeover(options, events, procs, done, deadline)
+    # Paused for at least three terms, so that its lease surely ran out.
+    time.sleep(max(0.0, fault_at + 3 * options.term_s - time.time()))
+    woke = time.time()
+    os.kill(proc.pid, signal.SIGCONT)
+    done.stepped_down = bool(_wait(
+        "the woken main to step down",
+        lambda: any(e["pid"] == proc.pid and e["t"] >= woke for e in events.of("stepped_down")),
+        deadline, procs,
+    ))  # fmt: skip
+    if generation is not None:
+        done.old_wrote_after = _markers_after(options.dsn, generation, fault_at)
+    return done
+
+
+def _takeover(
+    options: FailoverOptions, events: EventLog, procs: _Procs, done: Failover, deadline: float
+) -> None:
+    """Wait until another process leads and its generation committed a marker."""
+
+    def new_leader() -> tuple[int, int | None, int] | None:
+        alive = {p.pid for p in procs.procs if p.poll() is None} - {done.old_pid}
+        found = _leader(events, alive, above=done.old_tenure)
+        return found if found is not None and found[1] is not None else None
+
+    pid, generation, _ = _wait("a new leader", new_leader, deadline, procs)
+    done.new_pid, done.new_generation = pid, generation
+    assert generation is not None
+    first = _wait("the new leader's first commit", lambda: _first_marker(options.dsn, generation),
+                  deadline, procs)  # fmt: skip
+    done.first_commit_at = first
+    done.takeover_s = first - done.fault_at
+    if done.old_generation is not None and done.fault != "pause":
+        done.old_wrote_after = _markers_after(options.dsn, done.old_generation, done.fault_at)
