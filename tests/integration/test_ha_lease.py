@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -109,3 +110,24 @@ def test_bad_settings_and_an_unreachable_database() -> None:
         lease.try_acquire()
     assert "sekret" not in str(caught.value)
     assert not lease.held()
+
+
+def test_no_generation_is_claimed_without_the_lease(pg_db: str, tmp_path: Path) -> None:
+    """A holder whose term ran out (paused, say) claims nothing in the store."""
+    from expected_state.progress_log import StoreProgressLog
+    from reconcile.ha.takeover import LeadershipLostError, _LeasedProgress
+
+    store = str(tmp_path / "store")
+    lease = PgLease(pg_db, "g", term_s=1.5, holder="a")
+    guarded = _LeasedProgress(StoreProgressLog(store, "g"), lease)
+    assert lease.try_acquire() is not None
+    assert guarded.claim_generation() == 1
+    time.sleep(1.6)  # the term runs out: as after a SIGSTOP
+    with pytest.raises(LeadershipLostError):
+        guarded.claim_generation()
+    other = PgLease(pg_db, "g", term_s=5, holder="b")
+    assert other.try_acquire() is not None
+    # The store (read afresh from disk) still has generation 1: nothing was claimed.
+    assert StoreProgressLog(store, "g").claim_generation() == 2
+    lease.close()
+    other.close()
