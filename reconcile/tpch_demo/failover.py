@@ -266,7 +266,9 @@ def run_failovers(options: FailoverOptions) -> FailoverRun:
     run.processes = procs.launches
     run.summary = audit(options.dsn, workdir, feed, events, options.epochs)
     with psycopg.connect(options.dsn, autocommit=True) as conn:
-        rows = row_latencies(conn, feed)
+        # Row latencies need commit timestamps; without them there are none to report.
+        tracked = conn.execute("SHOW track_commit_timestamp").fetchone()
+        rows = row_latencies(conn, feed) if tracked and tracked[0] == "on" else []
     if rows:
         run.max_latency_ms = 1000 * max(latency for _, latency in rows)
         # A file dropped during a failover (from the fault to the new leader's
