@@ -97,6 +97,20 @@ class _Procs:
         self.options, self.demo = options, demo
         self.launches = 0
         self.procs: list[subprocess.Popen[bytes]] = []
+        self.replaced: set[int] = set()
+        self.plan: Any = lambda: None  # the kill plan of a relaunched process
+        self.plans: dict[int, tuple[str, int] | None] = {}
+
+    def respawn(self) -> None:
+        """Start a standby in place of every process that died (killed, or at its point).
+
+        So that there is always another process to take over, even when a new
+        leader dies at its own kill point before its first commit.
+        """
+        for proc in list(self.procs):
+            if proc.poll() is not None and proc.returncode != 0 and proc.pid not in self.replaced:
+                self.replaced.add(proc.pid)
+                self.start("standby", self.plan())
 
     def start(self, role: str, kill: tuple[str, int] | None) -> subprocess.Popen[bytes]:
         extra = {"RECONCILE_DEMO_LEASE_S": str(self.options.term_s)}
@@ -104,6 +118,7 @@ class _Procs:
                                self.launches, kill, role=role, env_extra=extra)  # fmt: skip
         self.launches += 1
         self.procs.append(proc)
+        self.plans[proc.pid] = kill
         return proc
 
     def stop_all(self) -> None:
@@ -183,6 +198,7 @@ def _markers_after(dsn: str, generation: int, after: float) -> int:
 
 def _wait(what: str, check: Any, deadline: float, procs: _Procs, step: float = 0.2) -> Any:
     while time.time() < deadline:
+        procs.respawn()
         found = check()
         if found:
             return found
@@ -229,11 +245,9 @@ def run_failovers(options: FailoverOptions) -> FailoverRun:
         nth = 2 * options.commits_between + rng.randint(1, 2)
         return (points.pop(0) if points else rng.choice(POINTS)), nth
 
-    plans: dict[int, tuple[str, int] | None] = {}
-    first = procs.start("main", plan := kill_plan())
-    plans[first.pid] = plan
-    second = procs.start("standby", plan := kill_plan())
-    plans[second.pid] = plan
+    procs.plan = kill_plan
+    procs.start("main", kill_plan())
+    procs.start("standby", kill_plan())
     started = threading.Event()
     feeder = Feeder(feed, options.interval, started)
     feeder.start()
@@ -250,10 +264,8 @@ def run_failovers(options: FailoverOptions) -> FailoverRun:
             if kind == "pause":
                 done = _pause(options, events, procs, proc, (generation, tenure), deadline)
             else:
-                done = _kill(options, events, procs, proc, (generation, tenure), plans.get(pid),
-                             deadline)  # fmt: skip
-                relaunch = procs.start("standby", plan := kill_plan())
-                plans[relaunch.pid] = plan
+                done = _kill(options, events, procs, proc, (generation, tenure),
+                             procs.plans.get(pid), deadline)  # fmt: skip
             run.failovers.append(done)
         # Let the stream finish: both processes stop once every line is in.
         for proc in procs.procs:
