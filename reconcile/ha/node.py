@@ -252,6 +252,7 @@ class HaNode:
             if cycle is not None and self.query is None:
                 cycle.close()
             raise
+        self.following_epoch = cycle.progress.last_committed()
         self.metrics.count("ha.takeovers")
         self._event("leading", tenure=tenure, generation=now.generation,
                     recovered=now.recovered, sessions_ended=now.sessions_ended)  # fmt: skip

@@ -58,7 +58,10 @@ def run_role(
                 events.write("committed", epoch=epoch, generation=tenure.generation,
                              tenure=tenure.tenure, holder=lease.holder)  # fmt: skip
             written[id(writer)] = len(committed)
-            return done(max(decided_epochs(writer), default=None))
+            # A leader that took over after the last file was read decides
+            # nothing new: the newest decided epoch is then the store's.
+            newest = max(decided_epochs(writer), default=None)
+            return done(newest if newest is not None else n.following_epoch)
         return done(n.following_epoch)
 
     events.write("started", role=role, holder=lease.holder, term_s=term)
