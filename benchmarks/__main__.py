@@ -9,7 +9,7 @@ fails is reported and the others still run; the exit status is 1 if any
 failed.
 
 Benchmarks, in the order they run: hashing, postgres_write, expected_state,
-recovery, spark, latency.
+recovery, spark, latency, failover.
 """
 
 from __future__ import annotations
@@ -29,7 +29,9 @@ from benchmarks.report import RESULTS
 
 __all__ = ["BENCHMARKS", "QUICK", "main"]
 
-BENCHMARKS = ("hashing", "postgres_write", "expected_state", "recovery", "spark", "latency")
+BENCHMARKS = (
+    "hashing", "postgres_write", "expected_state", "recovery", "spark", "latency", "failover"
+)  # fmt: skip
 
 # Small sizes per benchmark (each module's own options; see its --help).
 QUICK: dict[str, list[str]] = {
@@ -40,6 +42,7 @@ QUICK: dict[str, list[str]] = {
     "spark": ["--rows", "200000", "--batches", "4", "--batch-rows", "1000"],
     "latency": ["--epochs", "6", "--crash-epochs", "8", "--triggers", "1",
                 "--checkpoints", "1"],
+    "failover": ["--failovers", "2", "--epochs", "30"],
 }  # fmt: skip
 
 
