@@ -19,6 +19,7 @@ audited against the expected state and against TPC-H itself.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import signal
@@ -124,7 +125,7 @@ class _Procs:
     def stop_all(self) -> None:
         for proc in self.procs:
             if proc.poll() is None:
-                with _quiet():
+                with contextlib.suppress(ProcessLookupError):
                     os.kill(proc.pid, signal.SIGCONT)
                 proc.terminate()
         for proc in self.procs:
@@ -133,14 +134,6 @@ class _Procs:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
-
-
-class _quiet:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, kind: type[BaseException] | None, *_: object) -> bool:
-        return kind is not None and issubclass(kind, ProcessLookupError)
 
 
 def _leader(
@@ -165,8 +158,10 @@ def _commits_of(events: EventLog, pid: int, tenure: int) -> int:
     return sum(1 for e in events.of("committed") if e["pid"] == pid and e.get("tenure") == tenure)
 
 
-def _markers(dsn: str, where: str, params: tuple[Any, ...]) -> tuple[Any, ...] | None:
-    """One row of an aggregate over this pipeline's markers, None before any marker exists."""
+def _markers(
+    dsn: str, select: str, condition: str, params: tuple[Any, ...]
+) -> tuple[Any, ...] | None:
+    """``SELECT select`` over the pipeline's markers where ``condition``; None if none exist."""
     from psycopg import sql
 
     from sinks.postgres.health import find_state_schemas
@@ -176,22 +171,22 @@ def _markers(dsn: str, where: str, params: tuple[Any, ...]) -> tuple[Any, ...] |
         schemas = find_state_schemas(conn)
         if not schemas:
             return None
-        query = sql.SQL("SELECT {} FROM {} WHERE pipeline = %s AND ").format(
-            sql.SQL(where.split(" WHERE ")[0]), sql.Identifier(schemas[0], MARKERS_TABLE)
-        ) + sql.SQL(where.split(" WHERE ")[1])
+        query = sql.SQL("SELECT {} FROM {} WHERE pipeline = %s AND {}").format(
+            sql.SQL(select), sql.Identifier(schemas[0], MARKERS_TABLE), sql.SQL(condition)
+        )
         return conn.execute(query, (PIPELINE, *params)).fetchone()
 
 
 def _first_marker(dsn: str, generation: int) -> float | None:
     """Commit time (epoch seconds) of the first marker written by ``generation`` or later."""
-    row = _markers(dsn, "extract(epoch FROM min(committed_at)) WHERE generation >= %s",
+    row = _markers(dsn, "extract(epoch FROM min(committed_at))", "generation >= %s",
                    (generation,))  # fmt: skip
     return float(row[0]) if row and row[0] is not None else None
 
 
 def _markers_after(dsn: str, generation: int, after: float) -> int:
     """Markers of ``generation`` committed after ``after`` (epoch seconds)."""
-    row = _markers(dsn, "count(*) WHERE generation = %s AND committed_at > to_timestamp(%s)",
+    row = _markers(dsn, "count(*)", "generation = %s AND committed_at > to_timestamp(%s)",
                    (generation, after))  # fmt: skip
     return int(row[0]) if row else 0
 
