@@ -89,6 +89,9 @@ class FailoverRun:
     max_latency_ms: float | None = None
     max_latency_in_failover_ms: float | None = None
     processes: int = 0
+    # Processes that ended other than by SIGKILL or a clean exit (a crash of
+    # the pipeline itself, not a fault of the run): (pid, return code).
+    unexpected_exits: list[tuple[int, int]] = field(default_factory=list)
 
 
 class _Procs:
@@ -218,6 +221,22 @@ def _wait_commits(
           deadline, procs)  # fmt: skip
 
 
+def _finish(procs: _Procs, deadline: float) -> None:
+    """Let the stream finish: every process stops once every line is in.
+
+    A process may still die at the named point it was launched with, after the
+    last planned fault; one is then started in its place (with no kill point),
+    or nobody might be left to finish the stream.
+    """
+    procs.plan = lambda: None
+
+    def finished() -> bool:
+        return all(p.poll() is not None and (p.returncode == 0 or p.pid in procs.replaced)
+                   for p in procs.procs)  # fmt: skip
+
+    _wait("the stream to finish", finished, deadline, procs, 0.5)
+
+
 def run_failovers(options: FailoverOptions) -> FailoverRun:
     """Run the workload through ``options.failovers`` faults of the leader; what happened."""
     workdir = options.workdir
@@ -262,15 +281,13 @@ def run_failovers(options: FailoverOptions) -> FailoverRun:
                 done = _kill(options, events, procs, proc, (generation, tenure),
                              procs.plans.get(pid), deadline)  # fmt: skip
             run.failovers.append(done)
-        # Let the stream finish: both processes stop once every line is in.
-        for proc in procs.procs:
-            remaining = max(1.0, deadline - time.time())
-            if proc.poll() is None:
-                proc.wait(remaining)
+        _finish(procs, deadline)
     finally:
         feeder.stop.set()
         procs.stop_all()
     run.processes = procs.launches
+    run.unexpected_exits = [(p.pid, p.returncode) for p in procs.procs
+                            if p.returncode not in (0, -signal.SIGKILL, None)]  # fmt: skip
     run.summary = audit(options.dsn, workdir, feed, events, options.epochs)
     with psycopg.connect(options.dsn, autocommit=True) as conn:
         # Row latencies need commit timestamps; without them there are none to report.

@@ -56,6 +56,8 @@ def test_kill_then_pause_the_leader_nothing_lost_or_doubled(pg_db: str, tmp_path
     # committed after the fault (Postgres's own commit times).
     assert pause.stepped_down is True
     assert pause.old_wrote_after == 0
+    # Every process ended by a fault or cleanly: none crashed on its own.
+    assert run.unexpected_exits == []
     summary = run.summary
     assert summary is not None
     assert summary.verified and (summary.missing, summary.extra, summary.changed) == (0, 0, 0)
