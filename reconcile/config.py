@@ -9,7 +9,9 @@ or ``${VAR}`` anywhere in a DSN or URL) and never appear in a repr or an error:
 a connection shows itself as written in the file, password removed.
 
 Relative paths are taken from the config file's folder. The strict table
-reader and the connection parsing live in :mod:`reconcile.config_read`.
+reader and the connection parsing live in :mod:`reconcile.config_read`; a
+pipeline's ``run`` table (how ``reconcile run`` streams it) in
+:mod:`reconcile.config_run`.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from reconcile.config_read import (
     local_path,
     read_connection,
 )
+from reconcile.config_run import RunSettings, read_run
 from reconcile.contract import ConfigurationError
 
 __all__ = [
@@ -38,6 +41,7 @@ __all__ = [
     "LogSettings",
     "MetricsSettings",
     "PipelineConfig",
+    "RunSettings",
     "SinkTableConfig",
     "load_config",
 ]
@@ -76,12 +80,16 @@ class SinkTableConfig:
 
 @dataclass(frozen=True)
 class PipelineConfig:
-    """A pipeline: its sink tables (in file order), its store root and its progress log."""
+    """A pipeline: its sink tables (in file order), its store root and its progress log.
+
+    ``run`` is how ``reconcile run`` streams it (its ``run`` table), or None.
+    """
 
     name: str
     store: str
     progress: Path | None
     sinks: tuple[SinkTableConfig, ...]
+    run: RunSettings | None = None
 
     def sink(self, name: str) -> SinkTableConfig:
         """The sink table ``name``.
@@ -205,7 +213,7 @@ def _pipeline(
     check_name(pipelines, "pipeline", name)
     reader = pipelines.table(name)
     assert reader is not None
-    reader.only("store", "progress", "sinks")
+    reader.only("store", "progress", "sinks", "run")
     own_store = reader.get("store", str)
     root = local_path(own_store, base) if own_store else store
     if root is None:
@@ -213,7 +221,16 @@ def _pipeline(
     progress_text = reader.get("progress", str)
     progress = Path(local_path(progress_text, base)) if progress_text else None
     sinks_table = reader.table("sinks")
+    run_table = reader.table("run")
     reader.done()
+    if run_table is not None and progress is not None:
+        # Main and standby must share one record of the decided epochs: with
+        # an expected state that is the store's epochs table, not a folder.
+        raise reader.error(
+            "a pipeline with a run table keeps its progress in the expected-state store, "
+            "which main and standby share: remove progress",
+            "progress",
+        )
     if sinks_table is None or not sinks_table.data:
         raise reader.error("at least one sink table is required ([...sinks.NAME])", "sinks")
     sinks = []
@@ -223,7 +240,13 @@ def _pipeline(
         assert sink is not None
         sinks.append(_sink(sink, name, sink_name, root, progress, env))
     sinks_table.done()
-    return PipelineConfig(name, root, progress, tuple(sinks))
+    run = None
+    if run_table is not None:
+        connections = [
+            (sinks_table.key(f"{s.name}.{s.connection.kind}"), s.connection) for s in sinks
+        ]
+        run = read_run(run_table, base, connections, env)
+    return PipelineConfig(name, root, progress, tuple(sinks), run)
 
 
 def _sink(
