@@ -1,4 +1,4 @@
-"""The ``reconcile`` command line: the demo, a pipeline's status, verify / repair, housekeeping."""
+"""The ``reconcile`` command line: demo, run, status, verify / repair, watch, housekeeping."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from reconcile.cli_demo import add_demo_parser, run_demo_command
+from reconcile.cli_run import add_run_parser
 from reconcile.contract import ConfigurationError, ReconcileError
 
 if TYPE_CHECKING:
@@ -27,6 +28,7 @@ def _parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
 
     add_demo_parser(commands)
+    add_run_parser(commands)
 
     status = commands.add_parser(
         "status", help="show a pipeline's progress (read-only; creates and repairs nothing)"
@@ -139,10 +141,11 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``reconcile`` console script. Returns the exit code."""
     args = _parser().parse_args(argv)
-    logging.basicConfig(
-        level=logging.INFO if args.verbose else logging.ERROR,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    if args.command != "run":  # run logs as the config file's [logs] table says
+        logging.basicConfig(
+            level=logging.INFO if args.verbose else logging.ERROR,
+            format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        )
     try:
         if args.command == "demo":
             return run_demo_command(args)
@@ -167,14 +170,19 @@ def main(argv: Sequence[str] | None = None) -> int:
             from reconcile.cli_config import run_watch
 
             return run_watch(args)
+        if args.command == "run":
+            from reconcile.cli_run import run_command
+
+            return run_command(args)
         return _status(args)
     except ReconcileError as exc:
         print(f"reconcile: error: {_one_line(str(exc))}", file=sys.stderr)
         return 2
     except Exception as exc:
-        if args.command not in ("verify", "repair", "watch"):
+        if args.command not in ("verify", "repair", "watch", "run"):
             raise
-        # verify/repair run from cron: any failure is exit 2 and one line.
+        # verify/repair run from cron, run as a service: any failure is exit 2
+        # and one line (run has logged the traceback).
         print(f"reconcile: error: {type(exc).__name__}: {_one_line(str(exc))}", file=sys.stderr)
         return 2
 

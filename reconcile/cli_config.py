@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from reconcile.config import Config, SinkTableConfig, load_config
+from reconcile.config_sinks import split_table
 from reconcile.contract import ConfigurationError, ReconcileError
 from reconcile.metrics import Metrics, NullMetrics, record_report
 
@@ -34,6 +35,7 @@ __all__ = [
     "TableOutcome",
     "check_table",
     "check_tables",
+    "config_metrics",
     "parse_every",
     "run_config_recover",
     "run_watch",
@@ -98,12 +100,6 @@ class TableOutcome:
         return f"{where}: {found} (epoch {r.target_epoch}, mode {r.mode}, {r.seconds:.2f}s)"
 
 
-def _split(table: str) -> tuple[str | None, str]:
-    """``schema.name`` -> (schema, name); ``name`` -> (None, name)."""
-    schema, dot, name = table.partition(".")
-    return (schema, name) if dot else (None, table)
-
-
 def check_table(
     sink: SinkTableConfig,
     *,
@@ -124,7 +120,7 @@ def check_table(
     """
     from reconcile.recovery import recover
 
-    schema, name = _split(sink.table)
+    schema, name = split_table(sink.table)
     since = None
     if recent_epochs is not None:
         from expected_state.store import ExpectedStateStore
@@ -213,7 +209,7 @@ def run_config_recover(args: argparse.Namespace) -> int:
     return code
 
 
-def _metrics(config: Config) -> tuple[Metrics, Any]:
+def config_metrics(config: Config) -> tuple[Metrics, Any]:
     """The config file's metrics (and its exporter), or nothing to export to."""
     if config.metrics is None:
         return NullMetrics(), None
@@ -238,7 +234,7 @@ def run_watch(args: argparse.Namespace) -> int:
     tables = list(config.tables(args.pipeline))
     if not tables:
         raise ConfigurationError(f"{config.path}: no sink tables to watch")
-    metrics, exporter = _metrics(config)
+    metrics, exporter = config_metrics(config)
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())

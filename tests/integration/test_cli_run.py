@@ -1,0 +1,286 @@
+"""``reconcile run`` as a main and a ``--standby``: real processes, real Spark, real Postgres.
+
+The main streams JSON files from a watched folder into two sink tables; it is
+SIGKILLed once rows of it are in Postgres; the standby takes the lease over
+and finishes; every input row is then in each table exactly once. SIGTERM
+stops the standby with exit 0 and its lease released.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from reconcile.cli_run import call_app
+from reconcile.config import PipelineConfig, load_config
+from reconcile.contract import ConfigurationError
+from tests.cli_run import REPO
+from tests.fix_pg import PASSWORD
+from tests.integration.test_cli_config import password_dsn
+
+pytestmark = [pytest.mark.integration, pytest.mark.spark]
+
+FILES = 8
+ROWS_PER_FILE = 25
+DEADLINE_S = 80.0  # from the first process's start to the last row in Postgres
+
+APP = '''
+"""The test's app: JSON files from a folder, one per micro-batch; evens go to a second sink."""
+
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+SCHEMA = T.StructType([T.StructField("id", T.LongType()), T.StructField("qty", T.LongType())])
+
+
+def lines(spark, pipeline):
+    df = spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).json({inbox!r})
+    return df, {{"evens": lambda batch: batch.where(F.col("id") % 2 == 0)}}
+'''
+
+CONFIG = """
+[store]
+root = "expected"
+
+[metrics]
+port = 0  # a free port each: main and standby run on one host here
+
+[pipelines.orders.sinks.lines]
+dsn = "{dsn}"
+password_env = "RUN_PG_PASSWORD"
+table = "shop.order_lines"
+keys = ["id"]
+
+[pipelines.orders.sinks.evens]
+dsn = "{dsn}"
+password_env = "RUN_PG_PASSWORD"
+table = "evens"
+keys = ["id"]
+
+[pipelines.orders.run]
+app = "ha_test_app:lines"
+checkpoint = "state/checkpoint"
+lease_term_s = 2
+master = "local[1]"
+
+[pipelines.orders.run.spark]
+"spark.sql.shuffle.partitions" = "1"
+"spark.driver.memory" = "768m"
+"""
+
+
+Popen = subprocess.Popen[bytes]
+
+
+def query(dsn: str, statement: str) -> list[tuple[Any, ...]]:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        cur = conn.execute(statement)
+        return cur.fetchall() if cur.description is not None else []
+
+
+def wait_for(what: str, check: Callable[[], bool], deadline: float, *procs: Popen) -> None:
+    while not check():
+        for proc in procs:
+            if proc.poll() is not None:
+                pytest.fail(f"waiting for {what}: {proc.args} exited {proc.returncode}")
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out waiting for {what}")
+        time.sleep(0.25)
+
+
+@pytest.fixture
+def started(tmp_path: Path) -> Iterator[Callable[..., Popen]]:
+    """Starts ``reconcile run`` processes (each in a session of its own); kills what is left."""
+    procs: list[Popen] = []
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(REPO), str(tmp_path / "app")]),
+        "PYSPARK_PYTHON": sys.executable,
+        "RUN_PG_PASSWORD": PASSWORD,
+    }
+
+    def start(*extra: str, log: str) -> Popen:
+        cmd = [sys.executable, "-m", "reconcile.cli", "run", "--config",
+               str(tmp_path / "reconcile.toml"), "--pipeline", "orders", *extra]  # fmt: skip
+        with (tmp_path / log).open("wb") as out:
+            proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                    start_new_session=True)  # fmt: skip
+        procs.append(proc)
+        return proc
+
+    yield start
+    for proc in procs:  # the JVM and Python workers too: the whole session of each
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def drop(inbox: Path, number: int) -> set[int]:
+    """File ``number`` into the watched folder, whole (written aside, then renamed in)."""
+    ids = range(number * ROWS_PER_FILE, (number + 1) * ROWS_PER_FILE)
+    aside = inbox.parent / f"part-{number:03d}.json"
+    aside.write_text("".join(json.dumps({"id": i, "qty": i * 3}) + "\n" for i in ids))
+    aside.rename(inbox / aside.name)
+    return set(ids)
+
+
+def holder_pid(dsn: str) -> tuple[int, int] | None:
+    """(the pid in the lease holder's name, the tenure) of a live lease, or None."""
+    try:
+        found = query(
+            dsn,
+            "SELECT holder, tenure FROM reconcile_leases WHERE pipeline = 'orders' "
+            "AND expires_at > clock_timestamp()",
+        )
+    except psycopg.errors.UndefinedTable:  # no instance has tried for the lease yet
+        return None
+    return (int(found[0][0].split(":")[1]), int(found[0][1])) if found else None
+
+
+def test_the_standby_takes_over_a_killed_main_and_every_row_is_in_once(
+    pg_db: str, tmp_path: Path, started: Callable[..., Popen]
+) -> None:
+    query(pg_db, "CREATE SCHEMA shop")
+    query(pg_db, "CREATE TABLE shop.order_lines (id bigint PRIMARY KEY, qty bigint, _epoch bigint)")
+    query(pg_db, "CREATE TABLE evens (id bigint PRIMARY KEY, qty bigint, _epoch bigint)")
+    inbox = tmp_path / "inbox"
+    inbox.mkdir()
+    (tmp_path / "app").mkdir()
+    (tmp_path / "app" / "ha_test_app.py").write_text(APP.format(inbox=str(inbox)))
+    (tmp_path / "reconcile.toml").write_text(CONFIG.format(dsn=password_dsn(pg_db)))
+    began = time.monotonic()
+    deadline = began + DEADLINE_S
+
+    main = started(log="main.log")
+    sent = drop(inbox, 0) | drop(inbox, 1)
+    wait_for("the main to lead", lambda: (holder_pid(pg_db) or (0, 0))[0] == main.pid,
+             deadline, main)  # fmt: skip
+    tenure = (holder_pid(pg_db) or (0, 0))[1]
+
+    def count() -> int:
+        return int(query(pg_db, "SELECT count(*) FROM shop.order_lines")[0][0])
+
+    wait_for("the main's first commit", lambda: count() > 0, deadline, main)
+    # The standby starts once the main leads: started together, whichever
+    # Spark came up first would lead (a standby waits only one term).
+    standby = started("--standby", log="standby.log")
+    wait_for("the standby to follow",
+             lambda: "running as standby" in (tmp_path / "standby.log").read_text(),
+             deadline, main, standby)  # fmt: skip
+    assert (holder_pid(pg_db) or (0, 0))[0] == main.pid
+    for number in range(2, FILES // 2):
+        sent |= drop(inbox, number)
+    time.sleep(0.5)  # into the next micro-batches, very likely mid-epoch
+    os.kill(main.pid, signal.SIGKILL)
+    main.wait()
+    killed_with = count()
+    for number in range(FILES // 2, FILES):
+        sent |= drop(inbox, number)
+
+    def standby_leads() -> bool:
+        now = holder_pid(pg_db)
+        return now is not None and now[0] == standby.pid and now[1] > tenure
+
+    wait_for("the standby to take over", standby_leads, deadline, standby)
+    wait_for("every row", lambda: count() == len(sent), deadline, standby)
+    took = time.monotonic() - began
+    url = re.search(r"metrics: (http://\S+)", (tmp_path / "standby.log").read_text())
+    assert url is not None
+    with urllib.request.urlopen(url[1], timeout=10) as response:
+        scraped = response.read().decode()
+    assert re.search(r'reconcile_ha_leader\{[^}]*pipeline="orders"[^}]*\} 1\.0', scraped)
+
+    # Exactly once, in both sinks: nothing missing, nothing doubled, values as sent.
+    for table, wanted in (("shop.order_lines", sent), ("evens", {i for i in sent if i % 2 == 0})):
+        rows = query(pg_db, f"SELECT id, qty FROM {table}")
+        ids = [r[0] for r in rows]
+        assert len(ids) == len(set(ids)), f"{table}: duplicate ids"
+        assert set(ids) == wanted, f"{table}: missing {sorted(wanted - set(ids))[:10]}"
+        assert all(qty == i * 3 for i, qty in rows), f"{table}: wrong values"
+
+    standby.send_signal(signal.SIGTERM)
+    assert standby.wait(timeout=60) == 0
+    assert holder_pid(pg_db) is None  # released at once, not left to run out
+    standby_log = (tmp_path / "standby.log").read_text()
+    main_log = (tmp_path / "main.log").read_text()
+    assert "running as standby" in standby_log and "running as main" in main_log
+    assert "orders: leading (" in standby_log and "orders: leading (" in main_log
+    assert "stopped; lease released" in standby_log
+    for log in (standby_log, main_log):
+        assert PASSWORD not in log
+    print(f"main killed with {killed_with} rows in; all {len(sent)} in after {took:.1f}s")
+
+
+def test_a_bad_config_or_app_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    (tmp_path / "app").mkdir()
+    (tmp_path / "app" / "broken_app.py").write_text("import no_such_dependency\n")
+    config = tmp_path / "reconcile.toml"
+    base = CONFIG.format(dsn="host=127.0.0.1 dbname=x user=u")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(tmp_path / "app")]),
+           "RUN_PG_PASSWORD": PASSWORD}  # fmt: skip
+    cases = [
+        (base.replace("lease_term_s = 2", "lease_term_s = 0"),
+         "pipelines.orders.run.lease_term_s: must be > 0, got 0"),
+        (base.replace("[pipelines.orders.run]", "[pipelines.orders.runn]"),
+         "pipelines.orders.runn: unknown key (did you mean 'run'?)"),
+        (base.replace('"ha_test_app:lines"', '"no_such_app:lines"'),
+         "pipelines.orders.run.app: 'no_such_app:lines': cannot import no_such_app"),
+        (base.replace('"ha_test_app:lines"', '"broken_app:lines"'),
+         "'broken_app:lines': cannot import broken_app: No module named 'no_such_dependency'"),
+        (base.replace('"ha_test_app:lines"', '"json:nothing"'),
+         "pipelines.orders.run.app: 'json:nothing': module json has no 'nothing'"),
+        (base.replace('dsn = "host', 'url = "sqlite:///x.db"\n# "host', 1).replace(
+            'password_env = "RUN_PG_PASSWORD"\n', "", 1),
+         "pipelines.orders.sinks.lines.url: sqlite:///x.db: reconcile run writes Postgres sinks"),
+    ]  # fmt: skip
+    for text, expected in cases:
+        config.write_text(text)
+        done = subprocess.run(
+            [sys.executable, "-m", "reconcile.cli", "run", "--config", str(config), "--pipeline",
+             "orders"], capture_output=True, text=True, cwd=REPO, env=env, timeout=120,
+        )  # fmt: skip
+        assert done.returncode == 2, done.stderr
+        assert done.stderr.startswith(f"reconcile: error: {config}: "), done.stderr
+        assert expected in done.stderr and done.stderr.count("\n") == 1, done.stderr
+        assert PASSWORD not in done.stderr + done.stdout
+
+
+def pipeline_config(tmp_path: Path) -> PipelineConfig:
+    config = tmp_path / "reconcile.toml"
+    config.write_text(CONFIG.format(dsn="host=127.0.0.1 dbname=x user=u"))
+    return load_config(config, env={"RUN_PG_PASSWORD": "x"}).pipeline("orders")
+
+
+def test_what_the_app_returns_is_checked(spark: Any, tmp_path: Path) -> None:
+    pipeline = pipeline_config(tmp_path)
+    stream = spark.readStream.format("rate").load()
+    assert call_app(lambda s, p: stream, spark, pipeline) == (stream, None)
+    df, outputs = call_app(lambda s, p: (stream, {"evens": len}), spark, pipeline)
+    assert df is stream and outputs is not None and outputs["evens"] is len
+    assert outputs["lines"](stream) is stream  # a sink left out: the batch as it is
+    bad: list[tuple[Callable[[Any, Any], Any], str]] = [
+        (lambda s, p: s.range(3), "app: returned a batch DataFrame, not a streaming DataFrame"),
+        (lambda s, p: None, "app: returned NoneType, not a streaming DataFrame"),
+        (lambda s, p: (stream, {"nope": len}), "outputs for sink 'nope', which pipeline 'orders'"),
+        (lambda s, p: (stream, {"lines": 1}), "'lines' is not a function of the micro-batch"),
+        (lambda s, p: (stream, [len]), "returned are not a dict {sink name: transform} (got list)"),
+        (lambda s, p: (stream, {}, 1), "app: returned a tuple of 3"),
+        (lambda s, p: 1 / 0, "app: raised ZeroDivisionError: division by zero"),
+    ]  # fmt: skip
+    for app, expected in bad:
+        with pytest.raises(ConfigurationError) as err:
+            call_app(app, spark, pipeline)
+        assert expected in str(err.value)
