@@ -27,6 +27,7 @@ import importlib
 import logging
 import signal
 import threading
+import traceback
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -201,17 +202,26 @@ def run_command(args: argparse.Namespace) -> int:
             _run_node(pipeline, settings, role, df, outputs, build, metrics, stop)
     except ReconcileError:
         raise
-    except Exception:
-        # Not a config error: the traceback goes to the log (passwords
-        # scrubbed by its formatter); the command line gets one line.
-        log.error("pipeline %s: reconcile run failed", pipeline.name, exc_info=True)
-        raise
+    except Exception as exc:
+        # Not the engine's error (Spark, a driver, the app's query): its text
+        # may echo a connection string, so every secret of the file's
+        # connections is taken out of the logged traceback and of the line.
+        trace = _redact(pipeline, settings, traceback.format_exc())
+        log.error("pipeline %s: reconcile run failed:\n%s", pipeline.name, trace)
+        text = _redact(pipeline, settings, f"{type(exc).__name__}: {exc}")
+        raise ReconcileError(f"pipeline {pipeline.name}: {text}") from None
     finally:
         if spark is not None:
             spark.stop()
         if exporter is not None:
             exporter.close()
     return 0
+
+
+def _redact(pipeline: PipelineConfig, settings: RunSettings, text: str) -> str:
+    for connection in (settings.lease, *(sink.connection for sink in pipeline.sinks)):
+        text = connection.redact(text)
+    return text
 
 
 def _spark(pipeline: PipelineConfig, settings: RunSettings) -> Any:
