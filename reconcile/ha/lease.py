@@ -10,6 +10,15 @@ expiry, whatever its host's clock says, no session has to stay open, and it
 works through a transaction-pooling PgBouncer. The row sits in the sink
 database, which every instance must reach anyway.
 
+A holder that died is not waited for: the row keeps the server pid of the
+holder's lease session (``backend_pid``). A process that is killed closes
+its sockets, and Postgres ends its sessions at once; a paused one keeps
+them. So a lease whose holder's session is gone and that was not renewed for
+half a term (a holder whose connection merely dropped reconnects and renews
+within a quarter term) is free at once, without waiting for the term to
+run out. A host that vanishes without closing its sockets keeps its sessions
+until TCP gives up: its lease runs out as usual.
+
 The lease only says who *should* write. Safety does not rest on it: the
 writer generation, checked inside every sink transaction and every store
 commit, rejects a stale writer that still believes it leads (see
@@ -18,7 +27,8 @@ commit, rejects a stale writer that still believes it leads (see
 Table (created on first use)::
 
     reconcile_leases(pipeline text PRIMARY KEY, holder text, tenure bigint,
-                     acquired_at, renewed_at, expires_at timestamptz)
+                     acquired_at, renewed_at, expires_at timestamptz,
+                     backend_pid int)
 
 ``tenure`` counts the changes of holder: it goes up by one at every takeover.
 """
@@ -127,7 +137,7 @@ class PgLease:
     # -- statements ------------------------------------------------------------
 
     def try_acquire(self) -> LeaseState | None:
-        """Take the lease if it is free, expired, or ours; None if another holds it.
+        """Take the lease if it is free, expired, its holder is gone, or ours; None if not.
 
         A new holder gets the next tenure; taking our own live lease again
         keeps it. Of two instances racing for an expired lease exactly one
@@ -138,19 +148,24 @@ class PgLease:
         row = self._one(
             sql.SQL(
                 "INSERT INTO {t} AS l (pipeline, holder, tenure, acquired_at, renewed_at, "
-                "expires_at) VALUES (%(p)s, %(h)s, 1, clock_timestamp(), clock_timestamp(), "
-                "clock_timestamp() + make_interval(secs => %(term)s)) "
+                "expires_at, backend_pid) VALUES (%(p)s, %(h)s, 1, clock_timestamp(), "
+                "clock_timestamp(), clock_timestamp() + make_interval(secs => %(term)s), "
+                "pg_backend_pid()) "
                 "ON CONFLICT (pipeline) DO UPDATE SET holder = excluded.holder, "
                 "tenure = CASE WHEN l.holder = excluded.holder AND l.expires_at > "
                 "clock_timestamp() THEN l.tenure ELSE l.tenure + 1 END, "
                 "acquired_at = CASE WHEN l.holder = excluded.holder AND l.expires_at > "
                 "clock_timestamp() THEN l.acquired_at ELSE clock_timestamp() END, "
-                "renewed_at = clock_timestamp(), expires_at = excluded.expires_at "
+                "renewed_at = clock_timestamp(), expires_at = excluded.expires_at, "
+                "backend_pid = excluded.backend_pid "
                 "WHERE l.expires_at <= clock_timestamp() OR l.holder = excluded.holder "
+                "OR (l.renewed_at < clock_timestamp() - make_interval(secs => %(grace)s) "
+                "AND l.backend_pid IS NOT NULL "
+                "AND NOT EXISTS (SELECT FROM pg_stat_activity a WHERE a.pid = l.backend_pid)) "
                 "RETURNING pipeline, holder, tenure, expires_at, "
                 "extract(epoch FROM expires_at - clock_timestamp())"
             ).format(t=self._table),
-            {"p": self.pipeline, "h": self.holder, "term": self.term_s},
+            {"p": self.pipeline, "h": self.holder, "term": self.term_s, "grace": self.term_s / 2},
         )
         if row is None:
             self._tenure = None
@@ -171,7 +186,8 @@ class PgLease:
         row = self._one(
             sql.SQL(
                 "UPDATE {t} SET renewed_at = clock_timestamp(), expires_at = "
-                "clock_timestamp() + make_interval(secs => %(term)s) WHERE pipeline = %(p)s "
+                "clock_timestamp() + make_interval(secs => %(term)s), "
+                "backend_pid = pg_backend_pid() WHERE pipeline = %(p)s "
                 "AND holder = %(h)s AND tenure = %(n)s AND expires_at > clock_timestamp() "
                 "RETURNING pipeline, holder, tenure, expires_at, "
                 "extract(epoch FROM expires_at - clock_timestamp())"
@@ -259,12 +275,24 @@ def _create_table(conn: psycopg.Connection[Any], table: sql.Identifier) -> None:
     statement = sql.SQL(
         "CREATE TABLE IF NOT EXISTS {t} (pipeline text PRIMARY KEY, holder text NOT NULL, "
         "tenure bigint NOT NULL, acquired_at timestamptz NOT NULL, renewed_at timestamptz "
-        "NOT NULL, expires_at timestamptz NOT NULL)"
+        "NOT NULL, expires_at timestamptz NOT NULL, backend_pid int)"
     ).format(t=table)
     # Another instance may create it between our check and our create
     # (CREATE ... IF NOT EXISTS is not atomic in the catalog): then it exists.
     with contextlib.suppress(psycopg.errors.UniqueViolation):
         conn.execute(statement)
+    # A table made before the holder's session was kept in it. Checked first:
+    # ALTER TABLE locks the table even when the column exists.
+    found = conn.execute(
+        "SELECT EXISTS (SELECT FROM pg_attribute WHERE attrelid = %s::regclass "
+        "AND attname = 'backend_pid' AND NOT attisdropped)",
+        (table.as_string(conn),),
+    ).fetchone()
+    if not (found and found[0]):
+        with contextlib.suppress(psycopg.errors.DuplicateColumn):
+            conn.execute(
+                sql.SQL("ALTER TABLE {t} ADD COLUMN IF NOT EXISTS backend_pid int").format(t=table)
+            )
 
 
 def _state(row: tuple[Any, ...]) -> LeaseState:

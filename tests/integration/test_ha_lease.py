@@ -131,3 +131,44 @@ def test_no_generation_is_claimed_without_the_lease(pg_db: str, tmp_path: Path) 
     assert StoreProgressLog(store, "g").claim_generation() == 2
     lease.close()
     other.close()
+
+
+def _end_session_of(dsn: str, application_name: str) -> int:
+    """End the holder's lease session(s), as Postgres does when the holder's process is killed."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        pids = [r[0] for r in conn.execute(
+            "SELECT pid FROM pg_stat_activity WHERE application_name = %s", (application_name,)
+        ).fetchall()]  # fmt: skip
+        for pid in pids:
+            conn.execute("SELECT pg_terminate_backend(%s, 5000)", (pid,))
+    return len(pids)
+
+
+def test_a_holder_whose_session_is_gone_is_taken_over_before_its_term(pg_db: str) -> None:
+    a = PgLease(pg_db, "gone", term_s=30, holder="a")
+    b = PgLease(pg_db, "gone", term_s=30, holder="b")
+    assert a.try_acquire() is not None
+    # Alive: its session is open. Not renewed for longer than half a term is
+    # not enough: a paused holder keeps its session, and waits for its term.
+    paused = PgLease(pg_db, "paused", term_s=0.6, holder="a")
+    assert paused.try_acquire() is not None
+    time.sleep(0.4)
+    assert PgLease(pg_db, "paused", term_s=0.6, holder="b").try_acquire() is None, (
+        "a live holder's lease was taken before its term ran out"
+    )
+    # a's process dies: its session ends. Half a term after its last renewal
+    # the lease is free, though its 30 s term has far to run.
+    assert _end_session_of(pg_db, "reconcile-lease:gone") == 1
+    assert b.try_acquire() is None, "taken at once, while a holder may just be reconnecting"
+    b2 = PgLease(pg_db, "gone", term_s=0.2, holder="b")  # half a term: 0.1 s, from a's renewal
+    time.sleep(0.15)
+    # Half of *b2's* term is the grace: a's last renewal is older than that.
+    taken = b2.try_acquire()
+    assert taken is not None and taken.holder == "b" and taken.tenure == 2
+    # Had a merely lost its connection, it learns it lost the lease: the first
+    # statement finds the connection ended, the next is refused.
+    with pytest.raises(RetryableError):
+        a.renew()
+    assert not a.renew(), "the renewal of a lease taken over must be refused"
+    for lease in (a, b, b2, paused):
+        lease.close()
