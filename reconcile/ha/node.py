@@ -40,6 +40,7 @@ from reconcile.ha.takeover import (
     terminate_old_sessions,
 )
 from reconcile.metrics import Metrics, with_labels
+from reconcile.spark.warm import WARM_EVERY_S
 
 __all__ = ["HaNode", "Role", "Tenure"]
 
@@ -70,6 +71,7 @@ class Tenure:
     ended: str | None = None  # why it ended (None: still leading)
     recovered: dict[str, int] = field(default_factory=dict)  # sink -> rows applied at takeover
     sessions_ended: int = 0
+    steps: dict[str, float] = field(default_factory=dict)  # takeover step -> seconds
 
 
 class _Heartbeat(threading.Thread):
@@ -110,8 +112,13 @@ class HaNode:
             instance leads), ``ha.generation``, ``ha.tenure``,
             ``ha.following_epoch``, ``ha.takeovers``, ``ha.step_downs``
             (label ``reason``) and ``ha.takeover`` (seconds from taking the
-            lease to the first epoch committed).
-        on_event: called with (event, fields) at each change of role.
+            lease to the first epoch committed), ``ha.warm`` (seconds a
+            standby's warm-up took).
+        on_event: called with (event, fields) at each change of role, and
+            with "ready" once a standby has warmed its Spark.
+        warm: whether a standby warms its Spark while it waits
+            (``reconcile.spark.warm``: each transform is run on an empty
+            batch; transforms must not have side effects).
     """
 
     def __init__(
@@ -130,6 +137,7 @@ class HaNode:
         retry: Any = None,
         metrics: Metrics | None = None,
         on_event: Callable[[str, dict[str, Any]], None] | None = None,
+        warm: bool = True,
     ) -> None:
         try:
             self.role = Role(role)
@@ -151,6 +159,10 @@ class HaNode:
         self._heartbeat: _Heartbeat | None = None
         self._failures = 0
         self._rest_until = 0.0  # time.monotonic(): no new try for the lease before this
+        self.warm = warm
+        self.ready = False  # warmed once: a takeover's first batch runs warm
+        self._warmed_at: float | None = None  # time.monotonic() of the last warm-up
+        self._warming: threading.Thread | None = None
 
     # -- state -------------------------------------------------------------------
 
@@ -220,7 +232,37 @@ class HaNode:
                 self.metrics.set("ha.following_epoch", self.following_epoch)
         except Exception as exc:  # following is for show: never a reason to stop
             log.warning("pipeline %s: cannot read the store: %r", self.lease.pipeline, exc)
+        self._warm_in_background()
         stop.wait(max(wait, 0.01))
+
+    def _warm_in_background(self) -> None:
+        """Warm Spark in a thread now and then, so that trying for the lease never waits on it."""
+        if not self.warm or self._follower is None:
+            return
+        if self._warming is not None and self._warming.is_alive():
+            return
+        if self._warmed_at is not None and time.monotonic() - self._warmed_at < WARM_EVERY_S:
+            return
+        self._warmed_at = time.monotonic()
+        sinks = list(self._follower.sinks)
+        following = self.following_epoch
+        batch_id = following + 1 if following is not None else 0
+        self._warming = threading.Thread(target=self._warm_up, args=(sinks, batch_id),
+                                         name="reconcile-warm", daemon=True)  # fmt: skip
+        self._warming.start()
+
+    def _warm_up(self, sinks: list[str], batch_id: int) -> None:
+        from reconcile.spark.warm import warm_up
+
+        try:
+            took = warm_up(self.df, sinks, self.stream_args["outputs"], batch_id=batch_id)
+        except Exception as exc:  # warming only saves time: a failure costs a slower takeover
+            log.warning("pipeline %s: could not warm Spark: %r", self.lease.pipeline, exc)
+            return
+        self.metrics.observe("ha.warm", took)
+        if not self.ready:
+            self.ready = True
+            self._event("ready", warm_s=round(took, 3))
 
     def _take_over(self, tenure: int) -> None:
         """Fence the old writer, converge every sink, start the query; step down on failure."""
@@ -232,15 +274,27 @@ class HaNode:
         self.metrics.set("ha.tenure", tenure)
         self._event("acquired", tenure=tenure)
         cycle: CommitCycle | None = None
+        clock = time.monotonic()
+
+        def step(name: str) -> None:  # how long each step of the takeover took, for the event
+            nonlocal clock
+            now.steps[name], clock = round(time.monotonic() - clock, 3), time.monotonic()
+
         try:
             cycle = self.build()
             now.sessions_ended = terminate_old_sessions(cycle)
+            step("end_sessions")
             report = cycle.start()  # claims the generation (lease checked): fences the store
             now.generation = cycle.generation
+            step("claim")
             fence_sinks(cycle)
+            step("fence")
             now.recovered = recover_sinks(cycle)
+            decided = cycle.progress.last_committed()  # before the query decides any more
+            step("recover")
             self.metrics.set("ha.generation", float(now.generation or 0))
             self._start_query(cycle, report.replay_needed)
+            step("start_query")
         except (FencedError, RetryableError) as exc:
             if cycle is not None and self.query is None:
                 cycle.close()
@@ -255,7 +309,8 @@ class HaNode:
         self.following_epoch = cycle.progress.last_committed()
         self.metrics.count("ha.takeovers")
         self._event("leading", tenure=tenure, generation=now.generation,
-                    recovered=now.recovered, sessions_ended=now.sessions_ended)  # fmt: skip
+                    recovered=now.recovered, recovered_to=decided,
+                    sessions_ended=now.sessions_ended, steps=now.steps)  # fmt: skip
 
     def _start_query(self, cycle: CommitCycle, replay_needed: Any) -> None:
         from reconcile.spark.stream import write_stream
@@ -279,6 +334,11 @@ class HaNode:
             if now.first_commit_s is None:
                 now.first_commit_s = time.time()
                 self.metrics.observe("ha.takeover", now.first_commit_s - now.acquired_s)
+                progress = query.recentProgress if query is not None else []
+                self._event("first_commit", tenure=now.tenure,
+                            since_acquired_s=round(now.first_commit_s - now.acquired_s, 3),
+                            since_started_s=round(now.first_commit_s - (now.started_s or 0), 3),
+                            batches=[p.get("durationMs") for p in progress][:3])  # fmt: skip
         if heartbeat.lost.is_set() or not self.lease.held():
             self._step_down("lease lost", release=False)
             return

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import psycopg
@@ -165,13 +166,24 @@ def recover_sinks(cycle: CommitCycle) -> dict[str, int]:
     applied: dict[str, int] = {}
     if expected is None or target is None:
         return applied
-    for name, sink in sorted(cycle.sinks.items()):
-        if name not in expected.tables or not capabilities_of(sink).pullable:
-            continue
-        found = recover_sink(sink, expected.tables[name], generation, mode=Mode.AUTO,
+    stores = expected.tables
+
+    def recover_one(name: str) -> int:
+        found = recover_sink(cycle.sinks[name], stores[name], generation, mode=Mode.AUTO,
                              after_crash=True, target_epoch=target)  # fmt: skip
-        applied[name] = found.applied
         log.info("takeover: sink %s at epoch %d (%s mode): %d missing, %d extra, %d changed, "
                  "%d applied", name, target, found.mode, found.missing, found.extra,
                  found.changed, found.applied)  # fmt: skip
+        return found.applied
+
+    names = sorted(n for n, sink in cycle.sinks.items()
+                   if n in stores and capabilities_of(sink).pullable)  # fmt: skip
+    if not names:
+        return applied
+    # One thread per sink: each has its own connection and store table, and
+    # the takeover waits for the slowest, not the sum (it is on the clock).
+    with ThreadPoolExecutor(len(names), thread_name_prefix="takeover-recover") as pool:
+        futures = {name: pool.submit(recover_one, name) for name in names}
+        for name, future in futures.items():
+            applied[name] = future.result()
     return applied

@@ -70,7 +70,7 @@ from reconcile.spark.staging import (
     stage_to_files,
 )
 
-__all__ = ["StreamWriter", "outputs_of", "write_stream"]
+__all__ = ["StreamWriter", "apply_transform", "outputs_of", "write_stream"]
 
 log = logging.getLogger("reconcile.spark.stream")
 
@@ -220,7 +220,7 @@ class StreamWriter:
         """
 
         def stage_one(sink: str, transform: Transform) -> tuple[Any, int, int, str]:
-            frame = _apply(transform, batch, batch_id)
+            frame = apply_transform(transform, batch, batch_id)
             plan = self._plan(cycle, sink, frame) if self.via == "executors" else None
             if plan is not None:
                 parts = stage_on_executors(frame, plan, batch_id)
@@ -277,7 +277,7 @@ def _identity(batch: Any) -> Any:
     return batch
 
 
-def _apply(transform: Transform, batch: Any, batch_id: int) -> Any:
+def apply_transform(transform: Transform, batch: Any, batch_id: int) -> Any:
     """``transform(batch)``, or ``transform(batch, batch_id)`` if it takes two arguments.
 
     The batch id lets a transform read state as of the epoch before (a running

@@ -9,7 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from reconcile.contract import ConfigurationError
-from reconcile.spark.stream import _apply
+from reconcile.spark.stream import apply_transform
 from reconcile.testing.pg_proxy import FaultProxy
 from reconcile.tpch_demo.data import Feed, generate
 from reconcile.tpch_demo.supervisor import Options, _check_run, prepare_tables
@@ -100,7 +100,7 @@ def test_proxy_chaos_drops_only_the_chosen_applications_commits(pg_server: PgSer
 
 
 def test_a_transform_of_two_arguments_gets_the_batch_id() -> None:
-    assert _apply(lambda batch: (batch,), "b", 4) == ("b",)
-    assert _apply(lambda batch, batch_id: (batch, batch_id), "b", 4) == ("b", 4)
-    assert _apply(lambda batch, scale=2: (batch, scale), "b", 4) == ("b", 2)
-    assert _apply(str, 7, 4) == "7"
+    assert apply_transform(lambda batch: (batch,), "b", 4) == ("b",)
+    assert apply_transform(lambda batch, batch_id: (batch, batch_id), "b", 4) == ("b", 4)
+    assert apply_transform(lambda batch, scale=2: (batch, scale), "b", 4) == ("b", 2)
+    assert apply_transform(str, 7, 4) == "7"
