@@ -13,6 +13,9 @@ tests: ``RECONCILE_KILL_AT=<point>[:<nth>]`` in its environment. Processes
 that inherit it (Spark's Python workers) would each die there; with
 ``RECONCILE_KILL_ONCE=<file>`` too, only the first process to create that file
 dies, and the file, holding its pid and the point, shows that the kill fired.
+With ``RECONCILE_KILL_GATE=<file>``, hits count only once that file exists:
+a harness opens the gate when the moment suits it (a standby is ready), and
+the process dies at the nth hit after that.
 
 An unarmed point costs one dictionary lookup.
 """
@@ -84,9 +87,14 @@ def _first_to_die(name: str) -> bool:
     return True
 
 
+def _gate_open() -> bool:
+    gate = os.environ.get("RECONCILE_KILL_GATE")
+    return not gate or os.path.exists(gate)
+
+
 def point(name: str) -> None:
     """Mark a window: run the action armed here, if any (never re-entered)."""
-    if _KILL_AT is not None and _KILL_AT[0] == name:
+    if _KILL_AT is not None and _KILL_AT[0] == name and _gate_open():
         _KILL_HITS[name] = _KILL_HITS.get(name, 0) + 1
         if _KILL_HITS[name] == _KILL_AT[1] and _first_to_die(name):
             os.kill(os.getpid(), signal.SIGKILL)

@@ -2,19 +2,22 @@
 
 ``run_failovers(options)`` generates the demo's data, starts two pipeline
 processes on one work folder (``main`` and ``standby``, ``reconcile.ha``),
-drops lineitem files, and, each time the leader has committed a few epochs,
-faults it:
+drops lineitem files, and, each time the leader has committed a few epochs
+and another process is a warm standby (it logged ``ready``), faults it:
 
 - ``kill``: SIGKILL from outside at a random moment, or (seeded) at a named
-  point the process reaches itself, between the store commit and the sink
+  point the process reaches itself (armed at launch, its gate opened by the
+  harness at the moment of the fault), between the store commit and the sink
   commit first; the killed process is started again as a standby;
 - ``pause``: SIGSTOP for three lease terms, until the standby leads and has
   committed an epoch; then SIGCONT: the woken main must step down and write
   nothing more.
 
 Takeover time is read from Postgres: from the fault to the commit time of the
-first marker of the new leader's generation. At the end both tables are
-audited against the expected state and against TPC-H itself.
+first marker of the new leader's generation for an epoch of its own (after
+the newest epoch decided before the takeover, which its recovery may finish).
+At the end both tables are audited against the expected state and against
+TPC-H itself.
 """
 
 from __future__ import annotations
@@ -104,6 +107,11 @@ class _Procs:
         self.replaced: set[int] = set()
         self.plan: Any = lambda: None  # the kill plan of a relaunched process
         self.plans: dict[int, tuple[str, int] | None] = {}
+        # During a takeover, a dead process is not started again until the new
+        # leader has committed (unless nobody is left): its start-up (a JVM,
+        # Spark, a warm-up) would share these cores with the takeover, as it
+        # would not with main and standby on hosts of their own.
+        self.hold = False
 
     def respawn(self) -> None:
         """Start a standby in place of every process that died (killed, or at its point).
@@ -111,13 +119,21 @@ class _Procs:
         So that there is always another process to take over, even when a new
         leader dies at its own kill point before its first commit.
         """
+        if self.hold and any(p.poll() is None for p in self.procs):
+            return
         for proc in list(self.procs):
             if proc.poll() is not None and proc.returncode != 0 and proc.pid not in self.replaced:
                 self.replaced.add(proc.pid)
                 self.start("standby", self.plan())
 
+    def gate(self, proc: subprocess.Popen[bytes]) -> Path:
+        """The file whose creation arms ``proc``'s kill point (``reconcile.hooks``)."""
+        return self.options.workdir / "kills" / f"gate-{self.procs.index(proc)}"
+
     def start(self, role: str, kill: tuple[str, int] | None) -> subprocess.Popen[bytes]:
-        extra = {"RECONCILE_DEMO_LEASE_S": str(self.options.term_s)}
+        extra = {"RECONCILE_DEMO_LEASE_S": str(self.options.term_s),
+                 "RECONCILE_KILL_GATE": str(self.options.workdir / "kills" /
+                                            f"gate-{self.launches}")}  # fmt: skip
         proc = launch_pipeline(self.options.workdir, self.demo, self.options.dsn,
                                self.launches, kill, role=role, env_extra=extra)  # fmt: skip
         self.launches += 1
@@ -180,10 +196,15 @@ def _markers(
         return conn.execute(query, (PIPELINE, *params)).fetchone()
 
 
-def _first_marker(dsn: str, generation: int) -> float | None:
-    """Commit time (epoch seconds) of the first marker written by ``generation`` or later."""
-    row = _markers(dsn, "extract(epoch FROM min(committed_at))", "generation >= %s",
-                   (generation,))  # fmt: skip
+def _first_marker(dsn: str, generation: int, after_epoch: int | None) -> float | None:
+    """Commit time (epoch seconds) of the first marker of ``generation`` or later, past an epoch.
+
+    Past ``after_epoch``, the newest epoch decided before the takeover: an epoch
+    the takeover's recovery wrote into a sink (under the new generation) is
+    the old leader's, finished; what is timed is the new leader's own first.
+    """
+    row = _markers(dsn, "extract(epoch FROM min(committed_at))", "generation >= %s AND epoch > %s",
+                   (generation, -1 if after_epoch is None else after_epoch))  # fmt: skip
     return float(row[0]) if row and row[0] is not None else None
 
 
@@ -210,6 +231,12 @@ def _wait_leader(events: EventLog, procs: _Procs, deadline: float) -> tuple[int,
     found: tuple[int, int | None, int] = _wait("a leader", lambda: _leader(events, alive),
                                                deadline, procs)  # fmt: skip
     return found
+
+
+def _ready_standby(events: EventLog, procs: _Procs, leader: int) -> int | None:
+    """A live process, other than ``leader``, that has warmed itself as a standby."""
+    alive = {p.pid for p in procs.procs if p.poll() is None} - {leader}
+    return next((e["pid"] for e in events.of("ready") if e["pid"] in alive), None)
 
 
 def _wait_commits(
@@ -254,9 +281,10 @@ def run_failovers(options: FailoverOptions) -> FailoverRun:
     def kill_plan() -> tuple[str, int] | None:
         if options.fault == "pause" or not options.named_points or rng.random() < 0.5:
             return None  # killed from outside at a random moment
-        # Late enough that the process, once it leads, commits a few epochs first
-        # (a point is reached once or twice per epoch): one fault per takeover.
-        nth = 2 * options.commits_between + rng.randint(1, 2)
+        # Hits count once the harness opens the process's gate (when it leads,
+        # has committed, and a standby is warm); a point is reached once or
+        # twice per epoch.
+        nth = rng.randint(1, 2)
         return (points.pop(0) if points else rng.choice(POINTS)), nth
 
     procs.plan = kill_plan
@@ -271,6 +299,9 @@ def run_failovers(options: FailoverOptions) -> FailoverRun:
             pid, generation, tenure = _wait_leader(events, procs, deadline)
             started.set()
             _wait_commits(events, procs, deadline, pid, tenure, options.commits_between)
+            # A hot standby is what is measured: fault only once one is warm.
+            _wait("a warm standby", lambda leader=pid: _ready_standby(events, procs, leader),
+                  deadline, procs)  # fmt: skip
             proc = next(p for p in procs.procs if p.pid == pid)
             kind = options.fault
             if kind == "mixed":
@@ -317,7 +348,9 @@ def _kill(
 ) -> Failover:
     """Kill the leader (or let it die at its named point); wait for the new leader's commit."""
     if plan is not None:
-        # It dies by itself at the point; the kill file is written just before.
+        # It dies by itself at the point once its gate is open; the kill file
+        # is written just before.
+        procs.gate(proc).touch()
         _wait(f"the leader to die at {plan[0]}", lambda: proc.poll() is not None, deadline,
               procs, 0.05)  # fmt: skip
         kill_file = options.workdir / "kills" / f"launch-{procs.procs.index(proc)}"
@@ -371,12 +404,31 @@ def _takeover(
         found = _leader(events, alive, above=done.old_tenure)
         return found if found is not None and found[1] is not None else None
 
-    pid, generation, _ = _wait("a new leader", new_leader, deadline, procs)
+    procs.hold = True
+    try:
+        _wait_takeover(options, events, procs, done, deadline, new_leader)
+    finally:
+        procs.hold = False
+    if done.old_generation is not None and done.fault != "pause":
+        done.old_wrote_after = _markers_after(options.dsn, done.old_generation, done.fault_at)
+
+
+def _wait_takeover(
+    options: FailoverOptions,
+    events: EventLog,
+    procs: _Procs,
+    done: Failover,
+    deadline: float,
+    new_leader: Any,
+) -> None:
+    """The new leader, and the commit time of its first epoch of its own, into ``done``."""
+    pid, generation, tenure = _wait("a new leader", new_leader, deadline, procs)
     done.new_pid, done.new_generation = pid, generation
     assert generation is not None
-    first = _wait("the new leader's first commit", lambda: _first_marker(options.dsn, generation),
+    led = [e for e in events.of("leading") if (e["pid"], e["tenure"]) == (pid, tenure)]
+    recovered_to = led[0].get("recovered_to") if led else None
+    first = _wait("the new leader's first commit",
+                  lambda: _first_marker(options.dsn, generation, recovered_to),
                   deadline, procs)  # fmt: skip
     done.first_commit_at = first
     done.takeover_s = first - done.fault_at
-    if done.old_generation is not None and done.fault != "pause":
-        done.old_wrote_after = _markers_after(options.dsn, done.old_generation, done.fault_at)

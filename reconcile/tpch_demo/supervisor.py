@@ -225,6 +225,7 @@ def launch_pipeline(
 ) -> subprocess.Popen[bytes]:
     """Start a pipeline process (as ``role`` "main" or "standby" if given); launch numbers it."""
     env = dict(os.environ, RECONCILE_DEMO_DSN=dsn, PYSPARK_PYTHON=sys.executable)
+    env.pop("RECONCILE_KILL_GATE", None)
     env.update(env_extra or {})
     env.pop("RECONCILE_KILL_AT", None)
     if kill is not None:

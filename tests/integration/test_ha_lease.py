@@ -172,3 +172,30 @@ def test_a_holder_whose_session_is_gone_is_taken_over_before_its_term(pg_db: str
     assert not a.renew(), "the renewal of a lease taken over must be refused"
     for lease in (a, b, b2, paused):
         lease.close()
+
+
+def test_two_standby_processes_race_for_one_lease_exactly_one_wins(pg_db: str) -> None:
+    """Two standby processes try for an expired lease at the same instant, five times over."""
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, RECONCILE_TEST_DSN=pg_db)
+    for round_ in range(5):
+        pipeline = f"race2_{round_}"
+        old = PgLease(pg_db, pipeline, term_s=0.1, holder="old")
+        assert old.try_acquire() is not None
+        old.close()  # its session gone and its term run out: the lease is free
+        start_at = time.time() + 2.0  # both are connected and waiting by then
+        racers = [subprocess.Popen([sys.executable, "-m", "tests.ha_racer", pipeline, f"s{i}",
+                                    str(start_at)], env=env, stdout=subprocess.PIPE, text=True)
+                  for i in range(2)]  # fmt: skip
+        said = [p.communicate(timeout=60)[0].strip() for p in racers]
+        assert all(p.returncode == 0 for p in racers), said
+        assert sorted(said) == ["lost", "won"], f"round {round_}: {said}"
+        winner = f"s{said.index('won')}"
+        with psycopg.connect(pg_db) as conn:
+            row = conn.execute(
+                "SELECT holder, tenure FROM reconcile_leases WHERE pipeline = %s", (pipeline,)
+            ).fetchone()
+        assert row == (winner, 2), f"round {round_}: the row says {row}, the racers {said}"
