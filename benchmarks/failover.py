@@ -40,7 +40,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--term", type=float, default=2.0, help="lease term, seconds")
     p.add_argument("--scale", type=float, default=0.01)
     p.add_argument("--epochs", type=int, default=0, help="files (default: enough to last)")
-    p.add_argument("--interval", type=float, default=0.5)
+    p.add_argument("--interval", type=float, default=2.0, help="seconds between files")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--out", type=Path, default=RESULTS)
     return p
@@ -62,6 +62,13 @@ def markdown(report: dict[str, Any]) -> str:
         f"Measured {r['when']} on {r['machine']['cpus']} cores "
         f"({r['machine']['cpu_model']}); TPC-H scale {r['scale']}, {r['epochs']} files "
         f"dropped every {r['interval_s']} s, lease term {r['term_s']} s, faults: {r['fault']}.",
+        "",
+        "Takeover: from the fault (SIGKILL, the kill file of a process killed at a named point, "
+        "or SIGSTOP) to Postgres's commit time of the first epoch the new leader committed of "
+        "its own. Each fault waits until the other process is a warm standby (it logged "
+        "`ready`); a killed process is started again once the new leader has committed, so "
+        "that its start-up does not share the cores with the takeover, as it would not on "
+        "hosts of their own.",
         "",
         "| figure | value |",
         "|---|---|",
@@ -114,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     from reconcile.embedded_pg import start_server
     from reconcile.tpch_demo.failover import FailoverOptions, run_failovers
 
-    epochs = args.epochs or max(40, 14 * args.failovers)
+    epochs = args.epochs or max(40, 20 * args.failovers)
     started = time.monotonic()
     with (
         tempfile.TemporaryDirectory(prefix="reconcile-failover-") as folder,
