@@ -24,23 +24,13 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Generic, TypeVar
+from typing import Generic, TypeVar
 
-from prometheus_client import (
-    CollectorRegistry,
-    Counter,
-    Gauge,
-    Histogram,
-    start_http_server,
-    write_to_textfile,
-)
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from reconcile.contract import ConfigurationError
-
-if TYPE_CHECKING:
-    from reconcile.config import MetricsSettings
+from reconcile.prometheus_export import HttpExporter, TextfileExporter, export
 
 __all__ = ["HttpExporter", "PrometheusMetrics", "TextfileExporter", "export"]
 
@@ -197,6 +187,14 @@ class PrometheusMetrics:
                 "Verify or repair runs of a sink table, by what they found",
                 ["pipeline", "table", "result"],
             ),
+            "ha.takeovers": counter(
+                "ha_takeovers", "Times this instance took the lead (reconcile.ha)", ["pipeline"]
+            ),
+            "ha.step_downs": counter(
+                "ha_step_downs",
+                "Times this instance stopped leading, by why (lease lost, fenced, ...)",
+                ["pipeline", "reason"],
+            ),
         }
         self._times: dict[str, _Route[Histogram]] = {
             "cycle.epoch": histogram("epoch_seconds", "Duration of run_epoch()", ["pipeline"]),
@@ -210,6 +208,14 @@ class PrometheusMetrics:
                 "Duration of start(): bind the sinks, fence older writers, settle stranded txns",
                 ["pipeline"],
             ),
+            "ha.takeover": histogram(
+                "ha_takeover_seconds",
+                "From taking the lease to the first epoch this instance committed",
+                ["pipeline"],
+            ),
+            "ha.warm": histogram(
+                "ha_warm_seconds", "Duration of a standby's warm-up of Spark", ["pipeline"]
+            ),
         }
         self._gauges: dict[str, _Route[Gauge]] = {
             "cycle.last_committed_epoch": gauge(
@@ -220,6 +226,26 @@ class PrometheusMetrics:
                 "drift_rows",
                 "Rows that differed from the expected state at the latest verify or repair",
                 ["pipeline", "table", "kind"],
+            ),
+            "ha.leader": gauge(
+                "ha_leader",
+                "1 while this instance leads the pipeline, 0 while it follows",
+                ["pipeline"],
+            ),
+            "ha.generation": gauge(
+                "ha_generation",
+                "The writer generation this instance claimed at its takeover",
+                ["pipeline"],
+            ),
+            "ha.tenure": gauge(
+                "ha_tenure",
+                "The lease's tenure this instance holds (one more at every takeover)",
+                ["pipeline"],
+            ),
+            "ha.following_epoch": gauge(
+                "ha_following_epoch",
+                "The newest decided epoch, as a standby reads it from the store",
+                ["pipeline"],
             ),
         }
 
@@ -332,120 +358,3 @@ class _Guard:
             self.owner._failed.add(self.name)
             log.warning("metric %r not exported: %r (reported once)", self.name, exc)
         return True
-
-
-class HttpExporter:
-    """An HTTP ``/metrics`` endpoint serving one PrometheusMetrics' registry.
-
-    Attributes:
-        port: the port it listens on (the one chosen when 0 was asked).
-        url: ``http://addr:port/metrics``.
-    """
-
-    def __init__(self, metrics: PrometheusMetrics, port: int = 0, addr: str = "127.0.0.1") -> None:
-        self.metrics = metrics
-        try:
-            self._server, self._thread = start_http_server(port, addr, registry=metrics.registry)
-        except OSError as err:
-            raise ConfigurationError(f"metrics: cannot listen on {addr}:{port}: {err}") from err
-        self.addr = addr
-        self.port: int = self._server.server_port
-        self.url = f"http://{addr}:{self.port}/metrics"
-
-    def close(self) -> None:
-        """Stop serving and free the port."""
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join(timeout=5)
-
-    def __enter__(self) -> HttpExporter:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-class TextfileExporter:
-    """Writes one PrometheusMetrics to a ``*.prom`` file for node_exporter's textfile collector.
-
-    Each write goes to a temporary file in the same folder, then replaces the
-    file (prometheus-client's ``write_to_textfile``): the collector never reads
-    half a file. With ``interval_s`` a background thread rewrites it that often;
-    ``flush()`` writes now, ``close()`` writes a last time.
-    """
-
-    def __init__(
-        self, metrics: PrometheusMetrics, path: str | Path, *, interval_s: float | None = 15.0
-    ) -> None:
-        self.metrics = metrics
-        self.path = Path(path)
-        if self.path.suffix != ".prom":
-            raise ConfigurationError(
-                f"metrics: textfile {str(self.path)!r} must end in .prom (node_exporter's "
-                "textfile collector reads only those)"
-            )
-        if not self.path.parent.is_dir():
-            raise ConfigurationError(
-                f"metrics: textfile folder {str(self.path.parent)!r} is missing"
-            )
-        if interval_s is not None and interval_s <= 0:
-            raise ConfigurationError(f"metrics: interval_s must be > 0, got {interval_s}")
-        self.interval_s = interval_s
-        self.writes = 0
-        self.written = threading.Event()  # set by each background write
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        if interval_s is not None:
-            self._thread = threading.Thread(
-                target=self._loop, name="reconcile-textfile", daemon=True
-            )
-            self._thread.start()
-
-    def flush(self) -> None:
-        """Write the file now (atomically)."""
-        write_to_textfile(str(self.path), self.metrics.registry)
-        self.writes += 1
-
-    def _loop(self) -> None:
-        assert self.interval_s is not None
-        while not self._stop.wait(self.interval_s):
-            try:
-                self.flush()
-                self.written.set()
-            except OSError as err:
-                log.warning("metrics: cannot write %s: %s", self.path, err)
-
-    def close(self) -> None:
-        """Stop the background writes and write a last time."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-        self.flush()
-
-    def __enter__(self) -> TextfileExporter:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-def export(
-    settings: MetricsSettings, metrics: PrometheusMetrics | None = None
-) -> HttpExporter | TextfileExporter:
-    """Start the export a config file's ``[metrics]`` table asks for.
-
-    Args:
-        settings: ``Config.metrics`` (a port, or a textfile).
-        metrics: the metrics to export (default: a new PrometheusMetrics).
-
-    Returns:
-        The exporter; its ``metrics`` goes to the cycles, ``close()`` at the end.
-
-    Raises:
-        ConfigurationError: the port is taken, or the textfile's folder is missing.
-    """
-    metrics = metrics or PrometheusMetrics()
-    if settings.textfile is not None:
-        return metrics.textfile(settings.textfile, interval_s=settings.interval_s)
-    assert settings.port is not None
-    return metrics.serve(settings.port, settings.addr)

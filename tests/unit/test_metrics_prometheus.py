@@ -209,3 +209,18 @@ def _metrics(path: Path) -> MetricsSettings:
     settings = load_config(path).metrics
     assert settings is not None
     return settings
+
+
+def test_leadership_series_have_their_own_names_and_help() -> None:
+    metrics = PrometheusMetrics()
+    metrics.set("ha.leader", 1, pipeline="p")
+    metrics.set("ha.generation", 7, pipeline="p")
+    metrics.count("ha.step_downs", pipeline="p", reason="fenced")
+    metrics.observe("ha.takeover", 3.5, pipeline="p")
+    text = metrics.exposition()
+    assert "# HELP reconcile_ha_leader 1 while this instance leads" in text
+    assert 'reconcile_ha_leader{pipeline="p"} 1.0' in text
+    assert 'reconcile_ha_generation{pipeline="p"} 7.0' in text
+    assert 'reconcile_ha_step_downs_total{pipeline="p",reason="fenced"} 1.0' in text
+    assert 'reconcile_ha_takeover_seconds_count{pipeline="p"} 1.0' in text
+    assert "engine metric ha." not in text  # none fell through to the generic route
