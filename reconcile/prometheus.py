@@ -24,13 +24,16 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import Generic, TypeVar
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from reconcile.prometheus_export import HttpExporter, TextfileExporter, export
+from reconcile.prometheus_export import HttpExporter, TextfileExporter
+
+if TYPE_CHECKING:
+    from reconcile.config import MetricsSettings
 
 __all__ = ["HttpExporter", "PrometheusMetrics", "TextfileExporter", "export"]
 
@@ -358,3 +361,25 @@ class _Guard:
             self.owner._failed.add(self.name)
             log.warning("metric %r not exported: %r (reported once)", self.name, exc)
         return True
+
+
+def export(
+    settings: MetricsSettings, metrics: PrometheusMetrics | None = None
+) -> HttpExporter | TextfileExporter:
+    """Start the export a config file's ``[metrics]`` table asks for.
+
+    Args:
+        settings: ``Config.metrics`` (a port, or a textfile).
+        metrics: the metrics to export (default: a new PrometheusMetrics).
+
+    Returns:
+        The exporter; its ``metrics`` goes to the cycles, ``close()`` at the end.
+
+    Raises:
+        ConfigurationError: the port is taken, or the textfile's folder is missing.
+    """
+    metrics = metrics or PrometheusMetrics()
+    if settings.textfile is not None:
+        return metrics.textfile(settings.textfile, interval_s=settings.interval_s)
+    assert settings.port is not None
+    return metrics.serve(settings.port, settings.addr)

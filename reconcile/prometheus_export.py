@@ -1,9 +1,9 @@
 """Where PrometheusMetrics' series go: an HTTP ``/metrics`` endpoint, or a node_exporter textfile.
 
 ``HttpExporter`` serves one ``PrometheusMetrics``' own registry;
-``TextfileExporter`` rewrites a ``*.prom`` file atomically; ``export``
-starts the one a config file's ``[metrics]`` table asks for. Split from
-``reconcile.prometheus`` (which re-exports all three) to keep the series'
+``TextfileExporter`` rewrites a ``*.prom`` file atomically. Split from
+``reconcile.prometheus`` (which re-exports both, and whose ``export`` starts
+the one a config file's ``[metrics]`` table asks for) to keep the series'
 names apart from how they leave the process.
 """
 
@@ -12,17 +12,21 @@ from __future__ import annotations
 import logging
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from prometheus_client import start_http_server, write_to_textfile
+from prometheus_client import CollectorRegistry, start_http_server, write_to_textfile
 
 from reconcile.contract import ConfigurationError
 
-if TYPE_CHECKING:
-    from reconcile.config import MetricsSettings
-    from reconcile.prometheus import PrometheusMetrics
+__all__ = ["Exported", "HttpExporter", "TextfileExporter"]
 
-__all__ = ["HttpExporter", "TextfileExporter", "export"]
+
+class Exported(Protocol):
+    """What an exporter reads: a registry of series (``PrometheusMetrics`` has one)."""
+
+    @property
+    def registry(self) -> CollectorRegistry: ...
+
 
 log = logging.getLogger("reconcile.prometheus")
 
@@ -35,7 +39,7 @@ class HttpExporter:
         url: ``http://addr:port/metrics``.
     """
 
-    def __init__(self, metrics: PrometheusMetrics, port: int = 0, addr: str = "127.0.0.1") -> None:
+    def __init__(self, metrics: Exported, port: int = 0, addr: str = "127.0.0.1") -> None:
         self.metrics = metrics
         try:
             self._server, self._thread = start_http_server(port, addr, registry=metrics.registry)
@@ -68,7 +72,7 @@ class TextfileExporter:
     """
 
     def __init__(
-        self, metrics: PrometheusMetrics, path: str | Path, *, interval_s: float | None = 15.0
+        self, metrics: Exported, path: str | Path, *, interval_s: float | None = 15.0
     ) -> None:
         self.metrics = metrics
         self.path = Path(path)
@@ -120,27 +124,3 @@ class TextfileExporter:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def export(
-    settings: MetricsSettings, metrics: PrometheusMetrics | None = None
-) -> HttpExporter | TextfileExporter:
-    """Start the export a config file's ``[metrics]`` table asks for.
-
-    Args:
-        settings: ``Config.metrics`` (a port, or a textfile).
-        metrics: the metrics to export (default: a new PrometheusMetrics).
-
-    Returns:
-        The exporter; its ``metrics`` goes to the cycles, ``close()`` at the end.
-
-    Raises:
-        ConfigurationError: the port is taken, or the textfile's folder is missing.
-    """
-    from reconcile.prometheus import PrometheusMetrics
-
-    metrics = metrics or PrometheusMetrics()
-    if settings.textfile is not None:
-        return metrics.textfile(settings.textfile, interval_s=settings.interval_s)
-    assert settings.port is not None
-    return metrics.serve(settings.port, settings.addr)
