@@ -62,6 +62,7 @@ class FailoverOptions:
     term_s: float = 2.0
     commits_between: int = 2  # epochs the leader commits before the next fault
     named_points: bool = True  # some kills at named points (seeded), not only from outside
+    outside_share: float = 0.5  # of the kills, the share from outside at a random moment
     master: str = "local[2,4]"
     timeout_s: float = 900.0
 
@@ -279,7 +280,8 @@ def run_failovers(options: FailoverOptions) -> FailoverRun:
     points = list(POINTS)
 
     def kill_plan() -> tuple[str, int] | None:
-        if options.fault == "pause" or not options.named_points or rng.random() < 0.5:
+        if (options.fault == "pause" or not options.named_points
+                or rng.random() < options.outside_share):  # fmt: skip
             return None  # killed from outside at a random moment
         # Hits count once the harness opens the process's gate (when it leads,
         # has committed, and a standby is warm); a point is reached once or
