@@ -1,6 +1,6 @@
 """The demo pipeline as a ``main`` or a ``standby`` (``reconcile.ha.HaNode``).
 
-``python -m reconcile.tpch_demo.pipeline WORKDIR TRIGGER MASTER VIA ROLE``, with
+``python -m reconcile.tpch_demo.ha_pipeline WORKDIR TRIGGER MASTER VIA ROLE``, with
 ``RECONCILE_DEMO_DSN`` as for the plain pipeline and the lease term in
 ``RECONCILE_DEMO_LEASE_S`` (default 2 s). Two such processes share the work
 folder: one leads, the other follows the store and takes over when the
@@ -14,14 +14,15 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import threading
 from pathlib import Path
 from typing import Any
 
 from reconcile.ha import DEFAULT_TERM_S, HaNode, PgLease
-from reconcile.tpch_demo.pipeline import PIPELINE, DoneCheck, decided_epochs, setup
+from reconcile.tpch_demo.pipeline import PIPELINE, DoneCheck, decided_epochs, parse_args, setup
 
-__all__ = ["run_role"]
+__all__ = ["main", "run_role"]
 
 
 def run_role(
@@ -72,3 +73,14 @@ def run_role(
     events.write("finished", last=done.checked, holder=lease.holder)
     parts.spark.stop()
     return 0
+
+
+def main(argv: list[str]) -> int:
+    args = parse_args(argv)
+    if len(args.rest) != 1:
+        raise SystemExit("usage: WORKDIR TRIGGER MASTER VIA ROLE (main or standby)")
+    return run_role(args.workdir, args.dsn, args.master, args.via, args.trigger, args.rest[0])
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -36,7 +36,10 @@ import pyarrow.parquet as pq  # type: ignore[import-untyped, unused-ignore]
 from reconcile.contract import RetryableError
 from reconcile.tpch_demo.events import EventLog, EventMetrics
 
-__all__ = ["KEYS", "PIPELINE", "DoneCheck", "Setup", "decided_epochs", "main", "setup"]
+__all__ = [
+    "KEYS", "PIPELINE", "Args", "DoneCheck", "Setup", "decided_epochs", "main", "parse_args",
+    "setup",
+]  # fmt: skip
 
 PIPELINE = "demo"
 KEYS = {"demo_lineitem": ["l_orderkey", "l_linenumber"], "demo_customer_revenue": ["o_custkey"]}
@@ -197,20 +200,38 @@ def decided_epochs(writer: Any) -> list[int]:
     return decided
 
 
-def main(argv: list[str]) -> int:
-    workdir = Path(argv[0])
+@dataclass
+class Args:
+    """The process's command line: ``WORKDIR [TRIGGER_SECONDS [MASTER [VIA]]]``, and the DSN."""
+
+    workdir: Path
+    dsn: str
+    master: str
+    via: str
+    trigger: dict[str, Any] | None
+    rest: list[str]  # what follows VIA (the HA pipeline's ROLE)
+
+
+def parse_args(argv: list[str]) -> Args:
+    """The command line, with the sink database's DSN from ``RECONCILE_DEMO_DSN``."""
     trigger_s = float(argv[1]) if len(argv) > 1 else 0.0
-    master = argv[2] if len(argv) > 2 else "local[2,4]"
-    via = argv[3] if len(argv) > 3 else "executors"
-    role = argv[4] if len(argv) > 4 else None
-    dsn = os.environ["RECONCILE_DEMO_DSN"]
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    trigger = {"processingTime": f"{trigger_s} seconds"} if trigger_s else None
-    if role is not None:
-        from reconcile.tpch_demo.ha_pipeline import run_role
+    return Args(
+        workdir=Path(argv[0]),
+        dsn=os.environ["RECONCILE_DEMO_DSN"],
+        master=argv[2] if len(argv) > 2 else "local[2,4]",
+        via=argv[3] if len(argv) > 3 else "executors",
+        trigger={"processingTime": f"{trigger_s} seconds"} if trigger_s else None,
+        rest=argv[4:],
+    )
 
-        return run_role(workdir, dsn, master, via, trigger, role)
 
+def main(argv: list[str]) -> int:
+    args = parse_args(argv)
+    if args.rest:
+        raise SystemExit(f"unexpected arguments {args.rest}: a ROLE is for "
+                         "reconcile.tpch_demo.ha_pipeline")  # fmt: skip
+    workdir, dsn, master, via, trigger = args.workdir, args.dsn, args.master, args.via, args.trigger
     from expected_state.progress_log import StoreProgressLog
     from reconcile.spark.stream import write_stream
 

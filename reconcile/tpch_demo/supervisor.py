@@ -237,8 +237,9 @@ def launch_pipeline(
         env["RECONCILE_KILL_ONCE"] = str(workdir / "kills" / f"launch-{launch}")
     (workdir / "logs").mkdir(exist_ok=True)
     log = open(workdir / "logs" / f"pipeline-{launch}.log", "wb")  # noqa: SIM115
-    cmd = [sys.executable, "-m", "reconcile.tpch_demo.pipeline", str(workdir),
-           str(options.trigger), options.master, options.via]  # fmt: skip
+    module = "reconcile.tpch_demo.pipeline" if role is None else "reconcile.tpch_demo.ha_pipeline"
+    cmd = [sys.executable, "-m", module, str(workdir), str(options.trigger), options.master,
+           options.via]  # fmt: skip
     if role is not None:
         cmd.append(role)
     try:
