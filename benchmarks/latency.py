@@ -19,7 +19,9 @@ in PostgreSQL. Only how a micro-batch is written differs:
 
 Each mode runs as its own Spark driver process against its own fresh database
 on one throwaway PostgreSQL 15 server (fsync on, ``track_commit_timestamp``
-on). The parent drops the files at a fixed pace, one per trigger interval.
+on). The parent drops the files one per trigger interval, each at a seeded
+random point of its interval, the same points for every mode
+(``benchmarks.latency_feed``: why).
 
 Latency of a lineitem row: its file's modification time (the drop, a rename
 into the folder) to the commit timestamp of the transaction that made the row
@@ -51,7 +53,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -63,6 +64,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from benchmarks.latency_cpu import TreeCpu, own_and_reaped_cpu  # noqa: E402
+from benchmarks.latency_feed import Feeder  # noqa: E402
 from benchmarks.latency_measure import Mode, Run, measure, modes  # noqa: E402
 from benchmarks.latency_report import markdown, plot, targets  # noqa: E402
 from benchmarks.report import RESULTS, machine, now, versions, write_report  # noqa: E402
@@ -83,24 +85,6 @@ def _visible_rows(dsn: str) -> int:
     with psycopg.connect(dsn, autocommit=True) as conn:
         row = conn.execute("SELECT count(*) FROM public.demo_lineitem").fetchone()
     return int(row[0]) if row else 0
-
-
-class Feeder(threading.Thread):
-    """Drops files 1.. at a fixed pace (file i at ``start + (i - 1) * interval``)."""
-
-    def __init__(self, feed: Feed, interval: float) -> None:
-        super().__init__(daemon=True, name="feeder")
-        self.feed, self.interval = feed, interval
-        self.stop = threading.Event()
-        self.start_at = 0.0
-
-    def run(self) -> None:
-        self.start_at = time.monotonic()
-        for part in self.feed.slices[1:]:
-            due = self.start_at + (part.index - 1) * self.interval
-            if self.stop.wait(max(0.0, due - time.monotonic())):
-                return
-            self.feed.drop(part.index)
 
 
 def _launch(run: Run, master: str, launch: int) -> subprocess.Popen[bytes]:
@@ -138,7 +122,7 @@ def execute(run: Run, master: str, postmaster: int, timeout: float) -> None:
     pg_before = own_and_reaped_cpu(postmaster)
     began = time.monotonic()
     deadline = began + timeout
-    feeder = Feeder(run.feed, run.trigger)
+    feeder = Feeder(run.feed, run.trigger, seed=run.phase_seed)
     launch = 0
     proc = _launch(run, master, launch)
     cpu.add_root(proc.pid)
@@ -211,7 +195,8 @@ class Bench:
                 conn.execute(statement.encode())
         feed = Feed(self.tpch, workdir / "inbox", epochs)
         run = Run(mode, trigger, epochs, workdir, dsn, feed,
-                  kills=mode.kills(self.args.seed) if crash else [])  # fmt: skip
+                  kills=mode.kills(self.args.seed) if crash else [],
+                  phase_seed=self.args.seed)  # fmt: skip
         what = f"{mode.name} at {trigger:g}s" + (" with kills" if crash else "")
         print(f"{what}: {epochs} files ...", flush=True)
         execute(run, self.args.master, self.postmaster, timeout=300 + epochs * trigger * 3)
@@ -385,7 +370,7 @@ def parser() -> argparse.ArgumentParser:
         help="a subset of the modes, comma-separated",
     )
     p.add_argument("--no-crash", dest="crash", action="store_false", help="skip the crash runs")
-    p.add_argument("--seed", type=int, default=7, help="seeds the kill points")
+    p.add_argument("--seed", type=int, default=7, help="seeds the kill points and where files land")
     p.add_argument("--master", default="local[2,4]")
     p.add_argument("--workdir", type=Path, default=None, help="parent of the work folder")
     p.add_argument("--keep", action="store_true", help="keep the work folders")

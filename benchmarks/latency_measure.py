@@ -89,6 +89,7 @@ class Run:
     pg_cpu_s: float = 0.0
     wall_s: float = 0.0
     feed_started: float = 0.0
+    phase_seed: int = 0  # seeds where in its trigger interval each file lands
 
 
 # -- what a run measured -----------------------------------------------------------
