@@ -67,7 +67,9 @@ def markdown(r: dict[str, Any]) -> str:
         f"PostgreSQL {r['postgres']} (fsync on, track_commit_timestamp on), "
         f"pyspark {r['versions'].get('pyspark')} `{m['spark_master']}`. TPC-H scale "
         f"{r['scale']}: {r['lineitem_rows']:,} lineitem rows in {r['epochs']} files, one "
-        "file per micro-batch, dropped one per trigger interval.",
+        "file per micro-batch, dropped one per trigger interval at a seeded point of it "
+        f"(seed {r['seed']}, the same points for every mode; Spark's trigger fires on "
+        "wall-clock multiples of the interval).",
         "",
         f"Headline (trigger {r['headline_trigger_s']:g} s): latency, rows/s and CPU from the "
         "clean run, duplicates and missing from the "
