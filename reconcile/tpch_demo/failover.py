@@ -37,7 +37,12 @@ import psycopg
 
 from reconcile.tpch_demo.data import Feed, generate
 from reconcile.tpch_demo.events import EventLog
-from reconcile.tpch_demo.pipeline import PIPELINE
+from reconcile.tpch_demo.failover_observe import (
+    commits_of,
+    first_marker,
+    leading_now,
+    markers_after,
+)
 from reconcile.tpch_demo.summary import Summary, audit, row_latencies
 from reconcile.tpch_demo.supervisor import Feeder, Options, launch_pipeline, prepare_tables
 
@@ -156,66 +161,6 @@ class _Procs:
                 proc.wait()
 
 
-def _leader(
-    events: EventLog, alive: set[int], above: int = 0
-) -> tuple[int, int | None, int] | None:
-    """(pid, generation, tenure) of the live process that leads now, in a tenure above ``above``.
-
-    A process leads from its ``leading`` event until a ``stepped_down`` event of
-    the same tenure.
-    """
-    down = {(e["pid"], e["tenure"]) for e in events.of("stepped_down")}
-    found = None
-    for e in events.of("leading"):
-        if e["pid"] not in alive or (e["pid"], e["tenure"]) in down or e["tenure"] <= above:
-            continue
-        if found is None or e["tenure"] > found[2]:
-            found = (e["pid"], e.get("generation"), e["tenure"])
-    return found
-
-
-def _commits_of(events: EventLog, pid: int, tenure: int) -> int:
-    return sum(1 for e in events.of("committed") if e["pid"] == pid and e.get("tenure") == tenure)
-
-
-def _markers(
-    dsn: str, select: str, condition: str, params: tuple[Any, ...]
-) -> tuple[Any, ...] | None:
-    """``SELECT select`` over the pipeline's markers where ``condition``; None if none exist."""
-    from psycopg import sql
-
-    from sinks.postgres.health import find_state_schemas
-    from sinks.postgres.markers import MARKERS_TABLE
-
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        schemas = find_state_schemas(conn)
-        if not schemas:
-            return None
-        query = sql.SQL("SELECT {} FROM {} WHERE pipeline = %s AND {}").format(
-            sql.SQL(select), sql.Identifier(schemas[0], MARKERS_TABLE), sql.SQL(condition)
-        )
-        return conn.execute(query, (PIPELINE, *params)).fetchone()
-
-
-def _first_marker(dsn: str, generation: int, after_epoch: int | None) -> float | None:
-    """Commit time (epoch seconds) of the first marker of ``generation`` or later, past an epoch.
-
-    Past ``after_epoch``, the newest epoch decided before the takeover: an epoch
-    the takeover's recovery wrote into a sink (under the new generation) is
-    the old leader's, finished; what is timed is the new leader's own first.
-    """
-    row = _markers(dsn, "extract(epoch FROM min(committed_at))", "generation >= %s AND epoch > %s",
-                   (generation, -1 if after_epoch is None else after_epoch))  # fmt: skip
-    return float(row[0]) if row and row[0] is not None else None
-
-
-def _markers_after(dsn: str, generation: int, after: float) -> int:
-    """Markers of ``generation`` committed after ``after`` (epoch seconds)."""
-    row = _markers(dsn, "count(*)", "generation = %s AND committed_at > to_timestamp(%s)",
-                   (generation, after))  # fmt: skip
-    return int(row[0]) if row else 0
-
-
 def _wait(what: str, check: Any, deadline: float, procs: _Procs, step: float = 0.2) -> Any:
     while time.time() < deadline:
         procs.respawn()
@@ -229,7 +174,7 @@ def _wait(what: str, check: Any, deadline: float, procs: _Procs, step: float = 0
 
 def _wait_leader(events: EventLog, procs: _Procs, deadline: float) -> tuple[int, int | None, int]:
     alive = {p.pid for p in procs.procs if p.poll() is None}
-    found: tuple[int, int | None, int] = _wait("a leader", lambda: _leader(events, alive),
+    found: tuple[int, int | None, int] = _wait("a leader", lambda: leading_now(events, alive),
                                                deadline, procs)  # fmt: skip
     return found
 
@@ -245,7 +190,7 @@ def _wait_commits(
 ) -> None:
     proc = next(p for p in procs.procs if p.pid == pid)
     _wait(f"{n} commits of the leader",
-          lambda: _commits_of(events, pid, tenure) >= n or proc.poll() is not None,
+          lambda: commits_of(events, pid, tenure) >= n or proc.poll() is not None,
           deadline, procs)  # fmt: skip
 
 
@@ -392,7 +337,7 @@ def _pause(
         deadline, procs,
     ))  # fmt: skip
     if generation is not None:
-        done.old_wrote_after = _markers_after(options.dsn, generation, fault_at)
+        done.old_wrote_after = markers_after(options.dsn, generation, fault_at)
     return done
 
 
@@ -403,7 +348,7 @@ def _takeover(
 
     def new_leader() -> tuple[int, int | None, int] | None:
         alive = {p.pid for p in procs.procs if p.poll() is None} - {done.old_pid}
-        found = _leader(events, alive, above=done.old_tenure)
+        found = leading_now(events, alive, above=done.old_tenure)
         return found if found is not None and found[1] is not None else None
 
     procs.hold = True
@@ -412,7 +357,7 @@ def _takeover(
     finally:
         procs.hold = False
     if done.old_generation is not None and done.fault != "pause":
-        done.old_wrote_after = _markers_after(options.dsn, done.old_generation, done.fault_at)
+        done.old_wrote_after = markers_after(options.dsn, done.old_generation, done.fault_at)
 
 
 def _wait_takeover(
@@ -430,7 +375,7 @@ def _wait_takeover(
     led = [e for e in events.of("leading") if (e["pid"], e["tenure"]) == (pid, tenure)]
     recovered_to = led[0].get("recovered_to") if led else None
     first = _wait("the new leader's first commit",
-                  lambda: _first_marker(options.dsn, generation, recovered_to),
+                  lambda: first_marker(options.dsn, generation, recovered_to),
                   deadline, procs)  # fmt: skip
     done.first_commit_at = first
     done.takeover_s = first - done.fault_at
