@@ -112,6 +112,12 @@ def markdown(r: dict[str, Any]) -> str:
                 f"{_fmt(f['pg_cpu_s'])} | {_fmt(f['wall_s'])} | {f['duplicates']} | "
                 f"{f['missing']} |"
             )
+        for name, f in found.items():
+            if "stage_ms_p50" in f:
+                lines += ["", f"{name}'s batch (median ms): Spark's `addBatch` "
+                          f"{_fmt(f.get('add_batch_ms_p50'))}, of which staging every sink "
+                          f"{_fmt(f['stage_ms_p50'])} and the commit cycle "
+                          f"{_fmt(f.get('commit_ms_p50'))}."]  # fmt: skip
     if r["crash_runs"]:
         lines += [
             "",

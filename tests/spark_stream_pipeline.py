@@ -144,6 +144,8 @@ def main(argv: list[str]) -> int:
                 "committed": report.committed_epochs,
                 "replayed": [r.epoch for r in report.results if getattr(r, "replayed", False)],
                 "restarts": report.restarts,
+                # The writer's own timing of each batch: (batch, stage ms, commit ms).
+                "timed": [(b.batch_id, b.stage_ms, b.commit_ms) for b in writer.history],
             }
         ),
         flush=True,

@@ -49,7 +49,9 @@ import inspect
 import logging
 import os
 import shutil
+import time
 import uuid
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -79,6 +81,9 @@ BATCH_STAGED = hooks.declare("stream.batch_staged")
 # On the driver: the epoch is in every sink; Spark has not written its commit log.
 BATCH_COMMITTED = hooks.declare("stream.batch_committed")
 
+# Batches ``StreamWriter.history`` keeps: as many as Spark's recentProgress.
+HISTORY = 100
+
 # A micro-batch DataFrame (and, if the function takes two arguments, its batch
 # id) -> a sink's DataFrame.
 Transform = Callable[..., Any]
@@ -106,6 +111,8 @@ class BatchStats:
     files: dict[str, int] = field(default_factory=dict)  # sink -> files staged
     via: dict[str, str] = field(default_factory=dict)  # sink -> "executors" or "driver"
     replayed: bool = False  # the epoch was already in every sink: nothing was staged
+    stage_ms: float | None = None  # the executors' (or the driver's) staging of every sink
+    commit_ms: float | None = None  # the commit cycle: store, sinks, markers (retries included)
 
 
 class StreamWriter:
@@ -146,6 +153,7 @@ class StreamWriter:
         self.driver = Driver(build, retry=retry)
         self.via = via
         self.last: BatchStats | None = None
+        self.history: deque[BatchStats] = deque(maxlen=HISTORY)  # the newest batches, oldest first
         # (sink, the frame's schema) -> how its executors stage it (None: via
         # the driver). Planning reads the catalog and the store and creates
         # the staging table: once per query run, not once per micro-batch.
@@ -178,6 +186,7 @@ class StreamWriter:
         cycle = self.driver.current()  # its sinks and name; Driver.run starts it
         stats = BatchStats(batch_id)
         self.last = stats
+        self.history.append(stats)
         if self._finalized(cycle, batch_id):
             stats.replayed = True
             log.info("pipeline %s: micro-batch %d is in every sink already", cycle.pipeline,
@@ -188,9 +197,13 @@ class StreamWriter:
             self.staging, cycle.pipeline, f"e{batch_id:012d}-{uuid.uuid4().hex}"
         )
         try:
+            began = time.perf_counter()
             staged = self._stage(cycle, batch, batch_id, transforms, run_folder, stats)
+            staged_at = time.perf_counter()
+            stats.stage_ms = round((staged_at - began) * 1000, 1)
             hooks.point(BATCH_STAGED)
             self.driver.run(batch_id, outputs_of(cycle.pipeline, batch_id, staged))
+            stats.commit_ms = round((time.perf_counter() - staged_at) * 1000, 1)
             result = self.report.results[-1] if self.report.results else None
             stats.replayed = isinstance(result, CommitSucceeded) and result.replayed
             hooks.point(BATCH_COMMITTED)

@@ -23,6 +23,7 @@ once every line of lineitem is in a decided epoch.
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
@@ -190,6 +191,30 @@ class DoneCheck:
         return self.all_in(newest)
 
 
+def batch_progress(query: Any, writer: Any) -> list[dict[str, Any]]:
+    """Each micro-batch that read rows: Spark's durations and the writer's own split of them.
+
+    ``trigger_ms`` is the whole batch (Spark's ``triggerExecution``), ``stage_ms``
+    and ``commit_ms`` the writer's staging and commit cycle within its ``addBatch``.
+    """
+    ours = {stats.batch_id: stats for stats in writer.history}
+    out = []
+    for p in query.recentProgress:
+        if p["numInputRows"] <= 0:
+            continue
+        stats = ours.get(p["batchId"])
+        out.append({
+            "batch": p["batchId"],
+            "rows": p["numInputRows"],
+            "trigger_ms": p["durationMs"].get("triggerExecution"),
+            "add_batch_ms": p["durationMs"].get("addBatch"),
+            "stage_ms": stats.stage_ms if stats is not None else None,
+            "commit_ms": stats.commit_ms if stats is not None else None,
+            "at": p["timestamp"],
+        })  # fmt: skip
+    return out
+
+
 def decided_epochs(writer: Any) -> list[int]:
     """The epochs a StreamWriter committed, skipped or found in every sink already."""
     report = writer.report
@@ -270,8 +295,12 @@ def main(argv: list[str]) -> int:
         if query.exception() is not None:
             raise RuntimeError(f"the streaming query failed: {query.exception()}")
     finally:
+        progress = batch_progress(query, writer)
         query.stop()
         writer.close()
+        out = workdir / "progress" / f"{os.getpid()}.json"
+        out.parent.mkdir(exist_ok=True)
+        out.write_text(json.dumps(progress))
     events.write("finished", last=done.checked)
     parts.spark.stop()
     return 0

@@ -154,6 +154,9 @@ def test_a_clean_run_writes_every_batch_once_and_a_rerun_writes_nothing(
     make_inbox(tmp_path)
     first = summary(run_pipeline(pg_db, tmp_path, "r1", form=form))
     assert first["committed"] == list(range(BATCHES))
+    # Each batch's staging and commit were timed (the demo and benchmark report them).
+    assert [b for b, _, _ in first["timed"]] == list(range(BATCHES))
+    assert all(stage > 0 and commit > 0 for _, stage, commit in first["timed"]), first["timed"]
     check_exactly_once(pg_db, tmp_path, {0: "r1", 1: "r1", 2: "r1"})
     again = summary(run_pipeline(pg_db, tmp_path, "r2", form=form))  # nothing new in the inbox
     assert again["committed"] == []
