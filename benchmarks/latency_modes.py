@@ -281,21 +281,6 @@ class Checkpointer(threading.Thread):
                 return
 
 
-def progress_of(query: Any) -> list[dict[str, Any]]:
-    """Spark's per-batch figures (only batches that read rows)."""
-    return [
-        {
-            "batch": p["batchId"],
-            "rows": p["numInputRows"],
-            "trigger_ms": p["durationMs"].get("triggerExecution"),
-            "add_batch_ms": p["durationMs"].get("addBatch"),
-            "at": p["timestamp"],
-        }
-        for p in query.recentProgress
-        if p["numInputRows"] > 0
-    ]
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("mode", choices=MODES)
@@ -317,6 +302,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from reconcile.spark.session import local_session
     from reconcile.tpch_demo.data import LINEITEM_SPARK_SCHEMA
+    from reconcile.tpch_demo.pipeline import batch_progress
 
     batches = Batches(dsn, args.mode, args.revenue)
     checkpointer: Checkpointer | None = None
@@ -374,7 +360,7 @@ def main(argv: list[str] | None = None) -> int:
             raise RuntimeError(f"the streaming query failed: {query.exception()}")
     finally:
         if query is not None:
-            progress = progress_of(query)
+            progress = batch_progress(query)
             query.stop()
             out = args.workdir / "progress" / f"{os.getpid()}.json"
             out.parent.mkdir(exist_ok=True)

@@ -152,12 +152,16 @@ class StreamWriter:
         self.staging = os.path.abspath(os.fspath(staging))
         self.driver = Driver(build, retry=retry)
         self.via = via
-        self.last: BatchStats | None = None
         self.history: deque[BatchStats] = deque(maxlen=HISTORY)  # the newest batches, oldest first
         # (sink, the frame's schema) -> how its executors stage it (None: via
         # the driver). Planning reads the catalog and the store and creates
         # the staging table: once per query run, not once per micro-batch.
         self._plans: dict[tuple[str, str], PgStagePlan | None] = {}
+
+    @property
+    def last(self) -> BatchStats | None:
+        """The newest micro-batch's figures (None before the first)."""
+        return self.history[-1] if self.history else None
 
     @property
     def report(self) -> DriveReport:
@@ -185,7 +189,6 @@ class StreamWriter:
         """Commit micro-batch ``batch_id`` (``batch``: its DataFrame) as epoch ``batch_id``."""
         cycle = self.driver.current()  # its sinks and name; Driver.run starts it
         stats = BatchStats(batch_id)
-        self.last = stats
         self.history.append(stats)
         if self._finalized(cycle, batch_id):
             stats.replayed = True

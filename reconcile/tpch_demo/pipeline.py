@@ -191,13 +191,14 @@ class DoneCheck:
         return self.all_in(newest)
 
 
-def batch_progress(query: Any, writer: Any) -> list[dict[str, Any]]:
+def batch_progress(query: Any, writer: Any = None) -> list[dict[str, Any]]:
     """Each micro-batch that read rows: Spark's durations and the writer's own split of them.
 
     ``trigger_ms`` is the whole batch (Spark's ``triggerExecution``), ``stage_ms``
-    and ``commit_ms`` the writer's staging and commit cycle within its ``addBatch``.
+    and ``commit_ms`` the writer's staging and commit cycle within its ``addBatch``
+    (None without a ``reconcile.spark`` writer).
     """
-    ours = {stats.batch_id: stats for stats in writer.history}
+    ours = {stats.batch_id: stats for stats in writer.history} if writer is not None else {}
     out = []
     for p in query.recentProgress:
         if p["numInputRows"] <= 0:
