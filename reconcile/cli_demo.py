@@ -59,9 +59,9 @@ def add_demo_parser(commands: Any) -> None:
         help="drop the demo tables and markers of an earlier run in --pg first",
     )
     demo.add_argument("--master", default="local[2,4]", help="Spark master (default local[2,4])")
-    demo.add_argument("--via", choices=("executors", "driver"), default="executors",
-                      help="where the rows go to Postgres from (write_stream's via=; default "
-                           "executors)")  # fmt: skip
+    demo.add_argument("--via", choices=("auto", "executors", "driver"), default="auto",
+                      help="how each micro-batch's rows are staged (write_stream's via=; default "
+                           "auto: small batches collected to the driver)")  # fmt: skip
     demo.add_argument("--json", action="store_true", help="print the summary as JSON")
     demo.add_argument("--out", type=Path, default=Path("demo-out"), help="(--files) output folder")
     demo.add_argument("--rows", type=int, default=1000, help="(--files) orders per epoch")

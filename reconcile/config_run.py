@@ -8,7 +8,7 @@ Read by :func:`reconcile.config.load_config` into :class:`RunSettings`
     checkpoint = "state/checkpoints/orders"
     staging = "state/staging/orders"    # default: <checkpoint>.staging, beside it
     trigger = "1 second"                # or "available-now"; default: back to back
-    via = "executors"                   # or "driver"
+    via = "auto"                        # or "executors", "driver"
     lease_term_s = 2.0
     lease_dsn = "postgresql://..."      # default: the first sink's Postgres connection
     master = "local[2]"
@@ -35,7 +35,7 @@ RUN_KEYS = (
     "app", "checkpoint", "staging", "trigger", "via", "lease_term_s", "lease_dsn", "master",
     "spark",
 )  # fmt: skip
-VIA = ("executors", "driver")
+VIA = ("auto", "executors", "driver")
 AVAILABLE_NOW = "available-now"
 DEFAULT_TERM_S = 2.0  # as reconcile.ha.DEFAULT_TERM_S (not imported: that pulls in psycopg)
 DEFAULT_MASTER = "local[2]"
@@ -59,7 +59,7 @@ class RunSettings:
         lease_from: the key ``lease`` was read from (``run.lease_dsn``, or a
             sink's ``sinks.NAME.dsn``).
         trigger: as written (``"1 second"``, ``"available-now"``), or None.
-        via: "executors" or "driver" (see ``reconcile.spark.write_stream``).
+        via: "auto", "executors" or "driver" (see ``reconcile.spark.StreamWriter``).
         lease_term_s: how long a lease lasts without renewal.
         master: the Spark master.
         spark: Spark conf, (key, value) in file order.
@@ -71,7 +71,7 @@ class RunSettings:
     lease: Connection
     lease_from: str
     trigger: str | None = None
-    via: str = "executors"
+    via: str = "auto"
     lease_term_s: float = DEFAULT_TERM_S
     master: str = DEFAULT_MASTER
     spark: tuple[tuple[str, str], ...] = ()
@@ -126,7 +126,7 @@ def read_run(
             f'"{AVAILABLE_NOW}", got {trigger!r}',
             "trigger",
         )
-    via = choice(reader, "via", VIA, "executors")
+    via = choice(reader, "via", VIA, "auto")
     term = reader.get("lease_term_s", (int, float))
     if term is not None and not term > 0:
         raise reader.error(f"must be > 0, got {term}", "lease_term_s")

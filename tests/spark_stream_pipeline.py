@@ -12,8 +12,10 @@ with an expected state under ``ROOT/store``:
 - ``totals`` (key ``customer``): the batch's sum and count per customer.
 
 FORM ``write_stream`` (the default) lets the executors write both sinks
-(staging tables and store change files, split by key into two tasks);
-``driver`` passes ``via="driver"``, so the rows go through the driver. With
+(staging tables and store change files, split by key into two tasks,
+``via="executors"``); ``driver`` passes ``via="driver"``, so the rows go
+through files the driver reads; ``auto`` passes ``via="auto"``, so these
+small batches are collected to the driver by Spark's Arrow collect. With
 ``format``, the stream goes through ``df.writeStream.format("reconcile")``
 instead, into ``events`` alone (whose commit runs in a Python process Spark
 starts, which builds its cycle with :func:`build_events`).
@@ -132,7 +134,7 @@ def main(argv: list[str]) -> int:
         staging=f"{root}/staging",
         outputs=outputs(run_tag),
         trigger={"availableNow": True},
-        via="driver" if form == "driver" else "executors",
+        via=form if form in ("driver", "auto") else "executors",
     )
     query.awaitTermination()
     writer = query.reconcile_writer
@@ -146,6 +148,8 @@ def main(argv: list[str]) -> int:
                 "restarts": report.restarts,
                 # The writer's own timing of each batch: (batch, stage ms, commit ms).
                 "timed": [(b.batch_id, b.stage_ms, b.commit_ms) for b in writer.history],
+                # Which way each sink's rows took, batch by batch.
+                "via": [b.via for b in writer.history],
             }
         ),
         flush=True,

@@ -133,7 +133,7 @@ class HaNode:
         outputs: Mapping[str, Any] | None = None,
         trigger: Mapping[str, Any] | None = None,
         query_name: str | None = None,
-        via: str = "executors",
+        via: str = "auto",
         retry: Any = None,
         metrics: Metrics | None = None,
         on_event: Callable[[str, dict[str, Any]], None] | None = None,

@@ -44,8 +44,8 @@ from pyspark.sql.datasource import (
 from reconcile.contract import ConfigurationError
 from reconcile.cycle import CommitCycle
 from reconcile.driver import Driver
+from reconcile.spark.outputs import outputs_of
 from reconcile.spark.staging import read_staged, stage_batches
-from reconcile.spark.stream import outputs_of
 
 __all__ = ["ReconcileDataSource", "StagedFile", "load_builder", "register"]
 

@@ -1,4 +1,10 @@
-"""Where a micro-batch's rows wait between the executors and the commit: two ways.
+"""Where a micro-batch's rows wait between the executors and the commit: three ways.
+
+**Collected** (``collect_rows``), for a micro-batch Spark sizes as small:
+Spark's own Arrow collect brings the sink's rows to the driver, with no
+Python in the tasks and nothing written on the way; the commit cycle gets
+them as one Arrow table. ``estimated_bytes`` is the size Spark's optimizer
+gives the batch, the figure it also decides broadcast joins by.
 
 **Through the store and a Postgres staging table** (``stage_on_executors``),
 for a Postgres sink with an expected state: each executor task nets its
@@ -23,6 +29,7 @@ partition counts twice.
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import uuid
 from collections.abc import Iterable, Iterator, Sequence
@@ -39,6 +46,8 @@ from reconcile.staged import StagedEpoch
 __all__ = [
     "PARTITION_STAGED",
     "PgStagePlan",
+    "collect_rows",
+    "estimated_bytes",
     "plan_pg_stage",
     "read_staged",
     "stage_batches",
@@ -50,6 +59,8 @@ __all__ = [
 # closed, or rows COPied and committed), and the task has not yet returned it
 # (a task killed here leaves staged rows no one names).
 PARTITION_STAGED = hooks.declare("stream.partition_staged")
+
+log = logging.getLogger("reconcile.spark.staging")
 
 STAGED_SCHEMA = "path string, rows long"
 PARTS_SCHEMA = "path string, task string, upserted long, deleted long"
@@ -123,6 +134,41 @@ def arrow_schema(frame: Any) -> pa.Schema:
 
     tz = frame.sparkSession.conf.get("spark.sql.session.timeZone")
     return to_arrow_schema(frame.schema, timezone=tz)
+
+
+def estimated_bytes(frame: Any) -> int | None:
+    """Spark's estimate of ``frame``'s size in bytes (its optimizer's); None if it gives none.
+
+    For files it is their size on disk; a source without statistics gets
+    ``spark.sql.defaultSizeInBytes`` (8 EiB unless set), which no collect
+    threshold admits.
+    """
+    try:
+        return int(frame._jdf.queryExecution().optimizedPlan().stats().sizeInBytes())
+    except Exception as exc:  # a plan Spark cannot size: treat it as large
+        log.debug("no size estimate for a micro-batch: %s", exc)
+        return None
+
+
+def collect_rows(frame: Any, *, batch_id: int, sink: str) -> pa.Table | None:
+    """``frame``'s rows on the driver by Spark's Arrow collect, or None if too big to collect.
+
+    None when the collect ran over ``spark.driver.maxResultSize`` (Spark
+    aborts the job before the driver's memory is at risk): the caller
+    stages the batch another way. Any other failure is raised.
+    """
+    try:
+        table = frame.toArrow()
+    except Exception as exc:
+        if "spark.driver.maxResultSize" not in str(exc):
+            raise
+        log.warning("micro-batch %d, sink %r: too large to collect (over "
+                    "spark.driver.maxResultSize); staged on the executors instead",
+                    batch_id, sink)  # fmt: skip
+        return None
+    # toArrow() labels timestamps UTC; the other ways use the session's zone.
+    schema = arrow_schema(frame)
+    return table if table.schema.equals(schema) else table.cast(schema)
 
 
 def stage_to_files(frame: Any, folder: str, *, batch_id: int, sink: str) -> tuple[pa.Table, int]:

@@ -4,11 +4,21 @@
 sink tables through ``foreachBatch``; the micro-batch id is the epoch. For
 each micro-batch:
 
-1. the executors stage every sink's rows (``reconcile.spark.staging``): for a
-   Postgres sink with an expected state, as store change files and rows in a
-   staging table beside the target, so that no row passes through the driver;
-   for any other sink, as Arrow IPC files that the driver memory-maps. Only
-   file names, task-attempt ids and counts reach the driver;
+1. every sink's rows are staged (``reconcile.spark.staging``), one of three
+   ways (``via``):
+
+   - collected: a micro-batch that Spark sizes as small (its input estimate
+     at most ``collect_max_bytes``; ``via="auto"``, the default) is brought to
+     the driver by Spark's own Arrow collect, one job per sink and no Python
+     in the tasks: the cheapest way for the small batches of a low-latency
+     stream;
+   - on the executors: for a Postgres sink with an expected state, each task
+     writes store change files and rows in a staging table beside the
+     target, so that no row passes through the driver; only file names,
+     task-attempt ids and counts reach it. For the batches too large to
+     collect;
+   - through files: any other sink's rows as Arrow IPC files that the driver
+     memory-maps (``via="driver"`` sends every sink this way);
 2. the driver hands them to the commit cycle as one epoch, with the expected
    state recorded first when the cycle has one (the change files added in one
    tokened commit, or the driver's rows written);
@@ -26,9 +36,9 @@ Why it is exactly-once:
   rows are recorded instead.
 - A task that fails and is retried, or runs twice speculatively, may leave a
   file or committed staging rows behind, but the driver takes only what the
-  successful attempts returned (Spark keeps one result per partition): the
-  files they name, the staging rows of their attempt ids. No partition counts
-  twice.
+  successful attempts returned (Spark keeps one result per partition, a
+  collect included): the files they name, the staging rows of their attempt
+  ids. No partition counts twice.
 - Which run wins when a transform is not deterministic on replay (it stamps
   ``current_timestamp()``, samples, or reads a changing table): the run that
   reached the decision, for every sink with an expected state (a sink that
@@ -45,34 +55,37 @@ machine).
 
 from __future__ import annotations
 
-import inspect
 import logging
 import os
 import shutil
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
-
 from reconcile import hooks
-from reconcile.contract import ConfigurationError, FatalError, InvalidInputError
+from reconcile.contract import ConfigurationError, InvalidInputError
 from reconcile.cycle import CommitCycle
 from reconcile.driver import Driver, DriveReport, RetryPolicy
 from reconcile.progress import EpochStatus
 from reconcile.results import CommitSucceeded
+from reconcile.spark.outputs import Transform, apply_transform, identity, outputs_of
 from reconcile.spark.staging import (
     PgStagePlan,
+    collect_rows,
+    estimated_bytes,
     plan_pg_stage,
     stage_on_executors,
     stage_to_files,
 )
 
-__all__ = ["StreamWriter", "apply_transform", "outputs_of", "write_stream"]
+__all__ = [
+    "COLLECT_MAX_BYTES", "VIAS", "BatchStats", "StreamWriter", "apply_transform", "outputs_of",
+    "write_stream",
+]  # fmt: skip
 
 log = logging.getLogger("reconcile.spark.stream")
 
@@ -84,22 +97,12 @@ BATCH_COMMITTED = hooks.declare("stream.batch_committed")
 # Batches ``StreamWriter.history`` keeps: as many as Spark's recentProgress.
 HISTORY = 100
 
-# A micro-batch DataFrame (and, if the function takes two arguments, its batch
-# id) -> a sink's DataFrame.
-Transform = Callable[..., Any]
-
-
-def outputs_of(
-    pipeline: str, batch_id: int, staged: Mapping[str, pa.Table]
-) -> Callable[[int], Mapping[str, Iterable[Any]]]:
-    """``Driver.run``'s outputs: the staged rows for this batch, ``_Gone`` for any other."""
-
-    def outputs(epoch: int) -> Mapping[str, Iterable[Any]]:
-        if epoch == batch_id:
-            return staged
-        return _Gone(pipeline, epoch, batch_id)
-
-    return outputs
+VIAS = ("auto", "executors", "driver")
+# via="auto": a micro-batch whose input Spark estimates at most this is
+# collected to the driver. Spark's estimate of a file source is its bytes on
+# disk, a few times less than the rows in memory; a source Spark cannot size
+# gets its default estimate (8 EiB), and so the executors.
+COLLECT_MAX_BYTES = 16 * 2**20
 
 
 @dataclass
@@ -109,7 +112,8 @@ class BatchStats:
     batch_id: int
     rows: dict[str, int] = field(default_factory=dict)  # sink -> rows staged
     files: dict[str, int] = field(default_factory=dict)  # sink -> files staged
-    via: dict[str, str] = field(default_factory=dict)  # sink -> "executors" or "driver"
+    via: dict[str, str] = field(default_factory=dict)  # sink -> "collect", "executors" or "driver"
+    input_bytes: int | None = None  # Spark's estimate of the batch's input (via="auto")
     replayed: bool = False  # the epoch was already in every sink: nothing was staged
     stage_ms: float | None = None  # the executors' (or the driver's) staging of every sink
     commit_ms: float | None = None  # the commit cycle: store, sinks, markers (retries included)
@@ -128,10 +132,17 @@ class StreamWriter:
         staging: the folder executors stage rows in; every executor and the
             driver must see it at this path.
         retry: how long an epoch is retried before the query fails.
-        via: "executors" (default): a Postgres sink with an expected state is
-            written from the executors (a staging table and store change
-            files; no row passes through the driver); every other sink goes
-            through the driver. "driver": every sink through the driver.
+        via: "auto" (default): a micro-batch whose input Spark estimates at
+            most ``collect_max_bytes`` is collected to the driver (Spark's
+            Arrow collect); a larger one as with "executors". "executors": a
+            Postgres sink with an expected state is written from the
+            executors (a staging table and store change files; no row passes
+            through the driver); every other sink through staged files the
+            driver reads. "driver": every sink through staged files the
+            driver reads (any size: the files are memory-mapped).
+        collect_max_bytes: the largest input estimate ``via="auto"`` collects.
+            A collect larger than ``spark.driver.maxResultSize`` all the same
+            (a transform that multiplies its rows) falls back to the executors.
 
     The cycle is started at the first micro-batch and kept across batches:
     one writer generation per run of the query.
@@ -144,14 +155,18 @@ class StreamWriter:
         *,
         staging: str | os.PathLike[str],
         retry: RetryPolicy | None = None,
-        via: str = "executors",
+        via: str = "auto",
+        collect_max_bytes: int = COLLECT_MAX_BYTES,
     ) -> None:
-        if via not in ("executors", "driver"):
-            raise ConfigurationError(f"via must be 'executors' or 'driver', got {via!r}")
+        if via not in VIAS:
+            raise ConfigurationError(f"via must be one of {list(VIAS)}, got {via!r}")
+        if collect_max_bytes < 0:
+            raise ConfigurationError(f"collect_max_bytes must be >= 0, got {collect_max_bytes}")
         self.outputs = dict(outputs) if outputs is not None else None
         self.staging = os.path.abspath(os.fspath(staging))
         self.driver = Driver(build, retry=retry)
         self.via = via
+        self.collect_max_bytes = collect_max_bytes
         self.history: deque[BatchStats] = deque(maxlen=HISTORY)  # the newest batches, oldest first
         # (sink, the frame's schema) -> how its executors stage it (None: via
         # the driver). Planning reads the catalog and the store and creates
@@ -170,7 +185,7 @@ class StreamWriter:
 
     def _transforms(self, cycle: CommitCycle) -> dict[str, Transform]:
         if self.outputs is None:
-            return {name: _identity for name in cycle.sinks}
+            return {name: identity for name in cycle.sinks}
         unknown = sorted(set(self.outputs) - set(cycle.sinks))
         if unknown:
             raise ConfigurationError(
@@ -227,17 +242,25 @@ class StreamWriter:
         run_folder: str,
         stats: BatchStats,
     ) -> dict[str, Any]:
-        """Have the executors stage every sink's rows: what the cycle is given for each.
+        """Stage every sink's rows (collected, on the executors, or in files): what the cycle gets.
 
         The sinks' Spark jobs are submitted from one thread each, so that they
         run side by side: a micro-batch's staging costs its slowest sink, not
         the sum (Spark schedules concurrent jobs of one session; nothing is
         recorded or committed until every sink's rows are staged).
         """
+        collect = False
+        if self.via == "auto":
+            stats.input_bytes = estimated_bytes(batch)
+            collect = stats.input_bytes is not None and stats.input_bytes <= self.collect_max_bytes
 
         def stage_one(sink: str, transform: Transform) -> tuple[Any, int, int, str]:
             frame = apply_transform(transform, batch, batch_id)
-            plan = self._plan(cycle, sink, frame) if self.via == "executors" else None
+            if collect:
+                collected = collect_rows(frame, batch_id=batch_id, sink=sink)
+                if collected is not None:
+                    return collected, collected.num_rows, 0, "collect"
+            plan = self._plan(cycle, sink, frame) if self.via != "driver" else None
             if plan is not None:
                 parts = stage_on_executors(frame, plan, batch_id)
                 return parts, parts.rows, len(parts.store_files), "executors"
@@ -289,55 +312,6 @@ class StreamWriter:
         self.driver.close()
 
 
-def _identity(batch: Any) -> Any:
-    return batch
-
-
-def apply_transform(transform: Transform, batch: Any, batch_id: int) -> Any:
-    """``transform(batch)``, or ``transform(batch, batch_id)`` if it takes two arguments.
-
-    The batch id lets a transform read state as of the epoch before (a running
-    total from the expected state at ``batch_id - 1``), which a re-run of the
-    batch reads the same.
-    """
-    try:
-        parameters = inspect.signature(transform).parameters.values()
-    except (TypeError, ValueError):  # a builtin without a signature: one argument
-        return transform(batch)
-    positional = [
-        p for p in parameters
-        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty
-    ]  # fmt: skip
-    return transform(batch, batch_id) if len(positional) >= 2 else transform(batch)
-
-
-class _Gone(Mapping[str, Iterable[Any]]):
-    """The outputs of an earlier micro-batch, which Spark will not compute again.
-
-    Asked for only when a restart finds an earlier epoch committed in the log
-    and missing from a sink without a durable prepare: a sink with an expected
-    state is given the recorded rows instead and never asks; any other sink
-    would get nothing, so asking is an error, never an empty batch.
-    """
-
-    def __init__(self, pipeline: str, epoch: int, batch_id: int) -> None:
-        self.pipeline, self.epoch, self.batch_id = pipeline, epoch, batch_id
-
-    def __getitem__(self, sink: str) -> Iterable[Any]:
-        raise FatalError(
-            f"pipeline {self.pipeline!r}: epoch {self.epoch} is committed but not in sink "
-            f"{sink!r}, and its micro-batch is gone (the stream is at batch {self.batch_id}); "
-            "give the sink an expected state (keys) so that its recorded rows can be replayed",
-            epoch=self.epoch,
-        )
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(())
-
-    def __len__(self) -> int:
-        return 0
-
-
 def write_stream(
     df: Any,
     build: Callable[[], CommitCycle],
@@ -348,7 +322,8 @@ def write_stream(
     trigger: Mapping[str, Any] | None = None,
     query_name: str | None = None,
     retry: RetryPolicy | None = None,
-    via: str = "executors",
+    via: str = "auto",
+    collect_max_bytes: int = COLLECT_MAX_BYTES,
     started: tuple[CommitCycle, Iterable[int]] | None = None,
 ) -> Any:
     """Start a streaming query that writes ``df`` exactly once through ``build()``'s cycle.
@@ -365,7 +340,8 @@ def write_stream(
             ``{"processingTime": "1 second"}`` or ``{"availableNow": True}``;
             default: the next micro-batch as soon as the last one is done.
         query_name: the query's name in Spark's UI and metrics.
-        via: where rows go from the executors (see ``StreamWriter``).
+        via, collect_max_bytes: how each micro-batch's rows are staged (see
+            ``StreamWriter``).
         started: (a cycle built by ``build`` and started, its start report's
             ``replay_needed``): the writer goes on with it instead of starting
             one at the first micro-batch (a standby that took over started it
@@ -383,7 +359,8 @@ def write_stream(
             "write_stream() takes a streaming DataFrame (spark.readStream...); for a batch "
             "DataFrame, run its epochs with reconcile.drive"
         )
-    writer = StreamWriter(build, outputs, staging=staging, retry=retry, via=via)
+    writer = StreamWriter(build, outputs, staging=staging, retry=retry, via=via,
+                          collect_max_bytes=collect_max_bytes)  # fmt: skip
     if started is not None:
         writer.driver.adopt(*started)
     stream = df.writeStream.foreachBatch(writer).option("checkpointLocation", os.fspath(checkpoint))

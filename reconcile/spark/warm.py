@@ -26,7 +26,7 @@ from typing import Any
 
 import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
 
-from reconcile.spark.stream import Transform, apply_transform
+from reconcile.spark.outputs import Transform, apply_transform
 
 __all__ = ["WARM_EVERY_S", "warm_up"]
 

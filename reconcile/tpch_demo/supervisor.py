@@ -51,7 +51,7 @@ KILL_POINTS = {
     "cycle.expected_state.recorded": "between the store commit and the sink commit",
     "pg.commit.returned": "between a sink's COMMIT and its acknowledgement",
     "cycle.decided": "after the decision, before any sink commit",
-    "stream.batch_staged": "after the executors staged a batch, before anything is recorded",
+    "stream.batch_staged": "after a batch was staged, before anything is recorded",
     "stream.batch_committed": "after every sink committed, before Spark's commit log",
 }
 MAX_FAILURES = 5  # non-kill exits in a row before the demo gives up
@@ -73,7 +73,7 @@ class Options:
     keep: bool = False
     reset: bool = False
     master: str = "local[2,4]"
-    via: str = "executors"
+    via: str = "auto"
     progress: bool = True
 
 

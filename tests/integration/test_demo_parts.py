@@ -9,7 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from reconcile.contract import ConfigurationError
-from reconcile.spark.stream import apply_transform
+from reconcile.spark.outputs import apply_transform
 from reconcile.testing.pg_proxy import FaultProxy
 from reconcile.tpch_demo.data import Feed, generate
 from reconcile.tpch_demo.supervisor import Options, _check_run, prepare_tables

@@ -147,7 +147,10 @@ def store_parts(root: Path, sink: str, epoch: int) -> int:
     )
 
 
-@pytest.mark.parametrize("form", ["write_stream", "driver"])
+WAYS = {"write_stream": "executors", "driver": "driver", "auto": "collect"}
+
+
+@pytest.mark.parametrize("form", ["write_stream", "driver", "auto"])
 def test_a_clean_run_writes_every_batch_once_and_a_rerun_writes_nothing(
     pg_db: str, tmp_path: Path, form: str
 ) -> None:
@@ -157,14 +160,20 @@ def test_a_clean_run_writes_every_batch_once_and_a_rerun_writes_nothing(
     # Each batch's staging and commit were timed (the demo and benchmark report them).
     assert [b for b, _, _ in first["timed"]] == list(range(BATCHES))
     assert all(stage > 0 and commit > 0 for _, stage, commit in first["timed"]), first["timed"]
+    # Each sink's rows took the way the form asks for, in every batch.
+    way = WAYS[form]
+    assert first["via"] == [{"events": way, "totals": way}] * BATCHES, first["via"]
     check_exactly_once(pg_db, tmp_path, {0: "r1", 1: "r1", 2: "r1"})
     again = summary(run_pipeline(pg_db, tmp_path, "r2", form=form))  # nothing new in the inbox
     assert again["committed"] == []
     check_exactly_once(pg_db, tmp_path, {0: "r1", 1: "r1", 2: "r1"})
     stages = staging_tables(pg_db)
-    if form == "driver":
-        assert not list((tmp_path / "staging" / "shop").iterdir())  # nothing staged is left
+    if form in ("driver", "auto"):
+        staged = tmp_path / "staging" / "shop"
+        assert not staged.exists() or not list(staged.iterdir())  # nothing staged is left
         assert stages == {}  # no row went through a staging table
+        # The driver wrote each epoch's changes as one file of the store.
+        assert [store_parts(tmp_path, "events", e) for e in range(BATCHES)] == [1] * BATCHES
         return
     # The executors wrote the rows: into one staging table per sink (every
     # row of the three batches went in; none is left), and as two store
@@ -189,9 +198,10 @@ KILLS = {
 
 
 @pytest.mark.chaos
+@pytest.mark.parametrize("form", ["write_stream", "auto"])
 @pytest.mark.parametrize("point", sorted(KILLS))
 def test_driver_killed_mid_batch_resumes_exactly_once(
-    pg_db: str, tmp_path: Path, point: str
+    pg_db: str, tmp_path: Path, point: str, form: str
 ) -> None:
     make_inbox(tmp_path)
     fired = tmp_path / "killed"
@@ -200,10 +210,13 @@ def test_driver_killed_mid_batch_resumes_exactly_once(
         tmp_path,
         "r1",
         env={"RECONCILE_KILL_AT": f"{point}:2", "RECONCILE_KILL_ONCE": str(fired)},
+        form=form,
     )
     assert killed.returncode == -9, killed.stderr[-3000:]
     assert fired.read_text().split()[1] == point  # the fault fired, there
-    resumed = summary(run_pipeline(pg_db, tmp_path, "r2"))
+    resumed = summary(run_pipeline(pg_db, tmp_path, "r2", form=form))
+    way = WAYS[form]
+    assert all(v == {"events": way, "totals": way} for v in resumed["via"] if v), resumed["via"]
     winner = KILLS[point]
     check_exactly_once(pg_db, tmp_path, {0: "r1", 1: winner, 2: "r2"})
     if point == "stream.batch_committed":
@@ -275,9 +288,10 @@ def test_format_reconcile_commit_process_killed_after_the_decision(
 
 
 @pytest.mark.chaos
+@pytest.mark.parametrize("via", ["auto", "executors"])
 @pytest.mark.parametrize("fault", ["drop_after_commit", "drop_before_commit"])
 def test_an_ambiguous_commit_in_a_micro_batch_is_settled_by_the_database(
-    spark: Any, pg_server: Any, tmp_path: Path, fault: str
+    spark: Any, pg_server: Any, tmp_path: Path, fault: str, via: str
 ) -> None:
     """Micro-batch 1's COMMIT loses its connection (before or after the server got it)."""
     from pyspark.sql import functions as F
@@ -309,13 +323,15 @@ def test_an_ambiguous_commit_in_a_micro_batch_is_settled_by_the_database(
         with hooks.at(BATCH_STAGED, lambda: proxy.arm(fault), nth=2) as arming:
             query = write_stream(
                 frame, build, checkpoint=tmp_path / "checkpoint", staging=tmp_path / "staging",
-                trigger={"availableNow": True},
+                trigger={"availableNow": True}, via=via,
             )  # fmt: skip
             query.awaitTermination()
             query.reconcile_writer.close()
     finally:
         proxy.close()
     assert arming.fired == 1 and proxy.fired.is_set()  # the COMMIT of batch 1 was cut
+    way = "collect" if via == "auto" else "executors"
+    assert [b.via for b in query.reconcile_writer.history] == [{"events": way}] * BATCHES
     check_exactly_once(dsn, tmp_path, {0: "r1", 1: "r1", 2: "r1"}, sinks=("events",))
 
 

@@ -34,7 +34,7 @@ def test_the_defaults(tmp_path: Path) -> None:
     assert run.app == "shop.stream:orders"
     assert run.checkpoint == str(checkpoint)
     assert run.staging == str(checkpoint.parent / "orders.staging")  # beside the checkpoint
-    assert (run.trigger, run.trigger_args, run.via) == (None, None, "executors")
+    assert (run.trigger, run.trigger_args, run.via) == (None, None, "auto")
     assert (run.lease_term_s, run.master, run.spark_conf) == (2.0, "local[2]", {})
     # The lease is in the first sink's database, with its password.
     assert run.lease_from == "pipelines.orders.sinks.lines.dsn"
@@ -104,7 +104,7 @@ def test_a_staging_beside_a_uri_checkpoint_is_required(tmp_path: Path) -> None:
     [
         ('appp = "x"\n', "orders.run.appp: unknown key (did you mean 'app'?); known: ["),
         ("via = 1\n", "orders.run.via: expected a string, got int"),
-        ('via = "cluster"\n', "orders.run.via: expected one of ['executors', 'driver']"),
+        ('via = "cluster"\n', "orders.run.via: expected one of ['auto', 'executors', 'driver']"),
         ('trigger = "soon"\n', 'orders.run.trigger: expected a duration such as "1 second"'),
         ('trigger = "1s"\n', "orders.run.trigger: expected a duration"),
         ("lease_term_s = 0\n", "orders.run.lease_term_s: must be > 0, got 0"),

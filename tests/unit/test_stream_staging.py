@@ -15,8 +15,8 @@ import pyarrow as pa
 import pytest
 
 from reconcile.contract import FatalError
+from reconcile.spark.outputs import outputs_of
 from reconcile.spark.staging import read_staged, stage_batches
-from reconcile.spark.stream import outputs_of
 
 SCHEMA = pa.schema([("id", pa.int64()), ("name", pa.string())])
 

@@ -1,0 +1,157 @@
+"""The streaming writer's collect path: which micro-batches it takes, and its way out.
+
+``via="auto"`` collects a micro-batch to the driver (Spark's Arrow collect)
+when Spark's estimate of its input is at most ``collect_max_bytes``, and
+stages it on the executors otherwise, or when the collect runs over
+``spark.driver.maxResultSize``. These tests run the shared Spark session
+against a real PostgreSQL and read the rows back from it.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pyarrow as pa
+import pytest
+
+pytestmark = [pytest.mark.integration, pytest.mark.spark]
+
+ROWS = 40  # per file
+FILES = 2
+FANOUT = 2000  # rows each input row becomes in the test that outgrows a collect
+
+
+def _inbox(root: Path) -> Path:
+    inbox = root / "inbox"
+    inbox.mkdir()
+    start = time.time() - 100
+    for f in range(FILES):
+        path = inbox / f"part-{f}.json"
+        with path.open("w") as out:
+            for i in range(f * ROWS, (f + 1) * ROWS):
+                out.write(json.dumps({"id": i, "amount": i * 2}) + "\n")
+        os.utime(path, (start + f, start + f))  # Spark takes the older file first
+    return inbox
+
+
+def _run(spark: Any, dsn: str, root: Path, *, transform: Any = None, **kwargs: Any) -> list[Any]:
+    """Stream the inbox into table ``events`` (expected state keyed by id); the writer's history."""
+    from reconcile import CommitCycle
+    from reconcile.expected import ExpectedState
+    from reconcile.spark.stream import write_stream
+    from sinks.postgres import postgres_sink
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE events (id bigint PRIMARY KEY, amount bigint, _epoch bigint)")
+
+    def build() -> CommitCycle:
+        expected = ExpectedState(str(root / "store"), "shop", {"events": ["id"]})
+        return CommitCycle("shop", [postgres_sink(dsn, "events", name="events")],
+                           expected_state=expected)  # fmt: skip
+
+    frame = (
+        spark.readStream.schema("id long, amount long")
+        .option("maxFilesPerTrigger", 1)
+        .json(str(_inbox(root)))
+    )
+    query = write_stream(
+        frame, build, checkpoint=root / "checkpoint", staging=root / "staging",
+        outputs={"events": transform} if transform is not None else None,
+        trigger={"availableNow": True}, **kwargs,
+    )  # fmt: skip
+    query.awaitTermination()
+    writer = query.reconcile_writer
+    writer.close()
+    assert query.exception() is None
+    return list(writer.history)
+
+
+def _events(dsn: str) -> list[tuple[int, int, int]]:
+    with psycopg.connect(dsn) as conn:
+        rows = conn.execute("SELECT id, amount, _epoch FROM events ORDER BY id").fetchall()
+    return [(int(a), int(b), int(c)) for a, b, c in rows]
+
+
+def test_a_small_micro_batch_is_collected_and_written_once(
+    spark: Any, pg_db: str, tmp_path: Path
+) -> None:
+    history = _run(spark, pg_db, tmp_path)
+    assert [b.via for b in history] == [{"events": "collect"}] * FILES
+    # Spark's estimate of a file batch is the file's size on disk.
+    sizes = [(tmp_path / "inbox" / f"part-{f}.json").stat().st_size for f in range(FILES)]
+    assert [b.input_bytes for b in history] == sizes
+    assert _events(pg_db) == [(i, i * 2, i // ROWS) for i in range(ROWS * FILES)]
+
+
+def test_a_micro_batch_over_the_threshold_is_staged_on_the_executors(
+    spark: Any, pg_db: str, tmp_path: Path
+) -> None:
+    history = _run(spark, pg_db, tmp_path, collect_max_bytes=100)
+    assert all(b.input_bytes > 100 for b in history)
+    assert [b.via for b in history] == [{"events": "executors"}] * FILES
+    assert _events(pg_db) == [(i, i * 2, i // ROWS) for i in range(ROWS * FILES)]
+
+
+@pytest.fixture
+def small_result_limit(spark: Any) -> Iterator[None]:
+    """``spark.driver.maxResultSize`` at 1 MiB (Spark reads it at every job), then put back."""
+    conf = spark.sparkContext._jsc.sc().conf()
+    before = conf.get("spark.driver.maxResultSize", "1g")
+    conf.set("spark.driver.maxResultSize", "1m")
+    try:
+        yield
+    finally:
+        conf.set("spark.driver.maxResultSize", before)
+
+
+def test_a_collect_over_the_driver_result_limit_falls_back_to_the_executors(
+    spark: Any, pg_db: str, tmp_path: Path, small_result_limit: None, caplog: Any
+) -> None:
+    """A transform that multiplies its small input past the limit: the batch still lands, once."""
+    from pyspark.sql import functions as F
+
+    def fan_out(batch: Any) -> Any:
+        copies = batch.select(
+            "id", "amount", F.explode(F.sequence(F.lit(0), F.lit(FANOUT - 1))).alias("copy")
+        )  # 80,000 rows a batch, over 1 MiB in Arrow
+        return copies.select((F.col("id") * FANOUT + F.col("copy")).alias("id"), "amount")
+
+    with caplog.at_level(logging.WARNING, logger="reconcile.spark.staging"):
+        history = _run(spark, pg_db, tmp_path, transform=fan_out)
+    assert [b.via for b in history] == [{"events": "executors"}] * FILES
+    warned = [r.getMessage() for r in caplog.records if "too large to collect" in r.getMessage()]
+    assert len(warned) == FILES and "sink 'events'" in warned[0], warned
+    with psycopg.connect(pg_db) as conn:
+        count, distinct, low, high = conn.execute(
+            "SELECT count(*), count(DISTINCT id), min(id), max(id) FROM events"
+        ).fetchone()  # type: ignore[misc]
+    assert count == distinct == ROWS * FILES * FANOUT
+    assert (low, high) == (0, ROWS * FILES * FANOUT - 1)
+
+
+def test_collected_timestamps_carry_the_session_time_zone(spark: Any) -> None:
+    """As on the other ways (the store checks every epoch's schema against the first)."""
+    from reconcile.spark.staging import arrow_schema, collect_rows
+
+    before = spark.conf.get("spark.sql.session.timeZone")
+    spark.conf.set("spark.sql.session.timeZone", "Europe/Paris")
+    try:
+        frame = spark.createDataFrame([(1,)], "id long").selectExpr(
+            "id", "timestamp'2026-11-25 12:00:00' AS at"
+        )
+        table = collect_rows(frame, batch_id=0, sink="events")
+        assert table is not None
+        assert table.schema.equals(arrow_schema(frame))
+        assert table.schema.field("at").type == pa.timestamp("us", tz="Europe/Paris")
+        instant = table.column("at")[0].as_py()
+    finally:
+        spark.conf.set("spark.sql.session.timeZone", before)
+    assert instant == dt.datetime(2026, 11, 25, 11, 0, tzinfo=dt.UTC)
