@@ -354,7 +354,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--candidates",
         type=_floats,
-        default=[0.1, 0.25, 0.5],
+        default=[0.1, 0.25, 0.5, 0.75],
         help="intervals (s) tried for the shortest sustainable one",
     )
     p.add_argument(

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import random
 import sys
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,7 +31,7 @@ class Mode:
     name: str
     kind: str  # at_least_once | two_phase | pull_and_diff
     checkpoint_s: float = 0.0
-    via: str = "executors"  # pull_and_diff: where the rows go to Postgres from
+    via: str = "auto"  # pull_and_diff: how the writer stages each micro-batch (write_stream's via=)
 
     def command(
         self, workdir: Path, epochs: int, trigger: float, master: str, rows: int
@@ -66,7 +67,8 @@ def modes(checkpoints: list[float], *, extra: bool = False) -> list[Mode]:
         *(Mode(f"two_phase_{c:g}s", "two_phase", c) for c in checkpoints),
         Mode("pull_and_diff", "pull_and_diff"),
     ]
-    if extra:  # the engine with every row through the driver (write_stream's via="driver")
+    if extra:  # the engine's other ways to stage a batch (write_stream's via=)
+        found.append(Mode("pull_and_diff_via_executors", "pull_and_diff", via="executors"))
         found.append(Mode("pull_and_diff_via_driver", "pull_and_diff", via="driver"))
     return found
 
@@ -170,6 +172,10 @@ def batch_durations(workdir: Path) -> dict[str, Any]:
         values = [p[part] for b, p in batches.items() if b > 0 and p.get(part) is not None]
         if values:
             found[f"{part}_p50"] = _percentile(np.asarray(values, dtype=float), 50)
+    # How many sink-batches took each way (collect, executors, driver).
+    ways = Counter(way for b, p in batches.items() if b > 0 for way in p.get("via", {}).values())
+    if ways:
+        found["staged_via"] = dict(sorted(ways.items()))
     return found
 
 

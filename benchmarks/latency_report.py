@@ -58,6 +58,10 @@ def _fmt(value: Any) -> str:
     return str(value)
 
 
+def _ways(ways: dict[str, int] | None) -> str:
+    return ", ".join(f"{way} {n}" for way, n in ways.items()) if ways else "-"
+
+
 def markdown(r: dict[str, Any]) -> str:
     m = r["machine"]
     lines = [
@@ -117,7 +121,8 @@ def markdown(r: dict[str, Any]) -> str:
                 lines += ["", f"{name}'s batch (median ms): Spark's `addBatch` "
                           f"{_fmt(f.get('add_batch_ms_p50'))}, of which staging every sink "
                           f"{_fmt(f['stage_ms_p50'])} and the commit cycle "
-                          f"{_fmt(f.get('commit_ms_p50'))}."]  # fmt: skip
+                          f"{_fmt(f.get('commit_ms_p50'))}; sink-batches staged by way: "
+                          f"{_ways(f.get('staged_via'))}."]  # fmt: skip
     if r["crash_runs"]:
         lines += [
             "",

@@ -195,8 +195,9 @@ def batch_progress(query: Any, writer: Any = None) -> list[dict[str, Any]]:
     """Each micro-batch that read rows: Spark's durations and the writer's own split of them.
 
     ``trigger_ms`` is the whole batch (Spark's ``triggerExecution``), ``stage_ms``
-    and ``commit_ms`` the writer's staging and commit cycle within its ``addBatch``
-    (None without a ``reconcile.spark`` writer).
+    and ``commit_ms`` the writer's staging and commit cycle within its ``addBatch``,
+    ``via`` the way each sink's rows were staged (None, {} without a
+    ``reconcile.spark`` writer).
     """
     ours = {stats.batch_id: stats for stats in writer.history} if writer is not None else {}
     out = []
@@ -211,6 +212,7 @@ def batch_progress(query: Any, writer: Any = None) -> list[dict[str, Any]]:
             "add_batch_ms": p["durationMs"].get("addBatch"),
             "stage_ms": stats.stage_ms if stats is not None else None,
             "commit_ms": stats.commit_ms if stats is not None else None,
+            "via": dict(stats.via) if stats is not None else {},
             "at": p["timestamp"],
         })  # fmt: skip
     return out
@@ -246,7 +248,7 @@ def parse_args(argv: list[str]) -> Args:
         workdir=Path(argv[0]),
         dsn=os.environ["RECONCILE_DEMO_DSN"],
         master=argv[2] if len(argv) > 2 else "local[2,4]",
-        via=argv[3] if len(argv) > 3 else "executors",
+        via=argv[3] if len(argv) > 3 else "auto",
         trigger={"processingTime": f"{trigger_s} seconds"} if trigger_s else None,
         rest=argv[4:],
     )
