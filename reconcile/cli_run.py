@@ -266,6 +266,7 @@ def _run_node(
         trigger=settings.trigger_args,
         query_name=f"reconcile_{pipeline.name}",
         via=settings.via,
+        collect_max_bytes=settings.collect_max_bytes,
         metrics=metrics,
         on_event=on_event,
     )

@@ -9,6 +9,7 @@ Read by :func:`reconcile.config.load_config` into :class:`RunSettings`
     staging = "state/staging/orders"    # default: <checkpoint>.staging, beside it
     trigger = "1 second"                # or "available-now"; default: back to back
     via = "auto"                        # or "executors", "driver"
+    collect_max_bytes = 16777216        # via="auto": the largest batch collected
     lease_term_s = 2.0
     lease_dsn = "postgresql://..."      # default: the first sink's Postgres connection
     master = "local[2]"
@@ -32,8 +33,8 @@ from reconcile.config_read import Connection, TableReader, choice, fill_connecti
 __all__ = ["RUN_KEYS", "RunSettings", "is_postgres", "read_run"]
 
 RUN_KEYS = (
-    "app", "checkpoint", "staging", "trigger", "via", "lease_term_s", "lease_dsn", "master",
-    "spark",
+    "app", "checkpoint", "staging", "trigger", "via", "collect_max_bytes", "lease_term_s",
+    "lease_dsn", "master", "spark",
 )  # fmt: skip
 VIA = ("auto", "executors", "driver")
 AVAILABLE_NOW = "available-now"
@@ -60,6 +61,8 @@ class RunSettings:
             sink's ``sinks.NAME.dsn``).
         trigger: as written (``"1 second"``, ``"available-now"``), or None.
         via: "auto", "executors" or "driver" (see ``reconcile.spark.StreamWriter``).
+        collect_max_bytes: with ``via="auto"``, the largest micro-batch (Spark's
+            estimate of its input) collected to the driver; None: the default.
         lease_term_s: how long a lease lasts without renewal.
         master: the Spark master.
         spark: Spark conf, (key, value) in file order.
@@ -72,6 +75,7 @@ class RunSettings:
     lease_from: str
     trigger: str | None = None
     via: str = "auto"
+    collect_max_bytes: int | None = None
     lease_term_s: float = DEFAULT_TERM_S
     master: str = DEFAULT_MASTER
     spark: tuple[tuple[str, str], ...] = ()
@@ -127,6 +131,9 @@ def read_run(
             "trigger",
         )
     via = choice(reader, "via", VIA, "auto")
+    collect_max_bytes = reader.get("collect_max_bytes", int)
+    if collect_max_bytes is not None and collect_max_bytes < 0:
+        raise reader.error(f"must be >= 0, got {collect_max_bytes}", "collect_max_bytes")
     term = reader.get("lease_term_s", (int, float))
     if term is not None and not term > 0:
         raise reader.error(f"must be > 0, got {term}", "lease_term_s")
@@ -142,6 +149,7 @@ def read_run(
         lease_from=lease_from,
         trigger=trigger,
         via=via,
+        collect_max_bytes=collect_max_bytes,
         lease_term_s=float(term) if term is not None else DEFAULT_TERM_S,
         master=master,
         spark=spark,

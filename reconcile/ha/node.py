@@ -104,7 +104,8 @@ class HaNode:
         df: the streaming DataFrame (the same one each time the query starts).
         build: makes the pipeline's CommitCycle over fresh sink clients.
         lease: the pipeline's lease (``PgLease``).
-        checkpoint, staging, outputs, trigger, query_name, via, retry: as for
+        checkpoint, staging, outputs, trigger, query_name, via,
+        collect_max_bytes, retry: as for
             ``reconcile.spark.write_stream``; the checkpoint is shared with
             the other instance.
         role: "main" or "standby".
@@ -134,6 +135,7 @@ class HaNode:
         trigger: Mapping[str, Any] | None = None,
         query_name: str | None = None,
         via: str = "auto",
+        collect_max_bytes: int | None = None,
         retry: Any = None,
         metrics: Metrics | None = None,
         on_event: Callable[[str, dict[str, Any]], None] | None = None,
@@ -149,6 +151,8 @@ class HaNode:
             "checkpoint": checkpoint, "staging": staging, "outputs": outputs,
             "trigger": trigger, "query_name": query_name, "via": via, "retry": retry,
         }  # fmt: skip
+        if collect_max_bytes is not None:
+            self.stream_args["collect_max_bytes"] = collect_max_bytes
         self.metrics = with_labels(metrics, pipeline=lease.pipeline)
         self.on_event = on_event
         self.poll_s = lease.term_s / 4

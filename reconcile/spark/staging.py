@@ -21,9 +21,9 @@ staging folder; the driver memory-maps the files the kept attempts name and
 hands the rows to the commit cycle. The batch's rows pass through the driver's
 memory (not through Spark's collect, nor the JVM).
 
-Either way a retried or speculative task attempt writes under a name of its
-own, and the driver reads only what the attempts Spark kept returned: no
-partition counts twice.
+Every way, a retried or speculative task attempt writes (or returns) under a
+name of its own, and the driver takes only what the attempts Spark kept
+returned: no partition counts twice.
 """
 
 from __future__ import annotations
@@ -44,9 +44,12 @@ from reconcile.cycle import CommitCycle
 from reconcile.staged import StagedEpoch
 
 __all__ = [
+    "COLLECT_MAX_BYTES",
     "PARTITION_STAGED",
+    "VIAS",
     "PgStagePlan",
     "collect_rows",
+    "driver_result_limit",
     "estimated_bytes",
     "plan_pg_stage",
     "read_staged",
@@ -61,6 +64,13 @@ __all__ = [
 PARTITION_STAGED = hooks.declare("stream.partition_staged")
 
 log = logging.getLogger("reconcile.spark.staging")
+
+VIAS = ("auto", "executors", "driver")
+# via="auto": a micro-batch whose input Spark estimates at most this is
+# collected to the driver. Spark's estimate of a file source is its bytes on
+# disk, a few times less than the rows in memory; a source Spark cannot size
+# gets its default estimate (8 EiB), and so the executors.
+COLLECT_MAX_BYTES = 16 * 2**20
 
 STAGED_SCHEMA = "path string, rows long"
 PARTS_SCHEMA = "path string, task string, upserted long, deleted long"
@@ -150,21 +160,29 @@ def estimated_bytes(frame: Any) -> int | None:
         return None
 
 
+def driver_result_limit(session: Any) -> int:
+    """``spark.driver.maxResultSize`` in bytes (0: no limit), as Spark reads it at every job."""
+    conf = session.sparkContext._jsc.sc().conf()
+    return int(conf.getSizeAsBytes("spark.driver.maxResultSize", "1g"))
+
+
 def collect_rows(frame: Any, *, batch_id: int, sink: str) -> pa.Table | None:
     """``frame``'s rows on the driver by Spark's Arrow collect, or None if too big to collect.
 
-    None when the collect ran over ``spark.driver.maxResultSize`` (Spark
-    aborts the job before the driver's memory is at risk): the caller
-    stages the batch another way. Any other failure is raised.
+    None when the collect ran over ``spark.driver.maxResultSize``: Spark
+    aborts the job once the tasks' results pass it, and the caller stages
+    the batch another way. That limit is the only guard of the driver's
+    memory here, so keep it below what the driver can hold. Any other
+    failure is raised.
     """
     try:
         table = frame.toArrow()
     except Exception as exc:
-        if "spark.driver.maxResultSize" not in str(exc):
+        said = [line for line in str(exc).splitlines() if "spark.driver.maxResultSize" in line]
+        if not said:
             raise
-        log.warning("micro-batch %d, sink %r: too large to collect (over "
-                    "spark.driver.maxResultSize); staged on the executors instead",
-                    batch_id, sink)  # fmt: skip
+        log.warning("micro-batch %d, sink %r: too large to collect (%s); staged another way "
+                    "instead", batch_id, sink, said[0].strip()[-300:])  # fmt: skip
         return None
     # toArrow() labels timestamps UTC; the other ways use the session's zone.
     schema = arrow_schema(frame)

@@ -74,8 +74,11 @@ from reconcile.progress import EpochStatus
 from reconcile.results import CommitSucceeded
 from reconcile.spark.outputs import Transform, apply_transform, identity, outputs_of
 from reconcile.spark.staging import (
+    COLLECT_MAX_BYTES,
+    VIAS,
     PgStagePlan,
     collect_rows,
+    driver_result_limit,
     estimated_bytes,
     plan_pg_stage,
     stage_on_executors,
@@ -96,13 +99,6 @@ BATCH_COMMITTED = hooks.declare("stream.batch_committed")
 
 # Batches ``StreamWriter.history`` keeps: as many as Spark's recentProgress.
 HISTORY = 100
-
-VIAS = ("auto", "executors", "driver")
-# via="auto": a micro-batch whose input Spark estimates at most this is
-# collected to the driver. Spark's estimate of a file source is its bytes on
-# disk, a few times less than the rows in memory; a source Spark cannot size
-# gets its default estimate (8 EiB), and so the executors.
-COLLECT_MAX_BYTES = 16 * 2**20
 
 
 @dataclass
@@ -142,7 +138,9 @@ class StreamWriter:
             driver reads (any size: the files are memory-mapped).
         collect_max_bytes: the largest input estimate ``via="auto"`` collects.
             A collect larger than ``spark.driver.maxResultSize`` all the same
-            (a transform that multiplies its rows) falls back to the executors.
+            (a transform that multiplies its rows) is staged the other way.
+            With no such limit (``maxResultSize=0``) nothing is collected:
+            nothing would stop a collect that outgrows the driver.
 
     The cycle is started at the first micro-batch and kept across batches:
     one writer generation per run of the query.
@@ -167,6 +165,10 @@ class StreamWriter:
         self.driver = Driver(build, retry=retry)
         self.via = via
         self.collect_max_bytes = collect_max_bytes
+        self._may_collect: bool | None = None  # via="auto": decided at the first batch
+        # Staging-table rows may exist: a dead driver's (before the first
+        # batch) or a batch staged on the executors since the last sweep.
+        self._sweep_due = True
         self.history: deque[BatchStats] = deque(maxlen=HISTORY)  # the newest batches, oldest first
         # (sink, the frame's schema) -> how its executors stage it (None: via
         # the driver). Planning reads the catalog and the store and creates
@@ -250,18 +252,23 @@ class StreamWriter:
         recorded or committed until every sink's rows are staged).
         """
         collect = False
-        if self.via == "auto":
+        if self.via == "auto" and self._collects(batch):
             stats.input_bytes = estimated_bytes(batch)
             collect = stats.input_bytes is not None and stats.input_bytes <= self.collect_max_bytes
 
         def stage_one(sink: str, transform: Transform) -> tuple[Any, int, int, str]:
             frame = apply_transform(transform, batch, batch_id)
+            # Planned whichever way the batch goes: the target is checked from
+            # the first batch on, its staging table can be swept, and the
+            # store's table is made from Spark's schema (an empty first epoch
+            # could not teach the store the sink's schema).
+            plan = self._plan(cycle, sink, frame) if self.via != "driver" else None
             if collect:
                 collected = collect_rows(frame, batch_id=batch_id, sink=sink)
                 if collected is not None:
                     return collected, collected.num_rows, 0, "collect"
-            plan = self._plan(cycle, sink, frame) if self.via != "driver" else None
             if plan is not None:
+                self._sweep_due = True
                 parts = stage_on_executors(frame, plan, batch_id)
                 return parts, parts.rows, len(parts.store_files), "executors"
             folder = os.path.join(run_folder, sink)
@@ -280,6 +287,17 @@ class StreamWriter:
             stats.rows[sink], stats.files[sink], stats.via[sink] = count, files, via
         return staged
 
+    def _collects(self, batch: Any) -> bool:
+        """Whether ``via="auto"`` may collect at all (once per writer; says why not, once)."""
+        if self._may_collect is None:
+            limit = driver_result_limit(batch.sparkSession)
+            self._may_collect = limit > 0
+            if not self._may_collect:
+                log.warning("spark.driver.maxResultSize is 0 (no limit): via='auto' collects "
+                            "nothing, since nothing would stop a collect that outgrows the "
+                            "driver; every micro-batch is staged the other ways")  # fmt: skip
+        return self._may_collect
+
     def _plan(self, cycle: CommitCycle, sink: str, frame: Any) -> PgStagePlan | None:
         """The executor path of ``sink`` for frames of this schema (planned on first use)."""
         key = (sink, frame.schema.json())
@@ -292,12 +310,16 @@ class StreamWriter:
         from sinks.postgres.shared_stage import sweep_stage
 
         planned = {plan.sink: plan for plan in self._plans.values() if plan is not None}
-        for sink, plan in planned.items():
+        swept = self._sweep_due
+        for sink, plan in planned.items() if self._sweep_due else ():
             try:
                 sweep_stage(plan.target, plan.stage, batch_id, "reconcile-stage-sweep")
             except Exception as exc:  # the batch is committed; the next sweep tries again
+                swept = False
                 log.warning("pipeline %s: could not empty the staging table of %s: %s",
                             pipeline, sink, exc)  # fmt: skip
+        if swept:
+            self._sweep_due = False
         root = os.path.join(self.staging, pipeline)
         try:
             names = os.listdir(root)

@@ -1,10 +1,10 @@
-"""The streaming writer's collect path: which micro-batches it takes, and its way out.
+"""The streaming writer's collect path: which micro-batches it takes, and its ways out.
 
 ``via="auto"`` collects a micro-batch to the driver (Spark's Arrow collect)
 when Spark's estimate of its input is at most ``collect_max_bytes``, and
-stages it on the executors otherwise, or when the collect runs over
-``spark.driver.maxResultSize``. These tests run the shared Spark session
-against a real PostgreSQL and read the rows back from it.
+stages it on the executors otherwise, when the collect runs over
+``spark.driver.maxResultSize``, or when that limit is off. These tests run the
+shared Spark session against a real PostgreSQL and read the rows back from it.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import logging
 import os
 import time
 from collections.abc import Iterator
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -26,10 +27,15 @@ pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
 ROWS = 40  # per file
 FILES = 2
-FANOUT = 2000  # rows each input row becomes in the test that outgrows a collect
+FANOUT = 4000  # rows each input row becomes in the test that outgrows a collect
+EVENTS = "CREATE TABLE events (id bigint PRIMARY KEY, amount bigint, _epoch bigint)"
 
 
-def _inbox(root: Path) -> Path:
+def _inbox(root: Path, *, pad: tuple[int, ...] = (0,) * FILES) -> list[int]:
+    """File f holds ids f*ROWS .. f*ROWS+ROWS-1, each row ``pad[f]`` bytes longer; their sizes.
+
+    The padding is a field the stream's schema does not read.
+    """
     inbox = root / "inbox"
     inbox.mkdir()
     start = time.time() - 100
@@ -37,20 +43,29 @@ def _inbox(root: Path) -> Path:
         path = inbox / f"part-{f}.json"
         with path.open("w") as out:
             for i in range(f * ROWS, (f + 1) * ROWS):
-                out.write(json.dumps({"id": i, "amount": i * 2}) + "\n")
+                row = {"id": i, "amount": i * 2, **({"pad": "x" * pad[f]} if pad[f] else {})}
+                out.write(json.dumps(row) + "\n")
         os.utime(path, (start + f, start + f))  # Spark takes the older file first
-    return inbox
+    return [(inbox / f"part-{f}.json").stat().st_size for f in range(FILES)]
 
 
-def _run(spark: Any, dsn: str, root: Path, *, transform: Any = None, **kwargs: Any) -> list[Any]:
-    """Stream the inbox into table ``events`` (expected state keyed by id); the writer's history."""
+def _run(
+    spark: Any,
+    dsn: str,
+    root: Path,
+    *,
+    transform: Any = None,
+    table: str = EVENTS,
+    **kwargs: Any,
+) -> list[Any]:
+    """Stream ``root/inbox`` into table ``events`` (expected state keyed by id); the history."""
     from reconcile import CommitCycle
     from reconcile.expected import ExpectedState
     from reconcile.spark.stream import write_stream
     from sinks.postgres import postgres_sink
 
     with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute("CREATE TABLE events (id bigint PRIMARY KEY, amount bigint, _epoch bigint)")
+        conn.execute(table.encode())
 
     def build() -> CommitCycle:
         expected = ExpectedState(str(root / "store"), "shop", {"events": ["id"]})
@@ -60,7 +75,7 @@ def _run(spark: Any, dsn: str, root: Path, *, transform: Any = None, **kwargs: A
     frame = (
         spark.readStream.schema("id long, amount long")
         .option("maxFilesPerTrigger", 1)
-        .json(str(_inbox(root)))
+        .json(str(root / "inbox"))
     )
     query = write_stream(
         frame, build, checkpoint=root / "checkpoint", staging=root / "staging",
@@ -83,10 +98,10 @@ def _events(dsn: str) -> list[tuple[int, int, int]]:
 def test_a_small_micro_batch_is_collected_and_written_once(
     spark: Any, pg_db: str, tmp_path: Path
 ) -> None:
+    sizes = _inbox(tmp_path)
     history = _run(spark, pg_db, tmp_path)
     assert [b.via for b in history] == [{"events": "collect"}] * FILES
     # Spark's estimate of a file batch is the file's size on disk.
-    sizes = [(tmp_path / "inbox" / f"part-{f}.json").stat().st_size for f in range(FILES)]
     assert [b.input_bytes for b in history] == sizes
     assert _events(pg_db) == [(i, i * 2, i // ROWS) for i in range(ROWS * FILES)]
 
@@ -94,6 +109,7 @@ def test_a_small_micro_batch_is_collected_and_written_once(
 def test_a_micro_batch_over_the_threshold_is_staged_on_the_executors(
     spark: Any, pg_db: str, tmp_path: Path
 ) -> None:
+    _inbox(tmp_path)
     history = _run(spark, pg_db, tmp_path, collect_max_bytes=100)
     assert all(b.input_bytes > 100 for b in history)
     assert [b.via for b in history] == [{"events": "executors"}] * FILES
@@ -121,9 +137,10 @@ def test_a_collect_over_the_driver_result_limit_falls_back_to_the_executors(
     def fan_out(batch: Any) -> Any:
         copies = batch.select(
             "id", "amount", F.explode(F.sequence(F.lit(0), F.lit(FANOUT - 1))).alias("copy")
-        )  # 80,000 rows a batch, over 1 MiB in Arrow
+        )  # 160,000 rows a batch, about 2.5 MiB in Arrow: over the 1 MiB limit
         return copies.select((F.col("id") * FANOUT + F.col("copy")).alias("id"), "amount")
 
+    _inbox(tmp_path)
     with caplog.at_level(logging.WARNING, logger="reconcile.spark.staging"):
         history = _run(spark, pg_db, tmp_path, transform=fan_out)
     assert [b.via for b in history] == [{"events": "executors"}] * FILES
@@ -137,9 +154,78 @@ def test_a_collect_over_the_driver_result_limit_falls_back_to_the_executors(
     assert (low, high) == (0, ROWS * FILES * FANOUT - 1)
 
 
+def test_without_a_result_limit_nothing_is_collected(
+    spark: Any, pg_db: str, tmp_path: Path, caplog: Any
+) -> None:
+    """``spark.driver.maxResultSize=0``: nothing would stop a collect outgrowing the driver."""
+    conf = spark.sparkContext._jsc.sc().conf()
+    before = conf.get("spark.driver.maxResultSize", "1g")
+    conf.set("spark.driver.maxResultSize", "0")
+    _inbox(tmp_path)
+    try:
+        with caplog.at_level(logging.WARNING, logger="reconcile.spark.stream"):
+            history = _run(spark, pg_db, tmp_path)
+    finally:
+        conf.set("spark.driver.maxResultSize", before)
+    assert [b.via for b in history] == [{"events": "executors"}] * FILES
+    said = [r.getMessage() for r in caplog.records if "maxResultSize" in r.getMessage()]
+    assert len(said) == 1, said  # once per writer, not once per batch
+    assert _events(pg_db) == [(i, i * 2, i // ROWS) for i in range(ROWS * FILES)]
+
+
+def test_an_empty_first_batch_is_collected_and_the_stream_goes_on(
+    spark: Any, pg_db: str, tmp_path: Path
+) -> None:
+    """Nothing to collect in the first epoch: the store's table is made from Spark's schema."""
+    _inbox(tmp_path)
+    history = _run(spark, pg_db, tmp_path, transform=lambda batch: batch.filter(f"id >= {ROWS}"))
+    assert [b.rows for b in history] == [{"events": 0}, {"events": ROWS}]
+    assert [b.via for b in history] == [{"events": "collect"}] * FILES
+    assert _events(pg_db) == [(i, i * 2, 1) for i in range(ROWS, 2 * ROWS)]
+
+
+def test_batches_that_take_different_ways_land_alike(
+    spark: Any, pg_db: str, tmp_path: Path
+) -> None:
+    """One batch collected, the next staged on the executors: one schema, the same values."""
+    from pyspark.sql import functions as F
+
+    from expected_state.store import ExpectedStateStore
+
+    def dressed(batch: Any) -> Any:
+        return batch.select(
+            "id", "amount",
+            F.concat(F.lit("note-"), F.col("id").cast("string")).alias("note"),
+            F.timestamp_seconds(F.col("id") * 3600).alias("at"),
+            (F.col("amount") / F.lit(4)).cast("decimal(12,2)").alias("share"),
+        )  # fmt: skip
+
+    sizes = _inbox(tmp_path, pad=(0, 20))  # the second file is the larger
+    assert sizes[0] < sizes[1]
+    history = _run(
+        spark, pg_db, tmp_path, transform=dressed, collect_max_bytes=sizes[0],
+        table="CREATE TABLE events (id bigint PRIMARY KEY, amount bigint, note text, "
+              "at timestamptz, share numeric(12,2), _epoch bigint)",
+    )  # fmt: skip
+    assert [b.via for b in history] == [{"events": "collect"}, {"events": "executors"}]
+    with psycopg.connect(pg_db) as conn:
+        got = conn.execute(
+            "SELECT id, amount, note, at, share, _epoch FROM events ORDER BY id"
+        ).fetchall()
+    assert [tuple(r) for r in got] == [
+        (i, i * 2, f"note-{i}", dt.datetime.fromtimestamp(i * 3600, dt.UTC),
+         Decimal(i * 2) / 4, i // ROWS)
+        for i in range(ROWS * FILES)
+    ]  # fmt: skip
+    store = ExpectedStateStore(str(tmp_path / "store"), "shop", "events", ["id"])
+    snapshot = store.snapshot().sort_by("id")
+    assert snapshot.column("note").to_pylist() == [f"note-{i}" for i in range(ROWS * FILES)]
+    assert snapshot.schema.field("at").type == pa.timestamp("us", tz="UTC")
+
+
 def test_collected_timestamps_carry_the_session_time_zone(spark: Any) -> None:
-    """As on the other ways (the store checks every epoch's schema against the first)."""
-    from reconcile.spark.staging import arrow_schema, collect_rows
+    """As on the other ways, where Spark's Arrow batches carry the session's zone."""
+    from reconcile.spark.staging import collect_rows
 
     before = spark.conf.get("spark.sql.session.timeZone")
     spark.conf.set("spark.sql.session.timeZone", "Europe/Paris")
@@ -149,7 +235,6 @@ def test_collected_timestamps_carry_the_session_time_zone(spark: Any) -> None:
         )
         table = collect_rows(frame, batch_id=0, sink="events")
         assert table is not None
-        assert table.schema.equals(arrow_schema(frame))
         assert table.schema.field("at").type == pa.timestamp("us", tz="Europe/Paris")
         instant = table.column("at")[0].as_py()
     finally:

@@ -35,6 +35,7 @@ def test_the_defaults(tmp_path: Path) -> None:
     assert run.checkpoint == str(checkpoint)
     assert run.staging == str(checkpoint.parent / "orders.staging")  # beside the checkpoint
     assert (run.trigger, run.trigger_args, run.via) == (None, None, "auto")
+    assert run.collect_max_bytes is None  # the writer's default
     assert (run.lease_term_s, run.master, run.spark_conf) == (2.0, "local[2]", {})
     # The lease is in the first sink's database, with its password.
     assert run.lease_from == "pipelines.orders.sinks.lines.dsn"
@@ -52,6 +53,7 @@ def test_every_key(tmp_path: Path) -> None:
 staging = "/shared/staging/orders"
 trigger = "500 milliseconds"
 via = "driver"
+collect_max_bytes = 1048576
 lease_term_s = 3
 lease_dsn = "host=leases dbname=ha user=app password=${LEASE_PW}"
 master = "spark://head:7077"
@@ -65,6 +67,7 @@ master = "spark://head:7077"
     assert run.staging == "/shared/staging/orders"
     assert run.trigger_args == {"processingTime": "500 milliseconds"}
     assert (run.via, run.lease_term_s, run.master) == ("driver", 3.0, "spark://head:7077")
+    assert run.collect_max_bytes == 1048576
     assert run.spark_conf == {"spark.sql.shuffle.partitions": "2", "spark.executor.memory": "1g"}
     assert run.lease_from == "pipelines.orders.run.lease_dsn"
     assert f"password={SECRET}" in run.lease.get_secret_value()
@@ -105,6 +108,8 @@ def test_a_staging_beside_a_uri_checkpoint_is_required(tmp_path: Path) -> None:
         ('appp = "x"\n', "orders.run.appp: unknown key (did you mean 'app'?); known: ["),
         ("via = 1\n", "orders.run.via: expected a string, got int"),
         ('via = "cluster"\n', "orders.run.via: expected one of ['auto', 'executors', 'driver']"),
+        ("collect_max_bytes = -1\n", "orders.run.collect_max_bytes: must be >= 0, got -1"),
+        ('collect_max_bytes = "16m"\n', "orders.run.collect_max_bytes: expected an integer"),
         ('trigger = "soon"\n', 'orders.run.trigger: expected a duration such as "1 second"'),
         ('trigger = "1s"\n', "orders.run.trigger: expected a duration"),
         ("lease_term_s = 0\n", "orders.run.lease_term_s: must be > 0, got 0"),
