@@ -78,6 +78,20 @@ def run_pipeline(
     )
 
 
+def run_killed(
+    dsn: str, root: Path, point: str, nth: int = 1, *, form: str = "write_stream"
+) -> subprocess.CompletedProcess[str]:
+    """Run 1 of the pipeline (tag r1), killed at the ``nth`` hit of ``point``; assert it fired."""
+    fired = root / "killed"
+    killed = run_pipeline(
+        dsn, root, "r1", form=form,
+        env={"RECONCILE_KILL_AT": f"{point}:{nth}", "RECONCILE_KILL_ONCE": str(fired)},
+    )  # fmt: skip
+    assert killed.returncode != 0, killed.stderr[-3000:]
+    assert fired.read_text().split()[1] == point  # the fault fired, there
+    return killed
+
+
 def summary(proc: subprocess.CompletedProcess[str]) -> dict[str, Any]:
     assert proc.returncode == 0, proc.stderr[-3000:]
     result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -207,16 +221,7 @@ def test_driver_killed_mid_batch_resumes_exactly_once(
     pg_db: str, tmp_path: Path, point: str, form: str
 ) -> None:
     make_inbox(tmp_path)
-    fired = tmp_path / "killed"
-    killed = run_pipeline(
-        pg_db,
-        tmp_path,
-        "r1",
-        env={"RECONCILE_KILL_AT": f"{point}:2", "RECONCILE_KILL_ONCE": str(fired)},
-        form=form,
-    )
-    assert killed.returncode == -9, killed.stderr[-3000:]
-    assert fired.read_text().split()[1] == point  # the fault fired, there
+    assert run_killed(pg_db, tmp_path, point, 2, form=form).returncode == -9
     resumed = summary(run_pipeline(pg_db, tmp_path, "r2", form=form))
     way = WAYS[form]
     assert all(v == {"events": way, "totals": way} for v in resumed["via"] if v), resumed["via"]
@@ -234,14 +239,7 @@ def test_a_dead_drivers_staged_rows_are_swept_when_the_next_run_collects(
 ) -> None:
     """Staged on the executors, then killed; resumed with ``via="auto"``, which collects."""
     make_inbox(tmp_path)
-    fired = tmp_path / "killed"
-    killed = run_pipeline(
-        pg_db,
-        tmp_path,
-        "r1",
-        env={"RECONCILE_KILL_AT": "stream.batch_staged:2", "RECONCILE_KILL_ONCE": str(fired)},
-    )
-    assert killed.returncode == -9 and fired.exists(), killed.stderr[-3000:]
+    assert run_killed(pg_db, tmp_path, "stream.batch_staged", 2).returncode == -9
     left = staging_tables(pg_db)
     assert sum(now for now, _ in left.values()) == ROWS + CUSTOMERS  # batch 1, never committed
     resumed = summary(run_pipeline(pg_db, tmp_path, "r2", form="auto"))
@@ -296,16 +294,7 @@ def test_format_reconcile_commit_process_killed_after_the_decision(
 ) -> None:
     """Spark's commit process dies after batch 0 is decided; the restarted query settles it."""
     make_inbox(tmp_path)
-    fired = tmp_path / "killed"
-    killed = run_pipeline(
-        pg_db,
-        tmp_path,
-        "r1",
-        env={"RECONCILE_KILL_AT": "cycle.decided", "RECONCILE_KILL_ONCE": str(fired)},
-        form="format",
-    )
-    assert killed.returncode != 0  # the query failed with its commit
-    assert fired.read_text().split()[1] == "cycle.decided"
+    run_killed(pg_db, tmp_path, "cycle.decided", form="format")  # the query failed with its commit
     resumed = run_pipeline(pg_db, tmp_path, "r2", form="format")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     # Batch 0 was decided by the killed run: its recorded rows are what the sink gets.
