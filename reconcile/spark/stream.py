@@ -166,6 +166,7 @@ class StreamWriter:
         self.via = via
         self.collect_max_bytes = collect_max_bytes
         self._may_collect: bool | None = None  # via="auto": decided at the first batch
+        self._unsized = False  # a batch without a size estimate was reported
         # Staging-table rows may exist: a dead driver's (before the first
         # batch) or a batch staged on the executors since the last sweep.
         self._sweep_due = True
@@ -254,6 +255,11 @@ class StreamWriter:
         collect = False
         if self.via == "auto" and self._collects(batch):
             stats.input_bytes = estimated_bytes(batch)
+            if stats.input_bytes is None and not self._unsized:
+                self._unsized = True  # said once: auto would otherwise never collect, silently
+                log.warning("pipeline %s: Spark gives no size estimate of micro-batch %d; "
+                            "via='auto' stages such batches on the executors",
+                            cycle.pipeline, batch_id)  # fmt: skip
             collect = stats.input_bytes is not None and stats.input_bytes <= self.collect_max_bytes
 
         def stage_one(sink: str, transform: Transform) -> tuple[Any, int, int, str]:
@@ -309,17 +315,16 @@ class StreamWriter:
         """Remove staged rows of batches up to ``batch_id``: this one's, and a dead driver's."""
         from sinks.postgres.shared_stage import sweep_stage
 
-        planned = {plan.sink: plan for plan in self._plans.values() if plan is not None}
-        swept = self._sweep_due
-        for sink, plan in planned.items() if self._sweep_due else ():
-            try:
-                sweep_stage(plan.target, plan.stage, batch_id, "reconcile-stage-sweep")
-            except Exception as exc:  # the batch is committed; the next sweep tries again
-                swept = False
-                log.warning("pipeline %s: could not empty the staging table of %s: %s",
-                            pipeline, sink, exc)  # fmt: skip
-        if swept:
+        if self._sweep_due:
             self._sweep_due = False
+            planned = {plan.sink: plan for plan in self._plans.values() if plan is not None}
+            for sink, plan in planned.items():
+                try:
+                    sweep_stage(plan.target, plan.stage, batch_id, "reconcile-stage-sweep")
+                except Exception as exc:  # the batch is committed; the next batch tries again
+                    self._sweep_due = True
+                    log.warning("pipeline %s: could not empty the staging table of %s: %s",
+                                pipeline, sink, exc)  # fmt: skip
         root = os.path.join(self.staging, pipeline)
         try:
             names = os.listdir(root)
