@@ -200,10 +200,15 @@ def normalize_changes(
             )
     if schema is None:
         upsert_rows = data.filter(is_upsert).drop_columns([OP_COLUMN])
-        if upsert_rows.num_rows == 0:
+        # An Arrow table carries its columns' types even without upserts (an
+        # empty first epoch): take them, unless one is unknown (the null type).
+        typed = isinstance(changes, pa.Table) and not any(
+            pa.types.is_null(f.type) for f in upsert_rows.schema
+        )
+        if upsert_rows.num_rows == 0 and not typed:
             raise InvalidInputError(
                 f"table {table!r}: cannot infer the table's schema from an epoch without "
-                "upserts; pass schema=; nothing was written",
+                "upserts (and without an Arrow schema); pass schema=; nothing was written",
                 table=table,
             )
         ordered = list(keys) + [c for c in upsert_rows.column_names if c not in keys]

@@ -68,6 +68,23 @@ def test_reapply_is_a_noop(tmp_path: Path) -> None:
     assert list(store.epoch_versions()) == [1]
 
 
+def test_an_empty_first_epoch_takes_its_schema_from_arrow_not_from_nothing(
+    tmp_path: Path,
+) -> None:
+    """An empty Arrow table still types the table; no rows and no types are refused."""
+    store = store_at(tmp_path)
+    assert store.apply(0, SCHEMA.empty_table()).applied
+    assert store.user_schema == SCHEMA and store.snapshot().num_rows == 0
+    store.apply(1, [Change("upsert", {"k": "a", "v": 1})])
+    assert as_map(store.snapshot()) == {"a": 1}
+
+    untyped = store_at(tmp_path / "untyped")
+    nothing = pa.table({"k": pa.array([], pa.string()), "v": pa.array([], pa.null())})
+    with pytest.raises(InvalidInputError, match="cannot infer the table's schema"):
+        untyped.apply(0, nothing)
+    assert untyped.last_epoch() is None
+
+
 def test_time_travel_to_every_epoch_matches_a_model(tmp_path: Path) -> None:
     store = store_at(tmp_path)
     rng = random.Random(7)
