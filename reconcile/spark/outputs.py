@@ -1,9 +1,12 @@
 """What the streaming writer hands each sink: the transforms of a micro-batch, and its rows.
 
 A transform maps a micro-batch's DataFrame (and, if it takes two arguments,
-the batch id) to one sink's DataFrame. ``outputs_of`` gives ``Driver.run``
-the rows of the micro-batch being written, and an error, never an empty
-batch, for an earlier one whose micro-batch Spark will not compute again.
+the batch id) to one sink's DataFrame, or to a ``pyarrow.Table`` of rows it
+computed on the driver itself (a small aggregate it collected and merged with
+state: no Spark job is left for the writer to run). ``outputs_of`` gives
+``Driver.run`` the rows of the micro-batch being written, and an error, never
+an empty batch, for an earlier one whose micro-batch Spark will not compute
+again.
 """
 
 from __future__ import annotations
@@ -14,12 +17,12 @@ from typing import Any
 
 import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
 
-from reconcile.contract import FatalError
+from reconcile.contract import ConfigurationError, FatalError
 
 __all__ = ["Transform", "apply_transform", "identity", "outputs_of"]
 
 # A micro-batch DataFrame (and, if the function takes two arguments, its batch
-# id) -> a sink's DataFrame.
+# id) -> a sink's DataFrame, or a pyarrow.Table of its rows.
 Transform = Callable[..., Any]
 
 
@@ -41,22 +44,37 @@ def identity(batch: Any) -> Any:
     return batch
 
 
-def apply_transform(transform: Transform, batch: Any, batch_id: int) -> Any:
+def apply_transform(transform: Transform, batch: Any, batch_id: int, *, sink: str = "") -> Any:
     """``transform(batch)``, or ``transform(batch, batch_id)`` if it takes two arguments.
 
     The batch id lets a transform read state as of the epoch before (a running
     total from the expected state at ``batch_id - 1``), which a re-run of the
     batch reads the same.
+
+    Returns:
+        A DataFrame, or a ``pyarrow.Table`` of rows the transform computed.
+
+    Raises:
+        ConfigurationError: the transform returned anything else (named with ``sink``).
     """
     try:
         parameters = inspect.signature(transform).parameters.values()
     except (TypeError, ValueError):  # a builtin without a signature: one argument
-        return transform(batch)
-    positional = [
-        p for p in parameters
-        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty
-    ]  # fmt: skip
-    return transform(batch, batch_id) if len(positional) >= 2 else transform(batch)
+        frame = transform(batch)
+    else:
+        positional = [
+            p for p in parameters
+            if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty
+        ]  # fmt: skip
+        frame = transform(batch, batch_id) if len(positional) >= 2 else transform(batch)
+    # Checked here, not where the frame is first used: a None or a pandas frame
+    # would otherwise fail deep in staging, with no word of which sink.
+    if not isinstance(frame, pa.Table) and not hasattr(frame, "sparkSession"):
+        raise ConfigurationError(
+            f"the transform of sink {sink!r} returned {type(frame).__name__}; a transform "
+            "returns a Spark DataFrame or a pyarrow.Table"
+        )
+    return frame
 
 
 class _Gone(Mapping[str, Iterable[Any]]):

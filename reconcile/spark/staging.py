@@ -31,6 +31,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import shutil
 import uuid
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -53,6 +54,7 @@ __all__ = [
     "estimated_bytes",
     "plan_pg_stage",
     "read_staged",
+    "remove_run_folders",
     "stage_batches",
     "stage_on_executors",
     "stage_to_files",
@@ -114,6 +116,21 @@ def _stage_partition(folder: str, batches: Iterator[pa.RecordBatch]) -> Iterator
             {"path": [staged[0]], "rows": [staged[1]]},
             schema=pa.schema([("path", pa.string()), ("rows", pa.int64())]),
         )
+
+
+def remove_run_folders(root: str, batch_id: int) -> None:
+    """Remove the staging folders (``e<batch>-<run>``) under ``root`` of batches up to ``batch_id``.
+
+    A dead driver's folders among them: nothing reads a batch's files once a
+    later batch has committed.
+    """
+    try:
+        names = os.listdir(root)
+    except FileNotFoundError:
+        return
+    for name in names:
+        if name.startswith("e") and name[1:13].isdigit() and int(name[1:13]) <= batch_id:
+            shutil.rmtree(os.path.join(root, name), ignore_errors=True)
 
 
 def read_staged(

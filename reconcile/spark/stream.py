@@ -66,6 +66,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
+
 from reconcile import hooks
 from reconcile.contract import ConfigurationError, InvalidInputError
 from reconcile.cycle import CommitCycle
@@ -81,6 +83,7 @@ from reconcile.spark.staging import (
     driver_result_limit,
     estimated_bytes,
     plan_pg_stage,
+    remove_run_folders,
     stage_on_executors,
     stage_to_files,
 )
@@ -108,7 +111,8 @@ class BatchStats:
     batch_id: int
     rows: dict[str, int] = field(default_factory=dict)  # sink -> rows staged
     files: dict[str, int] = field(default_factory=dict)  # sink -> files staged
-    via: dict[str, str] = field(default_factory=dict)  # sink -> "collect", "executors" or "driver"
+    # sink -> "collect", "executors", "driver", or "arrow" (the transform's own rows)
+    via: dict[str, str] = field(default_factory=dict)
     input_bytes: int | None = None  # Spark's estimate of the batch's input (via="auto")
     replayed: bool = False  # the epoch was already in every sink: nothing was staged
     stage_ms: float | None = None  # the executors' (or the driver's) staging of every sink
@@ -122,9 +126,11 @@ class StreamWriter:
         build: makes a CommitCycle over fresh sink clients (as ``drive`` takes):
             called once, and again after a restart the cycle asks for.
         outputs: sink name -> a function from the micro-batch DataFrame to that
-            sink's DataFrame (a select, a filter, an aggregation of the batch);
-            a function of two arguments is also given the batch id. By
-            default every sink gets the batch as it is.
+            sink's DataFrame (a select, a filter, an aggregation of the batch),
+            or to a ``pyarrow.Table`` of rows it made on the driver (handed to
+            the cycle as they are, whatever ``via``); a function of two
+            arguments is also given the batch id. By default every sink gets
+            the batch as it is.
         staging: the folder executors stage rows in; every executor and the
             driver must see it at this path.
         retry: how long an epoch is retried before the query fails.
@@ -263,7 +269,9 @@ class StreamWriter:
             collect = stats.input_bytes is not None and stats.input_bytes <= self.collect_max_bytes
 
         def stage_one(sink: str, transform: Transform) -> tuple[Any, int, int, str]:
-            frame = apply_transform(transform, batch, batch_id)
+            frame = apply_transform(transform, batch, batch_id, sink=sink)
+            if isinstance(frame, pa.Table):  # rows the transform made on the driver
+                return frame, frame.num_rows, 0, "arrow"
             # Planned whichever way the batch goes: the target is checked from
             # the first batch on, its staging table can be swept, and the
             # store's table is made from Spark's schema (an empty first epoch
@@ -325,14 +333,7 @@ class StreamWriter:
                     self._sweep_due = True
                     log.warning("pipeline %s: could not empty the staging table of %s: %s",
                                 pipeline, sink, exc)  # fmt: skip
-        root = os.path.join(self.staging, pipeline)
-        try:
-            names = os.listdir(root)
-        except FileNotFoundError:
-            return
-        for name in names:
-            if name.startswith("e") and name[1:13].isdigit() and int(name[1:13]) <= batch_id:
-                shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+        remove_run_folders(os.path.join(self.staging, pipeline), batch_id)
 
     def close(self) -> None:
         """Close the cycle's sinks (the query has stopped)."""

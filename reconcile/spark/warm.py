@@ -63,9 +63,12 @@ def warm_up(
     empty = spark.createDataFrame([], df.schema)
     # As the writer does: with outputs, the sinks they name; without, the batch into each.
     transforms = dict(outputs) if outputs is not None else dict.fromkeys(sinks)
-    for transform in transforms.values():
-        frame = apply_transform(transform, empty, batch_id) if transform is not None else empty
-        frame.mapInArrow(_import_staging, _NOTHING).collect()
+    for sink, transform in transforms.items():
+        frame = empty
+        if transform is not None:
+            frame = apply_transform(transform, empty, batch_id, sink=sink)
+        if not isinstance(frame, pa.Table):  # a table: the transform ran its own jobs already
+            frame.mapInArrow(_import_staging, _NOTHING).collect()
     # A batch's staging runs a task per slot at once, each in a Python worker
     # of its own: start as many (one row per partition, so every task runs).
     slots = max(2, int(spark.sparkContext.defaultParallelism))

@@ -32,6 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
+import pyarrow.compute as pc  # type: ignore[import-untyped, unused-ignore]
 import pyarrow.parquet as pq  # type: ignore[import-untyped, unused-ignore]
 
 from reconcile.contract import RetryableError
@@ -44,7 +46,9 @@ __all__ = [
 
 PIPELINE = "demo"
 KEYS = {"demo_lineitem": ["l_orderkey", "l_linenumber"], "demo_customer_revenue": ["o_custkey"]}
-REVENUE_SCHEMA = "o_custkey long, revenue decimal(18,4), lines long"
+REVENUE_ARROW = pa.schema(
+    [("o_custkey", pa.int64()), ("revenue", pa.decimal128(18, 4)), ("lines", pa.int64())]
+)
 CHECK_EVERY_S = 3.0  # how often a running pipeline checks whether every line is in
 
 
@@ -72,32 +76,45 @@ def recover_tables(dsn: str, store: str, last: int, events: EventLog) -> None:
                      applied=found.applied)  # fmt: skip
 
 
-def revenue_transform(spark: Any, orders: Any, store: Any) -> Any:
-    """The ``demo_customer_revenue`` output of a batch: running totals per customer."""
+def revenue_transform(orders: Any, store: Any) -> Any:
+    """The ``demo_customer_revenue`` output of a batch: running totals per customer.
+
+    Spark computes the batch's own sum and count per customer (a join with the
+    cached ``orders``); the driver adds them to the totals as of the epoch
+    before, read from the expected state, and hands the rows to the writer as
+    Arrow. The totals are at most one row per customer, and adding them on the
+    driver takes well under a millisecond, where a broadcast join of them in
+    Spark took about 170 ms a batch on the benchmark's 2-core machine.
+    """
     from pyspark.sql import functions as F
 
-    def previous(batch_id: int) -> Any:
+    def previous(batch_id: int) -> pa.Table:
         """The totals as of epoch ``batch_id - 1`` (decided: Spark runs batches in order)."""
         if batch_id == 0 or store.last_epoch() is None:
-            return spark.createDataFrame([], REVENUE_SCHEMA)
+            return REVENUE_ARROW.empty_table()
         state = store.snapshot(epoch=batch_id - 1, columns=["o_custkey", "revenue", "lines"])
-        return spark.createDataFrame(state.to_pandas(), REVENUE_SCHEMA)
+        return state.cast(REVENUE_ARROW)
 
-    def revenue(batch: Any, batch_id: int) -> Any:
+    def revenue(batch: Any, batch_id: int) -> pa.Table:
+        price = F.col("l_extendedprice") * (F.lit(1) - F.col("l_discount"))
         delta = (
             batch.join(orders, batch.l_orderkey == orders.o_orderkey)
             .groupBy("o_custkey")
             .agg(
-                F.sum(F.col("l_extendedprice") * (F.lit(1) - F.col("l_discount"))).alias("d"),
-                F.count("*").alias("n"),
+                F.sum(price).cast("decimal(18,4)").alias("d"),  # exact: scale 2 times scale 2
+                F.count("*").cast("long").alias("n"),
             )
-        )
-        joined = delta.join(F.broadcast(previous(batch_id)), "o_custkey", "left")
-        return joined.select(
-            "o_custkey",
-            (F.coalesce("revenue", F.lit(0)) + F.col("d")).cast("decimal(18,4)").alias("revenue"),
-            (F.coalesce("lines", F.lit(0)) + F.col("n")).cast("long").alias("lines"),
-        )
+        ).toArrow()
+        # Every customer of the batch, with its total before (none: a new customer).
+        rows = delta.join(previous(batch_id), "o_custkey", join_type="left outer")
+        zero, none = pa.scalar(0, REVENUE_ARROW.field("revenue").type), pa.scalar(0, pa.int64())
+        return pa.table(
+            {
+                "o_custkey": rows["o_custkey"],
+                "revenue": pc.add(pc.coalesce(rows["revenue"], zero), rows["d"]),
+                "lines": pc.add(pc.coalesce(rows["lines"], none), rows["n"]),
+            }
+        ).cast(REVENUE_ARROW)
 
     return revenue
 
@@ -167,7 +184,7 @@ def setup(workdir: Path, dsn: str, master: str) -> Setup:
     revenue_store = ExpectedStateStore(store, PIPELINE, "demo_customer_revenue", ["o_custkey"])
     outputs = {
         "demo_lineitem": lambda batch: batch,
-        "demo_customer_revenue": revenue_transform(spark, orders, revenue_store),
+        "demo_customer_revenue": revenue_transform(orders, revenue_store),
     }
     return Setup(workdir, dsn, events, store, spark, lines, build, outputs, all_in)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import psycopg
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
@@ -100,7 +101,16 @@ def test_proxy_chaos_drops_only_the_chosen_applications_commits(pg_server: PgSer
 
 
 def test_a_transform_of_two_arguments_gets_the_batch_id() -> None:
-    assert apply_transform(lambda batch: (batch,), "b", 4) == ("b",)
-    assert apply_transform(lambda batch, batch_id: (batch, batch_id), "b", 4) == ("b", 4)
-    assert apply_transform(lambda batch, scale=2: (batch, scale), "b", 4) == ("b", 2)
-    assert apply_transform(str, 7, 4) == "7"
+    def given(*args: object) -> pa.Table:
+        return pa.table({"args": [repr(args)]})
+
+    assert apply_transform(lambda batch: given(batch), "b", 4) == given("b")
+    assert apply_transform(lambda batch, batch_id: given(batch, batch_id), "b", 4) == given("b", 4)
+    assert apply_transform(lambda batch, scale=2: given(batch, scale), "b", 4) == given("b", 2)
+
+
+def test_a_transform_that_returns_neither_a_frame_nor_arrow_is_named() -> None:
+    with pytest.raises(ConfigurationError, match="sink 'totals' returned NoneType"):
+        apply_transform(lambda batch: None, "b", 4, sink="totals")
+    with pytest.raises(ConfigurationError, match="returned str"):
+        apply_transform(str, 7, 4)

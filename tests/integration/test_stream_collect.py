@@ -223,6 +223,29 @@ def test_batches_that_take_different_ways_land_alike(
     assert snapshot.schema.field("at").type == pa.timestamp("us", tz="UTC")
 
 
+@pytest.mark.parametrize("via", ["auto", "executors"])
+def test_arrow_rows_a_transform_made_on_the_driver_land_as_they_are(
+    spark: Any, pg_db: str, tmp_path: Path, via: str
+) -> None:
+    """A transform may return a pyarrow.Table: whatever ``via``, nothing more is staged.
+
+    The first batch's table is empty (with its schema), and each row's amount
+    is one the driver computed, not Spark: the rows in Postgres are the ones
+    the transform returned, each once, under its batch's epoch.
+    """
+    import pyarrow.compute as pc
+
+    def made(batch: Any, batch_id: int) -> pa.Table:
+        rows = batch.filter(f"id >= {ROWS}").toArrow()
+        return rows.set_column(1, "amount", pc.add(rows["amount"], 1000 * (batch_id + 1)))
+
+    _inbox(tmp_path)
+    history = _run(spark, pg_db, tmp_path, transform=made, via=via)
+    assert [b.via for b in history] == [{"events": "arrow"}] * FILES
+    assert [b.rows for b in history] == [{"events": 0}, {"events": ROWS}]
+    assert _events(pg_db) == [(i, i * 2 + 2000, 1) for i in range(ROWS, 2 * ROWS)]
+
+
 def test_collected_timestamps_carry_the_session_time_zone(spark: Any) -> None:
     """As on the other ways, where Spark's Arrow batches carry the session's zone."""
     from reconcile.spark.staging import collect_rows
