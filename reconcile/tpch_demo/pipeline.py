@@ -84,7 +84,8 @@ def revenue_transform(orders: Any, store: Any) -> Any:
     before, read from the expected state, and hands the rows to the writer as
     Arrow. The totals are at most one row per customer, and adding them on the
     driver takes well under a millisecond, where a broadcast join of them in
-    Spark took about 170 ms a batch on the benchmark's 2-core machine.
+    Spark added about 50 ms to a batch's median (more to its tail) on the
+    benchmark's 2-core machine.
     """
     from pyspark.sql import functions as F
 
