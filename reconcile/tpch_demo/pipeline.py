@@ -108,12 +108,13 @@ def revenue_transform(orders: Any, store: Any) -> Any:
         ).toArrow()
         # Every customer of the batch, with its total before (none: a new customer).
         rows = delta.join(previous(batch_id), "o_custkey", join_type="left outer")
-        zero, none = pa.scalar(0, REVENUE_ARROW.field("revenue").type), pa.scalar(0, pa.int64())
+        no_revenue = pa.scalar(0, REVENUE_ARROW.field("revenue").type)
+        no_lines = pa.scalar(0, pa.int64())
         return pa.table(
             {
                 "o_custkey": rows["o_custkey"],
-                "revenue": pc.add(pc.coalesce(rows["revenue"], zero), rows["d"]),
-                "lines": pc.add(pc.coalesce(rows["lines"], none), rows["n"]),
+                "revenue": pc.add(pc.coalesce(rows["revenue"], no_revenue), rows["d"]),
+                "lines": pc.add(pc.coalesce(rows["lines"], no_lines), rows["n"]),
             }
         ).cast(REVENUE_ARROW)
 
