@@ -273,9 +273,9 @@ class StreamWriter:
             if isinstance(frame, pa.Table):  # rows the transform made on the driver
                 return frame, frame.num_rows, 0, "arrow"
             # Planned whichever way the batch goes: the target is checked from
-            # the first batch on, its staging table can be swept, and the
-            # store's table is made from Spark's schema (an empty first epoch
-            # could not teach the store the sink's schema).
+            # the first batch on, and its staging table is known, so that a
+            # dead driver's staged rows are swept even if every batch of this
+            # run is collected.
             plan = self._plan(cycle, sink, frame) if self.via != "driver" else None
             if collect:
                 collected = collect_rows(frame, batch_id=batch_id, sink=sink)
