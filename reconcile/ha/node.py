@@ -330,7 +330,14 @@ class HaNode:
         heartbeat, query, now = self._heartbeat, self.query, self.tenures[-1]
         assert heartbeat is not None
         if query is not None:
-            query.awaitTermination(self.poll_s)
+            try:
+                query.awaitTermination(self.poll_s)
+            except Exception as exc:
+                # A query that failed raises here; what to do about it (step
+                # down if the lease is gone, else restart or step down) is
+                # decided below from query.exception(), not by exiting the node.
+                log.debug("pipeline %s: the query ended with %s", self.lease.pipeline,
+                          type(exc).__name__)  # fmt: skip
         else:
             stop.wait(self.poll_s)
         if self.writer is not None and self.writer.report.committed_epochs:
