@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import quote
 
 from reconcile.contract import ConfigurationError, validate_name
 from reconcile.logs import scrub
@@ -33,6 +34,7 @@ __all__ = [
 
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
 
 
 class ConfigFileError(ConfigurationError):
@@ -61,7 +63,9 @@ class Connection:
 
     def redact(self, text: str) -> str:
         """``text`` without this connection's secrets (and anything password-shaped)."""
-        for secret in sorted(self._secrets, key=len, reverse=True):
+        # Each secret as written and as it stands percent-encoded in a URI.
+        variants = {v for s in self._secrets for v in (s, quote(s, safe=""), quote(s))}
+        for secret in sorted(variants, key=len, reverse=True):
             text = text.replace(secret, "***")
         return scrub(text)
 
@@ -196,6 +200,7 @@ def fill_connection(
     Errors name ``key`` (or ``password_env``), never the value: it may hold a secret.
     """
     secrets: list[str] = []
+    user_info_end = _user_info_end(template)
 
     def fill(match: re.Match[str]) -> str:
         variable = match[1]
@@ -203,6 +208,13 @@ def fill_connection(
             raise reader.error(f"environment variable {variable} is not set", key)
         # Any variable may hold a secret: each value is redacted from messages.
         secrets.append(env[variable])
+        if match.start() < user_info_end:
+            # Inside a URI's user info a value is percent-encoded: a password
+            # with '@' or '/' would otherwise end the user info early, and its
+            # tail would be read (and shown) as the host. ':' is kept: it parts
+            # user from password (a variable may hold both), and a password's
+            # own ':' after the first is read as part of it.
+            return quote(env[variable], safe=":")
         return env[variable]
 
     value = _VAR.sub(fill, template)
@@ -216,6 +228,25 @@ def fill_connection(
         secrets.append(password)
     value = _with_password(reader, key, kind, value, password, secrets)
     return Connection(kind, scrub(template), password_env, value, tuple(s for s in secrets if s))
+
+
+def _user_info_end(template: str) -> int:
+    """Where the user info of a URI-form ``template`` ends (its last '@'); 0 if it has none.
+
+    Read from the template, before any variable is filled in, so that an '@'
+    inside a variable's value cannot move it.
+    """
+    scheme = _SCHEME.match(template)
+    if scheme is None:
+        return 0
+    start = scheme.end()
+    authority_end = len(template)
+    for stop in "/?#":
+        found = template.find(stop, start)
+        if found != -1:
+            authority_end = min(authority_end, found)
+    at = template.rfind("@", start, authority_end)
+    return max(at, 0)
 
 
 def _with_password(

@@ -62,9 +62,9 @@ _CONTEXT: ContextVar[Mapping[str, object] | None] = ContextVar(
     "reconcile_log_context", default=None
 )
 
-# The same shapes the Postgres sink redacts (URI user info, key=value and query
-# passwords). Kept here too because the core must not import a sink package,
-# and this net covers lines that no sink produced.
+# The shapes a password takes in a connection string (URI user info, key=value
+# and query passwords). The one definition: the sinks' redaction (literal
+# secrets first) ends with :func:`scrub`, and so does every log line.
 _URI_PASSWORD = re.compile(r"(://[^:/@\s]*:)[^@\s]*(@)")
 _KV_PASSWORD = re.compile(r"((?:ssl)?password\s*=\s*)('(?:[^'\\]|\\.)*'|[^\s&]+)", re.IGNORECASE)
 

@@ -11,6 +11,7 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from reconcile.contract import ConfigurationError, ReconcileError, RetryableError
+from reconcile.logs import scrub
 
 __all__ = ["SECRET_PARAMS", "PgTarget", "connect_failure", "redact_text"]
 
@@ -23,9 +24,9 @@ SECRET_PARAMS = ("password", "sslpassword")
 # postgresql+psycopg://, postgresql+psycopg2://, postgres+asyncpg://: the
 # SQLAlchemy dialect+driver prefix. libpq understands only the bare scheme.
 _SQLALCHEMY_SCHEME = re.compile(r"^(postgresql|postgres)\+[A-Za-z0-9_]+://")
-_URI_PASSWORD = re.compile(r"(://[^:/@\s]*:)[^@\s]*(@)")
-# key=value form, and the same keys as URI query parameters (?sslpassword=...).
-_KV_PASSWORD = re.compile(r"((?:ssl)?password\s*=\s*)('(?:[^'\\]|\\.)*'|[^\s&]+)", re.IGNORECASE)
+# What libpq quotes of the string it could not parse: a fragment of the
+# string, maybe of its password. Single characters ("=") are kept.
+_QUOTED = re.compile(r'"([^"]*)"')
 
 # Server answers to a connection attempt that no retry can fix: libpq reports
 # them as text only (no SQLSTATE reaches the client before the session
@@ -57,8 +58,7 @@ def redact_text(text: str, *secrets: str | None) -> str:
         variants = {secret, quote(secret, safe=""), quote(secret)}
         for variant in sorted(variants, key=len, reverse=True):
             text = text.replace(variant, REDACTED)
-    text = _URI_PASSWORD.sub(rf"\g<1>{REDACTED}\g<2>", text)
-    return _KV_PASSWORD.sub(rf"\g<1>{REDACTED}", text)
+    return scrub(text)
 
 
 @dataclass(frozen=True)
@@ -90,16 +90,32 @@ class PgTarget:
                 f"got {type(dsn).__name__}"
             )
         text = _SQLALCHEMY_SCHEME.sub("postgresql://", dsn.strip(), count=1)
+        form = "a postgresql:// URI" if "://" in text else "key=value pairs"
         try:
             # libpq's own parser: it percent-decodes a URI's user info and
             # query once, which is all the decoding there is. Decoding again
             # here would turn a literal '%41' in a password into 'A'.
             params = {k: str(v) for k, v in conninfo_to_dict(text).items() if v is not None}
         except psycopg.Error as err:
+            # Neither the string nor what libpq quotes of it is shown: a string
+            # libpq cannot parse is one whose password the redaction patterns
+            # cannot find either (a space, a stray '%', an open quote).
+            reason = _QUOTED.sub(lambda m: m[0] if len(m[1]) <= 1 else '"..."', str(err).strip())
             raise ConfigurationError(
-                "postgres sink: cannot parse connection string "
-                f"{redact_text(text)!r}: {redact_text(str(err))}"
+                f"postgres sink: cannot parse the connection string ({form}): {reason}. "
+                "The string is not shown: it may hold a password"
             ) from None
+        for key in ("host", "hostaddr", "port"):
+            if "@" in params.get(key, ""):
+                # libpq took the user info up to the first '@': the rest of a
+                # password (or user name) with an '@' in it became the host,
+                # and would be shown wherever the host is.
+                raise ConfigurationError(
+                    f"postgres sink: cannot use the connection string ({form}): its {key} "
+                    "holds an '@', so a user name or password in it has an '@' that is not "
+                    "percent-encoded; write it as %40. The string is not shown: it may hold "
+                    "a password"
+                )
         secrets = {k: params.pop(k) for k in SECRET_PARAMS if k in params}
         return cls(params=params, password=secrets.get("password"), secrets=secrets)
 

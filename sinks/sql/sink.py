@@ -33,6 +33,8 @@ from reconcile.contract import (
     WriterIdentity,
     validate_name,
 )
+from reconcile.keys import float_key_error
+from reconcile.logs import scrub
 from reconcile.sink import SinkCapabilities
 
 from .state import SqlState
@@ -47,9 +49,14 @@ EPOCH_COLUMN = "_epoch"
 def redact_url(url: str) -> str:
     """The URL with its password hidden (for every message)."""
     try:
-        return sa.make_url(url).render_as_string(hide_password=True)
+        parsed = sa.make_url(url)
     except sa.exc.ArgumentError:
         return "<unparsable URL>"
+    if "@" in (parsed.host or ""):
+        # The user info was cut at its first '@': the rest of a password with an
+        # unencoded '@' became the host. Nothing of it is shown.
+        return f"{parsed.drivername}://<user info with an unencoded '@'>"
+    return parsed.render_as_string(hide_password=True)
 
 
 @dataclass
@@ -92,11 +99,23 @@ class SqlSink:
         self.url, self.table_name, self.schema_name = url, table, schema
         self.key_given = None if key is None else list(key)
         try:
-            self.engine = sa.create_engine(url)
-        except (sa.exc.ArgumentError, ImportError) as err:
+            parsed = sa.make_url(url)
+        except sa.exc.ArgumentError:
+            # SQLAlchemy's message quotes the whole string, password included.
             raise ConfigurationError(
-                f"sql sink {name!r}: bad URL {redact_url(url)}: {err}"
+                f"sql sink {name!r}: not an SQLAlchemy URL (dialect+driver://...); the string "
+                "is not shown: it may hold a password"
             ) from None
+        if "@" in (parsed.host or ""):
+            raise ConfigurationError(
+                f"sql sink {name!r}: the URL's host holds an '@', so a user name or password "
+                "in it has an '@' that is not percent-encoded; write it as %40. The URL is not "
+                "shown: it may hold a password"
+            )
+        try:
+            self.engine = sa.create_engine(parsed)
+        except (sa.exc.ArgumentError, ImportError) as err:
+            raise ConfigurationError(self._error_of(name, url, "cannot use the URL", err)) from None
         self.state = SqlState(state_schema)
         self._writer: WriterIdentity | None = None
         self._target: sa.Table | None = None
@@ -125,9 +144,13 @@ class SqlSink:
         )
 
     def _error(self, what: str, err: BaseException) -> str:
-        text = f"sql sink {self._name!r} ({redact_url(self.url)}): {what}: {err}"
-        password = sa.make_url(self.url).password
-        return text.replace(str(password), "***") if password else text
+        return self._error_of(self._name, self.url, what, err)
+
+    @staticmethod
+    def _error_of(name: str, url: str, what: str, err: BaseException) -> str:
+        text = f"sql sink {name!r} ({redact_url(url)}): {what}: {err}"
+        password = sa.make_url(url).password
+        return scrub(text.replace(str(password), "***") if password else text)
 
     def target(self) -> sa.Table:
         """The reflected target table (reflected once; the state tables created if missing).
@@ -153,6 +176,15 @@ class SqlSink:
                     f"sql sink {self._name!r}: table {self.table_name!r} has no primary key; "
                     "give key=(...)"
                 )
+            for key in self.key_columns(table):
+                # sa.Float covers REAL, DOUBLE PRECISION and FLOAT in every dialect.
+                if key in table.c and isinstance(table.c[key].type, sa.Float):
+                    raise float_key_error(
+                        f"sql sink {self._name!r}: table {self.table_name!r}",
+                        key,
+                        str(table.c[key].type),
+                        ConfigurationError,
+                    )
             self._target = table
         return self._target
 

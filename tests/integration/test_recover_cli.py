@@ -123,3 +123,23 @@ def test_a_dsn_that_cannot_connect_is_one_line_with_the_password_redacted(
         assert out.stderr.count("\n") == 1, out.stderr
         assert "password authentication failed" in out.stderr
         assert PASSWORD not in out.stderr and "wrong-" not in out.stderr
+
+
+@pytest.mark.parametrize(
+    "dsn",
+    [
+        "postgresql://app:Hunter Two@127.0.0.1/shop",  # a space: libpq quotes the fragment
+        "postgresql://app:Hunter%zzTwo@127.0.0.1/shop",  # a bad percent escape
+        "postgresql://app:Hunter@Two@127.0.0.1/shop",  # an unencoded '@': the tail is the host
+        "postgresql+psycopg://app:Hunter@Two@127.0.0.1/shop",
+        "host=127.0.0.1 password=Hunter Two dbname=shop",
+        "host=127.0.0.1 password='Hunter Two dbname=shop",  # an unterminated quote
+    ],
+)
+def test_a_dsn_that_cannot_be_parsed_is_never_echoed(dsn: str, tmp_path: Path) -> None:
+    out = cli("verify", "--pg", dsn, "--store", str(tmp_path), "--pipeline", "shop",
+              "--table", "orders")  # fmt: skip
+    assert out.returncode == 2, out.stderr
+    assert out.stderr.count("\n") == 1, out.stderr
+    assert "Hunter" not in out.stderr and "Two" not in out.stderr and "Hunter" not in out.stdout
+    assert "not shown" in out.stderr

@@ -7,6 +7,8 @@ import pytest
 from reconcile.contract import ConfigurationError
 from sinks.postgres import PgTarget, postgres_sink, redact_text
 from sinks.registry import open_sink, redact_uri
+from sinks.sql import SqlSink
+from sinks.sql.sink import redact_url
 
 # A password whose literal text contains a percent escape: '%41' is NOT 'A'.
 LITERAL = "S3cr%41et"
@@ -62,3 +64,44 @@ def test_registry_errors_never_show_a_password() -> None:
         "postgresql://u@h/db?sslpassword=***&table=t"
     )
     assert redact_uri("http://[::1") == "<a URI that cannot be parsed>"
+
+
+@pytest.mark.parametrize(
+    ("dsn", "says"),
+    [
+        ("postgresql://app:Hunter Two@db/shop", 'unexpected spaces found in "..."'),
+        ("postgresql://app:Hunter%zzTwo@db/shop", 'invalid percent-encoded token: "..."'),
+        ("host=db password=Hunter Two dbname=shop", 'missing "=" after "..."'),
+        ("host=db password='Hunter Two dbname=shop", "unterminated quoted string"),
+        ("postgresql://app:Hunter@Two@db/shop", "its host holds an '@'"),
+        ("postgresql://app@Hunter:Two@db/shop", "its port holds an '@'"),
+    ],
+)
+def test_a_connection_string_that_cannot_be_used_is_never_echoed(dsn: str, says: str) -> None:
+    # libpq's parse errors quote the fragment they choke on, and a password
+    # with an unencoded '@' leaves its tail in the host, which every message shows.
+    with pytest.raises(ConfigurationError) as err:
+        PgTarget.parse(dsn)
+    assert says in str(err.value) and "not shown" in str(err.value)
+    assert "Hunter" not in str(err.value) and "Two" not in str(err.value)
+
+
+def test_an_at_sign_percent_encoded_in_the_user_info_is_the_password() -> None:
+    target = PgTarget.parse("postgresql://app:Hunter%40Two@db/shop")
+    assert target.password == "Hunter@Two" and target.describe() == "app@db/shop"
+    assert "Two" not in target.redact("auth failed for Hunter@Two (Hunter%40Two)")
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "postgresql+psycopg://app:Hunter@Two@db/shop",
+        "not a url Hunter-Two",
+    ],
+)
+def test_a_sql_url_that_cannot_be_used_is_never_echoed(url: str) -> None:
+    with pytest.raises(ConfigurationError) as err:
+        SqlSink(url, "orders", name="orders")
+    assert "not shown" in str(err.value) and "Hunter" not in str(err.value)
+    assert "Two" not in str(err.value)
+    assert "Two" not in redact_url(url) and "Hunter" not in redact_url(url)
