@@ -16,7 +16,9 @@ pipeline's ``run`` table (how ``reconcile run`` streams it) in
 
 from __future__ import annotations
 
+import logging
 import os
+import stat
 import tomllib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -45,6 +47,8 @@ __all__ = [
     "SinkTableConfig",
     "load_config",
 ]
+
+log = logging.getLogger("reconcile.config")
 
 VERIFY_MODES = ("auto", "full", "scoped", "buckets")
 WRITE_MODES = ("transactional", "prepared")
@@ -154,6 +158,29 @@ class Config:
 # ----------------------------------------------------------------------- loading
 
 
+def _check_mode(file: Path, mode: int) -> None:
+    """Refuse a config file every user may write; warn about one its group may write.
+
+    The file says where every row goes and, with a ``run`` table, which code
+    ``reconcile run`` imports and runs (``app``): whoever can write it can run
+    code as the pipeline's user and point its sinks elsewhere.
+    """
+    if mode & stat.S_IWOTH:
+        raise ConfigFileError(
+            f"{file}: writable by every user (mode {stat.filemode(mode)}); it decides where "
+            "rows go and which code `reconcile run` imports, so it is not read. Make it "
+            f"writable by its owner only: chmod go-w {file}",
+            file=str(file),
+        )
+    if mode & stat.S_IWGRP:
+        log.warning(
+            "%s: writable by its group (mode %s): whoever is in the group can change where "
+            "rows go and which code `reconcile run` imports (chmod g-w to stop this warning)",
+            file,
+            stat.filemode(mode),
+        )
+
+
 def load_config(path: str | os.PathLike[str], *, env: Mapping[str, str] | None = None) -> Config:
     """Read and check a config file; fill in secrets from the environment.
 
@@ -173,6 +200,7 @@ def load_config(path: str | os.PathLike[str], *, env: Mapping[str, str] | None =
     environ = os.environ if env is None else env
     try:
         with file.open("rb") as handle:
+            _check_mode(file, os.fstat(handle.fileno()).st_mode)
             data = tomllib.load(handle)
     except OSError as err:
         raise ConfigFileError(f"{file}: cannot read: {err.strerror}", file=str(file)) from None

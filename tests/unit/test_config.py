@@ -10,6 +10,7 @@ import pytest
 
 from reconcile.config import ConfigFileError, load_config
 from reconcile.contract import ConfigurationError
+from sinks.postgres import PgTarget
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "reconcile.toml"
@@ -193,3 +194,47 @@ def test_lookups_name_what_exists(tmp_path: Path) -> None:
         config.pipeline("orders").sink("x")
     with pytest.raises(ConfigurationError):
         list(config.tables("shop"))
+
+
+@pytest.mark.parametrize("secret", ["ab@cd", "ab/cd@ef:gh", "ab%40cd", "p@ss:w0rd#"])
+def test_a_variable_in_the_user_info_stays_the_password_whatever_it_holds(
+    tmp_path: Path, secret: str
+) -> None:
+    # Filled in as written, an '@' in it would end the user info early: the
+    # password's tail would become the host, and show wherever the host does.
+    text = MINIMAL.replace("app@db", "app:${DB_PASS}@db").replace(
+        'password_env = "PG_PASSWORD"', ""
+    )
+    config = load_config(write(tmp_path, text), env={"DB_PASS": secret})
+    connection = config.pipelines[0].sinks[0].connection
+    target = PgTarget.parse(connection.get_secret_value())
+    assert target.password == secret
+    assert target.describe() == "app@db:5432/shop"
+    shown = connection.redact(f"failed: {connection.get_secret_value()} ({secret})")
+    assert secret not in shown and "cd" not in shown
+
+
+def test_a_config_file_every_user_may_write_is_refused(tmp_path: Path) -> None:
+    path = write(tmp_path, MINIMAL)
+    path.chmod(0o666)
+    with pytest.raises(ConfigFileError) as err:
+        load_config(path, env=ENV)
+    assert str(err.value).startswith(f"{path}: writable by every user (mode -rw-rw-rw-)")
+    assert f"chmod go-w {path}" in str(err.value)
+
+
+def test_a_config_file_its_group_may_write_is_read_with_a_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = write(tmp_path, MINIMAL)
+    path.chmod(0o664)
+    with caplog.at_level("WARNING", logger="reconcile.config"):
+        assert load_config(path, env=ENV).pipelines[0].name == "orders"
+    assert [r.getMessage() for r in caplog.records] == [
+        f"{path}: writable by its group (mode -rw-rw-r--): whoever is in the group can change "
+        "where rows go and which code `reconcile run` imports (chmod g-w to stop this warning)"
+    ]
+    path.chmod(0o644)
+    caplog.clear()
+    load_config(path, env=ENV)
+    assert caplog.records == []
