@@ -45,6 +45,7 @@ from reconcile.contract import (
     RetryableError,
     validate_name,
 )
+from reconcile.keys import check_arrow_keys
 
 __all__ = [
     "APPLY_CHECKED",
@@ -149,6 +150,7 @@ class ExpectedStateStore(Reading, Reverting, Compaction, Housekeeping, Parts):
                     table=self.uri,
                     column=missing[0],
                 )
+            check_arrow_keys(f"table {self.uri!r}", schema, self.key_columns)
 
     # -- opening ---------------------------------------------------------------
 
@@ -179,6 +181,9 @@ class ExpectedStateStore(Reading, Reverting, Compaction, Housekeeping, Parts):
 
     def _create(self, user: pa.Schema) -> DeltaTable:
         """Create the table if absent (``ignore``: a concurrent creator wins harmlessly)."""
+        # The first epoch may be what gives the schema: its key types are
+        # checked here, before anything is written.
+        check_arrow_keys(f"table {self.uri!r}", user, self.key_columns)
         DeltaTable.create(
             self.uri, self._stored_schema(user), mode="ignore", configuration=TABLE_CONFIG
         )

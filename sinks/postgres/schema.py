@@ -11,6 +11,7 @@ import psycopg
 from psycopg import sql
 
 from reconcile.contract import ConfigurationError
+from reconcile.keys import check_sql_keys
 
 __all__ = ["EPOCH_COLUMN", "Column", "TableSchema", "direct_copy_blockers", "reflect_table"]
 
@@ -210,6 +211,12 @@ def reflect_table(
             "covered by a unique index",
             table=display,
         )
+    check_sql_keys(
+        f"postgres sink: table {display}",
+        {c: col.sql_type for c, col in columns.items()},
+        chosen,
+        ConfigurationError,
+    )
     if set(chosen) not in immediate:
         # ON CONFLICT cannot use a deferrable unique index as its arbiter: every
         # epoch would fail the same way, so say so now.
