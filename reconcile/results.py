@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sized
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -96,7 +96,9 @@ def log_result(
     seconds: float,
 ) -> None:
     """One INFO line per epoch (WARNING when aborted, ERROR when fatal)."""
-    rows = sum(len(v) for v in outputs.values() if isinstance(v, Sequence))
+    # Every value the cycle runs is sized: a list (iterators are listed before
+    # the cycle runs), an Arrow table, rows staged in files or by executors.
+    rows = sum(len(v) for v in outputs.values() if isinstance(v, Sized))
     ms = seconds * 1000
     if isinstance(result, CommitSucceeded):
         what = "replayed (already in)" if result.replayed else "committed"

@@ -9,6 +9,7 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import pyarrow as pa
 import pytest
 
 import reconcile.logs
@@ -16,6 +17,8 @@ from reconcile import CommitCycle, CommitSucceeded, MemoryProgressLog, RetryPoli
 from reconcile.contract import SinkOutcome, SinkTxnId
 from reconcile.faults import Fault, FaultKind, FaultPlan
 from reconcile.logs import ContextFilter, JsonFormatter, configure, context, current
+from reconcile.results import log_result
+from reconcile.staged import StagedEpoch
 from sinks.memory import MemorySink, MemoryStore
 
 sink_log = logging.getLogger("reconcile.sinks.test")
@@ -156,3 +159,18 @@ def test_configure_replaces_only_its_own_handler_and_text_shows_fields() -> None
         for h in [h for h in root.handlers if h not in before]:
             root.removeHandler(h)
         root.setLevel(old_level)
+
+
+def test_an_epoch_line_counts_arrow_and_staged_rows(caplog: pytest.LogCaptureFixture) -> None:
+    # Rows computed on the driver come as an Arrow table, rows staged by Spark
+    # executors as a StagedEpoch: both are rows of the epoch, as a list is.
+    outputs: dict[str, Any] = {
+        "lines": pa.table({"id": [1, 2, 3]}),
+        "totals": StagedEpoch("totals", 4, ("id",), ("reconcile", "stage"), ("t0",), rows=7),
+        "audit": [{"id": 1}, {"id": 2}],
+        "empty": pa.table({"id": pa.array([], pa.int64())}),
+    }
+    log = logging.getLogger("reconcile.cycle")
+    with caplog.at_level(logging.INFO, logger="reconcile.cycle"):
+        log_result(log, "shop", 3, CommitSucceeded(4), outputs, 0.0125)
+    assert caplog.messages == ["pipeline shop epoch 4 committed: 12 rows, 12.5 ms, generation 3"]
