@@ -35,6 +35,7 @@ from reconcile.contract import (
 )
 from reconcile.sink import SinkCapabilities
 
+from .arrow_types import table_arrow_schema
 from .state import SqlState
 
 __all__ = ["EPOCH_COLUMN", "SqlSink"]
@@ -155,6 +156,10 @@ class SqlSink:
                 )
             self._target = table
         return self._target
+
+    def arrow_schema(self) -> pa.Schema:
+        """The target's columns as the expected state records them (``arrow_types.py``)."""
+        return table_arrow_schema(self.target(), self.engine.dialect.name)
 
     def key_columns(self, table: sa.Table | None = None) -> list[str]:
         table = table if table is not None else self.target()
