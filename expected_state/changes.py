@@ -10,8 +10,9 @@ import numpy as np
 import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
 import pyarrow.compute as pc  # type: ignore[import-untyped, unused-ignore]
 
+from expected_state.column_types import infer_user_schema, sql_type, type_names
 from reconcile.contract import Change, InvalidInputError
-from reconcile.decimals import DecimalFitError, check_decimal_array
+from reconcile.decimals import DecimalFitError, check_decimal, check_decimal_array
 from reconcile.hashing import row_hash_arrow
 
 __all__ = ["OP_COLUMN", "RESERVED_COLUMNS", "EpochChanges", "change_rows", "normalize_changes"]
@@ -39,8 +40,35 @@ class EpochChanges:
         return pa.concat_tables([self.upserts.select(keys), self.deletes])
 
 
-def _conform(data: pa.Table, schema: pa.Schema, *, table: str, what: str) -> pa.Table:
-    """Select and cast ``data`` to ``schema``, naming the column that does not fit."""
+def _first_misfit(column: pa.ChunkedArray, target: pa.DataType) -> tuple[int, Any] | None:
+    """The first value of ``column`` that does not convert to ``target`` exactly, and its row.
+
+    Only called once a cast of the whole column failed, to name the value.
+    """
+    row = 0
+    for chunk in column.chunks:
+        for scalar in chunk:
+            try:
+                pa.array([scalar.as_py()], chunk.type).cast(target, safe=True)
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError, ValueError):
+                return row, scalar.as_py()
+            row += 1
+    return None
+
+
+def _conform(
+    data: pa.Table,
+    schema: pa.Schema,
+    *,
+    table: str,
+    what: str,
+    types: pa.Schema | None = None,
+) -> pa.Table:
+    """Select and cast ``data`` to ``schema``, naming the column and value that do not fit.
+
+    ``types`` (the sink's column types) only adds the sink's own type to the
+    errors, beside the store's.
+    """
     columns = []
     for field in schema:
         if field.name not in data.column_names:
@@ -60,11 +88,14 @@ def _conform(data: pa.Table, schema: pa.Schema, *, table: str, what: str) -> pa.
             except DecimalFitError as exc:
                 raise InvalidInputError(
                     f"table {table!r}: column {field.name!r} value {exc.value!r} "
-                    f"(row {exc.index}) does not fit {field.type} exactly: {exc.reason}; it "
+                    f"(row {exc.index}) does not fit the expected state's "
+                    f"{type_names(field.type, types, field.name)} exactly: {exc.reason}; it "
                     "is refused rather than rounded; nothing was written",
                     table=table,
                     column=field.name,
                     value=repr(exc.value),
+                    expected=str(field.type),
+                    sink_type=sql_type(types, field.name),
                 ) from None
             except TypeError:
                 pass  # not numbers: the cast below names the column
@@ -72,14 +103,18 @@ def _conform(data: pa.Table, schema: pa.Schema, *, table: str, what: str) -> pa.
             try:
                 column = column.cast(field.type, safe=True)
             except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
+                misfit = _first_misfit(column, field.type)
+                shown = "" if misfit is None else f" value {misfit[1]!r:.200} (row {misfit[0]})"
                 raise InvalidInputError(
-                    f"table {table!r}: column {field.name!r} of the {what} has type "
-                    f"{column.type}, the table has {field.type} and the values do not "
-                    f"convert ({exc}); nothing was written",
+                    f"table {table!r}: column {field.name!r}{shown} of the {what}: type "
+                    f"{column.type} does not convert to the expected state's "
+                    f"{type_names(field.type, types, field.name)} ({exc}); nothing was written",
                     table=table,
                     column=field.name,
+                    value=None if misfit is None else repr(misfit[1])[:200],
                     expected=str(field.type),
                     actual=str(column.type),
+                    sink_type=sql_type(types, field.name),
                 ) from exc
         columns.append(column)
     extra = [c for c in data.column_names if c not in schema.names and c not in (OP_COLUMN, "_seq")]
@@ -105,8 +140,13 @@ def _last_per_key(data: pa.Table, keys: Sequence[str]) -> pa.Table:
     return data.take(pc.take(last.column("_seq_max"), order))
 
 
-def _from_change_objects(changes: Iterable[Change], keys: Sequence[str]) -> pa.Table:
-    """Arrow rows with ``_op`` from Change objects (small epochs; a Python loop is fine)."""
+def _from_change_objects(
+    changes: Iterable[Change], keys: Sequence[str], known: pa.Schema | None, table: str
+) -> pa.Table:
+    """Arrow rows with ``_op`` from Change objects (small epochs; a Python loop is fine).
+
+    ``known``: the table's types (or the sink's), for values Arrow cannot infer.
+    """
     rows: list[dict[str, Any]] = []
     for change in changes:
         if not isinstance(change, Change):
@@ -122,7 +162,62 @@ def _from_change_objects(changes: Iterable[Change], keys: Sequence[str]) -> pa.T
     # Every column any row names, in first-seen order: from_pylist alone would
     # take the columns of the first row only (a delete's keys, say).
     names = list(dict.fromkeys(name for row in rows for name in row))
-    return pa.table({name: [row.get(name) for row in rows] for name in names})
+    return pa.table(
+        {name: _column(name, [row.get(name) for row in rows], known, table) for name in names}
+    )
+
+
+def _column(name: str, values: list[Any], known: pa.Schema | None, table: str) -> pa.Array:
+    """One column of Python values as Arrow: inferred, else in the type the table has.
+
+    Inference first, then ``_conform``'s checked cast, as for Arrow input; the
+    known type is the way out only for values Arrow cannot infer one type for
+    (ints beside Decimals, say).
+    """
+    try:
+        return pa.array(values)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError) as exc:
+        error = exc
+    target = None
+    if known is not None and known.get_field_index(name) >= 0:
+        target = known.field(name).type
+        try:
+            if pa.types.is_decimal(target):
+                # Floats beside Decimals: each value by the shared exact-fit rule.
+                p, s = target.precision, target.scale
+                return pa.array([None if v is None else check_decimal(v, p, s) for v in values],
+                                target)  # fmt: skip
+            return pa.array(values, target)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, TypeError, ValueError) as exc:
+            error = exc  # a DecimalFitError (a ValueError) names the value and the reason
+    if isinstance(error, DecimalFitError):
+        bad = error.value
+    else:
+        bad = next((v for v in values if not _converts(v, target)), None)
+    shown = "" if bad is None else f" value {bad!r:.200}"
+    into = "" if target is None else f" (the table has {target})"
+    raise InvalidInputError(
+        f"table {table!r}: column {name!r}{shown}: the values do not convert to one Arrow "
+        f"type{into}: {error}; nothing was written",
+        table=table,
+        column=name,
+        value=None if bad is None else repr(bad)[:200],
+    )
+
+
+def _converts(value: Any, target: pa.DataType | None) -> bool:
+    try:
+        pa.array([value], target)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
+        return False
+    return True
+
+
+def _sink_schema(types: pa.Schema | None, keys: Sequence[str], table: str) -> pa.Schema | None:
+    """For a first epoch without upserts: every column the sink types, if it types the keys."""
+    if types is None or any(types.get_field_index(k) < 0 for k in keys):
+        return None
+    return infer_user_schema(types, keys, types, table=table)
 
 
 def normalize_changes(
@@ -131,6 +226,7 @@ def normalize_changes(
     keys: Sequence[str],
     schema: pa.Schema | None,
     table: str,
+    types: pa.Schema | None = None,
 ) -> tuple[EpochChanges, pa.Schema]:
     """Validate one epoch's changes and reduce them to one operation per key.
 
@@ -139,7 +235,11 @@ def normalize_changes(
             string column ``_op`` of "upsert"/"delete" (value columns of delete
             rows are ignored and may be NULL).
         keys: the key columns.
-        schema: the user schema (keys + values), or None to infer it from the upserts.
+        schema: the user schema (keys + values), or None to infer it from the
+            upserts (``expected_state.column_types.infer_user_schema``).
+        types: the sink's column types: the types a schema inferred here takes
+            (an epoch without rows takes all of its columns), and the sink's
+            type names that errors show beside the store's.
         table: how errors name the table.
 
     Returns:
@@ -149,8 +249,15 @@ def normalize_changes(
         InvalidInputError: a missing/extra/mistyped column, a NULL key, a bad
             ``_op``, or a reserved column name; nothing was written.
     """
-    data = changes if isinstance(changes, pa.Table) else _from_change_objects(changes, keys)
-    if data.num_rows == 0 and data.num_columns == 0 and schema is not None:
+    if isinstance(changes, pa.Table):
+        data = changes
+    else:
+        known = schema if schema is not None else types
+        data = _from_change_objects(changes, keys, known, table)
+    empty = data.num_rows == 0 and data.num_columns == 0
+    if empty and schema is None:
+        schema = _sink_schema(types, keys, table)
+    if empty and schema is not None:
         # An epoch without output (an empty list of changes): nothing to check.
         key_schema = pa.schema([schema.field(k) for k in keys])
         return EpochChanges(upserts=schema.empty_table(), deletes=key_schema.empty_table()), schema
@@ -201,18 +308,22 @@ def normalize_changes(
     if schema is None:
         upsert_rows = data.filter(is_upsert).drop_columns([OP_COLUMN])
         # An Arrow table carries its columns' types even without upserts (an
-        # empty first epoch): take them, unless one is unknown (the null type).
+        # empty first epoch): take them, unless one is unknown (the null type)
+        # and the sink does not say it either.
         typed = isinstance(changes, pa.Table) and not any(
-            pa.types.is_null(f.type) for f in upsert_rows.schema
+            pa.types.is_null(f.type) and (types is None or types.get_field_index(f.name) < 0)
+            for f in upsert_rows.schema
         )
-        if upsert_rows.num_rows == 0 and not typed:
+        if upsert_rows.num_rows or typed:
+            schema = infer_user_schema(upsert_rows.schema, keys, types, table=table)
+        else:
+            schema = _sink_schema(types, keys, table)
+        if schema is None:
             raise InvalidInputError(
                 f"table {table!r}: cannot infer the table's schema from an epoch without "
                 "upserts (and without an Arrow schema); pass schema=; nothing was written",
                 table=table,
             )
-        ordered = list(keys) + [c for c in upsert_rows.column_names if c not in keys]
-        schema = upsert_rows.select(ordered).schema
     key_schema = pa.schema([schema.field(k) for k in keys])
     net = _last_per_key(data, keys)
     net_ops = net.column(OP_COLUMN)
@@ -220,9 +331,9 @@ def normalize_changes(
     if upsert_rows.num_rows == 0 and not isinstance(changes, pa.Table):
         upserts = schema.empty_table()  # delete-only Change objects carry no value columns
     else:
-        upserts = _conform(upsert_rows, schema, table=table, what="upserts")
+        upserts = _conform(upsert_rows, schema, table=table, what="upserts", types=types)
     delete_rows = net.filter(pc.equal(net_ops, "delete")).select(list(keys))
-    deletes = _conform(delete_rows, key_schema, table=table, what="deletes")
+    deletes = _conform(delete_rows, key_schema, table=table, what="deletes", types=types)
     return EpochChanges(upserts=upserts, deletes=deletes), schema
 
 

@@ -23,6 +23,7 @@ import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
 from deltalake import DeltaTable
 
 from expected_state.changes import EpochChanges, change_rows, normalize_changes
+from expected_state.column_types import infer_user_schema
 from expected_state.delta_files import DataFile, describe_data_file, write_data_file
 from expected_state.fencing import check_recorded_generation
 from expected_state.layout import OP_COLUMN, change_file_name, stored_schema
@@ -42,11 +43,13 @@ class PartWriter:
         uri: the store table's root.
         keys: its key columns.
         user_schema: its key and value columns, as the table stores them.
+        column_types: the sink's column types (named in errors beside the store's).
     """
 
     uri: str
     keys: tuple[str, ...]
     user_schema: pa.Schema
+    column_types: pa.Schema | None = None
 
     def net(self, rows: pa.Table) -> EpochChanges:
         """A partition's rows (upserts, or with ``_op``) as one change per key.
@@ -57,7 +60,9 @@ class PartWriter:
         """
         if OP_COLUMN not in rows.column_names:
             rows = rows.append_column(OP_COLUMN, pa.repeat(pa.scalar("upsert"), rows.num_rows))
-        net, _ = normalize_changes(rows, keys=self.keys, schema=self.user_schema, table=self.uri)
+        net, _ = normalize_changes(
+            rows, keys=self.keys, schema=self.user_schema, table=self.uri, types=self.column_types
+        )
         return net
 
     def write(self, epoch: int, net: EpochChanges) -> str | None:
@@ -75,6 +80,7 @@ class Parts:
     uri: str
     key_columns: list[str]
     generation: int
+    column_types: pa.Schema | None
     _schema: pa.Schema | None
 
     def _delta(self, *, refresh: bool = True) -> DeltaTable | None:  # provided by the store
@@ -116,20 +122,14 @@ class Parts:
         """
         table = self._delta()
         if table is None or self._schema is None:
-            # Keys first, as apply() infers a first epoch's schema.
-            keys = self.key_columns
-            missing = [k for k in keys if user_schema.get_field_index(k) < 0]
-            if missing:
-                raise InvalidInputError(
-                    f"table {self.uri!r}: the rows lack key column {missing[0]!r}; "
-                    "nothing was written",
-                    table=self.uri,
-                    column=missing[0],
-                )
-            ordered = [*keys, *(n for n in user_schema.names if n not in keys)]
-            self._create(pa.schema([user_schema.field(n) for n in ordered]))
+            # As apply() infers a first epoch's schema: keys first, the sink's
+            # types where it has them, else the frame's, widened.
+            schema = self._schema or infer_user_schema(
+                user_schema, self.key_columns, self.column_types, table=self.uri
+            )
+            self._create(schema)
         assert self._schema is not None
-        writer = PartWriter(self.uri, tuple(self.key_columns), self._schema)
+        writer = PartWriter(self.uri, tuple(self.key_columns), self._schema, self.column_types)
         writer.net(user_schema.empty_table())  # the same check a part makes, before any runs
         return writer
 

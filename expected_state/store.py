@@ -16,7 +16,7 @@ import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
 from deltalake import DeltaTable
 from deltalake.exceptions import TableNotFoundError
 
-from expected_state.changes import change_rows, normalize_changes
+from expected_state.changes import EpochChanges, change_rows, normalize_changes
 from expected_state.compaction import Compaction
 from expected_state.delta_commit import DataFile, commit_files, make_durable, write_data_file
 from expected_state.epochs import EpochLog
@@ -106,6 +106,7 @@ class ExpectedStateStore(Reading, Reverting, Compaction, Housekeeping, Parts):
         *,
         schema: pa.Schema | None = None,
         generation: int = 0,
+        column_types: pa.Schema | None = None,
     ) -> None:
         """Open (lazily) the store table of ``pipeline``/``sink``.
 
@@ -117,6 +118,8 @@ class ExpectedStateStore(Reading, Reverting, Compaction, Housekeeping, Parts):
             schema: the user schema (keys + values); default: the existing table's,
                 or inferred from the first epoch's upserts.
             generation: this writer's fencing generation; call :meth:`claim` to take over.
+            column_types: the sink table's column types, which a schema inferred
+                from the first epoch takes (``expected_state.column_types``).
 
         Raises:
             ConfigurationError: a bad name.
@@ -135,6 +138,7 @@ class ExpectedStateStore(Reading, Reverting, Compaction, Housekeeping, Parts):
         self._fence = fence_app_id(pipeline, sink)
         self._table: DeltaTable | None = None
         self._schema: pa.Schema | None = schema
+        self.column_types = column_types
         self._versions: dict[int, int] = {}
         self._epoch_files: dict[int, list[str]] = {}
         self._versions_upto = -1
@@ -239,8 +243,30 @@ class ExpectedStateStore(Reading, Reverting, Compaction, Housekeeping, Parts):
         table = self._delta()
         return None if table is None else self._token(table)
 
+    def normalize(self, changes: Iterable[Change] | pa.Table) -> EpochChanges:
+        """An epoch's changes checked and converted to this table's schema, as ``apply`` would.
+
+        What the commit cycle does when it stages an epoch, so that a value that
+        does not fit is refused before anything is decided; ``apply`` then takes
+        the result as it is. Reads the table's schema once (no refresh after).
+
+        Raises:
+            InvalidInputError: as ``apply``, naming the column and the value.
+        """
+        if self._schema is None:
+            self._delta(refresh=False)
+        net, _ = normalize_changes(
+            changes, keys=self.key_columns, schema=self._schema, table=self.uri,
+            types=self.column_types,
+        )  # fmt: skip
+        return net
+
     def apply(
-        self, epoch: int, changes: Iterable[Change] | pa.Table, *, allow_gap: bool = False
+        self,
+        epoch: int,
+        changes: Iterable[Change] | pa.Table | EpochChanges,
+        *,
+        allow_gap: bool = False,
     ) -> ApplyResult:
         """Record epoch ``epoch``'s changes in ONE atomic, idempotent Delta commit.
 
@@ -252,7 +278,7 @@ class ExpectedStateStore(Reading, Reverting, Compaction, Housekeeping, Parts):
             epoch: the epoch, >= 0; the first epoch may be any number.
             changes: Change objects, or an Arrow table of the user columns plus a
                 string column ``_op`` ("upsert"/"delete"); the Arrow form is the
-                fast path for large epochs.
+                fast path for large epochs. Or what :meth:`normalize` made of them.
             allow_gap: accept an epoch more than one past the last one.
 
         Returns:
@@ -279,9 +305,22 @@ class ExpectedStateStore(Reading, Reverting, Compaction, Housekeeping, Parts):
                 return ApplyResult(epoch, applied=False, table_version=None)
             fence = self._tokens(table)[1]
             check_recorded_generation(fence, self.generation, table_name=self.uri)
-        net, user_schema = normalize_changes(
-            changes, keys=self.key_columns, schema=self._schema, table=self.uri
-        )
+        if isinstance(changes, EpochChanges):
+            net, user_schema = changes, changes.upserts.schema
+            if self._schema is not None and not user_schema.equals(self._schema):
+                # The table was created (by another writer) since the changes were
+                # converted: convert them again, when the epoch is run again.
+                raise RetryableError(
+                    f"table {self.uri!r}: its schema is {self._schema}, not the {user_schema} "
+                    f"epoch {epoch}'s changes were converted to; nothing was written",
+                    table=self.uri,
+                    epoch=epoch,
+                )
+        else:
+            net, user_schema = normalize_changes(
+                changes, keys=self.key_columns, schema=self._schema, table=self.uri,
+                types=self.column_types,
+            )  # fmt: skip
         self._schema = user_schema
         schema = self._stored_schema(user_schema)
         if table is None:

@@ -150,7 +150,8 @@ class CommitCycle:
         keeps the generation it claimed: it is the same writer.
 
         Raises:
-            ConfigurationError: a sink's target is unusable (no retry can help).
+            ConfigurationError: a sink's target is unusable (no retry can help),
+                or the expected state cannot hold every value of a sink's table.
             RetryableError: a sink cannot be reached now, or cannot list its
                 stranded txns now; retry later.
             OutcomeUnknownError: a stranded txn whose epoch the progress log no
@@ -169,6 +170,11 @@ class CommitCycle:
                 self.expected_state,
             )
             restart.bind_sinks()
+            if self.expected_state is not None:
+                # The store must know the sink tables' types before its first
+                # epoch, and an existing store table that cannot hold what a sink
+                # table can is refused now, not at a later epoch's commit point.
+                self.expected_state.take_sink_types(self.sinks)
             if self.generation is None:
                 # Claiming fences any zombie of ours before we look at what it left.
                 self.generation = self.progress.claim_generation()
@@ -214,9 +220,12 @@ class CommitCycle:
                 done = self._complete(pending, self._txns(pending, generation), generation, None)
                 if not isinstance(done, CommitSucceeded):
                     return done
-        if not all(has_durable_prepare(s) for s in self.sinks.values()):
-            # A sink without a durable prepare may need the outputs a second
-            # time (a replay after its open txn died): keep one-shot iterators.
+        if self.expected_state is not None or not all(
+            has_durable_prepare(s) for s in self.sinks.values()
+        ):
+            # The expected state reads the outputs beside the sinks, and a sink
+            # without a durable prepare may need them a second time (a replay
+            # after its open txn died): keep one-shot iterators.
             outputs = {n: list(v) if isinstance(v, Iterator) else v for n, v in outputs.items()}
         txns = self._txns(epoch, generation)
         began = time.perf_counter()
@@ -280,10 +289,7 @@ class CommitCycle:
         except StepFailed as failed:
             return CommitFatal(epoch, failed.step, failed.reason, failed.error, restart=True)
         try:
-            self._step(
-                "stage",
-                lambda: self._steps.each("stage", txns, lambda n: (outputs.get(n, ()),)),
-            )
+            self._step("stage", lambda: self._stage(epoch, outputs, txns))
             self._step(
                 "record_progress",
                 lambda: self.progress.mark(epoch, EpochStatus.DECIDED, generation),
@@ -307,6 +313,19 @@ class CommitCycle:
             return CommitFatal(epoch, failed.step, failed.reason, failed.error, restart=True)
 
         return self._complete(epoch, txns, generation, outputs)
+
+    def _stage(
+        self, epoch: int, outputs: Mapping[str, Iterable[Any]], txns: dict[str, SinkTxnId]
+    ) -> None:
+        """Stage the epoch: into the expected state's types first, then into every sink.
+
+        The store's conversion comes first so that a value it cannot hold is
+        refused here, before any sink holds the epoch and before anything is
+        decided (an InvalidInputError: the epoch stops, nothing was written).
+        """
+        if self.expected_state is not None:
+            self.expected_state.stage(epoch, outputs)
+        self._steps.each("stage", txns, lambda n: (outputs.get(n, ()),))
 
     def _decide(self, epoch: int, outputs: Mapping[str, Iterable[Any]], generation: int) -> None:
         """The commit point: record the expected state (if any), then the decision."""
@@ -392,6 +411,8 @@ class CommitCycle:
     ) -> CommitResult:
         """Abort the epoch in every sink and the log; never hide the first error."""
         self._steps.abort_all(txns)
+        if self.expected_state is not None:
+            self.expected_state.discard_staged()
         if self.expected_state is not None and failed_at_commit_point(failed):
             # The decision was refused: what was recorded for the epoch must go,
             # or a re-run would be taken as recorded. If this fails, start()

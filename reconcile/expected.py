@@ -26,6 +26,7 @@ from reconcile.contract import (
 from reconcile.staged import StagedEpoch
 
 if TYPE_CHECKING:  # the store (deltalake) is imported when an expected state is built
+    from expected_state.changes import EpochChanges
     from expected_state.store import ExpectedStateStore
 
 __all__ = ["ExpectedState", "ReplayRows", "as_changes", "replay_rows"]
@@ -69,8 +70,35 @@ class ExpectedState:
         keys: sink name -> its key columns. Sinks not listed have no expected
             state (they are not pulled and diffed; an epoch they lack after a
             crash is replayed from the outputs, as without a store).
-        schemas: sink name -> the user schema (keys and values), optional; by
-            default the table's, or inferred from its first epoch.
+        schemas: sink name -> the store table's schema (keys and values, Arrow
+            types), optional. See below.
+
+    Where each store table's column types come from (they are fixed once the
+    table exists: the row hash depends on them):
+
+    - ``schemas=``, if given for the sink, is taken as it is; a value that does
+      not fit it is refused when the epoch is staged;
+    - else an existing store table keeps its schema; ``CommitCycle.start()``
+      refuses one that cannot hold every value the sink's table can (a store
+      ``decimal128(5,2)`` for a sink ``numeric(12,2)``), naming the column and
+      both types, rather than letting a later epoch fail;
+    - else, for a sink with a table (Postgres, SQL, Delta: their
+      ``arrow_schema()``), the sink table's types, which ``start()`` reads when
+      it binds the sinks: ``numeric(12,2)`` is stored as ``decimal128(12,2)``
+      whatever the first epoch's values. The columns are those the first epoch
+      gives (a column left to its default in the sink is not in the store); an
+      epoch without rows before any with rows takes every column the sink types;
+    - else (a sink without a table: memory, files, HTTP) the types are inferred
+      from the first epoch's values, widened for later ones: a decimal keeps
+      its scale and gets 38 digits (``Decimal("123.45")`` becomes
+      ``decimal128(38,2)``). Inference is kept for these sinks, rather than
+      requiring ``schemas=``, because such a sink holds whatever it is given:
+      there is no declared column type the store could disagree with, only
+      later values that could outgrow a guess, which the widening covers. A
+      value with more decimal places than the first epoch's is refused when
+      staged, naming both types; give ``schemas=`` to fix the scale.
+
+    ``expected_state.column_types`` has the rules.
     """
 
     def __init__(
@@ -92,8 +120,18 @@ class ExpectedState:
             )
         self.keys = {validate_name("sink", s): list(k) for s, k in keys.items()}
         self.schemas = dict(schemas or {})
+        unknown = sorted(set(self.schemas) - set(self.keys))
+        if unknown:
+            raise ConfigurationError(
+                f"pipeline {pipeline!r}: schemas= names {unknown}, which have no key columns "
+                f"in keys= ({sorted(self.keys)})"
+            )
+        # The sink tables' column types, as start() reads them (sink name -> schema).
+        self.sink_types: dict[str, pa.Schema] = {}
         self.progress = StoreProgressLog(self.root, pipeline)
         self.tables: dict[str, ExpectedStateStore] = {}
+        # An epoch's outputs as each table's changes, converted when it was staged.
+        self._staged: dict[str, tuple[int, EpochChanges]] = {}
         self._open(generation=0)
 
     def _open(self, *, generation: int) -> None:
@@ -107,6 +145,7 @@ class ExpectedState:
                 key_columns,
                 schema=self.schemas.get(sink),
                 generation=generation,
+                column_types=self.sink_types.get(sink),
             )
             for sink, key_columns in self.keys.items()
         }
@@ -119,6 +158,68 @@ class ExpectedState:
                 f"pipeline {self.pipeline!r}: expected state for {unknown}, which are not its "
                 f"sinks ({sorted(sinks)})"
             )
+
+    def take_sink_types(self, sinks: Mapping[str, object]) -> None:
+        """Learn each keyed sink's column types from its table (after the sinks are bound).
+
+        A sink says them with ``arrow_schema()`` (an Arrow schema, or None when
+        it has no table); a sink without the method has none. A new store table
+        takes them; an existing one (without ``schemas=``) is checked against
+        them. Idempotent.
+
+        Raises:
+            ConfigurationError: an existing store table with a column that
+                cannot hold every value of the sink's column, naming it and
+                both types (a later epoch would otherwise be refused midway).
+            ReconcileError: from a sink's ``arrow_schema()``.
+        """
+        from expected_state.column_types import check_store_types
+
+        for name, store in self.tables.items():
+            reader = getattr(sinks.get(name), "arrow_schema", None)
+            types = reader() if reader is not None else None
+            if types is None:
+                continue
+            if not isinstance(types, pa.Schema):
+                raise ConfigurationError(
+                    f"sink {name!r}: arrow_schema() returned {type(types).__name__}, "
+                    "not a pyarrow.Schema or None"
+                )
+            self.sink_types[name] = types
+            store.column_types = types
+            if name not in self.schemas and store.user_schema is not None:
+                check_store_types(store.user_schema, types, table=store.uri, sink=name)
+
+    def stage(self, epoch: int, outputs: Mapping[str, Iterable[Any]]) -> None:
+        """Convert ``epoch``'s outputs to each table's schema, before anything is decided.
+
+        The cycle calls this in its stage step, before any sink stages: a value
+        the store cannot hold (a decimal wider than its column, say) stops the
+        epoch there, before the store commit and before any sink's prepare, not
+        at the commit point. ``record`` then writes what was converted here.
+        Rows that Spark executors staged (a ``StagedEpoch``) were converted by
+        the executors.
+
+        Raises:
+            InvalidInputError: naming the sink, the epoch, the column, the value
+                and both types (the store's, and the sink column's where known);
+                nothing was written.
+        """
+        self._staged = {}
+        for sink, store in self.tables.items():
+            rows = outputs.get(sink, ())
+            if isinstance(rows, StagedEpoch):
+                continue
+            try:
+                net = store.normalize(as_changes(sink, rows))
+            except InvalidInputError as err:
+                details = {**err.details, "sink": sink, "epoch": epoch}
+                raise type(err)(f"sink {sink!r}, epoch {epoch}: {err.message}", **details) from None
+            self._staged[sink] = (epoch, net)
+
+    def discard_staged(self) -> None:
+        """Forget what ``stage`` converted (the epoch was aborted)."""
+        self._staged = {}
 
     def claim(self, generation: int) -> None:
         """Write as ``generation`` from now on, fencing older writers in every table.
@@ -137,12 +238,15 @@ class ExpectedState:
             InvalidInputError, FencedError, RetryableError, OutcomeUnknownError:
                 from the store (see ExpectedStateStore.apply).
         """
+        staged, self._staged = self._staged, {}
         for sink, store in self.tables.items():
             rows = outputs.get(sink, ())
             if isinstance(rows, StagedEpoch):
                 # Executors wrote the change files: add them, read nothing.
                 store.apply_parts(epoch, rows.store_files, upserted=rows.upserted,
                                   deleted=rows.deleted, allow_gap=True)  # fmt: skip
+            elif sink in staged and staged[sink][0] == epoch:
+                store.apply(epoch, staged[sink][1], allow_gap=True)  # converted by stage()
             else:
                 store.apply(epoch, as_changes(sink, rows), allow_gap=True)
 

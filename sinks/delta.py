@@ -111,6 +111,11 @@ class DeltaSink:
         """The sink's name."""
         return self._name
 
+    def arrow_schema(self) -> pa.Schema | None:
+        """The rows' types (``schema=``, else the table's) without ``_epoch``; None before both."""
+        schema = self._schema or state_schema(self._table())
+        return None if schema is None else pa.schema([f for f in schema if f.name != EPOCH_COLUMN])
+
     def bind(self, writer: WriterIdentity) -> None:
         """Serve ``writer`` (idempotent); see :class:`sinks.ownership.WriterBinding`."""
         self._binding.bind(writer)

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import psycopg
+import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
 from psycopg import errors
 
 from reconcile import hooks
@@ -24,6 +25,7 @@ from reconcile.contract import (
 )
 from reconcile.sink import SinkCapabilities
 
+from .arrow_types import target_arrow_schema
 from .binding import claim_scope, connect_checked, open_target, startup_failure
 from .connection import PgTarget, connect_failure
 from .markers import Fence, StateTables
@@ -256,6 +258,10 @@ class PgSinkClient:
             self._start_up()
         assert self._schema is not None
         return self._schema
+
+    def arrow_schema(self) -> pa.Schema:
+        """The target's columns as the expected state records them (``arrow_types.py``)."""
+        return target_arrow_schema(self.setup())
 
     def _start_up(self) -> None:
         what = self._what()

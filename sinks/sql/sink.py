@@ -37,6 +37,7 @@ from reconcile.keys import float_key_error
 from reconcile.logs import scrub
 from reconcile.sink import SinkCapabilities
 
+from .arrow_types import table_arrow_schema
 from .state import SqlState
 
 __all__ = ["EPOCH_COLUMN", "SqlSink"]
@@ -187,6 +188,10 @@ class SqlSink:
                     )
             self._target = table
         return self._target
+
+    def arrow_schema(self) -> pa.Schema:
+        """The target's columns as the expected state records them (``arrow_types.py``)."""
+        return table_arrow_schema(self.target(), self.engine.dialect.name)
 
     def key_columns(self, table: sa.Table | None = None) -> list[str]:
         table = table if table is not None else self.target()

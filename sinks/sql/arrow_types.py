@@ -1,0 +1,90 @@
+"""A SQLAlchemy table's columns as Arrow types: what the expected-state store records them as.
+
+By the reflected SQLAlchemy type (the same classes ``recovery.sink_kind`` reads):
+
+=========================================  ====================================
+SQLAlchemy type                            Arrow
+=========================================  ====================================
+Boolean                                    bool
+SmallInteger, Integer, BigInteger          int16, int32, int64 (every integer
+                                           is int64 on SQLite, which stores
+                                           64-bit integers whatever the name)
+Numeric(p, s), p <= 38, 0 <= s <= p        decimal128(p, s)
+Numeric without precision                  decimal128(38, 18), as the Postgres
+                                           sink's ``numeric``
+Float, REAL, DOUBLE                        float64 (REAL is float32 except on
+                                           SQLite, whose REAL is 8 bytes)
+String, Text, Uuid                         string
+Date                                       date32
+DateTime                                   timestamp[us] (tz=UTC if timezone)
+LargeBinary, BLOB, BYTEA                   binary
+=========================================  ====================================
+
+Other types (JSON, Interval, Time, arrays, ...) have no type the row hash takes
+and are left out: the store infers them from the values and refuses those it
+cannot hash. ``_epoch``, which the sink writes itself, is left out too.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
+import sqlalchemy as sa
+
+from reconcile.decimals import arrow_decimal_type
+
+__all__ = ["arrow_type", "table_arrow_schema"]
+
+EPOCH_COLUMN = "_epoch"
+
+
+def _decimal(t: sa.Numeric[Any]) -> pa.DataType | None:
+    if t.precision is None:
+        return pa.decimal128(38, 18)
+    decimal = arrow_decimal_type(t.precision, t.scale or 0)
+    return decimal if decimal is not None and t.precision <= 38 else None
+
+
+def arrow_type(column: sa.Column[Any], dialect: str) -> pa.DataType | None:
+    """The Arrow type that holds every value of ``column`` exactly; None if there is none."""
+    t = column.type
+    if isinstance(t, sa.Boolean):
+        return pa.bool_()
+    if isinstance(t, sa.Integer):
+        if dialect == "sqlite":
+            return pa.int64()
+        if isinstance(t, sa.SmallInteger):
+            return pa.int16()
+        return pa.int64() if isinstance(t, sa.BigInteger) else pa.int32()
+    if isinstance(t, sa.Float):
+        # Float is a subclass of Numeric: decided before it.
+        return pa.float32() if isinstance(t, sa.REAL) and dialect != "sqlite" else pa.float64()
+    if isinstance(t, sa.Numeric):
+        return _decimal(t)
+    if isinstance(t, sa.Uuid | sa.String):
+        return pa.string()
+    if isinstance(t, sa.DateTime):
+        return pa.timestamp("us", tz="UTC" if t.timezone else None)
+    if isinstance(t, sa.Date):
+        return pa.date32()
+    if isinstance(t, sa.LargeBinary):
+        return pa.binary()
+    name = type(t).__name__.upper()
+    if name in ("REAL", "DOUBLE", "DOUBLE_PRECISION"):
+        return pa.float64()
+    if name in ("BLOB", "BYTEA"):
+        return pa.binary()
+    return None
+
+
+def table_arrow_schema(table: sa.Table, dialect: str) -> pa.Schema:
+    """The columns a writer gives, as Arrow types, each with its SQL type as ``sql_type``."""
+    fields = []
+    for column in table.columns:
+        if column.name == EPOCH_COLUMN or column.computed is not None:
+            continue
+        dtype = arrow_type(column, dialect)
+        if dtype is not None:
+            fields.append(pa.field(column.name, dtype, metadata={"sql_type": str(column.type)}))
+    return pa.schema(fields)
