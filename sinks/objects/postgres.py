@@ -430,17 +430,36 @@ def add_epoch_column(conn: psycopg.Connection[Any], target: TableSchema, what: s
     recovery would cost what the table costs, not what diverged.
 
     Raises:
-        ConfigurationError: a relation of the index's name exists in the
-            target's schema and is not that index.
+        ConfigurationError: the role may not add them (it must own the table,
+            and PostgreSQL asks for CREATE on its schema for the index), or a
+            relation of the index's name exists and is not that index. Either
+            way nothing was added.
     """
     column = sql.Identifier(EPOCH_COLUMN)
-    conn.execute(sql.SQL(ADD_EPOCH_COLUMN).format(target=target.ident, column=column))
     index = epoch_index_name(target.table)
-    conn.execute(
-        sql.SQL(CREATE_EPOCH_INDEX).format(
-            index=sql.Identifier(index), target=target.ident, column=column
-        )
-    )
+    try:
+        with conn.transaction():  # the column and its index, or neither
+            conn.execute(sql.SQL(ADD_EPOCH_COLUMN).format(target=target.ident, column=column))
+            conn.execute(
+                sql.SQL(CREATE_EPOCH_INDEX).format(
+                    index=sql.Identifier(index), target=target.ident, column=column
+                )
+            )
+            _check_epoch_index(conn, target, index, what)
+    except errors.InsufficientPrivilege as err:
+        raise ConfigurationError(
+            f"{what}: cannot add the {EPOCH_COLUMN} column and its index {index} to "
+            f"{target.display}: {str(err).strip()}. create_epoch_column=True needs the table's "
+            f"ownership and CREATE on schema {target.schema} (for the index), or add them "
+            f"once as the owner: ALTER TABLE {target.display} ADD COLUMN {EPOCH_COLUMN} bigint; "
+            f"CREATE INDEX ON {target.display} ({EPOCH_COLUMN}); nothing was added",
+            table=target.display,
+        ) from None
+
+
+def _check_epoch_index(
+    conn: psycopg.Connection[Any], target: TableSchema, index: str, what: str
+) -> None:
     row = conn.execute(
         _EPOCH_INDEX_SQL,
         {"target": target.ident.as_string(conn), "schema": target.schema, "index": index},
@@ -449,6 +468,6 @@ def add_epoch_column(conn: psycopg.Connection[Any], target: TableSchema, what: s
         raise ConfigurationError(
             f"{what}: {target.schema}.{index}, the name of the {EPOCH_COLUMN} index of "
             f"{target.display}, is taken by another relation; rename or drop it, then start "
-            "again (the column was added; the index was not)",
+            "again; nothing was added",
             table=target.display,
         )

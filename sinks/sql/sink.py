@@ -34,6 +34,7 @@ from reconcile.contract import (
     validate_name,
 )
 from reconcile.sink import SinkCapabilities
+from sinks.objects.sql_state import create_sql_state
 
 from .state import SqlState
 
@@ -141,7 +142,7 @@ class SqlSink:
                 table = sa.Table(
                     self.table_name, sa.MetaData(schema=self.schema_name), autoload_with=self.engine
                 )
-                self.state.create(self.engine)
+                create_sql_state(self.engine, self.state.metadata)  # those missing
             except sa.exc.NoSuchTableError:
                 raise ConfigurationError(
                     f"sql sink {self._name!r}: target table {self.table_name!r} does not exist"

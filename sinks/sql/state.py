@@ -15,7 +15,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from sinks.objects.sql_state import SQL_MARKERS, create_sql_state, sql_state_tables
+from sinks.objects.sql_state import SQL_MARKERS, sql_state_tables
 
 __all__ = ["SqlMarker", "SqlState"]
 
@@ -36,10 +36,6 @@ class SqlState:
     def __init__(self, schema: str | None) -> None:
         # Declared with every other object the engine creates (sinks.objects).
         self.metadata, self.markers, self.fences, self.repairs = sql_state_tables(schema)
-
-    def create(self, engine: sa.Engine) -> None:
-        """Create the tables that are missing."""
-        create_sql_state(engine, self.metadata)
 
     def exists(self, conn: sa.Connection) -> bool:
         """Whether the marker table exists (a verify creates nothing)."""
