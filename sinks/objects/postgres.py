@@ -1,4 +1,4 @@
-"""The engine's objects in a PostgreSQL database: found, created where missing, checked before use.
+"""The engine's schema and its tables of fixed definition: found, created where missing, checked.
 
 Every function here names its objects by schema and name; the search_path
 plays no part. A table is created in one transaction with the revocation of
@@ -14,13 +14,12 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import psycopg
 from psycopg import errors, sql
 
 from reconcile.contract import ConfigurationError
-from reconcile.staged import STAGE_EPOCH_COLUMN, STAGE_TASK_COLUMN
 
 from .catalog import (
     relation_exists,
@@ -32,52 +31,29 @@ from .catalog import (
     trusted_roles,
 )
 from .declared import (
-    ADD_EPOCH_COLUMN,
-    CREATE_EPOCH_INDEX,
     CREATE_SCHEMA,
-    CREATE_SESSION_STAGE,
-    CREATE_STAGE,
-    CREATE_STAGE_INDEX,
     ENGINE_SCHEMA,
-    EPOCH_COLUMN,
     FENCES,
     LEASES,
     MARKERS,
-    MAX_COLUMNS,
     REPAIRS,
-    SESSION_SCHEMA,
-    STAGE_EXTRA_COLUMNS,
     STATE_TABLES,
     TableDecl,
-    epoch_index_name,
-    session_stage_name,
-    stage_columns,
-    stage_name,
 )
 
-if TYPE_CHECKING:  # sinks.postgres imports this package: no import of it at run time
-    from sinks.postgres.schema import TableSchema
-
 __all__ = [
-    "StageUnavailable",
-    "add_epoch_column",
-    "create_session_stage",
+    "create_in_one_txn",
+    "create_schema",
     "create_tables",
     "locate_state_schema",
     "open_lease_table",
-    "open_stage",
     "open_state_schema",
-    "session_stage",
 ]
 
 log = logging.getLogger("reconcile.sinks.objects")
 
 
-class StageUnavailable(ConfigurationError):
-    """The executors' staging table cannot be used safely; the driver path still can."""
-
-
-def _create(
+def create_in_one_txn(
     conn: psycopg.Connection[Any], statements: Sequence[sql.Composed], revoke: Callable[[], None]
 ) -> bool:
     """Run CREATE statements and ``revoke()`` in one transaction; False if it existed already.
@@ -100,7 +76,7 @@ def _create(
 def create_schema(conn: psycopg.Connection[Any], schema: str) -> bool:
     """Create ``schema`` (owned by the session's role) unless it exists; True if created."""
     statement = sql.SQL(CREATE_SCHEMA).format(schema=sql.Identifier(schema))
-    return _create(conn, [statement], functools.partial(revoke_schema, conn, schema))
+    return create_in_one_txn(conn, [statement], functools.partial(revoke_schema, conn, schema))
 
 
 def create_tables(conn: psycopg.Connection[Any], schema: str, tables: Sequence[TableDecl]) -> None:
@@ -109,7 +85,9 @@ def create_tables(conn: psycopg.Connection[Any], schema: str, tables: Sequence[T
         if relation_exists(conn, schema, table.name):
             continue
         statement = sql.SQL(table.ddl).format(table=sql.Identifier(schema, table.name))
-        _create(conn, [statement], functools.partial(revoke_relation, conn, schema, table.name))
+        create_in_one_txn(
+            conn, [statement], functools.partial(revoke_relation, conn, schema, table.name)
+        )
 
 
 def _table_problems(
@@ -295,179 +273,3 @@ def open_lease_table(
             problems=problems,
         )
     return sql.Identifier(schema, LEASES.name)
-
-
-def open_stage(
-    conn: psycopg.Connection[Any],
-    target: TableSchema,
-    *,
-    pipeline: str,
-    sink: str,
-    explicit_schema: str | None,
-    state_owner: str | None,
-    what: str,
-) -> tuple[str, str]:
-    """Find or create the executors' staging table of (pipeline, sink, target), check it.
-
-    It lives with the sink's marker tables (``locate_state_schema``): owned by
-    the sink's role, UNLOGGED, the target's columns (no ``_epoch``) plus the
-    epoch and the task attempt, reachable by no other role.
-
-    Returns:
-        (schema, table) of the staging table.
-
-    Raises:
-        StageUnavailable: the target has too many columns for a staging
-            table, the role may not create it, or what exists is not what it
-            must be; the message says which and what to do.
-    """
-    staged = [(c, col.sql_type) for c, col in target.columns.items() if c != EPOCH_COLUMN]
-    width = len(staged) + len(STAGE_EXTRA_COLUMNS)
-    if width > MAX_COLUMNS:
-        raise StageUnavailable(
-            f"{what}: table {target.display} has {len(staged)} columns to stage; its staging "
-            f"table would need {width}, over PostgreSQL's limit of {MAX_COLUMNS} columns a table",
-            table=target.display,
-        )
-    try:
-        schema = locate_state_schema(conn, explicit_schema, target.schema, what)
-    except ConfigurationError as err:
-        raise StageUnavailable(str(err), table=target.display) from None
-    name = stage_name(pipeline, sink, (target.schema, target.table), staged)
-    trusted = trusted_roles(conn, state_owner)
-    problems = schema_problems(conn, schema, trusted)
-    if not problems and not relation_exists(conn, schema, name):
-        ident = sql.Identifier(schema, name)
-        names = {
-            "epoch": sql.Identifier(STAGE_EPOCH_COLUMN),
-            "task": sql.Identifier(STAGE_TASK_COLUMN),
-        }
-        create = sql.SQL(CREATE_STAGE).format(
-            table=ident,
-            columns=sql.SQL(", ").join(sql.Identifier(c) for c, _ in staged),
-            target=target.ident,
-            **names,
-        )
-        index = sql.SQL(CREATE_STAGE_INDEX).format(
-            index=sql.Identifier(f"{name}_task"), table=ident, **names
-        )
-        try:
-            _create(conn, [create, index], functools.partial(revoke_relation, conn, schema, name))
-        except errors.InsufficientPrivilege as err:
-            raise StageUnavailable(
-                f"{what}: cannot create the staging table {schema}.{name}: {str(err).strip()}",
-                table=target.display,
-            ) from None
-    if relation_exists(conn, schema, name):
-        problems += relation_problems(
-            conn,
-            schema,
-            name,
-            columns=stage_columns(staged),
-            key=(),
-            persistence="u",
-            trusted=trusted,
-        )
-    if problems:
-        raise StageUnavailable(
-            f"{what}: refusing to use the staging table {schema}.{name}: "
-            + "; ".join(problems)
-            + ". Its rows go into the target, so it must be the sink role's own "
-            f"({trusted[0]}), unlogged, with the target's columns, and reachable by no other "
-            "role. Drop it as its owner (it holds no committed rows)",
-            table=target.display,
-            problems=problems,
-        )
-    return schema, name
-
-
-def session_stage(kind: str, target: TableSchema, columns: Sequence[str]) -> sql.Identifier:
-    """A session's temp table for (target, columns), ``kind`` 'u' (upserts) or 'd' (deletes).
-
-    Always qualified with ``pg_temp``: unqualified, a table of the same name in
-    a schema listed before ``pg_temp`` on the ``search_path`` would receive the
-    epoch's rows (and could feed rows of its own into the target). It needs no
-    catalog check: only the session that created it can reach it (any other
-    session, superusers too, gets "cannot access temporary tables of other
-    sessions"), so neither another owner nor a grant can matter.
-    """
-    typed = [(c, target.columns[c].sql_type) for c in columns]
-    name = session_stage_name(kind, (target.schema, target.table), typed)
-    return sql.Identifier(SESSION_SCHEMA, name)
-
-
-def create_session_stage(
-    cur: psycopg.Cursor[Any], name: sql.Identifier, target: TableSchema, columns: Sequence[str]
-) -> None:
-    """Create the session's temp table ``name`` (from ``session_stage``) if missing."""
-    # CREATE ... AS SELECT ... WITH NO DATA copies the column types but no
-    # constraints.
-    cur.execute(
-        sql.SQL(CREATE_SESSION_STAGE).format(
-            table=name,
-            columns=sql.SQL(", ").join(map(sql.Identifier, columns)),
-            target=target.ident,
-        )
-    )
-
-
-_EPOCH_INDEX_SQL = """
-SELECT i.indrelid = %(target)s::regclass AND i.indpred IS NULL AND i.indexprs IS NULL,
-       (SELECT array_agg(a.attname::text ORDER BY k.ord)
-          FROM unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord)
-          JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum)
-  FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-  LEFT JOIN pg_index i ON i.indexrelid = c.oid
- WHERE n.nspname = %(schema)s AND c.relname = %(index)s
-"""
-
-
-def add_epoch_column(conn: psycopg.Connection[Any], target: TableSchema, what: str) -> None:
-    """Add the ``_epoch bigint`` column to the target, and its index, if missing.
-
-    Scoped recovery pulls the rows of epochs after the newest marker
-    (``_epoch > n``): without an index that is a scan of the whole table, and
-    recovery would cost what the table costs, not what diverged.
-
-    Raises:
-        ConfigurationError: the role may not add them (it must own the table,
-            and PostgreSQL asks for CREATE on its schema for the index), or a
-            relation of the index's name exists and is not that index. Either
-            way nothing was added.
-    """
-    column = sql.Identifier(EPOCH_COLUMN)
-    index = epoch_index_name(target.table)
-    try:
-        with conn.transaction():  # the column and its index, or neither
-            conn.execute(sql.SQL(ADD_EPOCH_COLUMN).format(target=target.ident, column=column))
-            conn.execute(
-                sql.SQL(CREATE_EPOCH_INDEX).format(
-                    index=sql.Identifier(index), target=target.ident, column=column
-                )
-            )
-            _check_epoch_index(conn, target, index, what)
-    except errors.InsufficientPrivilege as err:
-        raise ConfigurationError(
-            f"{what}: cannot add the {EPOCH_COLUMN} column and its index {index} to "
-            f"{target.display}: {str(err).strip()}. create_epoch_column=True needs the table's "
-            f"ownership and CREATE on schema {target.schema} (for the index), or add them "
-            f"once as the owner: ALTER TABLE {target.display} ADD COLUMN {EPOCH_COLUMN} bigint; "
-            f"CREATE INDEX ON {target.display} ({EPOCH_COLUMN}); nothing was added",
-            table=target.display,
-        ) from None
-
-
-def _check_epoch_index(
-    conn: psycopg.Connection[Any], target: TableSchema, index: str, what: str
-) -> None:
-    row = conn.execute(
-        _EPOCH_INDEX_SQL,
-        {"target": target.ident.as_string(conn), "schema": target.schema, "index": index},
-    ).fetchone()
-    if row is None or not row[0] or list(row[1] or []) != [EPOCH_COLUMN]:
-        raise ConfigurationError(
-            f"{what}: {target.schema}.{index}, the name of the {EPOCH_COLUMN} index of "
-            f"{target.display}, is taken by another relation; rename or drop it, then start "
-            "again; nothing was added",
-            table=target.display,
-        )

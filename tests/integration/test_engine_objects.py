@@ -1,41 +1,26 @@
 """The engine's objects in a user's database hold against a co-tenant who is a real role.
 
 The engine runs as a non-superuser role (``app``). The co-tenant has LOGIN and
-CREATE on ``public``, as every role had before PostgreSQL 15. Each test reads
-the database's own state: rows, ACLs, the side table a planted trigger
-would write, the error a role gets when it tries.
+CREATE on ``public``, as every role had before PostgreSQL 15 (``tests/cotenants.py``).
+Each test reads the database's own state: rows, ACLs, the side table a planted
+trigger would write, the error a role gets when it tries.
 """
 
 from __future__ import annotations
 
-import re
 import uuid
-from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import psycopg
-import pyarrow as pa
 import pytest
-from psycopg.conninfo import conninfo_to_dict
 
 from reconcile.contract import ConfigurationError, RetryableError
-from reconcile.cycle import CommitCycle, CommitSucceeded
-from reconcile.expected import ExpectedState
-from reconcile.ha.lease import PgLease
-from reconcile.staged import StagedEpoch
+from reconcile.cycle import CommitSucceeded
 from sinks.objects import StageUnavailable
-from sinks.objects.declared import (
-    ENGINE_SCHEMA,
-    LEASES,
-    SESSION_SCHEMA,
-    STATE_TABLES,
-    epoch_index_name,
-    stage_name,
-)
+from sinks.objects.declared import stage_name
 from sinks.postgres import postgres_sink
-from sinks.postgres.shared_stage import copy_to_stage, ensure_stage, reflect_target, sweep_stage
+from sinks.postgres.shared_stage import ensure_stage, reflect_target, sweep_stage
+from tests.cotenants import Tenants, lease_of, make_tenants, rows, stage_epoch, staged_cycle
 from tests.fix_pg import PgServer
 
 pytestmark = pytest.mark.integration
@@ -51,63 +36,9 @@ SQUATTER = (
 )
 
 
-@dataclass
-class Tenants:
-    server: PgServer
-    db: str
-    app: str  # the engine's role
-    cotenant: str
-
-    def dsn(self, user: str | None = None) -> str:
-        return self.server.dsn(self.db, user=user or "postgres")
-
-    def run(self, user: str | None, *statements: str) -> None:
-        """Run statements as ``user`` (None: the superuser); {app}, {cotenant} filled in."""
-        with psycopg.connect(self.dsn(user), autocommit=True) as c:
-            for statement in statements:
-                c.execute(statement.format(app=self.app, cotenant=self.cotenant).encode())
-
-    def scalar(self, query: str) -> Any:
-        with psycopg.connect(self.dsn(), autocommit=True) as c:
-            row = c.execute(query.format(app=self.app, cotenant=self.cotenant).encode()).fetchone()
-        return None if row is None else row[0]
-
-    def plant_spy(self, table: str) -> None:
-        """As the superuser, for the co-tenant: a trigger on ``table`` that notes who ran it."""
-        self.run(
-            None,
-            "CREATE TABLE IF NOT EXISTS public.loot (who text, at timestamptz DEFAULT now())",
-            "GRANT ALL ON public.loot TO PUBLIC",
-            "CREATE OR REPLACE FUNCTION public.spy() RETURNS trigger LANGUAGE plpgsql AS "
-            "$$BEGIN INSERT INTO public.loot (who) VALUES (current_user); RETURN NEW; END$$",
-            f"CREATE TRIGGER spy BEFORE INSERT OR UPDATE ON {table} "
-            "FOR EACH ROW EXECUTE FUNCTION public.spy()",
-        )
-
-    def loot(self) -> int:
-        return int(self.scalar("SELECT count(*) FROM public.loot"))
-
-
 @pytest.fixture
-def tenants(pg_server: PgServer, pg_db: str) -> Iterator[Tenants]:
-    suffix = uuid.uuid4().hex[:8]
-    db = conninfo_to_dict(pg_db)["dbname"]
-    assert isinstance(db, str)
-    t = Tenants(pg_server, db, f"app_{suffix}", f"cotenant_{suffix}")
-    t.run(
-        None,
-        "CREATE ROLE {app} LOGIN",
-        "CREATE ROLE {cotenant} LOGIN",
-        f"GRANT CONNECT, TEMPORARY ON DATABASE {db} TO {{app}}",
-        "GRANT CREATE ON SCHEMA public TO {cotenant}",  # the pre-15 default
-        "CREATE TABLE public.items (id bigint PRIMARY KEY, v text NOT NULL, _epoch bigint)",
-        "GRANT SELECT, INSERT, UPDATE, DELETE ON public.items TO {app}",
-    )
-    yield t
-
-
-def lease_of(t: Tenants, holder: str = "a", **options: Any) -> PgLease:
-    return PgLease(t.dsn(t.app), "p", term_s=2.0, holder=holder, **options)
+def tenants(pg_server: PgServer, pg_db: str) -> Tenants:
+    return make_tenants(pg_server, pg_db)
 
 
 # -- the lease --------------------------------------------------------------------------
@@ -188,33 +119,23 @@ def test_a_lease_where_the_role_may_not_create_is_a_configuration_error(tenants:
     lease.close()
 
 
+def test_a_lease_table_the_role_may_not_write_is_a_configuration_error(tenants: Tenants) -> None:
+    t = tenants
+    migrator = f"migrator_{uuid.uuid4().hex[:8]}"
+    # A migration role made the schema and the table (trusted: owner=), and granted nothing.
+    t.run(None, f"CREATE ROLE {migrator}", f"CREATE SCHEMA reconcile AUTHORIZATION {migrator}",
+          "GRANT USAGE ON SCHEMA reconcile TO {app}",
+          f"CREATE TABLE reconcile.reconcile_leases ({LEASE_COLUMNS})",
+          f"ALTER TABLE reconcile.reconcile_leases OWNER TO {migrator}")  # fmt: skip
+    lease = lease_of(t, owner=migrator)
+    with pytest.raises(ConfigurationError, match="permission denied for table reconcile_leases"):
+        lease.try_acquire()
+    t.run(None, "GRANT SELECT, INSERT, UPDATE ON reconcile.reconcile_leases TO {app}")
+    assert lease.try_acquire() is not None
+    lease.close()
+
+
 # -- the executors' staging tables -------------------------------------------------------
-
-
-def rows(ids: range, tag: str) -> pa.Table:
-    return pa.table({"id": pa.array(list(ids), pa.int64()), "v": [f"{tag}{i}" for i in ids]})
-
-
-def staged_cycle(t: Tenants, root: Path, pipeline: str) -> CommitCycle:
-    expected = ExpectedState(str(root / pipeline), pipeline, {"items": ["id"]})
-    sink = postgres_sink(t.dsn(t.app), "items", name="items")
-    cycle = CommitCycle(pipeline, [sink], expected_state=expected)
-    cycle.start()
-    return cycle
-
-
-def stage_epoch(
-    t: Tenants, cycle: CommitCycle, epoch: int, table: pa.Table, target: str = "items"
-) -> StagedEpoch:
-    """As the executors do: the store's change file, and the rows COPied into the stage."""
-    client = postgres_sink(t.dsn(t.app), target, name=target)
-    stage = ensure_stage(client, reflect_target(client), cycle.pipeline)
-    copy_to_stage(client.target, stage, epoch, "task-1", table)
-    store = cycle.expected_state.tables[target]  # type: ignore[union-attr]
-    writer = store.part_writer(table.schema)
-    path = writer.write(epoch, writer.net(table)) or ""
-    n = table.num_rows
-    return StagedEpoch(target, epoch, ("id", "v"), stage, ("task-1",), n, (path,), n, 0)
 
 
 def test_default_privileges_give_other_roles_nothing_of_the_engines_objects(
@@ -322,117 +243,3 @@ def test_a_target_too_wide_for_a_staging_table_is_refused_up_front(tenants: Tena
     assert "would need 1601, over PostgreSQL's limit of 1600" in message
     tables = "SELECT count(*) FROM pg_tables WHERE schemaname = 'reconcile'"
     assert t.scalar(tables) == 1  # the staging table of fits only
-
-
-def test_a_lease_table_the_role_may_not_write_is_a_configuration_error(tenants: Tenants) -> None:
-    t = tenants
-    migrator = f"migrator_{uuid.uuid4().hex[:8]}"
-    # A migration role made the schema and the table (trusted: owner=), and granted nothing.
-    t.run(None, f"CREATE ROLE {migrator}", f"CREATE SCHEMA reconcile AUTHORIZATION {migrator}",
-          "GRANT USAGE ON SCHEMA reconcile TO {app}",
-          f"CREATE TABLE reconcile.reconcile_leases ({LEASE_COLUMNS})",
-          f"ALTER TABLE reconcile.reconcile_leases OWNER TO {migrator}")  # fmt: skip
-    lease = lease_of(t, owner=migrator)
-    with pytest.raises(ConfigurationError, match="permission denied for table reconcile_leases"):
-        lease.try_acquire()
-    t.run(None, "GRANT SELECT, INSERT, UPDATE ON reconcile.reconcile_leases TO {app}")
-    assert lease.try_acquire() is not None
-    lease.close()
-
-
-# -- every object created, as the database saw it ------------------------------------------
-
-
-def declared_object(tag: str, kind: str, schema: str | None, identity: str) -> bool:
-    """Whether an object the event trigger saw is one that sinks.objects declares, where it says."""
-    tables = {t.name for t in (*STATE_TABLES, LEASES)}
-    digest = "[0-9a-f]{16}"
-    name = identity.split(".", 1)[-1]
-    if kind == "schema":
-        return identity == ENGINE_SCHEMA
-    if schema == ENGINE_SCHEMA and kind == "table":
-        return name in tables or re.fullmatch(f"_reconcile_stage_{digest}", name) is not None
-    if schema == ENGINE_SCHEMA and kind == "index":
-        pkeys = {f"{t}_pkey" for t in tables}
-        return name in pkeys or re.fullmatch(f"_reconcile_stage_{digest}_task", name) is not None
-    if schema == SESSION_SCHEMA and kind == "table":
-        return re.fullmatch(f"_reconcile_[ud]_{digest}", name) is not None
-    # Asked for with create_epoch_column=True: the target's _epoch and its index.
-    if identity == "public.orders":
-        return tag == "ALTER TABLE"
-    return kind == "index" and identity == f"public.{epoch_index_name('orders')}"
-
-
-NOTE_DDL = (
-    "CREATE FUNCTION public.note_ddl() RETURNS event_trigger LANGUAGE plpgsql SECURITY DEFINER "
-    "AS $$BEGIN INSERT INTO public.ddl_seen SELECT command_tag, object_type, schema_name, "
-    "object_identity FROM pg_event_trigger_ddl_commands(); END$$"
-)
-
-
-def test_every_object_a_run_creates_is_a_declared_one(tenants: Tenants, tmp_path: Path) -> None:
-    """An event trigger notes each object created while the engine's surfaces run, as its role."""
-    from reconcile.contract import Change
-    from reconcile.recovery import recover
-
-    t = tenants
-    t.run(
-        None,
-        f"GRANT CREATE ON DATABASE {t.db} TO {{app}}",
-        "CREATE TABLE public.orders (id bigint PRIMARY KEY, v text NOT NULL)",
-        "ALTER TABLE public.orders OWNER TO {app}",  # so that it may add _epoch
-        "GRANT CREATE ON SCHEMA public TO {app}",  # and its index
-        "CREATE TABLE public.ddl_seen (tag text, kind text, schema text, identity text)",
-        NOTE_DDL,
-        "CREATE EVENT TRIGGER note_ddl ON ddl_command_end EXECUTE FUNCTION public.note_ddl()",
-    )
-    expected = ExpectedState(str(tmp_path), "p", {"orders": ["id"]})
-    sink = postgres_sink(t.dsn(t.app), "orders", name="orders", create_epoch_column=True)
-    cycle = CommitCycle("p", [sink], expected_state=expected)
-    cycle.start()
-    for epoch, changes in enumerate([[{"id": 1, "v": "a"}, {"id": 2, "v": "b"}],
-                                     [Change("delete", {"id": 2})]]):  # fmt: skip
-        assert isinstance(cycle.run_epoch(epoch, {"orders": changes}), CommitSucceeded)
-    staged = stage_epoch(t, cycle, 2, rows(range(3, 5), "s"), target="orders")
-    assert isinstance(cycle.run_epoch(2, {"orders": staged}), CommitSucceeded)
-    cycle.close()
-    t.run(None, "UPDATE public.orders SET v = 'drift' WHERE id = 1")
-    assert recover(t.dsn(t.app), str(tmp_path), "p", "orders").applied == 1
-    lease = lease_of(t)
-    assert lease.try_acquire() is not None
-    lease.close()
-    with psycopg.connect(t.dsn(), autocommit=True) as conn:
-        conn.execute("DROP EVENT TRIGGER note_ddl")
-        seen = conn.execute(
-            "SELECT DISTINCT tag, kind, schema, identity FROM public.ddl_seen "
-            "WHERE tag NOT IN ('GRANT', 'REVOKE') ORDER BY 1, 4"
-        ).fetchall()
-    undeclared = [row for row in seen if not declared_object(*row)]
-    assert undeclared == [], f"created, but not declared in sinks.objects: {undeclared}"
-    kinds = {(kind, schema) for _, kind, schema, _ in seen}
-    # Not vacuous: each surface did create what it declares.
-    assert {("schema", None), ("table", "reconcile"), ("index", "reconcile"),
-            ("table", "pg_temp"), ("index", "public")} <= kinds, seen  # fmt: skip
-    assert ("CREATE TABLE", "table", "reconcile", "reconcile.reconcile_leases") in seen
-    assert any(identity.startswith("reconcile._reconcile_stage_") for *_, identity in seen)
-
-
-@pytest.mark.parametrize("why", ["no CREATE on the schema", "its name is taken"])
-def test_the_epoch_column_and_its_index_are_added_together_or_not_at_all(
-    tenants: Tenants, tmp_path: Path, why: str
-) -> None:
-    t = tenants
-    t.run(None, f"GRANT CREATE ON DATABASE {t.db} TO {{app}}",
-          "CREATE TABLE public.orders (id bigint PRIMARY KEY, v text NOT NULL)",
-          "ALTER TABLE public.orders OWNER TO {app}")  # fmt: skip
-    if why == "its name is taken":
-        t.run(None, "GRANT CREATE ON SCHEMA public TO {app}",
-              f"CREATE TABLE public.{epoch_index_name('orders')} (x int)")  # fmt: skip
-    sink = postgres_sink(t.dsn(t.app), "orders", name="orders", create_epoch_column=True)
-    cycle = CommitCycle("p", [sink], tmp_path / "progress")
-    with pytest.raises(ConfigurationError) as caught:
-        cycle.start()
-    message = str(caught.value)
-    assert "public.orders" in message and "nothing was added" in message, message
-    column = "SELECT count(*) FROM pg_attribute WHERE attrelid = 'public.orders'::regclass "
-    assert t.scalar(column + "AND attname = '_epoch'") == 0
