@@ -161,8 +161,7 @@ class PgLease:
         wins: the row is locked by the upsert, and the loser's condition is
         checked again on the winner's row, which has not expired.
         """
-        sent = time.monotonic()
-        row = self._one(
+        row, sent = self._timed(
             sql.SQL(
                 "INSERT INTO {t} AS l (pipeline, holder, tenure, acquired_at, renewed_at, "
                 "expires_at, backend_pid) VALUES (%(p)s, %(h)s, 1, clock_timestamp(), "
@@ -199,8 +198,7 @@ class PgLease:
         """
         if self._tenure is None:
             return False
-        sent = time.monotonic()
-        row = self._one(
+        row, sent = self._timed(
             sql.SQL(
                 "UPDATE {t} SET renewed_at = clock_timestamp(), expires_at = "
                 "clock_timestamp() + make_interval(secs => %(term)s), "
@@ -256,7 +254,18 @@ class PgLease:
     # -- plumbing --------------------------------------------------------------
 
     def _one(self, statement: sql.SQL, params: dict[str, Any]) -> tuple[Any, ...] | None:
-        """Run one statement on the lease table (``{t}``); its first row.
+        """Run one statement on the lease table (``{t}``); its first row (see ``_timed``)."""
+        return self._timed(statement, params)[0]
+
+    def _timed(
+        self, statement: sql.SQL, params: dict[str, Any]
+    ) -> tuple[tuple[Any, ...] | None, float]:
+        """Run one statement on the lease table (``{t}``); its first row, and when it was sent.
+
+        The time is taken just before the statement, after a new connection's
+        set-up and table check: the database sets ``expires_at`` when it runs
+        the statement, later still, so a term counted from it errs towards
+        "no longer held".
 
         Errors close the connection. A privilege error (and the table check's
         refusal) is a ConfigurationError: the role lacks what it needs, and
@@ -266,8 +275,9 @@ class PgLease:
             try:
                 conn, table = self._connection()
                 with conn.cursor() as cur:
+                    sent = time.monotonic()
                     cur.execute(statement.format(t=table), params)
-                    return cur.fetchone()
+                    return cur.fetchone(), sent
             except psycopg.Error as exc:
                 if self._conn is not None:
                     self._conn.close()

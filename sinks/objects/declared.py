@@ -226,7 +226,7 @@ ADD_EPOCH_COLUMN = "ALTER TABLE {target} ADD COLUMN IF NOT EXISTS {column} bigin
 CREATE_EPOCH_INDEX = "CREATE INDEX IF NOT EXISTS {index} ON {target} ({column})"
 
 # Every statement above that creates something: the source scan holds the
-# engine to these (tests/unit/test_engine_objects.py).
+# engine to these (tests/unit/test_creates_declared.py).
 DDL = (
     CREATE_SCHEMA,
     *(t.ddl for t in (*STATE_TABLES, LEASES)),
