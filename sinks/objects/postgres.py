@@ -207,8 +207,10 @@ def open_state_schema(
                     schema=schema,
                 ) from None
     for table in STATE_TABLES:
-        if table is REPAIRS and not relation_exists(conn, schema, table.name):
-            continue  # could not be created (logged above): epochs do not need it
+        if not relation_exists(conn, schema, table.name):
+            # Only in a schema refused above (nothing was created there), or the
+            # repairs table the role could not create (logged above).
+            continue
         problems += _table_problems(conn, schema, table, trusted)
     if problems:
         moved = ""
