@@ -2,7 +2,7 @@
 
 The streaming writer's executors net each partition's rows (one change per
 key), write them as change files of the expected-state store and COPY them into
-a staging table next to the Postgres target; only this small description
+the Postgres sink's own staging table; only this small description
 reaches the driver. The commit cycle hands it on like any outputs:
 
 - ``ExpectedState.record`` adds the change files in ONE tokened store commit;

@@ -24,18 +24,25 @@ writer generation, checked inside every sink transaction and every store
 commit, rejects a stale writer that still believes it leads (see
 ``reconcile.ha.node``).
 
-Table (created on first use)::
+Table (declared, created on first use and checked on every connection by
+``sinks.objects``)::
 
-    reconcile_leases(pipeline text PRIMARY KEY, holder text, tenure bigint,
-                     acquired_at, renewed_at, expires_at timestamptz,
-                     backend_pid int)
+    reconcile.reconcile_leases(pipeline text PRIMARY KEY, holder text,
+                               tenure bigint, acquired_at, renewed_at,
+                               expires_at timestamptz, backend_pid int)
 
 ``tenure`` counts the changes of holder: it goes up by one at every takeover.
+
+The table is in the engine's schema (``reconcile`` unless ``schema=``), named
+with its schema, and refused before any statement runs on it unless it is the
+lease role's own with exactly that definition, no triggers, rules or
+row-level security, and no grant to another role, in a schema no other role
+may use: a table another role planted could run its code as this role on
+every renewal, or hold a lease that no instance can ever take.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 import socket
 import threading
@@ -49,12 +56,12 @@ import psycopg
 from psycopg import sql
 
 from reconcile.contract import ConfigurationError, RetryableError, validate_name
+from sinks.objects import ENGINE_SCHEMA, open_lease_table
 from sinks.postgres.connection import PgTarget
 
 __all__ = ["DEFAULT_TERM_S", "LeaseState", "PgLease", "default_holder", "wait_s"]
 
 DEFAULT_TERM_S = 2.0
-_TABLE = "reconcile_leases"
 
 
 def default_holder() -> str:
@@ -87,11 +94,20 @@ class PgLease:
         term_s: how long a taken or renewed lease lasts (default 2 s). The
             holder renews it every ``term_s / 4``.
         holder: this instance's name in the row (default host:pid:random).
-        schema: the schema of the lease table (default the connection's).
+        schema: the schema of the lease table (default ``reconcile``, the
+            engine's; created if missing).
+        owner: another role trusted to own the lease table and its schema
+            (by default only the connection's role is).
 
     One connection (autocommit) is kept open and re-opened after an error.
     Every statement has a timeout of half a term, so a slow database cannot
-    make a holder believe it still leads.
+    make a holder believe it still leads. Every new connection checks the
+    table first.
+
+    Errors: a database that cannot be reached or answers late is a
+    RetryableError (try again); a lease table that cannot be created (the role
+    lacks CREATE), is refused by the check, or is denied to the role is a
+    ConfigurationError, which no retry mends: the caller stops.
     """
 
     def __init__(
@@ -102,6 +118,7 @@ class PgLease:
         term_s: float = DEFAULT_TERM_S,
         holder: str | None = None,
         schema: str | None = None,
+        owner: str | None = None,
     ) -> None:
         if not term_s > 0:
             raise ConfigurationError(f"lease term must be > 0 seconds, got {term_s!r}")
@@ -109,9 +126,9 @@ class PgLease:
         self.pipeline = validate_name("pipeline", pipeline)
         self.term_s = float(term_s)
         self.holder = holder or default_holder()
-        self._table = (
-            sql.Identifier(schema, _TABLE) if schema is not None else sql.Identifier(_TABLE)
-        )
+        self.schema = schema if schema is not None else ENGINE_SCHEMA
+        self.owner = owner
+        self._table: sql.Identifier | None = None  # schema-qualified, once checked
         self._conn: psycopg.Connection[Any] | None = None
         self._lock = threading.Lock()  # one statement at a time on the connection
         self._tenure: int | None = None
@@ -144,8 +161,7 @@ class PgLease:
         wins: the row is locked by the upsert, and the loser's condition is
         checked again on the winner's row, which has not expired.
         """
-        sent = time.monotonic()
-        row = self._one(
+        row, sent = self._timed(
             sql.SQL(
                 "INSERT INTO {t} AS l (pipeline, holder, tenure, acquired_at, renewed_at, "
                 "expires_at, backend_pid) VALUES (%(p)s, %(h)s, 1, clock_timestamp(), "
@@ -164,7 +180,7 @@ class PgLease:
                 "AND NOT EXISTS (SELECT FROM pg_stat_activity a WHERE a.pid = l.backend_pid)) "
                 "RETURNING pipeline, holder, tenure, expires_at, "
                 "extract(epoch FROM expires_at - clock_timestamp())"
-            ).format(t=self._table),
+            ),
             {"p": self.pipeline, "h": self.holder, "term": self.term_s, "grace": self.term_s / 2},
         )
         if row is None:
@@ -182,8 +198,7 @@ class PgLease:
         """
         if self._tenure is None:
             return False
-        sent = time.monotonic()
-        row = self._one(
+        row, sent = self._timed(
             sql.SQL(
                 "UPDATE {t} SET renewed_at = clock_timestamp(), expires_at = "
                 "clock_timestamp() + make_interval(secs => %(term)s), "
@@ -191,7 +206,7 @@ class PgLease:
                 "AND holder = %(h)s AND tenure = %(n)s AND expires_at > clock_timestamp() "
                 "RETURNING pipeline, holder, tenure, expires_at, "
                 "extract(epoch FROM expires_at - clock_timestamp())"
-            ).format(t=self._table),
+            ),
             {"p": self.pipeline, "h": self.holder, "n": self._tenure, "term": self.term_s},
         )
         if row is None:
@@ -209,7 +224,7 @@ class PgLease:
             sql.SQL(
                 "UPDATE {t} SET expires_at = clock_timestamp() WHERE pipeline = %(p)s AND "
                 "holder = %(h)s AND tenure = %(n)s RETURNING pipeline"
-            ).format(t=self._table),
+            ),
             {"p": self.pipeline, "h": self.holder, "n": tenure},
         )
 
@@ -224,7 +239,7 @@ class PgLease:
                 "SELECT pipeline, holder, tenure, expires_at, "
                 "extract(epoch FROM expires_at - clock_timestamp()) FROM {t} "
                 "WHERE pipeline = %(p)s"
-            ).format(t=self._table),
+            ),
             {"p": self.pipeline},
         )
         return _state(row) if row is not None else None
@@ -238,26 +253,46 @@ class PgLease:
 
     # -- plumbing --------------------------------------------------------------
 
-    def _one(self, statement: sql.Composed, params: dict[str, Any]) -> tuple[Any, ...] | None:
-        """Run one statement; its first row. Errors close the connection and say Retryable."""
+    def _one(self, statement: sql.SQL, params: dict[str, Any]) -> tuple[Any, ...] | None:
+        """Run one statement on the lease table (``{t}``); its first row (see ``_timed``)."""
+        return self._timed(statement, params)[0]
+
+    def _timed(
+        self, statement: sql.SQL, params: dict[str, Any]
+    ) -> tuple[tuple[Any, ...] | None, float]:
+        """Run one statement on the lease table (``{t}``); its first row, and when it was sent.
+
+        The time is taken just before the statement, after a new connection's
+        set-up and table check: the database sets ``expires_at`` when it runs
+        the statement, later still, so a term counted from it errs towards
+        "no longer held".
+
+        Errors close the connection. A privilege error (and the table check's
+        refusal) is a ConfigurationError: the role lacks what it needs, and
+        a retry meets the same. Every other server error is Retryable.
+        """
         with self._lock:
             try:
-                conn = self._connection()
+                conn, table = self._connection()
                 with conn.cursor() as cur:
-                    cur.execute(statement, params)
-                    return cur.fetchone()
+                    sent = time.monotonic()
+                    cur.execute(statement.format(t=table), params)
+                    return cur.fetchone(), sent
             except psycopg.Error as exc:
                 if self._conn is not None:
                     self._conn.close()
                     self._conn = None
-                raise RetryableError(
+                text = (
                     f"lease of pipeline {self.pipeline!r} at {self.target.describe()}: "
-                    f"{self.target.redact(str(exc))}",
-                    pipeline=self.pipeline,
-                ) from None
+                    f"{self.target.redact(str(exc))}"
+                )
+                if isinstance(exc, psycopg.errors.InsufficientPrivilege):
+                    raise ConfigurationError(text, pipeline=self.pipeline) from None
+                raise RetryableError(text, pipeline=self.pipeline) from None
 
-    def _connection(self) -> psycopg.Connection[Any]:
-        if self._conn is None or self._conn.closed:
+    def _connection(self) -> tuple[psycopg.Connection[Any], sql.Identifier]:
+        """The open connection and the checked table (a new connection checks it first)."""
+        if self._conn is None or self._conn.closed or self._table is None:
             timeout_ms = max(100, int(self.term_s * 500))
             conn = self.target.connect(
                 autocommit=True,
@@ -265,34 +300,14 @@ class PgLease:
                 connect_timeout=str(max(1, round(self.term_s))),
                 options=f"-c statement_timeout={timeout_ms} -c lock_timeout={timeout_ms}",
             )
-            _create_table(conn, self._table)
+            try:
+                what = f"lease of pipeline {self.pipeline!r} at {self.target.describe()}"
+                self._table = open_lease_table(conn, self.schema, owner=self.owner, what=what)
+            except BaseException:
+                conn.close()
+                raise
             self._conn = conn
-        return self._conn
-
-
-def _create_table(conn: psycopg.Connection[Any], table: sql.Identifier) -> None:
-    """Create the lease table if it is missing (two instances may race to create it)."""
-    statement = sql.SQL(
-        "CREATE TABLE IF NOT EXISTS {t} (pipeline text PRIMARY KEY, holder text NOT NULL, "
-        "tenure bigint NOT NULL, acquired_at timestamptz NOT NULL, renewed_at timestamptz "
-        "NOT NULL, expires_at timestamptz NOT NULL, backend_pid int)"
-    ).format(t=table)
-    # Another instance may create it between our check and our create
-    # (CREATE ... IF NOT EXISTS is not atomic in the catalog): then it exists.
-    with contextlib.suppress(psycopg.errors.UniqueViolation):
-        conn.execute(statement)
-    # A table made before the holder's session was kept in it. Checked first:
-    # ALTER TABLE locks the table even when the column exists.
-    found = conn.execute(
-        "SELECT EXISTS (SELECT FROM pg_attribute WHERE attrelid = %s::regclass "
-        "AND attname = 'backend_pid' AND NOT attisdropped)",
-        (table.as_string(conn),),
-    ).fetchone()
-    if not (found and found[0]):
-        with contextlib.suppress(psycopg.errors.DuplicateColumn):
-            conn.execute(
-                sql.SQL("ALTER TABLE {t} ADD COLUMN IF NOT EXISTS backend_pid int").format(t=table)
-            )
+        return self._conn, self._table
 
 
 def _state(row: tuple[Any, ...]) -> LeaseState:

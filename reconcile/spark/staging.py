@@ -229,12 +229,15 @@ def plan_pg_stage(cycle: CommitCycle, sink: str, frame: Any) -> PgStagePlan | No
 
     The executor path needs a Postgres sink (either mode) whose key is the
     sink's key in the expected state, and upserts only (no ``_op`` column):
-    deletes and other sinks take the driver path.
+    deletes and other sinks take the driver path. So does a sink whose
+    staging table cannot be used safely (see ``sinks.objects.open_stage``),
+    with a warning that says why.
 
     Raises:
         ConfigurationError: the frame has a column the target table lacks
             (naming it), or lacks a key column; nothing was staged.
     """
+    from sinks.objects import StageUnavailable
     from sinks.postgres.client import PgSinkClient
     from sinks.postgres.shared_stage import ensure_stage, reflect_target
 
@@ -254,8 +257,15 @@ def plan_pg_stage(cycle: CommitCycle, sink: str, frame: Any) -> PgStagePlan | No
             f"sink {sink!r}: the micro-batch has column {unknown[0]!r}, which table "
             f"{table.display} does not have; nothing was staged"
         )
+    try:
+        stage = ensure_stage(client, table, cycle.pipeline)
+    except StageUnavailable as exc:
+        # Planned once per query run (the caller keeps the None): said once.
+        log.warning("pipeline %s: the executor path of sink %r cannot be used safely, so "
+                    "its micro-batches go through the driver: %s", cycle.pipeline, sink,
+                    exc)  # fmt: skip
+        return None
     writer = store.part_writer(arrow_schema(frame))
-    stage = ensure_stage(client.target, table, client.application_name)
     return PgStagePlan(sink, writer, client.target, stage)
 
 

@@ -13,8 +13,8 @@ each micro-batch:
      in the tasks: the cheapest way for the small batches of a low-latency
      stream;
    - on the executors: for a Postgres sink with an expected state, each task
-     writes store change files and rows in a staging table beside the
-     target, so that no row passes through the driver; only file names,
+     writes store change files and rows in the sink's own staging table
+     (in the engine's schema), so that no row passes through the driver; only file names,
      task-attempt ids and counts reach it. For the batches too large to
      collect;
    - through files: any other sink's rows as Arrow IPC files that the driver

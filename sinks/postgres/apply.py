@@ -8,7 +8,6 @@ into CSV one slice at a time for COPY, and prepared mode sends several bounded
 
 from __future__ import annotations
 
-import hashlib
 import io
 import logging
 from collections.abc import Iterator
@@ -23,6 +22,7 @@ import pyarrow.csv as pacsv  # type: ignore[import-untyped, unused-ignore]
 from psycopg import errors, sql
 
 from reconcile import hooks
+from sinks.objects import create_session_stage, session_stage
 
 from .arrow_batch import arrow_row_bytes
 from .schema import EPOCH_COLUMN, TableSchema, direct_copy_blockers
@@ -116,41 +116,6 @@ def _select_list(schema: TableSchema, columns: tuple[str, ...], alias: str) -> s
     return sql.SQL(", ").join(parts)
 
 
-def stage_table_name(kind: str, schema: TableSchema, columns: tuple[str, ...]) -> str:
-    """The unqualified name of the session's temp table for (table, columns)."""
-    types = [f"{c}:{schema.columns[c].sql_type}" for c in columns]
-    digest = hashlib.blake2b(
-        "\x1f".join([schema.schema, schema.table, *types]).encode(), digest_size=8
-    ).hexdigest()
-    return f"_reconcile_{kind}_{digest}"
-
-
-def _stage_name(kind: str, schema: TableSchema, columns: tuple[str, ...]) -> sql.Identifier:
-    """A per-session temp table for (table, columns), reused by every epoch.
-
-    Always qualified with ``pg_temp``: unqualified, a table of the same name in
-    a schema listed before ``pg_temp`` on the ``search_path`` would receive the
-    epoch's rows (and could feed rows of its own into the target).
-    """
-    return sql.Identifier("pg_temp", stage_table_name(kind, schema, columns))
-
-
-def _ensure_stage(
-    cur: psycopg.Cursor[Any], name: sql.Identifier, schema: TableSchema, columns: tuple[str, ...]
-) -> None:
-    # CREATE ... AS SELECT ... WITH NO DATA copies the column types but no
-    # constraints; ON COMMIT DELETE ROWS empties it at each commit, so one
-    # table per session serves every epoch without a catalog write.
-    cur.execute(
-        sql.SQL(
-            "CREATE TEMP TABLE IF NOT EXISTS {} ON COMMIT DELETE ROWS AS "
-            "SELECT {} FROM {} WITH NO DATA"
-        ).format(name, sql.SQL(", ").join(map(sql.Identifier, columns)), schema.ident)
-    )
-    # A rolled-back epoch leaves no rows behind either: they were inserted by
-    # the rolled-back txn. So the table is empty at the start of every epoch.
-
-
 def _copy_rows(
     cur: psycopg.Cursor[Any],
     name: sql.Identifier,
@@ -230,8 +195,8 @@ def apply_with_copy(
     """
     if batch.delete_keys:
         # Deletes first: validation guarantees they share no key with upserts.
-        stage = _stage_name("d", schema, schema.key)
-        _ensure_stage(cur, stage, schema, schema.key)
+        stage = session_stage("d", schema, schema.key)
+        create_session_stage(cur, stage, schema, schema.key)
         _copy_rows(cur, stage, schema, schema.key, batch.delete_keys)
         cur.execute(_delete_sql(schema, sql.SQL("{} AS d").format(stage)))
     if (
@@ -254,8 +219,11 @@ def apply_with_copy(
             cur.execute("RELEASE SAVEPOINT reconcile_direct_copy")
             return
     if batch.rows or batch.arrow is not None:
-        stage = _stage_name("u", schema, batch.columns)
-        _ensure_stage(cur, stage, schema, batch.columns)
+        # A session's own temp table (pg_temp), ON COMMIT DELETE ROWS: one per
+        # session serves every epoch without a catalog write, and a rolled-back
+        # epoch leaves no rows in it either, so it is empty at every epoch's start.
+        stage = session_stage("u", schema, batch.columns)
+        create_session_stage(cur, stage, schema, batch.columns)
         if batch.rows:
             _copy_rows(cur, stage, schema, batch.columns, batch.rows)
         if batch.arrow is not None and batch.arrow.num_rows:

@@ -13,14 +13,15 @@ import logging
 from typing import Any
 
 import psycopg
-from psycopg import errors, sql
+from psycopg import errors
 
 from reconcile.contract import ConfigurationError, ReconcileError, RetryableError
+from sinks.objects import add_epoch_column
 
 from .connection import PgTarget, connect_failure
 from .markers import Fence, StateTables
 from .ownership import Scope, check_fence, check_marker
-from .schema import EPOCH_COLUMN, TableSchema, reflect_table
+from .schema import TableSchema, reflect_table
 
 __all__ = ["claim_scope", "connect_checked", "open_target", "startup_failure"]
 
@@ -70,21 +71,7 @@ def open_target(
     """
     schema = reflect_table(conn, schema_name, table, key)
     if create_epoch_column and not schema.has_epoch_column:
-        conn.execute(
-            sql.SQL("ALTER TABLE {} ADD COLUMN IF NOT EXISTS {} bigint").format(
-                schema.ident, sql.Identifier(EPOCH_COLUMN)
-            )
-        )
-        # Scoped recovery pulls the rows of epochs after the newest marker
-        # (`_epoch > n`): without an index that is a scan of the whole table,
-        # and recovery would cost what the table costs, not what diverged.
-        conn.execute(
-            sql.SQL("CREATE INDEX IF NOT EXISTS {} ON {} ({})").format(
-                sql.Identifier(f"{table[:40]}_reconcile_epoch"),
-                schema.ident,
-                sql.Identifier(EPOCH_COLUMN),
-            )
-        )
+        add_epoch_column(conn, schema, what)
         schema = reflect_table(conn, schema.schema, table, key)
     if append_only and len(schema.key) != 1:
         raise ConfigurationError(

@@ -24,6 +24,7 @@ from reconcile.contract import (
     validate_name,
 )
 from reconcile.sink import SinkCapabilities
+from sinks.objects import open_state_schema
 
 from .arrow_types import target_arrow_schema
 from .binding import claim_scope, connect_checked, open_target, startup_failure
@@ -32,7 +33,6 @@ from .markers import Fence, StateTables
 from .ownership import Scope, check_fence
 from .schema import TableSchema
 from .session import Session, SessionSlot, classify_failure, describe_failure
-from .tables import open_state_tables
 
 __all__ = ["FENCE_CHECKED", "PgSinkClient"]
 
@@ -58,9 +58,10 @@ class PgSinkClient:
         key: key columns; default the primary key.
         append_only: the target is keyed by a stable change id and written with
             ON CONFLICT DO NOTHING; deletes are refused.
-        state_schema: schema of reconcile_commits / reconcile_fences; default
-            the dedicated schema ``reconcile`` (created when the role may), or
-            the target's schema where they already are (see tables.py).
+        state_schema: schema of the engine's tables (markers, fences, repairs,
+            the executors' staging tables); default the dedicated schema
+            ``reconcile`` (created when missing), or the target's schema where
+            an older version put the markers (see ``sinks.objects``).
         state_owner: another role trusted to own the state tables and their
             schema; by default only the sink's own role is.
         create_epoch_column: add an ``_epoch bigint`` column to the target if
@@ -279,12 +280,14 @@ class PgSinkClient:
                     append_only=self.append_only,
                     create_epoch_column=self.create_epoch_column,
                 )
-                state = open_state_tables(
-                    conn,
-                    explicit_schema=self.state_schema,
-                    target_schema=schema.schema,
-                    state_owner=self.state_owner,
-                    what=what,
+                state = StateTables(
+                    open_state_schema(
+                        conn,
+                        explicit_schema=self.state_schema,
+                        target_schema=schema.schema,
+                        state_owner=self.state_owner,
+                        what=what,
+                    )
                 )
                 self._schema, self._state = schema, state
                 self._ensured.clear()

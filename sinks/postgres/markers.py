@@ -1,22 +1,20 @@
-"""The sink's own tables: commit markers (reconcile_commits), writer fences (reconcile_fences)."""
+"""The sink's own tables in use: markers, fences, repairs (declared in sinks.objects)."""
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 import psycopg
-from psycopg import errors, sql
+from psycopg import sql
+
+from sinks.objects import create_tables
+from sinks.objects.declared import FENCES, MARKERS, REPAIRS, STATE_TABLES
 
 __all__ = [
-    "FENCES_COLUMNS",
     "FENCES_TABLE",
-    "MARKERS_COLUMNS",
     "MARKERS_TABLE",
-    "REPAIRS_COLUMNS",
-    "REPAIRS_KEY",
     "REPAIRS_TABLE",
     "EpochStart",
     "Fence",
@@ -24,103 +22,11 @@ __all__ = [
     "StateTables",
 ]
 
-MARKERS_TABLE = "reconcile_commits"
-FENCES_TABLE = "reconcile_fences"
-# One row per pull-and-diff repair transaction (reconcile.recover), written in
-# that transaction: it records a repair of an epoch whose marker exists already
-# (markers are one per epoch), and its xid settles an ambiguous COMMIT of it.
-REPAIRS_TABLE = "reconcile_repairs"
-
-# name -> (format_type(), NOT NULL). The start-up check (tables.py) compares an
-# existing table with exactly this, so the DDL below and these stay in step.
-MARKERS_COLUMNS: dict[str, tuple[str, bool]] = {
-    "pipeline": ("text", True),
-    "sink": ("text", True),
-    "epoch": ("bigint", True),
-    "target_schema": ("text", True),
-    "target_table": ("text", True),
-    "log_id": ("text", False),  # NULL: written by a sink not bound to a progress log
-    "xid": ("xid8", True),
-    "backend_pid": ("integer", True),
-    "generation": ("bigint", True),
-    "row_count": ("bigint", True),
-    "committed_at": ("timestamp with time zone", True),
-}
-MARKERS_KEY = ("pipeline", "sink", "epoch")
-
-FENCES_COLUMNS: dict[str, tuple[str, bool]] = {
-    "pipeline": ("text", True),
-    "sink": ("text", True),
-    "generation": ("bigint", True),
-    "log_id": ("text", False),
-    "updated_at": ("timestamp with time zone", True),
-}
-FENCES_KEY = ("pipeline", "sink")
-
-REPAIRS_COLUMNS: dict[str, tuple[str, bool]] = {
-    "pipeline": ("text", True),
-    "sink": ("text", True),
-    "xid": ("xid8", True),
-    "epoch": ("bigint", True),
-    "target_schema": ("text", True),
-    "target_table": ("text", True),
-    "log_id": ("text", False),
-    "backend_pid": ("integer", True),
-    "generation": ("bigint", True),
-    "mode": ("text", True),
-    "missing": ("bigint", True),
-    "extra": ("bigint", True),
-    "changed": ("bigint", True),
-    "applied": ("bigint", True),
-    "repaired_at": ("timestamp with time zone", True),
-}
-REPAIRS_KEY = ("pipeline", "sink", "xid")
-
-_CREATE_MARKERS = """
-CREATE TABLE IF NOT EXISTS {markers} (
-    pipeline      text        NOT NULL,
-    sink          text        NOT NULL,
-    epoch         bigint      NOT NULL,
-    target_schema text        NOT NULL,
-    target_table  text        NOT NULL,
-    log_id        text,
-    xid           xid8        NOT NULL,
-    backend_pid   integer     NOT NULL,
-    generation    bigint      NOT NULL,
-    row_count     bigint      NOT NULL,
-    committed_at  timestamptz NOT NULL DEFAULT clock_timestamp(),
-    PRIMARY KEY (pipeline, sink, epoch)
-)"""
-
-_CREATE_FENCES = """
-CREATE TABLE IF NOT EXISTS {fences} (
-    pipeline   text        NOT NULL,
-    sink       text        NOT NULL,
-    generation bigint      NOT NULL,
-    log_id     text,
-    updated_at timestamptz NOT NULL DEFAULT now(),
-    PRIMARY KEY (pipeline, sink)
-)"""
-
-_CREATE_REPAIRS = """
-CREATE TABLE IF NOT EXISTS {repairs} (
-    pipeline      text        NOT NULL,
-    sink          text        NOT NULL,
-    xid           xid8        NOT NULL,
-    epoch         bigint      NOT NULL,
-    target_schema text        NOT NULL,
-    target_table  text        NOT NULL,
-    log_id        text,
-    backend_pid   integer     NOT NULL,
-    generation    bigint      NOT NULL,
-    mode          text        NOT NULL,
-    missing       bigint      NOT NULL,
-    extra         bigint      NOT NULL,
-    changed       bigint      NOT NULL,
-    applied       bigint      NOT NULL,
-    repaired_at   timestamptz NOT NULL DEFAULT clock_timestamp(),
-    PRIMARY KEY (pipeline, sink, xid)
-)"""
+# The tables are declared (DDL, expected definition) with every other object
+# the engine creates, in sinks.objects; here is how they are used.
+MARKERS_TABLE = MARKERS.name
+FENCES_TABLE = FENCES.name
+REPAIRS_TABLE = REPAIRS.name
 
 # The durability level of every epoch txn: a role or database default of
 # 'off' (or 'local') would let an acknowledged epoch vanish in a server crash
@@ -210,22 +116,13 @@ class StateTables:
         return sql.Identifier(self.schema, table).as_string(None)
 
     def create(self, conn: psycopg.Connection[Any], tables: tuple[str, ...] | None = None) -> None:
-        """Create the tables (default: all) if missing (autocommit); tables.py verifies them."""
-        statements = {
-            MARKERS_TABLE: _CREATE_MARKERS,
-            FENCES_TABLE: _CREATE_FENCES,
-            REPAIRS_TABLE: _CREATE_REPAIRS,
-        }
-        for table, statement in statements.items():
-            if tables is not None and table not in tables:
-                continue
-            query = sql.SQL(statement).format(
-                markers=self.markers, fences=self.fences, repairs=self.repairs
-            )
-            # Two sessions may run CREATE TABLE IF NOT EXISTS at once; the
-            # loser gets a unique violation, and the table exists anyway.
-            with contextlib.suppress(errors.UniqueViolation):
-                conn.execute(query)
+        """Create the tables (default: all) if missing (autocommit), unchecked.
+
+        The sink's start-up goes through ``sinks.objects.open_state_schema``,
+        which creates and checks them.
+        """
+        chosen = [t for t in STATE_TABLES if tables is None or t.name in tables]
+        create_tables(conn, self.schema, chosen)
 
     def ensure(
         self, conn: psycopg.Connection[Any], pipeline: str, sink: str, log_id: str | None

@@ -15,6 +15,7 @@ import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
 from reconcile.contract import ConfigurationError
 from reconcile.recovery.conform import SinkColumn
 from reconcile.recovery.target import Repair
+from sinks.objects import ENGINE_SCHEMA
 
 from .binding import connect_checked
 from .client import PgSinkClient
@@ -22,7 +23,6 @@ from .markers import MARKERS_TABLE, REPAIRS_TABLE
 from .pull import PgSnapshot, sink_columns
 from .repair import apply_repair
 from .schema import TableSchema, reflect_table
-from .tables import DEFAULT_STATE_SCHEMA
 
 __all__ = ["PgRecoveryTarget"]
 
@@ -77,7 +77,7 @@ class PgRecoveryTarget:
             candidates = (
                 [self.sink.state_schema]
                 if self.sink.state_schema
-                else list(dict.fromkeys([DEFAULT_STATE_SCHEMA, self._table.schema]))
+                else list(dict.fromkeys([ENGINE_SCHEMA, self._table.schema]))
             )
             for schema in candidates:
                 found = conn.execute(

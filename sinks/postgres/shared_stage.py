@@ -1,10 +1,12 @@
-"""A staging table next to the target, filled by Spark executors, read by the epoch txn.
+"""A staging table of the sink's own, filled by Spark executors, read by the epoch txn.
 
 The streaming writer's executors COPY their partition's rows (netted: one per
-key) into ``<schema>._reconcile_stage_<digest>``, an UNLOGGED table with the
-target's columns plus the epoch and the task attempt that wrote each row; each
-executor commits its own COPY. The driver's epoch txn then takes exactly the
-rows of the attempts Spark kept:
+key) into the staging table of (pipeline, sink, target),
+``reconcile._reconcile_stage_<digest>`` (declared, created and checked in
+``sinks.objects``): an UNLOGGED table with the target's columns plus the
+epoch and the task attempt that wrote each row; each executor commits its own
+COPY. The driver's epoch txn then takes exactly the rows of the attempts Spark
+kept:
 
     INSERT INTO target (...) SELECT ... FROM stage
      WHERE _reconcile_epoch = $epoch AND _reconcile_task = ANY($tasks)
@@ -14,12 +16,26 @@ and writes the marker in the same txn, so the rows and the marker commit
 together or not at all, and no row of the epoch passes through the driver.
 
 Why this is safe:
+- nobody else can read or change a staged row. The table is the sink role's
+  own, in the engine's schema, on which no other role has USAGE or CREATE;
+  every privilege default privileges gave another role is revoked in the
+  transaction that creates it; and before the writer uses it, the catalog is
+  checked for exactly that (owner, kind, columns, no triggers, rules,
+  row-level security or grants to anyone else). Only the sink's role, a
+  trusted ``state_owner`` and superusers can touch it, and each of them could
+  write the target directly. This matters because the row count below cannot
+  see a changed value: an UPDATE of a staged row between the COPY and the
+  INSERT keeps the count;
+- it is one pipeline's and one sink's: another pipeline writing the same
+  target has a table of its own, so no sweep of another writer deletes rows
+  this epoch needs;
 - an attempt that failed or was superseded (a retried or speculative task)
   may have committed its COPY, but its task id is not in ``tasks``: it is never
   read, and the sweep deletes it;
-- the upsert's row count must equal what the kept attempts reported: a
-  staging row that went missing (a sweep by someone else, a truncate) stops
-  the epoch instead of committing fewer rows;
+- the upsert's row count must equal what the kept attempts reported: rows
+  that went missing (a zombie writer of the same pipeline sweeping, a server
+  crash emptying the UNLOGGED table) stop the epoch instead of committing
+  fewer rows;
 - UNLOGGED: a server crash empties the table, so a batch staged before it
   fails the count check and Spark's retry of the batch stages it again; the
   rows are never in the target until the epoch txn commits, so nothing else
@@ -28,44 +44,32 @@ Why this is safe:
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import psycopg
 import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
-from psycopg import errors, sql
+from psycopg import sql
 
 from reconcile.contract import FatalError
 from reconcile.staged import STAGE_EPOCH_COLUMN, STAGE_TASK_COLUMN, StagedEpoch
+from sinks.objects import open_stage
 
 from .apply import _copy_arrow, _target_columns, _upsert_tail
 from .connection import PgTarget
-from .schema import EPOCH_COLUMN, TableSchema, reflect_table
+from .schema import TableSchema, reflect_table
+
+if TYPE_CHECKING:
+    from .client import PgSinkClient
 
 __all__ = [
     "apply_staged",
     "copy_to_stage",
     "ensure_stage",
     "reflect_target",
-    "stage_of",
     "sweep_stage",
 ]
-
-
-def stage_of(schema: TableSchema) -> tuple[str, str]:
-    """(schema, table) of the staging table of ``schema``'s target.
-
-    The name carries a digest of the target's columns and types, so that a
-    target whose columns changed gets a new staging table, never a stale one.
-    """
-    columns = [f"{c}:{col.sql_type}" for c, col in schema.columns.items() if c != EPOCH_COLUMN]
-    digest = hashlib.blake2b(
-        "\x1f".join([schema.schema, schema.table, *columns]).encode(), digest_size=8
-    ).hexdigest()
-    return schema.schema, f"_reconcile_stage_{digest}"
 
 
 def reflect_target(client: Any) -> TableSchema:
@@ -80,32 +84,27 @@ def reflect_target(client: Any) -> TableSchema:
         return reflect_table(c, client.schema_name, client.table, key)
 
 
-def ensure_stage(target: PgTarget, schema: TableSchema, application_name: str) -> tuple[str, str]:
-    """Create the staging table of ``schema``'s target if it does not exist; return its name."""
-    where = stage_of(schema)
-    columns = [c for c in schema.columns if c != EPOCH_COLUMN]
-    create = sql.SQL(
-        "CREATE UNLOGGED TABLE IF NOT EXISTS {} AS SELECT {}, NULL::bigint AS {}, "
-        "NULL::text AS {} FROM {} WITH NO DATA"
-    ).format(
-        sql.Identifier(*where),
-        sql.SQL(", ").join(map(sql.Identifier, columns)),
-        sql.Identifier(STAGE_EPOCH_COLUMN),
-        sql.Identifier(STAGE_TASK_COLUMN),
-        schema.ident,
-    )
-    index = sql.SQL("CREATE INDEX IF NOT EXISTS {} ON {} ({}, {})").format(
-        sql.Identifier(f"{where[1]}_task"),
-        sql.Identifier(*where),
-        sql.Identifier(STAGE_EPOCH_COLUMN),
-        sql.Identifier(STAGE_TASK_COLUMN),
-    )
-    with target.connect(autocommit=True, application_name=application_name) as conn:
-        for statement in (create, index):
-            # A concurrent creator may win: IF NOT EXISTS is not atomic in Postgres.
-            with contextlib.suppress(errors.UniqueViolation, errors.DuplicateTable):
-                conn.execute(statement)
-    return where
+def ensure_stage(client: PgSinkClient, table: TableSchema, pipeline: str) -> tuple[str, str]:
+    """The staging table of (``pipeline``, the client's sink, ``table``), created, checked.
+
+    Returns:
+        (schema, table) of the staging table.
+
+    Raises:
+        StageUnavailable: it cannot be used safely (too many columns, no
+            privilege to create it, or an existing one is not the sink's own);
+            the message says why. The driver path is still open.
+    """
+    with client.target.connect(autocommit=True, application_name=client.application_name) as c:
+        return open_stage(
+            c,
+            table,
+            pipeline=pipeline,
+            sink=client.name,
+            explicit_schema=client.state_schema,
+            state_owner=client.state_owner,
+            what=f"postgres sink {client.name!r} of pipeline {pipeline!r}",
+        )
 
 
 def copy_to_stage(

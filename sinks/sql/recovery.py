@@ -29,6 +29,7 @@ from reconcile.contract import (
 )
 from reconcile.recovery.conform import UNCONVERTIBLE, SinkColumn
 from reconcile.recovery.target import KeyRange, Progress, Repair
+from sinks.objects.sql_state import create_scope_keys
 
 from .sink import EPOCH_COLUMN, SqlSink, write_rows
 
@@ -144,17 +145,9 @@ class _Snapshot:
                 "needs; use mode full",
                 table=self.target.display,
             )
-        dialect = self.conn.dialect.name
-        temp_schema = {"postgresql": "pg_temp", "sqlite": "temp"}.get(dialect)
-        staged = sa.Table(
-            "_reconcile_scope_keys",
-            sa.MetaData(),
-            *(sa.Column(k, self.table.c[k].type) for k in self.keys),
-            prefixes=["TEMPORARY"],
-            schema=temp_schema if dialect == "postgresql" else None,
+        staged = create_scope_keys(
+            self.conn, [sa.Column(k, self.table.c[k].type) for k in self.keys]
         )
-        staged.drop(self.conn, checkfirst=True)
-        staged.create(self.conn)
         if keys.num_rows:
             self.conn.execute(staged.insert(), keys.select(self.keys).to_pylist())
         join = sa.and_(*(self.table.c[k] == staged.c[k] for k in self.keys))

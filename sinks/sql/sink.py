@@ -36,6 +36,7 @@ from reconcile.contract import (
 from reconcile.keys import float_key_error
 from reconcile.logs import scrub
 from reconcile.sink import SinkCapabilities
+from sinks.objects.sql_state import create_sql_state
 
 from .arrow_types import table_arrow_schema
 from .state import SqlState
@@ -165,7 +166,7 @@ class SqlSink:
                 table = sa.Table(
                     self.table_name, sa.MetaData(schema=self.schema_name), autoload_with=self.engine
                 )
-                self.state.create(self.engine)
+                create_sql_state(self.engine, self.state.metadata)  # those missing
             except sa.exc.NoSuchTableError:
                 raise ConfigurationError(
                     f"sql sink {self._name!r}: target table {self.table_name!r} does not exist"

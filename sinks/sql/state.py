@@ -15,11 +15,9 @@ from typing import Any
 
 import sqlalchemy as sa
 
-__all__ = ["SqlMarker", "SqlState"]
+from sinks.objects.sql_state import SQL_MARKERS, sql_state_tables
 
-MARKERS = "reconcile_sql_commits"
-FENCES = "reconcile_sql_fences"
-REPAIRS = "reconcile_sql_repairs"
+__all__ = ["SqlMarker", "SqlState"]
 
 
 @dataclass(frozen=True)
@@ -36,48 +34,12 @@ class SqlState:
     """The three state tables in one schema (None: the connection's default)."""
 
     def __init__(self, schema: str | None) -> None:
-        self.metadata = sa.MetaData(schema=schema)
-        self.markers = sa.Table(
-            MARKERS,
-            self.metadata,
-            sa.Column("pipeline", sa.String(63), primary_key=True),
-            sa.Column("sink", sa.String(63), primary_key=True),
-            sa.Column("epoch", sa.BigInteger, primary_key=True, autoincrement=False),
-            sa.Column("target_table", sa.Text, nullable=False),
-            sa.Column("log_id", sa.Text, nullable=True),
-            sa.Column("generation", sa.BigInteger, nullable=False),
-            sa.Column("row_count", sa.BigInteger, nullable=False),
-        )
-        self.fences = sa.Table(
-            FENCES,
-            self.metadata,
-            sa.Column("pipeline", sa.String(63), primary_key=True),
-            sa.Column("sink", sa.String(63), primary_key=True),
-            sa.Column("generation", sa.BigInteger, nullable=False),
-            sa.Column("log_id", sa.Text, nullable=True),
-        )
-        self.repairs = sa.Table(
-            REPAIRS,
-            self.metadata,
-            sa.Column("repair_id", sa.String(36), primary_key=True),
-            sa.Column("pipeline", sa.String(63), nullable=False),
-            sa.Column("sink", sa.String(63), nullable=False),
-            sa.Column("epoch", sa.BigInteger, nullable=False),
-            sa.Column("target_table", sa.Text, nullable=False),
-            sa.Column("mode", sa.String(16), nullable=False),
-            sa.Column("missing", sa.BigInteger, nullable=False),
-            sa.Column("extra", sa.BigInteger, nullable=False),
-            sa.Column("changed", sa.BigInteger, nullable=False),
-            sa.Column("applied", sa.BigInteger, nullable=False),
-        )
-
-    def create(self, engine: sa.Engine) -> None:
-        """Create the tables that are missing."""
-        self.metadata.create_all(engine, checkfirst=True)
+        # Declared with every other object the engine creates (sinks.objects).
+        self.metadata, self.markers, self.fences, self.repairs = sql_state_tables(schema)
 
     def exists(self, conn: sa.Connection) -> bool:
         """Whether the marker table exists (a verify creates nothing)."""
-        return sa.inspect(conn).has_table(MARKERS, schema=self.metadata.schema)
+        return sa.inspect(conn).has_table(SQL_MARKERS, schema=self.metadata.schema)
 
     def find_marker(
         self, conn: sa.Connection, pipeline: str, sink: str, epoch: int

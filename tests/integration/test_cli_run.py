@@ -142,7 +142,7 @@ def holder_pid(dsn: str) -> tuple[int, int] | None:
     try:
         found = query(
             dsn,
-            "SELECT holder, tenure FROM reconcile_leases WHERE pipeline = 'orders' "
+            "SELECT holder, tenure FROM reconcile.reconcile_leases WHERE pipeline = 'orders' "
             "AND expires_at > clock_timestamp()",
         )
     except psycopg.errors.UndefinedTable:  # no instance has tried for the lease yet

@@ -104,7 +104,7 @@ def staged_epoch(dsn: str, store: ExpectedStateStore, epoch: int, *attempts: tup
                  keep: tuple[str, ...]) -> StagedEpoch:  # fmt: skip
     """COPY every attempt's rows into the staging table; the epoch keeps ``keep``."""
     client = postgres_sink(dsn, "items", name="items")
-    stage = ensure_stage(client.target, reflect_target(client), "test")
+    stage = ensure_stage(client, reflect_target(client), "p")
     writer = store.part_writer(USER)
     files: list[str] = []
     for task, table in attempts:
@@ -170,9 +170,9 @@ def test_a_staging_table_that_lost_rows_stops_the_epoch_with_nothing_applied(
     store = run.expected_state.tables["items"]  # type: ignore[union-attr]
     staged = staged_epoch(pg_db, store, 0, ("t1", rows(range(0, 5), "x")), keep=("t1",))
     with psycopg.connect(pg_db, autocommit=True) as conn:
-        conn.execute(
-            f'DELETE FROM "{staged.stage[1]}" WHERE id = 3'  # a sweep by someone else
-        )
+        schema, table = staged.stage
+        # Rows gone from under the epoch (a zombie writer's sweep, a crash).
+        conn.execute(f'DELETE FROM "{schema}"."{table}" WHERE id = 3')
     result = run.run_epoch(0, {"items": staged})
     assert isinstance(result, CommitFatal) and "holds 4 rows" in result.reason
     assert target(pg_db) == set() and markers(pg_db) == []

@@ -37,7 +37,7 @@ def test_one_holder_then_the_other_after_expiry(pg_db: str) -> None:
     assert a.tenure is None
     row = (
         psycopg.connect(pg_db)
-        .execute("SELECT holder, tenure FROM reconcile_leases WHERE pipeline = 'p'")
+        .execute("SELECT holder, tenure FROM reconcile.reconcile_leases WHERE pipeline = 'p'")
         .fetchone()
     )
     assert row == ("b", 2)
@@ -94,7 +94,7 @@ def test_racing_standbys_exactly_one_wins(pg_db: str) -> None:
     assert len(won) == 1, won
     row = (
         psycopg.connect(pg_db)
-        .execute("SELECT holder, tenure FROM reconcile_leases WHERE pipeline = 'race'")
+        .execute("SELECT holder, tenure FROM reconcile.reconcile_leases WHERE pipeline = 'race'")
         .fetchone()
     )
     assert row == (won[0], 2)
@@ -196,6 +196,7 @@ def test_two_standby_processes_race_for_one_lease_exactly_one_wins(pg_db: str) -
         winner = f"s{said.index('won')}"
         with psycopg.connect(pg_db) as conn:
             row = conn.execute(
-                "SELECT holder, tenure FROM reconcile_leases WHERE pipeline = %s", (pipeline,)
+                "SELECT holder, tenure FROM reconcile.reconcile_leases WHERE pipeline = %s",
+                (pipeline,),
             ).fetchone()
         assert row == (winner, 2), f"round {round_}: the row says {row}, the racers {said}"

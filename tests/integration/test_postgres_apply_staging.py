@@ -9,14 +9,20 @@ import pytest
 from psycopg import sql
 
 from reconcile.contract import OK, Change, SinkTxnId
+from sinks.objects.declared import session_stage_name
 from sinks.postgres import PostgresSink
-from sinks.postgres.apply import stage_table_name
-from sinks.postgres.schema import reflect_table
+from sinks.postgres.schema import TableSchema, reflect_table
 from tests.fix_pg import PgServer, markers_table
 
 pytestmark = pytest.mark.integration
 
 PIPE = "pipe"
+
+
+def stage_table_name(kind: str, schema: TableSchema, columns: tuple[str, ...]) -> str:
+    """The name the sink gives its session temp table for (table, columns)."""
+    typed = [(c, schema.columns[c].sql_type) for c in columns]
+    return session_stage_name(kind, (schema.schema, schema.table), typed)
 
 
 def test_a_planted_table_earlier_on_the_search_path_gets_nothing_and_gives_nothing(

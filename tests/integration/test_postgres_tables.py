@@ -6,7 +6,6 @@ tampers with the tables, as in the attack this guards against.
 
 from __future__ import annotations
 
-import logging
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -208,25 +207,50 @@ def test_tables_of_a_named_owner_are_trusted(roles: Roles, tmp_path: Path) -> No
     assert roles.scalar("SELECT count(*) FROM public.a") == 2
 
 
-def test_where_the_tables_live(
-    roles: Roles, tmp_path: Path, caplog: pytest.LogCaptureFixture
-) -> None:
-    # Without CREATE on the database, the dedicated schema cannot be made: the
-    # tables go to the target's schema (where the role may create), and it says so.
+def test_where_the_tables_live(roles: Roles, tmp_path: Path) -> None:
+    # Without CREATE on the database, the dedicated schema cannot be made. There
+    # is no fallback to the target's schema (its readers use it; before
+    # PostgreSQL 15 everyone may create in public): refused, saying what to do,
+    # and nothing is created anywhere.
     roles.execute(None, "GRANT CREATE ON SCHEMA public TO {app}")
-    with caplog.at_level(logging.WARNING):
-        runs(roles, tmp_path / "s", range(1))
-    assert "cannot create schema 'reconcile'" in caplog.text
-    assert roles.scalar("SELECT to_regclass('public.reconcile_commits') IS NOT NULL")
-    # Once there, they stay there, even when the schema could be made now.
-    roles.execute(None, f"GRANT CREATE ON DATABASE {roles.db} TO {{app}}")
-    runs(roles, tmp_path / "s", range(1, 2))
-    assert roles.scalar("SELECT to_regnamespace('reconcile')") is None
-    assert roles.scalar("SELECT count(*) FROM public.reconcile_commits") == 2
+    message = refused(roles, tmp_path / "s")
+    assert "cannot create schema reconcile" in message, message
+    assert "CREATE SCHEMA reconcile AUTHORIZATION" in message
+    assert roles.scalar("SELECT to_regclass('public.reconcile_commits')") is None
+    # A schema made for the role once: the tables go there, owned by it.
+    roles.execute(None, "CREATE SCHEMA reconcile AUTHORIZATION {app}")
+    runs(roles, tmp_path / "s", range(1))
+    assert roles.scalar("SELECT count(*) FROM reconcile.reconcile_commits") == 1
     # Two marker tables would split the markers: refused, naming both.
-    roles.execute(
-        None, "CREATE SCHEMA reconcile", f"CREATE TABLE reconcile.reconcile_commits ({COLUMNS})"
-    )
+    roles.execute(None, f"CREATE TABLE public.reconcile_commits ({COLUMNS})")
     message = refused(roles, tmp_path / "s")
     assert "reconcile.reconcile_commits and public.reconcile_commits" in message
     assert "state_schema=" in message
+
+
+def test_tables_an_older_version_left_in_the_targets_schema_are_refused_until_moved(
+    roles: Roles, tmp_path: Path
+) -> None:
+    # An older version put the tables in the target's schema when it could not
+    # create its own. They are still found there (never a second set of
+    # markers), but public is usable by every role: refused, saying how to move.
+    roles.execute(None, "GRANT CREATE ON SCHEMA public TO {app}")
+    roles.execute(
+        roles.app,
+        f"CREATE TABLE public.reconcile_commits ({COLUMNS}, PRIMARY KEY (pipeline, sink, epoch))",
+        f"CREATE TABLE public.reconcile_fences ({FENCE_COLUMNS})",
+    )
+    message = refused(roles, tmp_path / "s")
+    assert "schema public grants ['PUBLIC USAGE']" in message, message
+    assert "ALTER TABLE public.<each of" in message and "SET SCHEMA reconcile" in message
+    assert roles.scalar("SELECT to_regclass('public.reconcile_repairs')") is None
+    # Moved as it says: the same markers, now in a schema of the role's own.
+    roles.execute(None, "CREATE SCHEMA reconcile AUTHORIZATION {app}")
+    roles.execute(
+        roles.app,
+        "ALTER TABLE public.reconcile_commits SET SCHEMA reconcile",
+        "ALTER TABLE public.reconcile_fences SET SCHEMA reconcile",
+    )
+    runs(roles, tmp_path / "s", range(2))
+    assert roles.scalar("SELECT count(*) FROM reconcile.reconcile_commits") == 2
+    assert roles.scalar("SELECT count(*) FROM public.a") == 2

@@ -141,12 +141,14 @@ def staging_tables(dsn: str) -> dict[str, tuple[int, int]]:
     """Each Postgres staging table: (rows it holds now, rows ever inserted into it)."""
     with psycopg.connect(dsn) as conn:
         found = conn.execute(
-            "SELECT relname, n_tup_ins FROM pg_stat_user_tables "
+            "SELECT schemaname, relname, n_tup_ins FROM pg_stat_user_tables "
             "WHERE relname LIKE '\\_reconcile\\_stage\\_%'"
         ).fetchall()
+        # In the engine's own schema, never beside the target.
+        assert {schema for schema, _, _ in found} <= {"reconcile"}, found
         return {
-            name: (conn.execute(f'SELECT count(*) FROM "{name}"').fetchone()[0], int(ins))
-            for name, ins in found
+            name: (conn.execute(f'SELECT count(*) FROM reconcile."{name}"').fetchone()[0], int(ins))
+            for _, name, ins in found
         }
 
 

@@ -116,6 +116,45 @@ def test_a_micro_batch_over_the_threshold_is_staged_on_the_executors(
     assert _events(pg_db) == [(i, i * 2, i // ROWS) for i in range(ROWS * FILES)]
 
 
+def test_an_unsafe_staging_table_sends_the_sink_through_the_driver_and_says_so_once(
+    spark: Any, pg_db: str, tmp_path: Path, caplog: Any
+) -> None:
+    """A staging table another role owns (with a trigger) is refused: the driver path instead."""
+    import uuid
+
+    from sinks.objects.declared import stage_name
+
+    other = f"other_{uuid.uuid4().hex[:8]}"
+    name = stage_name(
+        "shop", "events", ("public", "events"), [("id", "bigint"), ("amount", "bigint")]
+    )
+    with psycopg.connect(pg_db, autocommit=True) as conn:
+        for statement in (
+            f"CREATE ROLE {other}",
+            "CREATE SCHEMA reconcile",
+            f'CREATE UNLOGGED TABLE reconcile."{name}" (id bigint, amount bigint, '
+            "_reconcile_epoch bigint, _reconcile_task text)",
+            f'ALTER TABLE reconcile."{name}" OWNER TO {other}',
+            "CREATE TABLE public.loot (who text)",
+            "CREATE FUNCTION public.spy() RETURNS trigger LANGUAGE plpgsql AS "
+            "$$BEGIN INSERT INTO public.loot VALUES (current_user); RETURN NEW; END$$",
+            f'CREATE TRIGGER spy BEFORE INSERT ON reconcile."{name}" '
+            "FOR EACH ROW EXECUTE FUNCTION public.spy()",
+        ):
+            conn.execute(statement.encode())
+    _inbox(tmp_path)
+    with caplog.at_level(logging.WARNING, logger="reconcile.spark.staging"):
+        history = _run(spark, pg_db, tmp_path, via="executors")
+    assert [b.via for b in history] == [{"events": "driver"}] * FILES
+    said = [r.getMessage() for r in caplog.records if "cannot be used safely" in r.getMessage()]
+    assert len(said) == 1, said  # once per query run, not once per batch
+    assert f"reconcile.{name}" in said[0] and f"owned by role {other!r}" in said[0], said[0]
+    assert _events(pg_db) == [(i, i * 2, i // ROWS) for i in range(ROWS * FILES)]
+    with psycopg.connect(pg_db) as conn:
+        assert conn.execute(f'SELECT count(*) FROM reconcile."{name}"').fetchone() == (0,)
+        assert conn.execute("SELECT count(*) FROM public.loot").fetchone() == (0,)
+
+
 @pytest.fixture
 def small_result_limit(spark: Any) -> Iterator[None]:
     """``spark.driver.maxResultSize`` at 1 MiB (Spark reads it at every job), then put back."""

@@ -1,0 +1,95 @@
+"""The generic SQL sink's objects, in any database SQLAlchemy speaks: three tables, a temp table.
+
+The same three facts as the Postgres sink's tables, under their own names
+(``reconcile_sql_*``) so that both sinks can share a database: a marker per
+committed epoch, the newest writer generation per (pipeline, sink), one row
+per repair. They are created through SQLAlchemy in ``state_schema`` (default:
+the connection's). No catalog check applies here: owners, triggers and
+grants are spelt differently in every database, and SQLite has none of them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import sqlalchemy as sa
+
+__all__ = [
+    "SQL_FENCES",
+    "SQL_MARKERS",
+    "SQL_REPAIRS",
+    "SQL_SCOPE_KEYS",
+    "create_scope_keys",
+    "create_sql_state",
+    "sql_state_tables",
+]
+
+SQL_MARKERS = "reconcile_sql_commits"
+SQL_FENCES = "reconcile_sql_fences"
+SQL_REPAIRS = "reconcile_sql_repairs"
+# Scoped pull-and-diff stages the keys it looks up in this temporary table.
+SQL_SCOPE_KEYS = "_reconcile_scope_keys"
+
+
+def sql_state_tables(schema: str | None) -> tuple[sa.MetaData, sa.Table, sa.Table, sa.Table]:
+    """The metadata and the marker, fence and repair tables in ``schema`` (None: the default)."""
+    metadata = sa.MetaData(schema=schema)
+    markers = sa.Table(
+        SQL_MARKERS,
+        metadata,
+        sa.Column("pipeline", sa.String(63), primary_key=True),
+        sa.Column("sink", sa.String(63), primary_key=True),
+        sa.Column("epoch", sa.BigInteger, primary_key=True, autoincrement=False),
+        sa.Column("target_table", sa.Text, nullable=False),
+        sa.Column("log_id", sa.Text, nullable=True),
+        sa.Column("generation", sa.BigInteger, nullable=False),
+        sa.Column("row_count", sa.BigInteger, nullable=False),
+    )
+    fences = sa.Table(
+        SQL_FENCES,
+        metadata,
+        sa.Column("pipeline", sa.String(63), primary_key=True),
+        sa.Column("sink", sa.String(63), primary_key=True),
+        sa.Column("generation", sa.BigInteger, nullable=False),
+        sa.Column("log_id", sa.Text, nullable=True),
+    )
+    repairs = sa.Table(
+        SQL_REPAIRS,
+        metadata,
+        sa.Column("repair_id", sa.String(36), primary_key=True),
+        sa.Column("pipeline", sa.String(63), nullable=False),
+        sa.Column("sink", sa.String(63), nullable=False),
+        sa.Column("epoch", sa.BigInteger, nullable=False),
+        sa.Column("target_table", sa.Text, nullable=False),
+        sa.Column("mode", sa.String(16), nullable=False),
+        sa.Column("missing", sa.BigInteger, nullable=False),
+        sa.Column("extra", sa.BigInteger, nullable=False),
+        sa.Column("changed", sa.BigInteger, nullable=False),
+        sa.Column("applied", sa.BigInteger, nullable=False),
+    )
+    return metadata, markers, fences, repairs
+
+
+def create_sql_state(engine: sa.Engine, metadata: sa.MetaData) -> None:
+    """Create the tables of ``metadata`` (from ``sql_state_tables``) that are missing."""
+    metadata.create_all(engine, checkfirst=True)
+
+
+def create_scope_keys(conn: sa.Connection, columns: Sequence[sa.Column[Any]]) -> sa.Table:
+    """A fresh temporary table of ``columns`` (the keys scoped mode looks up), in this session.
+
+    On PostgreSQL it is qualified with ``pg_temp``, never left to the
+    search_path; a leftover of this session is dropped first.
+    """
+    dialect = conn.dialect.name
+    table = sa.Table(
+        SQL_SCOPE_KEYS,
+        sa.MetaData(),
+        *columns,
+        prefixes=["TEMPORARY"],
+        schema="pg_temp" if dialect == "postgresql" else None,
+    )
+    table.drop(conn, checkfirst=True)
+    table.create(conn)
+    return table
