@@ -196,6 +196,12 @@ class Reading:
                 epoch=epoch,
             ) from exc
 
+    def audit(self, version: int | None = None) -> None:  # provided by the store
+        raise NotImplementedError
+
+    def check_files(self, files: Sequence[StoreFile]) -> None:  # provided by the store
+        raise NotImplementedError
+
     # -- snapshots ---------------------------------------------------------------
 
     def _empty_state(self) -> pa.Table:
@@ -208,6 +214,7 @@ class Reading:
             assert self._schema is not None
             stored = stored_schema(self._schema, self.key_columns)
             return pa.schema([stored.field(c) for c in columns]).empty_table()
+        self.check_files(files)
         try:
             return read_data_files(self.uri, [f.path for f in files], columns=columns)
         except (OSError, FileNotFoundError) as exc:
@@ -250,6 +257,7 @@ class Reading:
             InvalidInputError: the epoch is not recorded, or vacuum removed its files.
         """
         table = self._delta()
+        self.audit()  # before its files are listed: a foreign commit is named as such
         if table is None or self._schema is None:
             return self._empty_state()
         files = live_files(table, name=self.uri)
@@ -261,7 +269,9 @@ class Reading:
             if through is not None and epoch < through:
                 # Folded or merged since: read the version that recorded it, where
                 # every epoch after the fold point up to it still has its own file.
-                files = live_files(self._at_version(epoch), name=self.uri)
+                older = self._at_version(epoch)
+                self.audit(older.version())
+                files = live_files(older, name=self.uri)
             elif through is None and not any(f.epoch <= epoch for f in files):
                 self.version_of(epoch)  # before the first epoch? (raises if so)
             files = [f for f in files if f.kind == "base" or f.epoch <= epoch]
@@ -327,6 +337,7 @@ class Reading:
         """
         keys = self.key_columns
         table = self._delta()
+        self.audit()  # before its files are listed: a foreign commit is named as such
         if table is None or self._schema is None:
             fields = [self._schema.field(k) if self._schema else pa.field(k, pa.string())
                       for k in keys]  # fmt: skip
@@ -360,6 +371,7 @@ class Reading:
         keys = self.key_columns
         wanted = list(dict.fromkeys([*keys, *columns, OP_COLUMN]))
         table = self._delta()
+        self.audit()  # before its files are listed: a foreign commit is named as such
         if table is None or self._schema is None:
             raise InvalidInputError(f"table {self.uri!r} holds no epoch", table=self.uri)
         files = self._change_files_after(table, since_epoch)
@@ -389,6 +401,7 @@ class Reading:
             InvalidInputError: the epoch is not recorded, or vacuum removed its file.
         """
         table = self._delta()
+        self.audit()  # before its files are listed: a foreign commit is named as such
         last = self.last_epoch()
         if table is None or self._schema is None or last is None or epoch > last:
             raise InvalidInputError(
