@@ -26,7 +26,13 @@ import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
 import pyarrow.compute as pc  # type: ignore[import-untyped, unused-ignore]
 
 from reconcile import hooks
-from reconcile.contract import InvalidInputError, RetryableError
+from reconcile.contract import (
+    InvalidInputError,
+    MassChangeError,
+    RetryableError,
+    StoreIntegrityError,
+)
+from reconcile.recovery.brake import Brake, BrakeReading, counted_changes, refusal
 from reconcile.recovery.buckets import (
     find_differing_ranges,
     search_from_summary,
@@ -102,6 +108,8 @@ class ExpectedSource:
         names = [*self.store.user_schema.names, HASH] if self.values else [*keys, HASH]
         try:
             newest = self.store.newest_changes(since, epoch, names)
+        except StoreIntegrityError:
+            raise  # damage is reported, never read around
         except InvalidInputError:
             # The change files after `since` are no longer all there (vacuum): the
             # snapshot of the scope, which time-travels, is still right.
@@ -152,6 +160,8 @@ def _scoped(snap: SinkSnapshot, source: ExpectedSource, schema: pa.Schema, keys:
             epoch: int, since: int) -> _Found:  # fmt: skip
     try:
         changed = source.store.changed_keys(since).select(keys)
+    except StoreIntegrityError:
+        raise  # the store lost rows (or holds foreign ones): said as such, not "use full"
     except InvalidInputError as err:
         raise InvalidInputError(
             f"scoped mode: the expected state cannot list the keys changed since the sink's "
@@ -251,6 +261,7 @@ def reconcile_table(
     progress: Progress | None = None,
     bucket_options: dict[str, int] | None = None,
     since_epoch: int | None = None,
+    brake: Brake | None = None,
 ) -> ReconcileReport:
     """Bring one sink table to the expected state (or, ``dry_run``, only measure the drift).
 
@@ -265,6 +276,7 @@ def reconcile_table(
         bucket_options: ``first_level``, ``fanout``, ``leaf_rows`` for buckets mode.
         since_epoch: scoped mode's start, when earlier than the sink's newest
             marker (a scheduled check of the recent epochs).
+        brake: the mass-change brake (``brake.py``); default 10 %, not lifted.
 
     Returns:
         The report: what was pulled and compared, what differed, what was applied.
@@ -273,9 +285,18 @@ def reconcile_table(
         InvalidInputError: the table is not in the store, the schemas no longer
             match (the column is named), scoped mode on a sink without ``_epoch``
             or without a marker; nothing was written.
+        StoreIntegrityError: the store holds what the engine did not write
+            (StoreLostRowsError: it lost rows), naming the files and epochs;
+            nothing was pulled or written.
+        MassChangeError: the repair would delete or change more of the table
+            than the brake allows; nothing was written.
         RetryableError: epochs kept committing during every attempt.
     """
     started = time.monotonic()
+    brake = brake or Brake()
+    # Before anything is pulled: the store's commits must be the engine's. The
+    # files each read uses are checked as they are read (their footers).
+    store.audit()
     schema = store.user_schema
     keys = list(store.key_columns)
     last = store.last_epoch()
@@ -332,6 +353,16 @@ def reconcile_table(
                                  bucket_options or {})  # fmt: skip
             else:
                 found = _full(snap, source, schema, keys, epoch, progress)
+            reading = _weigh(found, snap, chosen, store, newest, epoch, keys, brake)
+        if reading.exceeded and not dry_run and not brake.allow_mass_change:
+            raise MassChangeError(
+                refusal(target.display, reading, found.diff.counts, brake, epoch),
+                table=target.display,
+                counted=reading.counted,
+                limit=reading.limit,
+                sink_rows=reading.table_rows,
+                **found.diff.counts,
+            )
         applied = 0
         behind = newest is None or newest < epoch
         if not dry_run and (not found.diff.empty or behind):
@@ -355,11 +386,29 @@ def reconcile_table(
             applied=applied,
             seconds=round(time.monotonic() - started, 6),
             dry_run=dry_run,
+            brake_counted=reading.counted,
+            brake_limit=reading.limit,
+            sink_rows=reading.table_rows,
+            mass_change=reading.exceeded,
         )
     raise RetryableError(
         f"table {target.display}: epochs kept committing during {_MAX_ATTEMPTS} repair "
         "attempts (the newest marker moved each time); nothing was written, run it again"
     )
+
+
+def _weigh(found: _Found, snap: SinkSnapshot, mode: Mode, store: Any, newest: int | None,
+           epoch: int, keys: list[str], brake: Brake) -> BrakeReading:  # fmt: skip
+    """What the brake counts in ``found``, and the table's rows when anything counts.
+
+    Full mode pulled every row, so it knows the table's size; the other modes
+    count it in the same snapshot, and only when there is something to weigh.
+    """
+    counted = counted_changes(found.diff, store, newest, epoch, keys)
+    if counted == 0:
+        return BrakeReading(0, None, None)
+    rows = found.pulled if mode is Mode.FULL else snap.count_rows()
+    return BrakeReading(counted, rows, brake.limit(rows))
 
 
 def _repair(source: ExpectedSource, found: _Found, epoch: int, newest: int | None,

@@ -88,6 +88,7 @@ password_env = "SHOP_PG_PASSWORD"
 table = "totals"
 keys = ["customer"]
 mode = "full"
+max_change_fraction = 0.5  # 3 rows: one changed row is a third of the table
 """
     )
     return {"dsn": pg_db, "config": str(config), "root": tmp_path}
