@@ -135,12 +135,12 @@ class LogAudit:
         fs, root = filesystem(self.uri)
         log_dir = f"{root}/_delta_log"
         if self.upto < 0:
-            self._baseline(fs, log_dir, version)
+            self._baseline(fs, log_dir)
         for v in range(self.upto + 1, version + 1):
             self._replay(v, _read_commit(fs, log_dir, v, self.uri))
             self.upto = v
 
-    def _baseline(self, fs: pafs.FileSystem, log_dir: str, version: int) -> None:
+    def _baseline(self, fs: pafs.FileSystem, log_dir: str) -> None:
         """Where the replay starts: version 0, or the checkpoint vacuum kept as the oldest entry.
 
         The engine prunes the log only in ``vacuum()``, which audits it first, so
@@ -177,9 +177,14 @@ class LogAudit:
 
     def _replay(self, version: int, actions: list[dict[str, Any]]) -> None:
         info: dict[str, Any] = next((a["commitInfo"] for a in actions if "commitInfo" in a), {})
-        ours = info.get(ENGINE_APP_KEY) in self.engine_ids or (
-            version == 0 and info.get("operation") == "CREATE TABLE"
+        # The engine creates its tables empty (DeltaTable.create cannot carry its
+        # fields): a version 0 that adds files was written by someone else.
+        created = (
+            version == 0
+            and info.get("operation") == "CREATE TABLE"
+            and not any("add" in a for a in actions)
         )
+        ours = info.get(ENGINE_APP_KEY) in self.engine_ids or created
         touched: list[str] = []
         for action in actions:
             if "add" in action:
