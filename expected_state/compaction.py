@@ -59,6 +59,9 @@ class Compaction:
     def _token(self, table: DeltaTable) -> int | None:  # provided by the store
         raise NotImplementedError
 
+    def check_files(self, files: list[StoreFile]) -> None:  # provided by the store
+        raise NotImplementedError
+
     def _plan(self, through_epoch: int | None) -> tuple[list[StoreFile], int] | None:
         """The live files and the epoch to compact through; None if nothing is recorded.
 
@@ -112,6 +115,9 @@ class Compaction:
             if len(merged) > 1:
                 assert self._schema is not None
                 schema = stored_schema(self._schema, self.key_columns)
+                # A merge of a damaged file would record the damage as the truth:
+                # the files are checked against their log entries first.
+                self.check_files(merged)
                 rows = read_data_files(self.uri, [f.path for f in merged], columns=schema.names)
                 newest = pa.table(last_per_key(rows, self.key_columns).columns, schema=schema)
                 name = merged_file_name(min(f.first for f in merged), max(f.epoch for f in merged))
@@ -179,6 +185,8 @@ class Compaction:
         assert self._schema is not None
         schema = stored_schema(self._schema, self.key_columns)
         columns = schema.names
+        # A fold of a damaged file would record the damage as the truth.
+        self.check_files([*bases, *folded])
         base = (
             read_data_files(self.uri, [f.path for f in bases], columns=columns)
             if bases

@@ -68,6 +68,9 @@ class Housekeeping:
     def compact_changes(self, *, through_epoch: int | None = None) -> dict[str, Any]:
         raise NotImplementedError  # provided by the store
 
+    def audit(self, version: int | None = None) -> None:  # provided by the store
+        raise NotImplementedError
+
     def checkpoint(self) -> int | None:
         """Write a Delta checkpoint of the newest version, fsynced; return its version.
 
@@ -160,6 +163,10 @@ class Housekeeping:
         if table is None:
             return VacuumReport([], [], [])
         check_generation(table, self._fence, self.generation, table_name=self.uri)
+        # The log is pruned below the versions kept: a commit the engine did not
+        # write must be found before that, or its effect would be folded into
+        # the checkpoint the next audit starts from, unseen.
+        self.audit()
         versions = self.epoch_versions()
         epochs = sorted(versions)
         keep = set(epochs[-max(1, keep_epochs) :])

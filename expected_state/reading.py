@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
 import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
 import pyarrow.compute as pc  # type: ignore[import-untyped, unused-ignore]
 from deltalake import DeltaTable
@@ -21,9 +20,10 @@ from expected_state.layout import (
     stored_schema,
 )
 from expected_state.merge import apply_changes, last_per_key, member_mask
+from expected_state.ranges import in_ranges
 from reconcile.contract import InvalidInputError
 
-__all__ = ["Reading", "in_ranges", "live_files", "sortable_numbers"]
+__all__ = ["Reading", "live_files"]
 
 
 def live_files(table: DeltaTable, *, name: str) -> list[StoreFile]:
@@ -39,51 +39,6 @@ def live_files(table: DeltaTable, *, name: str) -> list[StoreFile]:
         )
     ]
     return sorted(files, key=lambda f: (f.kind != "base", f.epoch, f.path))
-
-
-def sortable_numbers(values: pa.Array | pa.ChunkedArray) -> np.ndarray[Any, Any] | None:
-    """``values`` as a numpy array that sorts like them, or None for other types."""
-    typ = values.type
-    if pa.types.is_integer(typ) or pa.types.is_floating(typ):
-        return np.asarray(values.to_numpy())
-    if pa.types.is_timestamp(typ) or pa.types.is_date(typ) or pa.types.is_time(typ):
-        width = pa.int32() if typ.bit_width == 32 else pa.int64()
-        return np.asarray(pc.cast(values, width).to_numpy())
-    return None
-
-
-def in_ranges(column: pa.ChunkedArray, ranges: Sequence[tuple[Any, Any]]) -> pa.Array:
-    """For each value of ``column``, whether it lies in one of the disjoint ``[lo, hi)`` ranges.
-
-    None is unbounded on its side; a NULL value is in no range. Numbers, dates
-    and times take one vectorized binary search over the sorted range starts;
-    other types (text, decimals) compare range by range.
-    """
-    n = len(column)
-    values = sortable_numbers(column) if column.null_count == 0 else None
-    if values is not None and ranges:
-        spans = sorted(ranges, key=lambda r: (r[0] is not None, r[0]))
-        lows = sortable_numbers(pa.array([lo for lo, _ in spans if lo is not None], column.type))
-        highs = sortable_numbers(pa.array([hi for _, hi in spans if hi is not None], column.type))
-        assert lows is not None and highs is not None
-        bounded_low = spans[0][0] is not None
-        # The range each value would fall in: the last one starting at or below it.
-        start = np.searchsorted(lows, values, side="right") - (1 if bounded_low else 0)
-        open_top = np.array([hi is None for _, hi in spans])
-        high_values = np.zeros(len(spans), dtype=values.dtype)
-        high_values[~open_top] = highs
-        chosen = np.maximum(start, 0)
-        inside = (start >= 0) & (open_top[chosen] | (values < high_values[chosen]))
-        return pa.array(inside)
-    mask = np.zeros(n, dtype=bool)
-    for lo, hi in ranges:
-        inside = pc.is_valid(column)
-        if lo is not None:
-            inside = pc.and_(inside, pc.greater_equal(column, pa.scalar(lo, column.type)))
-        if hi is not None:
-            inside = pc.and_(inside, pc.less(column, pa.scalar(hi, column.type)))
-        mask |= np.asarray(pc.fill_null(inside, False).to_numpy(zero_copy_only=False), dtype=bool)
-    return pa.array(mask)
 
 
 def base_through(files: Sequence[StoreFile]) -> int | None:
@@ -196,6 +151,12 @@ class Reading:
                 epoch=epoch,
             ) from exc
 
+    def audit(self, version: int | None = None) -> None:  # provided by the store
+        raise NotImplementedError
+
+    def check_files(self, files: Sequence[StoreFile]) -> None:  # provided by the store
+        raise NotImplementedError
+
     # -- snapshots ---------------------------------------------------------------
 
     def _empty_state(self) -> pa.Table:
@@ -208,6 +169,7 @@ class Reading:
             assert self._schema is not None
             stored = stored_schema(self._schema, self.key_columns)
             return pa.schema([stored.field(c) for c in columns]).empty_table()
+        self.check_files(files)
         try:
             return read_data_files(self.uri, [f.path for f in files], columns=columns)
         except (OSError, FileNotFoundError) as exc:
@@ -250,6 +212,7 @@ class Reading:
             InvalidInputError: the epoch is not recorded, or vacuum removed its files.
         """
         table = self._delta()
+        self.audit()  # before its files are listed: a foreign commit is named as such
         if table is None or self._schema is None:
             return self._empty_state()
         files = live_files(table, name=self.uri)
@@ -261,7 +224,9 @@ class Reading:
             if through is not None and epoch < through:
                 # Folded or merged since: read the version that recorded it, where
                 # every epoch after the fold point up to it still has its own file.
-                files = live_files(self._at_version(epoch), name=self.uri)
+                older = self._at_version(epoch)
+                self.audit(older.version())
+                files = live_files(older, name=self.uri)
             elif through is None and not any(f.epoch <= epoch for f in files):
                 self.version_of(epoch)  # before the first epoch? (raises if so)
             files = [f for f in files if f.kind == "base" or f.epoch <= epoch]
@@ -327,6 +292,7 @@ class Reading:
         """
         keys = self.key_columns
         table = self._delta()
+        self.audit()  # before its files are listed: a foreign commit is named as such
         if table is None or self._schema is None:
             fields = [self._schema.field(k) if self._schema else pa.field(k, pa.string())
                       for k in keys]  # fmt: skip
@@ -360,6 +326,7 @@ class Reading:
         keys = self.key_columns
         wanted = list(dict.fromkeys([*keys, *columns, OP_COLUMN]))
         table = self._delta()
+        self.audit()  # before its files are listed: a foreign commit is named as such
         if table is None or self._schema is None:
             raise InvalidInputError(f"table {self.uri!r} holds no epoch", table=self.uri)
         files = self._change_files_after(table, since_epoch)
@@ -389,6 +356,7 @@ class Reading:
             InvalidInputError: the epoch is not recorded, or vacuum removed its file.
         """
         table = self._delta()
+        self.audit()  # before its files are listed: a foreign commit is named as such
         last = self.last_epoch()
         if table is None or self._schema is None or last is None or epoch > last:
             raise InvalidInputError(

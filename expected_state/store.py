@@ -37,6 +37,7 @@ from expected_state.layout import (
 from expected_state.parts import Parts
 from expected_state.reading import Reading
 from expected_state.reverting import Reverting
+from expected_state.trust import Trusting
 from reconcile import hooks
 from reconcile.contract import (
     Change,
@@ -86,7 +87,7 @@ class ApplyResult:
     deleted: int = 0
 
 
-class ExpectedStateStore(Reading, Reverting, Compaction, Housekeeping, Parts):
+class ExpectedStateStore(Trusting, Reading, Reverting, Compaction, Housekeeping, Parts):
     """The expected state of one sink table of one pipeline, as a merge-on-read Delta table.
 
     Layout under ``root``: ``<root>/<pipeline>/<sink>/`` is the Delta table
@@ -145,6 +146,9 @@ class ExpectedStateStore(Reading, Reverting, Compaction, Housekeeping, Parts):
         self._history_from = 0
         # (version, epoch token, fence) of this object's last apply() commit.
         self._known: tuple[int, int, int] | None = None
+        # What was checked before rows were trusted (expected_state.trust).
+        self._log_audit = None
+        self._sound_files: set[str] = set()
         if schema is not None:
             missing = [k for k in self.key_columns if k not in schema.names]
             if missing:

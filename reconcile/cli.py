@@ -92,6 +92,11 @@ def _parser() -> argparse.ArgumentParser:
         )
         sub.add_argument("--schema", help="the sink table's schema (default: the current one)")
         sub.add_argument("--json", action="store_true", help="print one JSON object")
+    commands.choices["repair"].add_argument(
+        "--allow-mass-change", action="store_true",
+        help="lift the mass-change brake for this repair: let it delete or change more than the "
+        "table's max_change_fraction (default 10%%) of its rows; check with verify first",
+    )  # fmt: skip
 
     watch = commands.add_parser(
         "watch",

@@ -11,6 +11,12 @@ by default a scoped verify of the keys changed in the newest ``--epochs``
 epochs of each table (cheap: it follows what changed, not the table), with
 ``--repair`` to repair what it finds, and the findings exported through the
 file's ``[metrics]`` (drift found and repaired per sink table).
+
+A repair never lifts a table's mass-change brake (``max_change_fraction``)
+here unless ``repair --allow-mass-change`` says so; ``watch --repair`` never
+does. A refusal (the brake, a store that lost rows) is an alert instead: a
+log line, a ``refused`` field in the JSON, ``reconcile_verify_runs_total``
+with the reason as ``result``, and exit code 2.
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ from typing import Any
 from reconcile.config import Config, SinkTableConfig, load_config
 from reconcile.config_sinks import split_table
 from reconcile.contract import ConfigurationError, ReconcileError
-from reconcile.metrics import Metrics, NullMetrics, record_report
+from reconcile.metrics import Metrics, NullMetrics, record_refusal, record_report
 
 __all__ = [
     "TableOutcome",
@@ -71,6 +77,7 @@ class TableOutcome:
     table: str
     report: Any | None = None  # ReconcileReport
     error: str | None = None
+    refused: dict[str, Any] | None = None  # why it refused to run, and the details
 
     @property
     def drift(self) -> bool:
@@ -83,10 +90,14 @@ class TableOutcome:
             out["table"] = self.table
         if self.error is not None:
             out["error"] = self.error
+        if self.refused is not None:
+            out.update(self.refused)
         return out
 
     def line(self) -> str:
         where = f"{self.pipeline}.{self.sink} ({self.table})"
+        if self.refused is not None:
+            return f"{where}: refused ({self.refused['refused']}): {self.error}"
         if self.error is not None:
             return f"{where}: error: {self.error}"
         r = self.report
@@ -107,6 +118,7 @@ def check_table(
     mode: str | None = None,
     recent_epochs: int | None = None,
     metrics: Metrics | None = None,
+    allow_mass_change: bool = False,
 ) -> TableOutcome:
     """Verify (or repair) one sink table of a config file; never raises for that table's errors.
 
@@ -117,8 +129,11 @@ def check_table(
         recent_epochs: with scoped mode, check the keys changed in the newest
             this many epochs (instead of since the sink's newest marker).
         metrics: where drift found and repaired is reported.
+        allow_mass_change: lift the table's mass-change brake (an operator's
+            explicit ``repair --allow-mass-change``; never ``watch``).
     """
     from reconcile.recovery import recover
+    from reconcile.recovery.report import refused_fields
 
     schema, name = split_table(sink.table)
     since = None
@@ -141,14 +156,21 @@ def check_table(
             mode=mode or sink.mode,
             dry_run=not repair,
             since_epoch=since,
+            max_change_fraction=sink.max_change_fraction,
+            allow_mass_change=allow_mass_change,
         )
     except Exception as exc:  # one table's failure is reported; the others still run
         text = " ".join(str(exc).split()) or type(exc).__name__
         if not isinstance(exc, ReconcileError):
             text = f"{type(exc).__name__}: {text}"
-        return TableOutcome(
-            sink.pipeline, sink.name, sink.table, error=sink.connection.redact(text)
-        )
+        text = sink.connection.redact(text)
+        refused = refused_fields(exc)
+        if refused is not None:
+            # An alert, not a crash: the table is left as it is, and says why.
+            log.error("%s.%s (%s): refused (%s): %s", sink.pipeline, sink.name, sink.table,
+                      refused["refused"], text)  # fmt: skip
+            record_refusal(sink.pipeline, name, refused["refused"], metrics=metrics)
+        return TableOutcome(sink.pipeline, sink.name, sink.table, error=text, refused=refused)
     record_report(sink.pipeline, report, metrics=metrics)
     return TableOutcome(sink.pipeline, sink.name, sink.table, report=report)
 
@@ -160,12 +182,17 @@ def check_tables(
     mode: str | None = None,
     recent_epochs: int | None = None,
     metrics: Metrics | None = None,
+    allow_mass_change: bool = False,
 ) -> list[TableOutcome]:
     """:func:`check_table` for each table, in order."""
-    return [
-        check_table(t, repair=repair, mode=mode, recent_epochs=recent_epochs, metrics=metrics)
-        for t in tables
-    ]
+    options: dict[str, Any] = {
+        "repair": repair,
+        "mode": mode,
+        "recent_epochs": recent_epochs,
+        "metrics": metrics,
+        "allow_mass_change": allow_mass_change,
+    }
+    return [check_table(t, **options) for t in tables]
 
 
 def exit_code(outcomes: list[TableOutcome]) -> int:
@@ -203,7 +230,9 @@ def run_config_recover(args: argparse.Namespace) -> int:
     """``verify`` / ``repair`` with ``--config``: every selected table; the exit code."""
     config = load_config(args.config)
     tables = _selected(config, args)
-    outcomes = check_tables(tables, repair=args.command == "repair", mode=args.mode)
+    repair = args.command == "repair"
+    lifted = repair and getattr(args, "allow_mass_change", False)
+    outcomes = check_tables(tables, repair=repair, mode=args.mode, allow_mass_change=lifted)
     code = exit_code(outcomes)
     _print(outcomes, as_json=args.json, code=code)
     return code
@@ -245,6 +274,7 @@ def run_watch(args: argparse.Namespace) -> int:
     try:
         while not stop.is_set():
             began = time.monotonic()
+            # Never with the brake lifted: a watch alerts instead (check_table).
             outcomes = check_tables(
                 tables, repair=args.repair, mode=mode, recent_epochs=recent,
                 metrics=metrics,

@@ -1,18 +1,22 @@
 """``reconcile verify`` and ``reconcile repair``: pull-and-diff from the command line.
 
 Exit codes suit cron and alerting: 0 no drift; 1 drift found (verify) or found
-and repaired (repair); 2 an error, with one line that names what failed.
+and repaired (repair); 2 an error, with one line that names what failed. A
+refusal (a store that lost rows, the mass-change brake) is an error; with
+``--json`` it also prints one object whose ``refused`` field says why.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
 from reconcile.recovery import ReconcileReport, recover
+from reconcile.recovery.report import refused_fields
 from reconcile.recovery.target import Progress
 
 __all__ = ["run_recover", "summary"]
@@ -61,6 +65,12 @@ def summary(report: ReconcileReport, *, repair: bool) -> str:
         )
         + f" in {report.seconds:.2f}s",
     ]
+    if report.mass_change:
+        lines.append(
+            f"  mass-change brake: {report.brake_counted} of the {report.sink_rows} rows would "
+            f"be deleted or changed (the brake allows {report.brake_limit})"
+            + ("; lifted for this repair" if repair else "; repair --allow-mass-change lifts it")
+        )
     if repair:
         lines.append(
             f"  repaired: {report.applied} rows written or deleted, in one transaction"
@@ -81,13 +91,20 @@ def run_recover(args: argparse.Namespace) -> int:
         "mode": args.mode or "auto",
         "dry_run": not repair,
         "schema": args.schema,
+        "allow_mass_change": repair and args.allow_mass_change,
     }
     if args.epoch is not None:
         options["target_epoch"] = args.epoch
     with _progress(sys.stderr.isatty() and not args.json, args.table) as progress:
-        report = recover(
-            args.pg, args.store, args.pipeline, args.table, progress=progress, **options
-        )
+        try:
+            report = recover(
+                args.pg, args.store, args.pipeline, args.table, progress=progress, **options
+            )
+        except Exception as exc:
+            refused = refused_fields(exc)
+            if args.json and refused is not None:
+                print(json.dumps({"table": args.table, "error": str(exc), **refused}))
+            raise
     if args.json:
         print(report.to_json())
     else:

@@ -69,6 +69,8 @@ class SinkTableConfig:
         write_mode: the Postgres sink's commit mode (transactional, prepared).
         store: the expected-state store root of its pipeline.
         progress: the progress log folder of its pipeline, if given.
+        max_change_fraction: the repair's mass-change brake: the most of the
+            table a repair may delete or change on its own (0 to 1, default 0.1).
     """
 
     pipeline: str
@@ -80,6 +82,7 @@ class SinkTableConfig:
     write_mode: str
     store: str
     progress: Path | None
+    max_change_fraction: float = 0.1
 
 
 @dataclass(frozen=True)
@@ -285,7 +288,9 @@ def _sink(
     progress: Path | None,
     env: Mapping[str, str],
 ) -> SinkTableConfig:
-    reader.only("dsn", "url", "password_env", "table", "keys", "mode", "write_mode")
+    reader.only(
+        "dsn", "url", "password_env", "table", "keys", "mode", "write_mode", "max_change_fraction"
+    )
     connection = read_connection(reader, env)
     table = reader.get("table", str, required=True)
     if not table.strip():
@@ -297,10 +302,14 @@ def _sink(
         raise reader.error(f"a key column is listed twice: {keys}", "keys")
     mode = choice(reader, "mode", VERIFY_MODES, "auto")
     write_mode = choice(reader, "write_mode", WRITE_MODES, "transactional")
+    fraction = reader.get("max_change_fraction", (int, float))
+    if fraction is not None and not 0 <= fraction <= 1:
+        raise reader.error(f"must be from 0 to 1, got {fraction}", "max_change_fraction")
     reader.done()
     return SinkTableConfig(
-        pipeline, name, connection, table, tuple(keys), mode, write_mode, store, progress
-    )
+        pipeline, name, connection, table, tuple(keys), mode, write_mode, store, progress,
+        0.1 if fraction is None else float(fraction),
+    )  # fmt: skip
 
 
 def _metrics(reader: TableReader | None, base: Path) -> MetricsSettings | None:

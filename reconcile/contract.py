@@ -19,6 +19,7 @@ __all__ = [
     "FencedError",
     "InvalidInputError",
     "MarkerMismatchError",
+    "MassChangeError",
     "Ok",
     "OutcomeUnknownError",
     "ReconcileError",
@@ -27,6 +28,8 @@ __all__ = [
     "Row",
     "SinkOutcome",
     "SinkTxnId",
+    "StoreIntegrityError",
+    "StoreLostRowsError",
     "TxnIdParseError",
     "UnknownSinkError",
     "WriterIdentity",
@@ -118,6 +121,31 @@ class UnknownSinkError(InvalidInputError):
 
 class ContractViolationError(FatalError):
     """A sink broke the contract, e.g. returned something that is not a SinkOutcome."""
+
+
+class StoreIntegrityError(InvalidInputError):
+    """An expected-state table holds what the engine did not write; recovery will not trust it.
+
+    A commit the engine did not write added, removed or re-described data
+    files, or a file no longer matches its log entry. Nothing was pulled or
+    written. ``details`` name the files, their epochs and the commits.
+    """
+
+
+class StoreLostRowsError(StoreIntegrityError):
+    """An expected-state table lost rows its log records (files removed, emptied or replaced).
+
+    Read as it is, the store would make a repair delete healthy sink rows as
+    "extra": the store is reported instead, with the files and epochs it lost.
+    """
+
+
+class MassChangeError(InvalidInputError):
+    """A repair would delete or change more of a sink table than its brake allows.
+
+    Nothing was written. ``details`` hold the counts; an operator who has
+    checked the difference repairs with the brake lifted (``allow_mass_change``).
+    """
 
 
 # ---------------------------------------------------------------------------

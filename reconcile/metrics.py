@@ -61,6 +61,7 @@ __all__ = [
     "active",
     "record_ambiguous_commit",
     "record_drift",
+    "record_refusal",
     "record_report",
     "record_result",
     "record_started",
@@ -346,6 +347,19 @@ def record_drift(
     sink.count("drift.checks", pipeline=pipeline, table=table, result="drift" if drift else "clean")
     if seconds is not None:
         sink.observe("drift.seconds", seconds, pipeline=pipeline, table=table)
+
+
+def record_refusal(
+    pipeline: str, table: str, reason: str, *, metrics: Metrics | None = None
+) -> None:
+    """Report a verify or repair of a sink table that refused to run, and why.
+
+    Counted as a run whose result is the reason (``store_lost_rows``,
+    ``store_integrity``, ``mass_change``): the alert on drift sees it beside
+    ``clean`` and ``drift``, with nothing written.
+    """
+    sink = metrics or active()
+    sink.count("drift.checks", pipeline=pipeline, table=table, result=reason)
 
 
 class DriftReport(Protocol):

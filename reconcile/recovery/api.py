@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from reconcile.contract import ConfigurationError, validate_name
+from reconcile.recovery.brake import DEFAULT_MAX_CHANGE_FRACTION, Brake
 from reconcile.recovery.engine import reconcile_table
 from reconcile.recovery.modes import Mode
 from reconcile.recovery.report import ReconcileReport
@@ -94,6 +95,8 @@ def recover(
     progress: Progress | None = None,
     sink: str | None = None,
     since_epoch: int | None = None,
+    max_change_fraction: float = DEFAULT_MAX_CHANGE_FRACTION,
+    allow_mass_change: bool = False,
 ) -> ReconcileReport:
     """Bring a sink table to its expected state: pull, hash, diff, apply only the difference.
 
@@ -126,6 +129,13 @@ def recover(
         since_epoch: scoped mode checks the keys changed after this epoch
             (and the sink rows of later epochs) instead of after the sink's
             newest marker: a scheduled check of the recent epochs.
+        max_change_fraction: the mass-change brake: the most of the table
+            (rows it holds) a repair may delete or change, 0 to 1 (default
+            0.1); the rows of epochs the sink has no marker for do not count
+            (``reconcile/recovery/brake.py`` defines it exactly).
+        allow_mass_change: lift the brake for this repair (after checking the
+            difference: the brake is what stops a damaged store from emptying
+            a healthy table).
 
     Returns:
         What was pulled, compared, found and applied.
@@ -134,6 +144,11 @@ def recover(
         InvalidInputError: a table not in the store, a store schema that no
             longer matches the sink (the column is named), scoped mode without
             ``_epoch`` or a marker; nothing was written.
+        StoreIntegrityError: the store holds what the engine did not write;
+            StoreLostRowsError when it lost rows (the files and epochs are
+            named); nothing was pulled or written.
+        MassChangeError: the repair would delete or change more than
+            ``max_change_fraction`` of the table; nothing was written.
         ConfigurationError: the database cannot be reached with these settings
             (the password is redacted), the table is missing or has no key.
         RetryableError: the database is unreachable now, or epochs kept
@@ -141,6 +156,7 @@ def recover(
     """
     validate_name("pipeline", pipeline)
     chosen = _mode(mode)
+    brake = Brake(max_change_fraction, allow_mass_change)  # checked before connecting
     name = validate_name("sink", sink if sink is not None else table)
     client, target = _target(dsn, pipeline, table, write=not dry_run, fast_path=fast_path,
                              schema=schema, keys=keys, name=name)  # fmt: skip
@@ -155,6 +171,7 @@ def recover(
             dry_run=dry_run,
             progress=progress,
             since_epoch=since_epoch,
+            brake=brake,
         )
     finally:
         client.close()
@@ -169,6 +186,7 @@ def recover_sink(
     after_crash: bool = True,
     dry_run: bool = False,
     target_epoch: int | None = None,
+    max_change_fraction: float = DEFAULT_MAX_CHANGE_FRACTION,
 ) -> ReconcileReport:
     """Bring a sink the commit cycle holds to its store's state (what ``start()`` calls).
 
@@ -186,6 +204,9 @@ def recover_sink(
         after_crash: True from ``start()``.
         dry_run: only report.
         target_epoch: default the store's newest epoch.
+        max_change_fraction: the mass-change brake, as for :func:`recover`. It
+            is never lifted here: the epochs a sink lacks are not counted, so
+            a brake that fires means drift or a damaged store, for an operator.
 
     Raises:
         ConfigurationError: the sink cannot be pulled from (not pullable).
@@ -206,4 +227,5 @@ def recover_sink(
         after_crash=after_crash,
         target_epoch=target_epoch,
         dry_run=dry_run,
+        brake=Brake(max_change_fraction),
     )

@@ -23,10 +23,15 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
-import pyarrow.compute as pc  # type: ignore[import-untyped, unused-ignore]
 
 from reconcile import hooks
-from reconcile.contract import InvalidInputError, RetryableError
+from reconcile.contract import (
+    InvalidInputError,
+    MassChangeError,
+    RetryableError,
+    StoreIntegrityError,
+)
+from reconcile.recovery.brake import Brake, BrakeReading, counted_changes, refusal
 from reconcile.recovery.buckets import (
     find_differing_ranges,
     search_from_summary,
@@ -36,6 +41,7 @@ from reconcile.recovery.conform import check_columns, conform, hash_pulled
 from reconcile.recovery.diff import HASH, Diff, diff_tables
 from reconcile.recovery.modes import Mode, choose_mode
 from reconcile.recovery.report import ReconcileReport
+from reconcile.recovery.source import ExpectedSource, semi
 from reconcile.recovery.summary import (
     BucketSummary,
     bring_forward,
@@ -44,9 +50,6 @@ from reconcile.recovery.summary import (
     save_summary,
 )
 from reconcile.recovery.target import Progress, RecoveryTarget, Repair, SinkSnapshot
-
-# The store's change-kind column (upsert or delete).
-OP = "_op"
 
 __all__ = ["PULLED", "ExpectedSource", "reconcile_table"]
 
@@ -59,66 +62,6 @@ _MAX_ATTEMPTS = 5
 PULLED = hooks.declare("recovery.pulled")
 
 
-class ExpectedSource:
-    """The expected state of one table at the target epoch, read lazily from the store.
-
-    Args:
-        store: an ``ExpectedStateStore`` (its public API: ``snapshot``,
-            ``changed_keys``, ``last_epoch``, ``user_schema``, ``key_columns``).
-    """
-
-    def __init__(self, store: Any, *, values: bool = False) -> None:
-        self.store = store
-        # A repair needs the expected values of the keys it writes: read them in
-        # the same pass as the hashes (one read of the store, not two).
-        self.values = values
-        self._full: dict[int, pa.Table] = {}
-
-    def rows(self, epoch: int) -> pa.Table:
-        """Keys, values and ``_row_hash`` of every expected row at ``epoch``."""
-        if epoch not in self._full:
-            names = [*self.store.user_schema.names, HASH]
-            self._full[epoch] = self.store.snapshot(epoch, columns=names)
-        return self._full[epoch]
-
-    def hashes(self, epoch: int, keys: list[str]) -> pa.Table:
-        """Keys and ``_row_hash`` at ``epoch`` (the full rows if already read)."""
-        if self.values:
-            self.rows(epoch)
-        if epoch in self._full:
-            return self._full[epoch].select([*keys, HASH])
-        table: pa.Table = self.store.snapshot(epoch, columns=[*keys, HASH])
-        return table
-
-    def of_keys(self, epoch: int, keys: list[str], scope: pa.Table, since: int) -> pa.Table:
-        """The expected rows of the keys in ``scope`` only, with values if a repair needs them.
-
-        Scoped recovery's read, at a cost that follows the scope: a key changed
-        in epochs ``(since, epoch]`` is at its newest change there, read from
-        the change files only; only the other keys of the scope (sink rows of
-        later epochs the store did not change: a run that was reverted) are
-        looked up in a snapshot, which reads the base.
-        """
-        names = [*self.store.user_schema.names, HASH] if self.values else [*keys, HASH]
-        try:
-            newest = self.store.newest_changes(since, epoch, names)
-        except InvalidInputError:
-            # The change files after `since` are no longer all there (vacuum): the
-            # snapshot of the scope, which time-travels, is still right.
-            return self._snapshot_of(epoch, names, scope)
-        scope_keys = scope.select(keys).cast(newest.select(keys).schema)
-        newest = _semi(newest, scope_keys, keys)
-        rest = scope_keys.join(newest.select(keys), keys=keys, join_type="left anti")
-        upserts = newest.filter(pc.equal(newest.column(OP), "upsert")).select(names)
-        if rest.num_rows == 0:
-            return upserts
-        return pa.concat_tables([upserts, self._snapshot_of(epoch, names, rest)])
-
-    def _snapshot_of(self, epoch: int, names: list[str], scope: pa.Table) -> pa.Table:
-        table: pa.Table = self.store.snapshot(epoch, columns=names, keys=scope)
-        return table
-
-
 @dataclass
 class _Found:
     diff: Diff
@@ -126,14 +69,6 @@ class _Found:
     pulled: int
     compared: int = 0
     differing: int = 0
-
-
-def _semi(table: pa.Table, keys_table: pa.Table, keys: list[str]) -> pa.Table:
-    """Rows of ``table`` whose key is in ``keys_table``."""
-    if keys_table.num_rows == 0 or table.num_rows == 0:
-        return table.slice(0, 0)
-    wanted = keys_table.select(keys).cast(table.select(keys).schema)
-    return table.join(wanted.group_by(keys).aggregate([]), keys=keys, join_type="left semi")
 
 
 def _actual(raw: pa.Table, schema: pa.Schema, keys: list[str]) -> pa.Table:
@@ -152,6 +87,8 @@ def _scoped(snap: SinkSnapshot, source: ExpectedSource, schema: pa.Schema, keys:
             epoch: int, since: int) -> _Found:  # fmt: skip
     try:
         changed = source.store.changed_keys(since).select(keys)
+    except StoreIntegrityError:
+        raise  # the store lost rows (or holds foreign ones): said as such, not "use full"
     except InvalidInputError as err:
         raise InvalidInputError(
             f"scoped mode: the expected state cannot list the keys changed since the sink's "
@@ -251,6 +188,7 @@ def reconcile_table(
     progress: Progress | None = None,
     bucket_options: dict[str, int] | None = None,
     since_epoch: int | None = None,
+    brake: Brake | None = None,
 ) -> ReconcileReport:
     """Bring one sink table to the expected state (or, ``dry_run``, only measure the drift).
 
@@ -265,6 +203,7 @@ def reconcile_table(
         bucket_options: ``first_level``, ``fanout``, ``leaf_rows`` for buckets mode.
         since_epoch: scoped mode's start, when earlier than the sink's newest
             marker (a scheduled check of the recent epochs).
+        brake: the mass-change brake (``brake.py``); default 10 %, not lifted.
 
     Returns:
         The report: what was pulled and compared, what differed, what was applied.
@@ -273,9 +212,18 @@ def reconcile_table(
         InvalidInputError: the table is not in the store, the schemas no longer
             match (the column is named), scoped mode on a sink without ``_epoch``
             or without a marker; nothing was written.
+        StoreIntegrityError: the store holds what the engine did not write
+            (StoreLostRowsError: it lost rows), naming the files and epochs;
+            nothing was pulled or written.
+        MassChangeError: the repair would delete or change more of the table
+            than the brake allows; nothing was written.
         RetryableError: epochs kept committing during every attempt.
     """
     started = time.monotonic()
+    brake = brake or Brake()
+    # Before anything is pulled: the store's commits must be the engine's. The
+    # files each read uses are checked as they are read (their footers).
+    store.audit()
     schema = store.user_schema
     keys = list(store.key_columns)
     last = store.last_epoch()
@@ -332,6 +280,16 @@ def reconcile_table(
                                  bucket_options or {})  # fmt: skip
             else:
                 found = _full(snap, source, schema, keys, epoch, progress)
+            reading = _weigh(found, snap, chosen, store, newest, epoch, keys, brake)
+        if reading.exceeded and not dry_run and not brake.allow_mass_change:
+            raise MassChangeError(
+                refusal(target.display, reading, found.diff.counts, brake, epoch),
+                table=target.display,
+                counted=reading.counted,
+                limit=reading.limit,
+                sink_rows=reading.table_rows,
+                **found.diff.counts,
+            )
         applied = 0
         behind = newest is None or newest < epoch
         if not dry_run and (not found.diff.empty or behind):
@@ -355,11 +313,29 @@ def reconcile_table(
             applied=applied,
             seconds=round(time.monotonic() - started, 6),
             dry_run=dry_run,
+            brake_counted=reading.counted,
+            brake_limit=reading.limit,
+            sink_rows=reading.table_rows,
+            mass_change=reading.exceeded,
         )
     raise RetryableError(
         f"table {target.display}: epochs kept committing during {_MAX_ATTEMPTS} repair "
         "attempts (the newest marker moved each time); nothing was written, run it again"
     )
+
+
+def _weigh(found: _Found, snap: SinkSnapshot, mode: Mode, store: Any, newest: int | None,
+           epoch: int, keys: list[str], brake: Brake) -> BrakeReading:  # fmt: skip
+    """What the brake counts in ``found``, and the table's rows when anything counts.
+
+    Full mode pulled every row, so it knows the table's size; the other modes
+    count it in the same snapshot, and only when there is something to weigh.
+    """
+    counted = counted_changes(found.diff, store, newest, epoch, keys)
+    if counted == 0:
+        return BrakeReading(0, None, None)
+    rows = found.pulled if mode is Mode.FULL else snap.count_rows()
+    return BrakeReading(counted, rows, brake.limit(rows))
 
 
 def _repair(source: ExpectedSource, found: _Found, epoch: int, newest: int | None,
@@ -371,7 +347,7 @@ def _repair(source: ExpectedSource, found: _Found, epoch: int, newest: int | Non
     # with them (scoped mode reads only its keys): no second read of the store.
     has_values = set(names) <= set(found.expected.column_names)
     expected = found.expected if has_values else source.rows(epoch)
-    upserts = _semi(expected, wanted, keys) if wanted.num_rows else expected.slice(0, 0)
+    upserts = semi(expected, wanted, keys) if wanted.num_rows else expected.slice(0, 0)
     return Repair(
         upserts=upserts.select(names),
         deletes=diff.extra.select(keys),

@@ -6,7 +6,9 @@ import json
 from dataclasses import asdict, dataclass
 from typing import Any
 
-__all__ = ["ReconcileReport"]
+from reconcile.contract import MassChangeError, StoreIntegrityError, StoreLostRowsError
+
+__all__ = ["ReconcileReport", "refused_fields"]
 
 
 @dataclass(frozen=True)
@@ -27,6 +29,13 @@ class ReconcileReport:
         applied: rows written or deleted to repair (0 for verify and dry runs).
         seconds: wall-clock duration.
         dry_run: nothing was written.
+        brake_counted: extra and changed rows the mass-change brake counts (not
+            the rows of epochs the sink had no marker for: see ``brake.py``).
+        brake_limit: the most rows a repair may delete or change on its own
+            (None: nothing was counted, so the table was not counted either).
+        sink_rows: the rows the sink table held, when the brake counted them.
+        mass_change: ``brake_counted`` is over ``brake_limit``: a repair is
+            refused unless the brake is lifted (and then this one went through).
     """
 
     table: str
@@ -42,6 +51,10 @@ class ReconcileReport:
     applied: int
     seconds: float
     dry_run: bool
+    brake_counted: int = 0
+    brake_limit: int | None = None
+    sink_rows: int | None = None
+    mass_change: bool = False
 
     @property
     def drift(self) -> bool:
@@ -52,3 +65,24 @@ class ReconcileReport:
 
     def to_json(self) -> str:
         return json.dumps(self.as_dict(), sort_keys=True)
+
+
+def refused_fields(error: BaseException) -> dict[str, Any] | None:
+    """A verify or repair that refused to run, as report fields; None for any other error.
+
+    ``refused`` says why, in a word an alert can match: ``store_lost_rows``
+    (the store lost rows: never reported as extra sink rows),
+    ``store_integrity`` (the store holds what the engine did not write) or
+    ``mass_change`` (the brake); the error's details (files, epochs, counts) follow.
+    """
+    if isinstance(error, StoreLostRowsError):
+        reason = "store_lost_rows"
+    elif isinstance(error, StoreIntegrityError):
+        reason = "store_integrity"
+    elif isinstance(error, MassChangeError):
+        reason = "mass_change"
+    else:
+        return None
+    fields = {k: v for k, v in error.details.items() if k != "table"}
+    fields["refused"] = reason
+    return fields

@@ -43,9 +43,9 @@ import pyarrow.parquet as pq  # type: ignore[import-untyped, unused-ignore]
 
 from expected_state.delta_files import filesystem
 from expected_state.layout import OP_COLUMN
-from expected_state.reading import sortable_numbers
+from expected_state.ranges import sortable_numbers
 from reconcile.checksum import SEED, row_checksums
-from reconcile.contract import InvalidInputError
+from reconcile.contract import InvalidInputError, StoreIntegrityError
 from reconcile.recovery.buckets import cut_bounds, first_position, range_figures, sort_expected
 
 __all__ = [
@@ -239,6 +239,8 @@ def bring_forward(summary: BucketSummary, store: Any, epoch: int) -> BucketSumma
         names = [c for c, _ in summary.columns]
         before = store.snapshot(summary.epoch, columns=names, keys=changed)
         after = _state_of(store, changed, summary.epoch, epoch, names)
+    except StoreIntegrityError:
+        raise  # the store itself is not to be trusted: never recompute from it
     except InvalidInputError as exc:
         log.info("bucket summary of %s computed again: %s", store.uri, exc)
         return None

@@ -46,6 +46,10 @@ class SinkSnapshot(Protocol):
         """The rows whose key is in ``keys``, and the rows whose ``_epoch`` is > ``newer_than``."""
         ...
 
+    def count_rows(self) -> int:
+        """The rows the table holds in this snapshot (what the mass-change brake weighs)."""
+        ...
+
     def check_buckets(self) -> None:
         """Raise InvalidInputError if buckets mode cannot run on this table (naming why)."""
         ...

@@ -40,6 +40,7 @@ def _session(master: str | None) -> Any:
 def run_on_spark(args: argparse.Namespace, spark: Any = None) -> int:
     """Run verify or repair (``args`` as the CLI parses them) on Spark; the exit code."""
     from reconcile.cli_recover import summary
+    from reconcile.recovery.brake import Brake
     from reconcile.spark.verify import spark_recover
 
     if args.mode not in (None, "full", "auto"):
@@ -61,6 +62,7 @@ def run_on_spark(args: argparse.Namespace, spark: Any = None) -> int:
         schema=args.schema,
         dry_run=args.command != "repair",
         partitions=args.partitions,
+        brake=Brake(allow_mass_change=getattr(args, "allow_mass_change", False)),
     )
     if args.json:
         out = report.as_dict()

@@ -45,7 +45,8 @@ from typing import Any
 import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
 
 from reconcile import contract, hooks
-from reconcile.contract import InvalidInputError, validate_name
+from reconcile.contract import InvalidInputError, MassChangeError, validate_name
+from reconcile.recovery.brake import Brake, BrakeReading, refusal
 from reconcile.recovery.report import ReconcileReport
 from reconcile.recovery.target import KeyRange
 from reconcile.spark.tasks import ACTUAL, BAD, HASH, KIND, ApplyJob, PullJob, SinkAt
@@ -108,6 +109,7 @@ class _JobResult:
     applied: int = 0
     stale: int = 0
     transactions: int = 0
+    brake: BrakeReading | None = None
 
 
 def _run_job(
@@ -120,6 +122,7 @@ def _run_job(
     dry_run: bool,
     batch_rows: int,
     samples: int,
+    brake: Brake,
 ) -> _JobResult:
     """The Spark side: pull, hash, join, count, and (not ``dry_run``) apply from executors."""
     from pyspark.sql import functions as F
@@ -170,8 +173,24 @@ def _run_job(
                 for k in counted
             },
         )
+        # The sink is compared at its own newest marker: it catches up on no
+        # epoch, so every extra and changed row counts, of every row pulled.
+        weighed = counted.get("extra", 0) + counted.get("changed", 0)
+        if weighed:
+            result.brake = BrakeReading(
+                weighed, result.rows_pulled, brake.limit(result.rows_pulled)
+            )
         if dry_run or not counted:
             return result
+        if result.brake is not None and result.brake.exceeded and not brake.allow_mass_change:
+            raise MassChangeError(
+                refusal(pull.sink.table, result.brake, counted, brake, epoch),
+                table=pull.sink.table,
+                counted=result.brake.counted,
+                limit=result.brake.limit,
+                sink_rows=result.brake.table_rows,
+                **{k: counted.get(k, 0) for k in ("missing", "extra", "changed")},
+            )
         job = ApplyJob(pull.sink, schema, epoch, newest, batch_rows)
         work = diff.join(expected.select(*schema.names), keys, "left").repartition(
             len(pull.ranges), *keys
@@ -208,6 +227,7 @@ def spark_recover(
     partitions: int | None = None,
     batch_rows: int = 50_000,
     samples: int = 5,
+    brake: Brake | None = None,
 ) -> SparkReport:
     """Verify (or repair) a PostgreSQL sink table against its expected state, on Spark.
 
@@ -224,6 +244,7 @@ def spark_recover(
         partitions: key ranges pulled in parallel; default Spark's default parallelism.
         batch_rows: rows per repair transaction.
         samples: keys shown per kind of difference.
+        brake: the mass-change brake (``reconcile.recovery.brake``); default 10 %.
 
     Returns:
         The counts, with ``mode`` "full" and what the job did.
@@ -232,6 +253,10 @@ def spark_recover(
         InvalidInputError: no such store table, schemas that do not match (the
             column is named), a first key column that cannot be cut into ranges,
             or a repair of a sink that is behind the store.
+        StoreIntegrityError: the store holds what the engine did not write
+            (StoreLostRowsError: it lost rows); nothing was pulled or written.
+        MassChangeError: the repair would delete or change more of the table
+            than the brake allows; nothing was written.
         ConfigurationError: the database cannot be reached (the password redacted).
     """
     from expected_state.store import ExpectedStateStore
@@ -259,6 +284,9 @@ def spark_recover(
                 "nothing was pulled or written"
             )
         check_columns(target.display, user_schema, target.columns(), key_columns)
+        # The executors read the store's files as they are: its commits and the
+        # footers of the files of the version they read are checked here first.
+        expected_store.audit()
         with target.snapshot(user_schema, key_columns) as snap:
             newest = snap.newest_epoch
             shared = snap.export()
@@ -275,6 +303,7 @@ def spark_recover(
                     "Bring it to the store with the pipeline's start() or the in-process "
                     "`reconcile repair`, which also writes the missing markers; nothing was written"
                 )
+            expected_store.check_version(expected_store.version_of(epoch))
             try:
                 found = _run_job(
                     spark,
@@ -285,6 +314,7 @@ def spark_recover(
                     dry_run=dry_run,
                     batch_rows=batch_rows,
                     samples=samples,
+                    brake=brake or Brake(),
                 )
             except Exception as exc:
                 rebuilt = _from_executor(exc)
@@ -311,6 +341,10 @@ def spark_recover(
         applied=found.applied,
         seconds=round(time.monotonic() - started, 6),
         dry_run=dry_run,
+        brake_counted=found.brake.counted if found.brake else 0,
+        brake_limit=found.brake.limit if found.brake else None,
+        sink_rows=found.brake.table_rows if found.brake else None,
+        mass_change=bool(found.brake and found.brake.exceeded),
         partitions=len(ranges),
         transactions=found.transactions,
         stale=found.stale,

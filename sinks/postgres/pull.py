@@ -223,6 +223,12 @@ class PgSnapshot:
         ).fetchone()
         return None if row is None or row[0] is None or row[0] < 0 else int(row[0])
 
+    def count_rows(self) -> int:
+        """The rows the table holds in this snapshot (for the mass-change brake)."""
+        query = sql.SQL("SELECT count(*) FROM {}").format(self.table.ident)
+        row = self._run(self._text(query)).fetchone()
+        return int(row[0])
+
     def pull_all(self, progress: Progress | None) -> pa.Table:
         """Every row of the table (full mode)."""
         total = self.estimated_rows() if progress is not None else None

@@ -156,6 +156,12 @@ class _Snapshot:
         rows = [tuple(r) for r in self.conn.execute(sa.union(by_key, later))]
         return _to_arrow(rows, self.schema)
 
+    def count_rows(self) -> int:
+        """The rows the table holds in this transaction (for the mass-change brake)."""
+        return int(
+            self.conn.execute(sa.select(sa.func.count()).select_from(self.table)).scalar_one()
+        )
+
     def check_buckets(self) -> None:
         raise InvalidInputError(
             f"table {self.target.display}: buckets mode needs the database to checksum rows, "

@@ -88,6 +88,7 @@ password_env = "SHOP_PG_PASSWORD"
 table = "totals"
 keys = ["customer"]
 mode = "full"
+max_change_fraction = 0.5  # 3 rows: one changed row is a third of the table
 """
     )
     return {"dsn": pg_db, "config": str(config), "root": tmp_path}
@@ -180,3 +181,18 @@ def test_watch_repairs_drift_in_the_recent_epochs_and_exports_it(
     assert cli("verify", "--config", config, "--all", "--mode", "buckets", env=ENV).returncode == 1
     exported = (pipeline["root"] / "metrics.prom").read_text()
     assert 'reconcile_drift_repaired_rows_total{pipeline="orders",table=' in exported
+
+
+def test_watch_checks_exactly_the_keys_of_the_newest_n_epochs(pipeline: dict[str, Any]) -> None:
+    # With 12 epochs, --epochs 3 covers epochs 9, 10 and 11: a row of epoch 9
+    # is inside, a row of epoch 8 just outside; --epochs 4 takes both.
+    from reconcile.cli_config import check_table
+    from reconcile.config import load_config
+
+    dsn, config = pipeline["dsn"], pipeline["config"]
+    execute(dsn, "UPDATE shop.order_lines SET qty = -1 WHERE id IN (85, 95)")  # epochs 8, 9
+    lines = load_config(config, env=ENV).pipeline("orders").sink("lines")
+    for epochs, changed in ((3, 1), (4, 2), (EPOCHS + 5, 2)):
+        outcome = check_table(lines, repair=False, mode="scoped", recent_epochs=epochs)
+        assert outcome.report is not None, outcome.error
+        assert outcome.report.changed == changed, epochs

@@ -10,6 +10,7 @@ import psycopg
 import pytest
 
 from reconcile.contract import MarkerMismatchError, OutcomeUnknownError, SinkTxnId
+from reconcile.embedded_pg import as_postgres, pg_bindir, run_checked
 from sinks.postgres.connection import PgTarget
 from sinks.postgres.markers import StateTables
 from sinks.postgres.ownership import Scope
@@ -87,6 +88,34 @@ def test_committed_without_marker_is_unknown(target: PgTarget, pg_db: str) -> No
     with pytest.raises(OutcomeUnknownError) as err:
         resolve(target, finished_txn(pg_db, commit=True))
     assert "pull-and-diff" in str(err.value) and "committed" in str(err.value)
+
+
+def test_a_null_xid_status_without_a_marker_is_unknown_never_aborted(
+    private_pg_server: PgServer,
+) -> None:
+    # pg_xact_status() is NULL for an xid older than the commit log still
+    # holds (the server consumed 2**32 xids since, and vacuum truncated it).
+    # pg_resetwal moves the server two xid epochs on: every xid of epoch 0 is
+    # now that old, as on a server that ran for years after our COMMIT.
+    server = private_pg_server
+    server.shutdown()
+    run_checked([*as_postgres(), str(pg_bindir() / "pg_resetwal"), "-e", "2", str(server.data)])
+    server.start()
+    dsn = server.dsn()
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        StateTables("public").create(conn)
+        old_xid = "1000"  # epoch 0, xid 1000: committed or not, the server no longer says
+        assert conn.execute("SELECT pg_xact_status(%s::xid8)", (old_xid,)).fetchone() == (None,)
+    target = PgTarget.parse(dsn)
+    txn = dataclasses.replace(finished_txn(dsn, commit=False), xid=old_xid)
+    with pytest.raises(OutcomeUnknownError) as err:
+        resolve(target, txn)
+    assert "pg_xact_status is NULL" in str(err.value) and "pull-and-diff" in str(err.value)
+    # With the epoch's marker there, the marker settles it (committed), whatever the xid says.
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        insert_marker(conn)
+    got = resolve(target, txn)
+    assert got.resolution is Resolution.COMMITTED and got.decided_by is Evidence.MARKER
 
 
 def test_a_marker_of_another_state_is_a_mismatch_not_a_commit(target: PgTarget, pg_db: str) -> None:

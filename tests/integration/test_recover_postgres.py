@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from reconcile import Mode, hooks, recover
-from reconcile.contract import RetryableError
+from reconcile.contract import InvalidInputError, RetryableError
 from reconcile.recovery.engine import PULLED
 from sinks.postgres.repair import REPAIR_APPLIED
 from tests.recovery_setup import (
@@ -203,3 +203,66 @@ def test_a_repair_commit_without_reply_is_resolved_by_the_database(simple: Setup
     assert sink_rows(simple) == before  # aborted, as pg_xact_status said
     recover(simple.dsn, simple.root, "shop", "orders", mode="full")
     assert sink_rows(simple) == expected_rows(simple)
+
+
+def test_a_repair_commit_without_reply_is_settled_by_its_own_xid_not_an_earlier_repair(
+    simple: Setup,
+) -> None:
+    # An earlier repair left its row in reconcile_repairs: that row must not
+    # stand for this repair, whose own xid aborted.
+    hand_drift(simple)
+    recover(simple.dsn, simple.root, "shop", "orders", mode="full")
+    assert simple.scalar("SELECT count(*) FROM reconcile.reconcile_repairs") == 1
+    simple.execute("UPDATE {t} SET name = 'again' WHERE id = 8")
+    before = sink_rows(simple)
+
+    def lose_the_connection() -> None:
+        simple.scalar(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE application_name = 'reconcile:*:orders' AND state = 'idle in transaction'"
+        )
+
+    with (
+        hooks.at(REPAIR_APPLIED, lose_the_connection) as armed,
+        pytest.raises(RetryableError, match=r"did not take effect.*pg_xact_status"),
+    ):
+        recover(simple.dsn, simple.root, "shop", "orders", mode="full")
+    assert armed.fired == 1
+    assert sink_rows(simple) == before  # the row the aborted repair wrote is not there
+    assert simple.scalar("SELECT count(*) FROM reconcile.reconcile_repairs") == 1
+
+
+def test_a_repair_to_an_epoch_older_than_the_newest_marker_is_refused(simple: Setup) -> None:
+    # The sink acknowledged epochs 0..2: bringing it to epoch 0 would take
+    # acknowledged epochs back. The brake is lifted so that only the marker
+    # check stands between the repair and the rollback.
+    before = sink_rows(simple)
+    for mode in ["full", "buckets"]:
+        with pytest.raises(InvalidInputError, match="cannot repair to epoch 0, older than the "
+                           r"sink's newest marker \(epoch 2\); nothing was written"):  # fmt: skip
+            recover(simple.dsn, simple.root, "shop", "orders", mode=mode, target_epoch=0,
+                    allow_mass_change=True)  # fmt: skip
+        assert sink_rows(simple) == before, mode
+    assert simple.scalar("SELECT count(*) FROM reconcile.reconcile_repairs") == 0
+    assert simple.scalar("SELECT max(epoch) FROM reconcile.reconcile_commits") == 2
+    # A verify against epoch 0 only reports; the newest marker's own epoch repairs.
+    old = recover(simple.dsn, simple.root, "shop", "orders", target_epoch=0, dry_run=True)
+    assert old.drift and old.applied == 0
+    assert not recover(simple.dsn, simple.root, "shop", "orders", target_epoch=2).drift
+
+
+def test_buckets_mode_finds_every_sink_row_when_nothing_is_expected(simple: Setup) -> None:
+    # Epoch 3, recorded in the store only, deletes every row: the expected
+    # state is empty, and everything the sink holds is extra.
+    held = len(sink_rows(simple))
+    simple.record([], deletes=[{"id": i} for i in range(140)])
+    found = recover(simple.dsn, simple.root, "shop", "orders", mode="buckets", dry_run=True)
+    assert (found.mode, found.missing, found.extra, found.changed) == ("buckets", 0, held, 0)
+    assert found.rows_pulled == held
+    # The repair brings the sink to epoch 3: the deletes are the epoch it lacks
+    # (not counted by the mass-change brake), with epoch 3's marker.
+    done = recover(simple.dsn, simple.root, "shop", "orders", mode="buckets")
+    assert done.applied == held and done.brake_counted == 0
+    assert sink_rows(simple) == {}
+    assert simple.scalar("SELECT max(epoch) FROM reconcile.reconcile_commits") == 3
+    assert not recover(simple.dsn, simple.root, "shop", "orders", mode="buckets").drift

@@ -17,7 +17,7 @@ import sqlalchemy as sa
 
 from expected_state.store import ExpectedStateStore
 from reconcile import CommitCycle, CommitSucceeded, InvalidInputError, recover
-from reconcile.contract import Change, SinkTxnId
+from reconcile.contract import Change, MassChangeError, SinkTxnId
 from reconcile.testing import check_sink
 from sinks.sql import SqlSink
 from tests.fix_pg import PgServer
@@ -210,3 +210,45 @@ def test_buckets_mode_says_it_runs_on_postgres_only(url: str, tmp_path: Path) ->
     written(url, tmp_path, epochs=1)
     with pytest.raises(InvalidInputError, match="PostgreSQL"):
         recover(url, str(tmp_path), "shop", "orders", mode="buckets", fast_path=False)
+
+
+def test_a_repair_to_an_epoch_older_than_the_newest_marker_is_refused(
+    url: str, tmp_path: Path
+) -> None:
+    # recover(target_epoch=0) on a sink at epoch 2 must not take acknowledged
+    # epochs back. The brake is lifted so that only the marker check stands.
+    written(url, tmp_path)
+    before = sink_rows(url)
+    with pytest.raises(InvalidInputError, match="cannot repair to epoch 0, older than the "
+                       r"sink's newest marker \(2\); nothing was written"):  # fmt: skip
+        recover(url, str(tmp_path), "shop", "orders", mode="full", target_epoch=0,
+                fast_path=False, allow_mass_change=True)  # fmt: skip
+    assert sink_rows(url) == before
+    engine = sa.create_engine(url)
+    with engine.connect() as conn:
+        markers = conn.exec_driver_sql("SELECT max(epoch) FROM reconcile_sql_commits").scalar()
+        repairs = conn.exec_driver_sql("SELECT count(*) FROM reconcile_sql_repairs").scalar()
+    engine.dispose()
+    assert (markers, repairs) == (2, 0)
+    # Exactly at the newest marker is allowed (and finds nothing to do).
+    same = recover(url, str(tmp_path), "shop", "orders", mode="full", target_epoch=2,
+                   fast_path=False)  # fmt: skip
+    assert not same.drift and same.applied == 0
+
+
+def test_the_mass_change_brake_holds_on_the_sql_path(url: str, tmp_path: Path) -> None:
+    written(url, tmp_path)  # 70 rows
+    drift(url)  # 1 extra, 1 changed (and 2 missing, not counted) of 69 rows
+    before = sink_rows(url)
+    # Scoped mode counts the table in its transaction (it pulls only the scope;
+    # the row inserted by hand has no _epoch, so it is outside the scope).
+    for mode, since, counted in (("full", None, 2), ("scoped", -1, 1)):
+        with pytest.raises(MassChangeError, match=f"delete or change {counted} of the 69 rows"):
+            recover(url, str(tmp_path), "shop", "orders", mode=mode, since_epoch=since,
+                    fast_path=False, max_change_fraction=0.01)  # fmt: skip
+        assert sink_rows(url) == before
+    # 0.029 of 69 rows is 2.001: the repair goes through.
+    done = recover(url, str(tmp_path), "shop", "orders", mode="full", fast_path=False,
+                   max_change_fraction=0.029)  # fmt: skip
+    assert (done.brake_counted, done.brake_limit, done.applied) == (2, 2, 4)
+    assert sink_rows(url) == expected(tmp_path)

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pyarrow.parquet as pq
 import pytest
 
 from reconcile import cli
@@ -35,3 +36,34 @@ def test_verify_and_repair_with_spark_exit_codes(
     capsys.readouterr()
     assert cli.main(["verify", *base, "--mode", "scoped"]) == 2  # scoped is in-process only
     assert "--spark runs full mode" in capsys.readouterr().err
+
+
+def test_spark_repair_checks_the_store_and_holds_the_brake(
+    spark: Any, pg_db: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    setup = make_setup(pg_db, str(tmp_path), "orders", SIMPLE_SCHEMA, SIMPLE_DDL, ["id"])
+    setup.write([{"id": i, "name": f"n{i}", "total": i} for i in range(300)])
+    setup.write([{"id": i, "name": f"m{i}", "total": i} for i in range(300, 400)])
+    base = ["--pg", pg_db, "--store", str(tmp_path), "--pipeline", "shop", "--table", "orders",
+            "--spark", "--partitions", "3"]  # fmt: skip
+    setup.execute("UPDATE {t} SET total = -1 WHERE id < 41")  # 41 of 400 rows: over 10 %
+    before = sink_rows(setup)
+    assert cli.main(["repair", *base]) == 2
+    assert "refused by the mass-change brake: it would delete or change 41 of the 400" in (
+        capsys.readouterr().err
+    )
+    assert sink_rows(setup) == before
+    assert cli.main(["repair", *base, "--allow-mass-change"]) == 1
+    capsys.readouterr()
+    repaired = sink_rows(setup)
+    assert repaired == expected_rows(setup)
+    # Epoch 1's change file emptied on disk: the executors would read no row of
+    # it, and call 100 healthy sink rows extra. The driver refuses first.
+    changes = sorted(Path(setup.store.uri).glob("change-e000000000001-*.parquet"))
+    assert len(changes) == 1
+    pq.write_table(pq.read_schema(changes[0]).empty_table(), changes[0])
+    for command in (["verify"], ["repair", "--allow-mass-change"]):
+        assert cli.main([*command, *base]) == 2
+        err = capsys.readouterr().err
+        assert "lost rows" in err and "(epoch 1)" in err, err
+    assert sink_rows(setup) == repaired and len(repaired) == 400

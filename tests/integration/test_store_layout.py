@@ -13,7 +13,7 @@ from deltalake import DeltaTable, write_deltalake
 
 from expected_state.merge import resolve
 from expected_state.store import ExpectedStateStore
-from reconcile.contract import Change, InvalidInputError
+from reconcile.contract import Change, InvalidInputError, StoreLostRowsError
 
 pytestmark = pytest.mark.integration
 
@@ -76,7 +76,7 @@ def test_the_write_path_and_changed_keys_never_open_the_base(tmp_path: Path) -> 
     changed = {r["k"]: r["_deleted"] for r in store.changed_keys(1).to_pylist()}
     assert changed == {"k1": False, "k2": False, "k3": True}
     assert store.changes_of(3).num_rows == 2
-    with pytest.raises(InvalidInputError, match="are gone"):
+    with pytest.raises(StoreLostRowsError, match=r"lost rows: .*base-t0+1-.* is gone"):
         store.snapshot()
 
 

@@ -133,6 +133,20 @@ def test_mark_many_is_one_commit_and_all_or_nothing(tmp_path: Path) -> None:
     assert version(tmp_path) == before + 1
 
 
+def test_a_batch_that_takes_a_committed_epoch_back_writes_nothing(tmp_path: Path) -> None:
+    log = StoreProgressLog(str(tmp_path), "pipe")
+    gen = log.claim_generation()
+    log.mark_many([(0, D), (0, C)], gen)
+    before = version(tmp_path)
+    # A later move in the same batch sees the earlier ones: aborting an epoch
+    # this very batch committed is refused too, and so is the whole batch.
+    for batch in ([(1, D), (0, A)], [(1, D), (1, C), (1, A)]):
+        with pytest.raises(FatalError, match="cannot move from committed to aborted"):
+            log.mark_many(batch, gen)
+    assert version(tmp_path) == before  # no commit in the _epochs table
+    assert [newest_status(tmp_path, e) for e in (0, 1)] == ["committed", None]
+
+
 def test_zombie_mark_with_takeover_in_the_window_writes_nothing(tmp_path: Path) -> None:
     zombie = StoreProgressLog(str(tmp_path), "pipe")
     gen = zombie.claim_generation()

@@ -15,7 +15,7 @@ import pyarrow.compute as pc
 
 from expected_state.store import ExpectedStateStore
 from reconcile.contract import Change
-from reconcile.recovery.engine import ExpectedSource
+from reconcile.recovery.source import ExpectedSource
 
 
 def _sorted(table: pa.Table, keys: list[str]) -> list[dict[str, object]]:

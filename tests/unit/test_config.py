@@ -133,12 +133,38 @@ def test_an_unknown_key_is_refused_with_a_hint(tmp_path: Path) -> None:
         (('dsn = "postgresql://app@db:5432/shop"', 'url = "::"'), "not a valid SQLAlchemy URL"),
         (("[pipelines.orders.sinks.lines]", "[pipelines.orders.sinks.bad-name]"), "bad-name"),
         (('root = "expected"', 'root = ""'), "store.root: must not be empty"),
+        (
+            ('table = "order_lines"', 'table = "order_lines"\nmax_change_fraction = 1.01'),
+            "lines.max_change_fraction: must be from 0 to 1, got 1.01",
+        ),
+        (
+            ('table = "order_lines"', 'table = "order_lines"\nmax_change_fraction = -0.0001'),
+            "lines.max_change_fraction: must be from 0 to 1",
+        ),
+        (
+            ('table = "order_lines"', 'table = "order_lines"\nmax_change_fraction = nan'),
+            "lines.max_change_fraction: must be from 0 to 1",
+        ),
+        (
+            ('table = "order_lines"', 'table = "order_lines"\nmax_change_fraction = "10%"'),
+            "lines.max_change_fraction: expected an integer or a number, got string",
+        ),
     ],
 )
 def test_bad_values_are_named(tmp_path: Path, change: tuple[str, str], expected: str) -> None:
     old, new = change
     assert old in MINIMAL
     assert expected in load_error(tmp_path, MINIMAL.replace(old, new))
+
+
+def test_the_brake_fraction_defaults_and_takes_its_bounds(tmp_path: Path) -> None:
+    lines = load_config(write(tmp_path, MINIMAL), env=ENV).pipeline("orders").sink("lines")
+    assert lines.max_change_fraction == 0.1
+    for given, got in (("0", 0.0), ("1", 1.0), ("0.25", 0.25)):
+        text = MINIMAL.replace('table = "order_lines"',
+                               f'table = "order_lines"\nmax_change_fraction = {given}')  # fmt: skip
+        sink = load_config(write(tmp_path, text), env=ENV).pipeline("orders").sink("lines")
+        assert sink.max_change_fraction == got
 
 
 def test_an_unset_variable_is_named_and_nothing_loads(tmp_path: Path) -> None:

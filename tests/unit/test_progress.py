@@ -48,6 +48,26 @@ def test_transitions_and_idempotency(make_log) -> None:  # type: ignore[no-untyp
         log.mark(5, C, gen)
 
 
+def test_a_committed_epoch_never_moves_to_aborted(make_log) -> None:  # type: ignore[no-untyped-def]
+    # Past the commit point every sink must end up with the epoch: no writer,
+    # this one or a newer generation after a restart, may take it back.
+    log: ProgressLog = make_log()
+    gen = log.claim_generation()
+    log.mark(4, D, gen)
+    log.mark(4, C, gen)
+    with pytest.raises(FatalError, match="epoch 4 cannot move from committed to aborted"):
+        log.mark(4, A, gen)
+    restarted = make_log()
+    later = restarted.claim_generation()
+    with pytest.raises(FatalError, match="epoch 4 cannot move from committed to aborted"):
+        restarted.mark(4, A, later)
+    reopened = make_log()  # what the log holds durably (a new object reads the file or table)
+    assert reopened.status(4) is C and reopened.epochs_in(A) == []
+    assert reopened.last_committed() == 4
+    reopened.mark(4, F, later)  # the one move committed allows
+    assert make_log().status(4) is F
+
+
 def test_state_survives_reopen(make_log) -> None:  # type: ignore[no-untyped-def]
     log = make_log()
     gen = log.claim_generation()

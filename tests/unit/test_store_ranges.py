@@ -16,7 +16,7 @@ import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from expected_state.reading import in_ranges
+from expected_state.ranges import in_ranges
 
 _START = dt.datetime(2020, 1, 1, tzinfo=dt.UTC)
 _KINDS: dict[str, tuple[Any, pa.DataType]] = {
