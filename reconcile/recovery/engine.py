@@ -28,6 +28,7 @@ import pyarrow.compute as pc  # type: ignore[import-untyped, unused-ignore]
 from reconcile import hooks
 from reconcile.contract import InvalidInputError, RetryableError
 from reconcile.recovery.buckets import (
+    BucketLimits,
     find_differing_ranges,
     search_from_summary,
     sort_expected,
@@ -126,6 +127,8 @@ class _Found:
     pulled: int
     compared: int = 0
     differing: int = 0
+    # Buckets mode stopped after its first level: why full mode costs less.
+    dearer: str | None = None
 
 
 def _semi(table: pa.Table, keys_table: pa.Table, keys: list[str]) -> pa.Table:
@@ -172,7 +175,7 @@ def _buckets(
     keys: list[str],
     epoch: int,
     sink_types: dict[str, str],
-    options: dict[str, int],
+    limits: BucketLimits,
 ) -> _Found:
     snap.check_buckets()
     columns = [(name, sink_types[name]) for name in schema.names]
@@ -192,7 +195,6 @@ def _buckets(
     if summary is not None:
         summary = rebalance(summary, read)
     if summary is not None and summary.bounds:
-        deeper = {k: v for k, v in options.items() if k != "first_level"}
         searched = search_from_summary(
             snap,
             summary.bounds,
@@ -200,7 +202,7 @@ def _buckets(
             lambda ranges: read([(r.lo, r.hi) for r in ranges]),
             columns,
             keys[0],
-            **deeper,
+            limits,
         )
         if searched is None:
             log.warning("bucket summary of %s disagrees with the store: computed again", store.uri)
@@ -210,7 +212,7 @@ def _buckets(
             save_summary(store, summary)
     else:
         expected = sort_expected(source.rows(epoch), keys[0])
-        search = find_differing_ranges(snap, expected, columns, keys[0], **options)
+        search = find_differing_ranges(snap, expected, columns, keys[0], limits)
         if search.top is not None:
             bounds, figures = search.top
             save_summary(
@@ -225,6 +227,10 @@ def _buckets(
                     sums=np.array([c for _, c in figures], dtype=np.uint64),
                 ),
             )
+    if search.dearer is not None:
+        nothing = pa.schema([store.user_schema.field(k) for k in keys]).empty_table()
+        return _Found(Diff(nothing, nothing, nothing), nothing, 0, search.compared,
+                      search.differing, search.dearer)  # fmt: skip
     # The leaves are pulled in one query: the round trips do not grow with the drift.
     raw = snap.pull_ranges([within for within, _, _ in search.leaves]) if search.leaves else None
     parts = [expected.slice(start, stop - start) for _, start, stop in search.leaves]
@@ -249,7 +255,7 @@ def reconcile_table(
     target_epoch: int | None = None,
     dry_run: bool = False,
     progress: Progress | None = None,
-    bucket_options: dict[str, int] | None = None,
+    bucket_options: BucketLimits | None = None,
     since_epoch: int | None = None,
 ) -> ReconcileReport:
     """Bring one sink table to the expected state (or, ``dry_run``, only measure the drift).
@@ -262,7 +268,8 @@ def reconcile_table(
         target_epoch: the epoch to compare with; default the store's newest.
         dry_run: report without writing.
         progress: called as rows are pulled (full mode).
-        bucket_options: ``first_level``, ``fanout``, ``leaf_rows`` for buckets mode.
+        bucket_options: how far buckets mode cuts, and when full mode costs
+            less (``BucketLimits``).
         since_epoch: scoped mode's start, when earlier than the sink's newest
             marker (a scheduled check of the recent epochs).
 
@@ -329,7 +336,14 @@ def reconcile_table(
                         "(buckets mode runs on PostgreSQL); use mode full or scoped"
                     )
                 found = _buckets(snap, source, schema, keys, epoch, sink_types,
-                                 bucket_options or {})  # fmt: skip
+                                 bucket_options or BucketLimits())  # fmt: skip
+                if found.dearer is not None:
+                    # Going on would cost more than pulling every row: full
+                    # mode on the same snapshot, and the report says so.
+                    compared, differing = found.compared, found.differing
+                    chosen, why = Mode.FULL, f"buckets mode gave way to full: {found.dearer}"
+                    found = _full(snap, source, schema, keys, epoch, progress)
+                    found.compared, found.differing = compared, differing
             else:
                 found = _full(snap, source, schema, keys, epoch, progress)
         applied = 0
