@@ -60,6 +60,7 @@ def summary(report: ReconcileReport, *, repair: bool) -> str:
             else ""
         )
         + f" in {report.seconds:.2f}s",
+        *(f"  warning: {text}" for text in report.warnings),
     ]
     if repair:
         lines.append(

@@ -346,6 +346,7 @@ def reconcile_table(
                     found.compared, found.differing = compared, differing
             else:
                 found = _full(snap, source, schema, keys, epoch, progress)
+            warnings = tuple(snap.warnings)
         applied = 0
         behind = newest is None or newest < epoch
         if not dry_run and (not found.diff.empty or behind):
@@ -369,6 +370,7 @@ def reconcile_table(
             applied=applied,
             seconds=round(time.monotonic() - started, 6),
             dry_run=dry_run,
+            warnings=warnings,
         )
     raise RetryableError(
         f"table {target.display}: epochs kept committing during {_MAX_ATTEMPTS} repair "

@@ -27,6 +27,8 @@ class ReconcileReport:
         applied: rows written or deleted to repair (0 for verify and dry runs).
         seconds: wall-clock duration.
         dry_run: nothing was written.
+        warnings: what the run found worth an operator's attention (each also
+            logged), e.g. scoped mode on a table without an index on ``_epoch``.
     """
 
     table: str
@@ -42,6 +44,7 @@ class ReconcileReport:
     applied: int
     seconds: float
     dry_run: bool
+    warnings: tuple[str, ...] = ()
 
     @property
     def drift(self) -> bool:

@@ -39,6 +39,11 @@ class SinkSnapshot(Protocol):
         ...
 
     @property
+    def warnings(self) -> list[str]:
+        """What the pulls found worth an operator's attention (e.g. a missing index)."""
+        ...
+
+    @property
     def narrow_ranges(self) -> bool:
         """A key range's rows are read through an index, at a cost that follows them.
 

@@ -30,6 +30,7 @@ from .markers import MARKERS_TABLE
 from .ranges import (
     Params,
     RangeOrder,
+    leading_index_collations,
     pieces_of,
     range_order,
     ranges_sql,
@@ -120,6 +121,7 @@ class PgSnapshot:
         self.application_name = application_name
         self.statement_timeout_ms = statement_timeout_ms
         self.newest_epoch: int | None = None
+        self.warnings: list[str] = []
         self._conn: Any = None
         self._statements = Cancellable(f"the pull from {table.display}")
         self._checksums = PgBucketSums(self)
@@ -273,13 +275,25 @@ class PgSnapshot:
 
         The keys are COPied into a temp table and joined through the key's
         index; a UNION (not an OR, which the planner would answer with a full
-        scan) adds the rows of later epochs.
+        scan) adds the rows of later epochs, through an index on ``_epoch``
+        where there is one (without it, that arm scans the table: a warning).
         """
         if EPOCH_COLUMN not in self.table.columns:
             raise InvalidInputError(
                 f"table {self.table.display} has no {EPOCH_COLUMN} column, which scoped mode "
                 "needs; use mode full or buckets",
                 table=self.table.display,
+            )
+        if not leading_index_collations(
+            self.rows, self.table.schema, self.table.table, EPOCH_COLUMN
+        ):
+            create = sql.SQL("CREATE INDEX ON {} ({})").format(
+                self.table.ident, sql.Identifier(EPOCH_COLUMN)
+            )
+            self._warn(
+                f"table {self.table.display} has no index on {EPOCH_COLUMN}: scoped mode reads "
+                f"every row to find the later epochs' rows; create one with: "
+                f"{self._text(create)}"
             )
         name = "_reconcile_scope_keys"
         cur = self._conn.cursor()
@@ -308,6 +322,10 @@ class PgSnapshot:
             epoch=sql.Identifier(EPOCH_COLUMN),
         )
         return self._fetch(query, (newer_than,))
+
+    def _warn(self, text: str) -> None:
+        log.warning("%s", text)
+        self.warnings.append(text)
 
     # -- key ranges -----------------------------------------------------------
 
