@@ -64,6 +64,7 @@ def summary(report: ReconcileReport, *, repair: bool) -> str:
             else ""
         )
         + f" in {report.seconds:.2f}s",
+        *(f"  warning: {text}" for text in report.warnings),
     ]
     if report.mass_change:
         lines.append(

@@ -9,6 +9,24 @@ expected rows. A range whose figures differ is cut again (``fanout`` parts)
 while it holds more than ``leaf_rows`` expected rows and can be cut; the ranges
 left are pulled and diffed by row hash like full mode, so the counts are the
 same as full mode's.
+
+What the search costs, and when it gives way to full mode (``BucketLimits``):
+
+- the first level costs one scan of the table in the database (and the
+  expected rows' checksums here, unless a summary keeps them);
+- every deeper level checksums the rows of the ranges that differed, and the
+  leaves are pulled: both cost about the rows in the differing ranges, through
+  the key's index (the ranges travel as data, never as SQL text);
+- so once the first level's figures are in, the rows in its differing ranges
+  (the larger of the expected and the sink's count, range by range) measure
+  what going on would cost. Past ``full_share`` of the table's rows, pulling
+  every row costs less, and the search stops: ``BucketSearch.dearer`` says why,
+  and the caller runs full mode on the same snapshot;
+- a level is cut only while the ranges it would compare stay within
+  ``max_leaves``; past that, its differing ranges are pulled as they are;
+- without an index that reads a key range (``SinkSnapshot.narrow_ranges``),
+  every deeper level would scan the table again, so the first level's
+  differing ranges are pulled as they are.
 """
 
 from __future__ import annotations
@@ -29,6 +47,8 @@ from reconcile.checksum import row_checksums
 from reconcile.recovery.target import KeyRange, SinkSnapshot
 
 __all__ = [
+    "FULL_SHARE",
+    "BucketLimits",
     "BucketSearch",
     "cut_bounds",
     "find_differing_ranges",
@@ -37,6 +57,39 @@ __all__ = [
     "search_from_summary",
     "sort_expected",
 ]
+
+
+# Past this share of the table's rows in the first level's differing ranges,
+# full mode costs less than going on. Measured on 1.5M rows (2 cores,
+# PostgreSQL 15, int8 key, drift every 100th key of the first N % of keys):
+# going on (the deeper levels' checksums through the key's index, then the
+# leaves' pull, hash and diff) cost about 4x per row in those ranges what full
+# mode costs per row of the table (20 %: 6.3 s over a 9.5 s full run; 40 %:
+# 11.5 to 17.5 s over 7.4 to 11.3 s). Break-even near 0.25; 0.2 leaves room
+# for a heap that is not in key order (index reads then cost more).
+FULL_SHARE = 0.2
+
+
+@dataclass(frozen=True)
+class BucketLimits:
+    """How far a bucket search cuts, and when pulling every row costs less.
+
+    Attributes:
+        first_level: ranges compared first.
+        fanout: ranges a differing range is cut into.
+        leaf_rows: a differing range with at most this many expected rows is
+            pulled rather than cut again.
+        max_leaves: a level is cut only while the ranges it would compare stay
+            at most this many; past it, its differing ranges are pulled.
+        full_share: past this share of the table's rows in the first level's
+            differing ranges, the search stops and full mode runs instead.
+    """
+
+    first_level: int = 1024
+    fanout: int = 32
+    leaf_rows: int = 256
+    max_leaves: int = 16_384
+    full_share: float = FULL_SHARE
 
 
 @dataclass
@@ -48,11 +101,14 @@ class BucketSearch:
         differing: ranges whose checksums differed (every level).
         leaves: the differing ranges that were pulled, with the positions of
             their expected rows in the sorted expected table.
+        dearer: why pulling every row costs less than going on (the search
+            stopped after its first level), or None.
     """
 
     compared: int = 0
     differing: int = 0
     leaves: list[tuple[KeyRange, int, int]] = field(default_factory=list)
+    dearer: str | None = None
     # The first level's bounds and expected (rows, checksum) per range, when
     # computed from the expected rows.
     top: tuple[list[Any], list[tuple[int, int]]] | None = None
@@ -104,6 +160,33 @@ def range_figures(
     return out
 
 
+def dearer_than_full(
+    mine: Sequence[tuple[int, int]],
+    theirs: dict[int, tuple[int, int]],
+    differing: Sequence[int],
+    share: float,
+) -> str | None:
+    """Why full mode costs less than searching on from a first level, or None.
+
+    Args:
+        mine: expected (rows, checksum) per first-level range.
+        theirs: the sink's (rows, checksum) per range (absent: none).
+        differing: the ranges whose figures differ.
+        share: ``BucketLimits.full_share``.
+    """
+    total = max(sum(n for n, _ in mine), sum(n for n, _ in theirs.values()))
+    # A range costs what the larger side holds: the sink's rows are pulled,
+    # the expected ones checksummed and diffed.
+    rows = sum(max(mine[b][0], theirs.get(b, (0, 0))[0]) for b in differing)
+    if total == 0 or rows <= share * total:
+        return None
+    return (
+        f"{len(differing)} of {len(mine)} first-level key ranges differ, holding "
+        f"{rows / total:.0%} of the rows (more than {share:.0%}): pulling every row costs less "
+        "than checksumming and pulling those ranges"
+    )
+
+
 @dataclass
 class _Walk:
     """The state of one search: the sorted expected rows, their checksums, what is left."""
@@ -111,8 +194,7 @@ class _Walk:
     snap: SinkSnapshot
     column: pa.Array  # the first key column of the sorted expected rows
     sums: npt.NDArray[np.uint64]  # their row checksums
-    fanout: int
-    leaf_rows: int
+    limits: BucketLimits
     search: BucketSearch
     stack: list[tuple[KeyRange, int, int, int]] = field(default_factory=list)
 
@@ -120,13 +202,16 @@ class _Walk:
         """Range ``within`` (expected rows ``[start, stop)``) differs: cut it again, or pull it."""
         self.search.differing += 1
         rows = stop - start
-        # Cut again only where it can help: enough rows, and more than one
-        # distinct first-key value among them.
-        can_cut = rows > self.leaf_rows and (
-            _value(self.column, start) != _value(self.column, stop - 1)
+        # Cut again only where it can help: enough rows, more than one distinct
+        # first-key value among them, and an index that reads a range at the
+        # cost of its rows (else every level would scan the table).
+        can_cut = (
+            rows > self.limits.leaf_rows
+            and _value(self.column, start) != _value(self.column, stop - 1)
+            and self.snap.narrow_ranges
         )
         if can_cut:
-            self.stack.append((within, start, stop, self.fanout))
+            self.stack.append((within, start, stop, self.limits.fanout))
         else:
             self.search.leaves.append((within, start, stop))
 
@@ -137,17 +222,18 @@ class _Walk:
         edges: list[int],
         mine: list[tuple[int, int]],
         theirs: dict[int, tuple[int, int]],
-    ) -> None:
-        """Compare one level's figures, bucket by bucket."""
+    ) -> list[int]:
+        """Compare one level's figures, bucket by bucket; the buckets that differ."""
         self.search.compared += len(mine)
         lows = [within.lo, *bounds]
         highs = [*bounds, within.hi]
-        for b in range(len(mine)):
-            if theirs.get(b, (0, 0)) != mine[b]:
-                self.differs(KeyRange(lows[b], highs[b]), edges[b], edges[b + 1])
+        differing = [b for b in range(len(mine)) if theirs.get(b, (0, 0)) != mine[b]]
+        for b in differing:
+            self.differs(KeyRange(lows[b], highs[b]), edges[b], edges[b + 1])
         # Rows the sink holds outside every expected range (below the first
         # bound it is bucket 0; above the last, the last bucket) are caught by
         # those buckets' counts; nothing else can hold them.
+        return differing
 
     def descend(self) -> BucketSearch:
         """Cut and compare the differing ranges until every one left is a leaf to pull.
@@ -159,6 +245,12 @@ class _Walk:
         """
         while self.stack:
             level, self.stack = sorted(self.stack, key=lambda item: item[1]), []
+            if sum(parts for *_, parts in level) > self.limits.max_leaves:
+                # Cut again, this level would compare more ranges than the
+                # cap: its ranges are pulled as they are (their rows are what
+                # a deeper level would have checksummed anyway).
+                self.search.leaves.extend((within, start, stop) for within, start, stop, _ in level)
+                break
             cuts = [cut_bounds(self.column, start, stop, parts) for _, start, stop, parts in level]
             edges = sorted(
                 {v for (within, *_), (bounds, _) in zip(level, cuts, strict=True)
@@ -183,10 +275,7 @@ def find_differing_ranges(
     expected: pa.Table,
     checksum_columns: Sequence[tuple[str, str]],
     first_key: str,
-    *,
-    first_level: int = 1024,
-    fanout: int = 32,
-    leaf_rows: int = 256,
+    limits: BucketLimits | None = None,
 ) -> BucketSearch:
     """Compare checksums range by range and return the differing ranges to pull.
 
@@ -195,15 +284,14 @@ def find_differing_ranges(
         expected: the expected rows, SORTED by ``first_key`` ascending.
         checksum_columns: (column, sink type name) of every checksummed column.
         first_key: the first key column.
-        first_level: ranges compared first.
-        fanout: ranges a differing range is cut into.
-        leaf_rows: a differing range with at most this many expected rows is
-            pulled rather than cut again.
+        limits: how far to cut, and when full mode costs less.
 
     Returns:
         The search, with the first level's bounds and expected figures (what a
-        ``BucketSummary`` keeps for the next search).
+        ``BucketSummary`` keeps for the next search); ``dearer`` set when the
+        first level's differing ranges hold too many rows to go on.
     """
+    limits = limits or BucketLimits()
     column = expected.column(first_key).combine_chunks()
     search = BucketSearch()
     if expected.num_rows == 0:
@@ -214,20 +302,26 @@ def find_differing_ranges(
             search.differing = 1
             search.leaves.append((KeyRange(), 0, 0))
         return search
-    bounds, positions = cut_bounds(column, 0, expected.num_rows, first_level)
+    bounds, positions = cut_bounds(column, 0, expected.num_rows, limits.first_level)
     with ThreadPoolExecutor(max_workers=1) as pool:
         # The database scans the whole table for the first level while the
-        # expected side's checksums are computed here: the two overlap.
-        first: Future[dict[int, tuple[int, int]]] = pool.submit(
-            snap.bucket_sums, bounds, [KeyRange()]
+        # expected side's checksums are computed in a worker: the two overlap.
+        # The query waits in this (the caller's) thread, where a signal can
+        # interrupt it and cancel it on the server; the worker's share is
+        # bounded CPU work that the pool's exit waits for.
+        ours: Future[npt.NDArray[np.uint64]] = pool.submit(
+            row_checksums, expected, checksum_columns
         )
-        sums = row_checksums(expected, checksum_columns)
-        theirs = first.result()
-    walk = _Walk(snap, column, sums, fanout, leaf_rows, search)
+        theirs = snap.bucket_sums(bounds, [KeyRange()])
+        sums = ours.result()
+    walk = _Walk(snap, column, sums, limits, search)
     edges = [0, *positions, expected.num_rows]
     mine = range_figures(sums, 0, expected.num_rows, positions)
     search.top = (bounds, mine)
-    walk.compare(KeyRange(), bounds, edges, mine, theirs)
+    differing = walk.compare(KeyRange(), bounds, edges, mine, theirs)
+    search.dearer = dearer_than_full(mine, theirs, differing, limits.full_share)
+    if search.dearer is not None:
+        return search
     return walk.descend()
 
 
@@ -238,9 +332,7 @@ def search_from_summary(
     read_ranges: Callable[[list[KeyRange]], pa.Table],
     checksum_columns: Sequence[tuple[str, str]],
     first_key: str,
-    *,
-    fanout: int = 32,
-    leaf_rows: int = 256,
+    limits: BucketLimits | None = None,
 ) -> tuple[BucketSearch, pa.Table] | None:
     """The same search, with the first level's expected figures kept from an earlier one.
 
@@ -251,23 +343,32 @@ def search_from_summary(
         bounds, figures: the first level's bounds and expected (rows, checksum)
             per range, as of the target epoch (``BucketSummary``).
         read_ranges: reads the expected rows of some ranges (any order).
+        limits: how far to cut (its ``first_level`` is the summary's), and
+            when full mode costs less.
 
     Returns:
         The search and the expected rows it read (sorted), or None when those
         rows do not add up to the kept figures: the summary is wrong, and the
-        caller searches from the expected rows instead.
+        caller searches from the expected rows instead. When the differing
+        ranges hold too many rows to go on, the search has ``dearer`` set and
+        no expected row is read.
     """
+    limits = limits or BucketLimits()
     search = BucketSearch()
     theirs = snap.bucket_sums(bounds, [KeyRange()])
     search.compared = len(figures)
     lows = [None, *bounds]
     highs = [*bounds, None]
     differing = [b for b in range(len(figures)) if theirs.get(b, (0, 0)) != figures[b]]
+    search.dearer = dearer_than_full(figures, theirs, differing, limits.full_share)
+    if search.dearer is not None:
+        search.differing = len(differing)  # (else each is counted as the walk meets it)
+        return search, pa.table({})
     ranges = [KeyRange(lows[b], highs[b]) for b in differing]
     expected = sort_expected(read_ranges(ranges), first_key)
     column = expected.column(first_key).combine_chunks()
     sums = row_checksums(expected, checksum_columns)
-    walk = _Walk(snap, column, sums, fanout, leaf_rows, search)
+    walk = _Walk(snap, column, sums, limits, search)
     for b, within in zip(differing, ranges, strict=True):
         start = 0 if within.lo is None else first_position(column, within.lo, 0, len(column))
         stop = (

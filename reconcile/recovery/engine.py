@@ -33,6 +33,7 @@ from reconcile.contract import (
 )
 from reconcile.recovery.brake import Brake, BrakeReading, counted_changes, refusal
 from reconcile.recovery.buckets import (
+    BucketLimits,
     find_differing_ranges,
     search_from_summary,
     sort_expected,
@@ -69,6 +70,8 @@ class _Found:
     pulled: int
     compared: int = 0
     differing: int = 0
+    # Buckets mode stopped after its first level: why full mode costs less.
+    dearer: str | None = None
 
 
 def _actual(raw: pa.Table, schema: pa.Schema, keys: list[str]) -> pa.Table:
@@ -109,7 +112,7 @@ def _buckets(
     keys: list[str],
     epoch: int,
     sink_types: dict[str, str],
-    options: dict[str, int],
+    limits: BucketLimits,
 ) -> _Found:
     snap.check_buckets()
     columns = [(name, sink_types[name]) for name in schema.names]
@@ -129,7 +132,6 @@ def _buckets(
     if summary is not None:
         summary = rebalance(summary, read)
     if summary is not None and summary.bounds:
-        deeper = {k: v for k, v in options.items() if k != "first_level"}
         searched = search_from_summary(
             snap,
             summary.bounds,
@@ -137,7 +139,7 @@ def _buckets(
             lambda ranges: read([(r.lo, r.hi) for r in ranges]),
             columns,
             keys[0],
-            **deeper,
+            limits,
         )
         if searched is None:
             log.warning("bucket summary of %s disagrees with the store: computed again", store.uri)
@@ -147,7 +149,7 @@ def _buckets(
             save_summary(store, summary)
     else:
         expected = sort_expected(source.rows(epoch), keys[0])
-        search = find_differing_ranges(snap, expected, columns, keys[0], **options)
+        search = find_differing_ranges(snap, expected, columns, keys[0], limits)
         if search.top is not None:
             bounds, figures = search.top
             save_summary(
@@ -162,6 +164,10 @@ def _buckets(
                     sums=np.array([c for _, c in figures], dtype=np.uint64),
                 ),
             )
+    if search.dearer is not None:
+        nothing = pa.schema([store.user_schema.field(k) for k in keys]).empty_table()
+        return _Found(Diff(nothing, nothing, nothing), nothing, 0, search.compared,
+                      search.differing, search.dearer)  # fmt: skip
     # The leaves are pulled in one query: the round trips do not grow with the drift.
     raw = snap.pull_ranges([within for within, _, _ in search.leaves]) if search.leaves else None
     parts = [expected.slice(start, stop - start) for _, start, stop in search.leaves]
@@ -186,7 +192,7 @@ def reconcile_table(
     target_epoch: int | None = None,
     dry_run: bool = False,
     progress: Progress | None = None,
-    bucket_options: dict[str, int] | None = None,
+    bucket_options: BucketLimits | None = None,
     since_epoch: int | None = None,
     brake: Brake | None = None,
 ) -> ReconcileReport:
@@ -200,7 +206,8 @@ def reconcile_table(
         target_epoch: the epoch to compare with; default the store's newest.
         dry_run: report without writing.
         progress: called as rows are pulled (full mode).
-        bucket_options: ``first_level``, ``fanout``, ``leaf_rows`` for buckets mode.
+        bucket_options: how far buckets mode cuts, and when full mode costs
+            less (``BucketLimits``).
         since_epoch: scoped mode's start, when earlier than the sink's newest
             marker (a scheduled check of the recent epochs).
         brake: the mass-change brake (``brake.py``); default 10 %, not lifted.
@@ -277,10 +284,18 @@ def reconcile_table(
                         "(buckets mode runs on PostgreSQL); use mode full or scoped"
                     )
                 found = _buckets(snap, source, schema, keys, epoch, sink_types,
-                                 bucket_options or {})  # fmt: skip
+                                 bucket_options or BucketLimits())  # fmt: skip
+                if found.dearer is not None:
+                    # Going on would cost more than pulling every row: full
+                    # mode on the same snapshot, and the report says so.
+                    compared, differing = found.compared, found.differing
+                    chosen, why = Mode.FULL, f"buckets mode gave way to full: {found.dearer}"
+                    found = _full(snap, source, schema, keys, epoch, progress)
+                    found.compared, found.differing = compared, differing
             else:
                 found = _full(snap, source, schema, keys, epoch, progress)
             reading = _weigh(found, snap, chosen, store, newest, epoch, keys, brake)
+            warnings = tuple(snap.warnings)
         if reading.exceeded and not dry_run and not brake.allow_mass_change:
             raise MassChangeError(
                 refusal(target.display, reading, found.diff.counts, brake, epoch),
@@ -317,6 +332,7 @@ def reconcile_table(
             brake_limit=reading.limit,
             sink_rows=reading.table_rows,
             mass_change=reading.exceeded,
+            warnings=warnings,
         )
     raise RetryableError(
         f"table {target.display}: epochs kept committing during {_MAX_ATTEMPTS} repair "

@@ -18,9 +18,13 @@ class Mode(enum.Enum):
     - BUCKETS: the sink's system computes a count and a checksum per bucket of
       keys, the expected side the same; only differing buckets are pulled.
       Finds any value changed by hand (the checksum is computed from the
-      values, not read from a hash column the engine wrote).
-    - AUTO: SCOPED after a crash, BUCKETS for a scheduled check, FULL when
-      nothing else applies.
+      values, not read from a hash column the engine wrote). It gives way to
+      FULL, on the same snapshot, when its first level's differing buckets
+      hold more than ``BucketLimits.full_share`` of the rows (drift spread
+      thin over the whole table): measured from the checksums just computed,
+      going on would cost more than pulling every row.
+    - AUTO: SCOPED after a crash, BUCKETS for a scheduled check (and so FULL
+      where that costs less), FULL when nothing else applies.
     """
 
     FULL = "full"
@@ -59,5 +63,8 @@ def choose_mode(
         reason = "a check for drift of any kind (hand edits included)"
         if after_crash:
             reason = "no verified epoch to scope from" if epoch_column else "rows lack _epoch"
-        return Mode.BUCKETS, f"{reason}: compare bucket checksums, pull differing buckets"
+        return Mode.BUCKETS, (
+            f"{reason}: compare bucket checksums, pull differing buckets (full mode where "
+            "they hold too many rows)"
+        )
     return Mode.FULL, "the sink computes no bucket checksums and cannot be scoped"

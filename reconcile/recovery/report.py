@@ -36,6 +36,8 @@ class ReconcileReport:
         sink_rows: the rows the sink table held, when the brake counted them.
         mass_change: ``brake_counted`` is over ``brake_limit``: a repair is
             refused unless the brake is lifted (and then this one went through).
+        warnings: what the run found worth an operator's attention (each also
+            logged), e.g. scoped mode on a table without an index on ``_epoch``.
     """
 
     table: str
@@ -55,6 +57,7 @@ class ReconcileReport:
     brake_limit: int | None = None
     sink_rows: int | None = None
     mass_change: bool = False
+    warnings: tuple[str, ...] = ()
 
     @property
     def drift(self) -> bool:

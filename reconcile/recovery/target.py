@@ -38,6 +38,20 @@ class SinkSnapshot(Protocol):
         """The newest epoch whose marker the sink holds for (pipeline, sink); None: none."""
         ...
 
+    @property
+    def warnings(self) -> list[str]:
+        """What the pulls found worth an operator's attention (e.g. a missing index)."""
+        ...
+
+    @property
+    def narrow_ranges(self) -> bool:
+        """A key range's rows are read through an index, at a cost that follows them.
+
+        Without one, every range query scans the table, so buckets mode does
+        not cut differing ranges further (each level would cost a scan).
+        """
+        ...
+
     def pull_all(self, progress: Progress | None) -> pa.Table:
         """Every row, the expected state's columns (the sink's own types)."""
         ...
@@ -61,12 +75,16 @@ class SinkSnapshot(Protocol):
 
         Bucket ``i`` holds the rows in any of the (disjoint) ranges ``within``
         with ``bounds[i-1] <= key < bounds[i]`` (``width_bucket`` numbering: 0
-        below the first bound). One query, however many ranges.
+        below the first bound). One query, however many ranges, whose text and
+        cost do not grow with their number (the ranges are data).
         """
         ...
 
     def pull_ranges(self, ranges: Sequence[KeyRange]) -> pa.Table:
-        """The rows whose first key column is in one of the (disjoint) ranges, in one query."""
+        """The rows whose first key column is in one of the (disjoint) ranges, in one query.
+
+        The query's text must not grow with the number of ranges (they are data).
+        """
         ...
 
 

@@ -15,17 +15,26 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
 from typing import Any
 
-import psycopg
 import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
 from psycopg import sql
 
-from reconcile.checksum import checksum_kind, row_checksum_sql, server_check_sql
+from reconcile.checksum import checksum_kind
 from reconcile.contract import ConfigurationError, InvalidInputError, RetryableError
 from reconcile.recovery.conform import SinkColumn, wants_text
 from reconcile.recovery.target import KeyRange, Progress
 
+from .bucket_sums import PgBucketSums
 from .connection import PgTarget
+from .heavy import DEFAULT_STATEMENT_TIMEOUT_MS, Cancellable, settings_sql
 from .markers import MARKERS_TABLE
+from .ranges import (
+    Params,
+    RangeOrder,
+    leading_index_collations,
+    pieces_of,
+    range_order,
+    ranges_sql,
+)
 from .schema import EPOCH_COLUMN, TableSchema
 
 __all__ = ["PgSnapshot", "sink_columns"]
@@ -48,10 +57,6 @@ _KINDS = {
     "timestamptz": "timestamptz",
     "bytea": "bytes",
 }
-# First key column kinds whose order is the same in PostgreSQL (text under
-# COLLATE "C") and in Arrow, so that key ranges mean the same on both sides.
-_RANGE_KINDS = ("int", "numeric", "text", "uuid", "date", "timestamp", "timestamptz")
-_BATCH_ROWS = 1 << 16
 # What pg_export_snapshot() returns: hex words joined by dashes.
 _SNAPSHOT_ID = re.compile(r"[0-9A-Fa-f]+(-[0-9A-Fa-f]+){1,3}")
 
@@ -74,6 +79,10 @@ def _adbc_error(target: PgTarget, err: Exception, what: str) -> Exception:
 class PgSnapshot:
     """A REPEATABLE READ snapshot of one sink table (the protocol ``SinkSnapshot``).
 
+    Every session it opens is a heavy session (``heavy.py``): JIT off, a
+    statement timeout, client checks; its statements run so that interrupting
+    the client cancels them on the server.
+
     Args:
         target: where to connect.
         table: the reflected target.
@@ -86,6 +95,8 @@ class PgSnapshot:
             sees exactly what that one sees (parallel pulls of one state).
         application_name: the pull session's name in ``pg_stat_activity``
             (default: the DSN's).
+        statement_timeout_ms: the sessions' statement timeout; None: the
+            server's (database's, role's) non-zero setting, else 15 min.
     """
 
     def __init__(
@@ -99,6 +110,8 @@ class PgSnapshot:
         sink: str,
         shared: str | None = None,
         application_name: str | None = None,
+        *,
+        statement_timeout_ms: int | None = None,
     ) -> None:
         if shared is not None and not _SNAPSHOT_ID.fullmatch(shared):
             raise InvalidInputError(f"not an exported snapshot id: {shared!r}")
@@ -106,12 +119,21 @@ class PgSnapshot:
         self.marker_schema, self.pipeline, self.sink = marker_schema, pipeline, sink
         self.shared = shared
         self.application_name = application_name
+        self.statement_timeout_ms = statement_timeout_ms
         self.newest_epoch: int | None = None
+        self.warnings: list[str] = []
         self._conn: Any = None
-        self._sums: psycopg.Connection[Any] | None = None
-        self._columns = sink_columns(table)
+        self._statements = Cancellable(f"the pull from {table.display}")
+        self._checksums = PgBucketSums(self)
+        self.columns = sink_columns(table)
+        self._order: RangeOrder | None = None
 
     # -- the session --------------------------------------------------------
+
+    def session_settings(self) -> str:
+        """The statement that makes a session of this snapshot a heavy session."""
+        fallback = {"statement_timeout": DEFAULT_STATEMENT_TIMEOUT_MS}
+        return settings_sql({"statement_timeout": self.statement_timeout_ms}, fallback)
 
     @contextmanager
     def opened(self) -> Iterator[PgSnapshot]:
@@ -129,43 +151,54 @@ class PgSnapshot:
         try:
             # The first statement of the transaction fixes its snapshot: every
             # pull, checksum and the marker below see the same committed state.
-            self._run("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+            self.run("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
             if self.shared is not None:
                 # Before any query of the transaction: the exported snapshot becomes
                 # ours (the id was checked against its format; it cannot be a parameter).
-                self._run(f"SET TRANSACTION SNAPSHOT '{self.shared}'")
+                self.run(f"SET TRANSACTION SNAPSHOT '{self.shared}'")
             # pg_catalog only: every name below is qualified, and the staged keys
             # live in pg_temp, which is then searched first for unqualified names
             # (the driver's own COPY into them), never a schema a role could plant.
-            self._run("SET LOCAL search_path = pg_catalog")
+            self.run("SET LOCAL search_path = pg_catalog")
+            self.run(self.session_settings()).fetchall()
             self.newest_epoch = self._newest_marker()
             yield self
         except adbc_driver_manager.Error as err:
             raise _adbc_error(self.target, err, f"pull from {self.table.display}") from None
         finally:
-            try:
-                if self._sums is not None:
-                    self._sums.close()
-                    self._sums = None
-                # Read only: a session that is gone (terminated, server restarted)
-                # has nothing to roll back, and its error must not hide the one
-                # that ended the block.
-                with suppress(adbc_driver_manager.Error):
-                    self._conn.rollback()
-            finally:
-                with suppress(adbc_driver_manager.Error):
-                    self._conn.close()
+            self._checksums.close()
+            if self._statements.stuck:
+                # A statement still runs in its worker: closing the connection
+                # under it is unsafe; the server ends it (client checks, timeout).
                 self._conn = None
+            else:
+                try:
+                    # Read only: a session that is gone (terminated, server restarted)
+                    # has nothing to roll back, and its error must not hide the one
+                    # that ended the block.
+                    with suppress(adbc_driver_manager.Error):
+                        self._conn.rollback()
+                finally:
+                    with suppress(adbc_driver_manager.Error):
+                        self._conn.close()
+                    self._conn = None
 
     def export(self) -> str:
         """This snapshot's id, for other sessions to share it while this one stays open."""
-        row = self._run("SELECT pg_catalog.pg_export_snapshot()").fetchone()
+        row = self.run("SELECT pg_catalog.pg_export_snapshot()").fetchone()
         return str(row[0])
 
-    def _run(self, query: str, parameters: Any = None) -> Any:
+    def run(self, query: str, parameters: Any = None) -> Any:
+        """Execute one statement (cancelled on the server if the client is interrupted)."""
         cur = self._conn.cursor()
-        cur.execute(query, parameters=parameters)
+        bound = _adbc_params(parameters)
+        self._statements.run(lambda: cur.execute(query, parameters=bound), cur.adbc_cancel)
         return cur
+
+    def rows(self, query: str, parameters: Sequence[Any]) -> list[tuple[Any, ...]]:
+        """Execute one query and read its (few) rows."""
+        rows: list[tuple[Any, ...]] = self.run(query, parameters).fetchall()
+        return rows
 
     def _text(self, composed: sql.Composable) -> str:
         return composed.as_string(None)
@@ -176,7 +209,7 @@ class PgSnapshot:
         query = sql.SQL("SELECT max(epoch) FROM {} WHERE pipeline = $1 AND sink = $2").format(
             sql.Identifier(self.marker_schema, MARKERS_TABLE)
         )
-        row = self._run(self._text(query), (self.pipeline, self.sink)).fetchone()
+        row = self.run(self._text(query), (self.pipeline, self.sink)).fetchone()
         return None if row is None or row[0] is None else int(row[0])
 
     # -- what is selected ---------------------------------------------------
@@ -184,7 +217,7 @@ class PgSnapshot:
     def _select_list(self) -> sql.Composable:
         parts: list[sql.Composable] = []
         for field in self.schema:
-            column = self._columns[field.name]
+            column = self.columns[field.name]
             ident = sql.Identifier("t", field.name)
             if wants_text(column.kind, field.type):
                 parts.append(sql.SQL("{}::text AS {}").format(ident, sql.Identifier(field.name)))
@@ -200,23 +233,31 @@ class PgSnapshot:
 
     def _fetch(self, query: sql.Composable, parameters: Any = None,
                progress: Progress | None = None, total: int | None = None) -> pa.Table:  # fmt: skip
-        cur = self._run(self._text(query), parameters)
-        reader = cur.fetch_record_batch()
-        batches = []
-        rows = 0
-        for batch in reader:
-            batches.append(batch)
-            rows += batch.num_rows
-            if progress is not None:
-                progress(rows, total)
-        if not batches:
-            return reader.schema.empty_table()
-        return pa.Table.from_batches(batches, schema=reader.schema)
+        cur = self._conn.cursor()
+        text = self._text(query)
+        bound = _adbc_params(parameters)
+
+        def read() -> pa.Table:
+            cur.execute(text, parameters=bound)
+            reader = cur.fetch_record_batch()
+            batches = []
+            rows = 0
+            for batch in reader:
+                batches.append(batch)
+                rows += batch.num_rows
+                if progress is not None:
+                    progress(rows, total)
+            if not batches:
+                return reader.schema.empty_table()
+            return pa.Table.from_batches(batches, schema=reader.schema)
+
+        table: pa.Table = self._statements.run(read, cur.adbc_cancel)
+        return table
 
     # -- the pulls ------------------------------------------------------------
 
     def estimated_rows(self) -> int | None:
-        row = self._run(
+        row = self.run(
             "SELECT reltuples::bigint FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n "
             "ON n.oid = c.relnamespace WHERE n.nspname = $1 AND c.relname = $2",
             (self.table.schema, self.table.table),
@@ -226,7 +267,7 @@ class PgSnapshot:
     def count_rows(self) -> int:
         """The rows the table holds in this snapshot (for the mass-change brake)."""
         query = sql.SQL("SELECT count(*) FROM {}").format(self.table.ident)
-        row = self._run(self._text(query)).fetchone()
+        row = self.run(self._text(query)).fetchone()
         return int(row[0])
 
     def pull_all(self, progress: Progress | None) -> pa.Table:
@@ -240,7 +281,8 @@ class PgSnapshot:
 
         The keys are COPied into a temp table and joined through the key's
         index; a UNION (not an OR, which the planner would answer with a full
-        scan) adds the rows of later epochs.
+        scan) adds the rows of later epochs, through an index on ``_epoch``
+        where there is one (without it, that arm scans the table: a warning).
         """
         if EPOCH_COLUMN not in self.table.columns:
             raise InvalidInputError(
@@ -248,11 +290,25 @@ class PgSnapshot:
                 "needs; use mode full or buckets",
                 table=self.table.display,
             )
+        if not leading_index_collations(
+            self.rows, self.table.schema, self.table.table, EPOCH_COLUMN
+        ):
+            create = sql.SQL("CREATE INDEX ON {} ({})").format(
+                self.table.ident, sql.Identifier(EPOCH_COLUMN)
+            )
+            self._warn(
+                f"table {self.table.display} has no index on {EPOCH_COLUMN}: scoped mode reads "
+                f"every row to find the later epochs' rows; create one with: "
+                f"{self._text(create)}"
+            )
         name = "_reconcile_scope_keys"
         cur = self._conn.cursor()
         staged = keys.select(self.keys)
-        cur.adbc_ingest(name, staged, mode="replace", temporary=True)
-        self._run(f"ANALYZE pg_temp.{name}")
+        self._statements.run(
+            lambda: cur.adbc_ingest(name, staged, mode="replace", temporary=True),
+            cur.adbc_cancel,
+        )
+        self.run(f"ANALYZE pg_temp.{name}")
         # The staged keys have the expected state's types (a uuid kept as text,
         # say): cast them to the column's own type, so the key's index serves.
         match = sql.SQL(" AND ").join(
@@ -273,186 +329,73 @@ class PgSnapshot:
         )
         return self._fetch(query, (newer_than,))
 
-    # -- buckets --------------------------------------------------------------
+    def _warn(self, text: str) -> None:
+        log.warning("%s", text)
+        self.warnings.append(text)
+
+    # -- key ranges -----------------------------------------------------------
+
+    def range_order(self) -> RangeOrder:
+        """How the first key column compares with range bounds (read once from the catalog)."""
+        if self._order is None:
+            first = self.columns[self.keys[0]]
+            self._order = range_order(
+                self.rows, self.table.schema, self.table.table, first.name, first.kind,
+                first.sql_type,
+            )  # fmt: skip
+        return self._order
+
+    @property
+    def narrow_ranges(self) -> bool:
+        """An index reads a key range's rows (else every range query scans the table)."""
+        return self.range_order().indexed
 
     def check_buckets(self) -> None:
-        """Refuse buckets mode where its checksums cannot match this module's.
+        """Refuse buckets mode where its checksums cannot match (``PgBucketSums.check``)."""
+        self._checksums.check()
 
-        Raises:
-            InvalidInputError: a type that is not checksummed, a first key column
-                whose order differs between the two sides, a database not in
-                UTF8, or a server whose hashtextextended differs (big-endian).
-        """
-        first = self._columns[self.keys[0]]
-        if first.kind not in _RANGE_KINDS:
-            raise InvalidInputError(
-                f"table {self.table.display}: buckets mode splits by the first key column "
-                f"{first.name!r}, whose type {first.sql_type} it cannot range over; use mode "
-                "full or scoped",
-                column=first.name,
-            )
-        self._checksum_columns()  # raises for a type that is not checksummed
-        row = self._run("SELECT pg_catalog.current_setting('server_encoding')").fetchone()
-        if row is None or row[0] != "UTF8":
-            raise InvalidInputError(
-                f"table {self.table.display}: buckets mode needs a UTF8 database (this one is "
-                f"{row[0] if row else '?'}); use mode full or scoped"
-            )
-        query, want = server_check_sql()
-        got = self._run(query).fetchone()
-        if list(got or []) != [v for _, v in want]:
-            raise InvalidInputError(
-                f"table {self.table.display}: this server's hashtextextended() gives other "
-                "values than reconcile.checksum (a big-endian server?); use mode full or scoped"
-            )
-
-    def _checksum_columns(self) -> list[tuple[str, str]]:
+    def checksum_columns(self) -> list[tuple[str, str]]:
+        """(column, checksum kind) of every pulled column; raises for one not checksummed."""
         out = []
         for field in self.schema:
-            kind = self._columns[field.name].kind
+            kind = self.columns[field.name].kind
             checksum_kind(field.name, kind)
             out.append((field.name, kind))
         return out
-
-    def _range_sql(self, within: KeyRange, first: int) -> tuple[sql.Composable, list[Any]]:
-        """WHERE conditions for a key range, with its parameters numbered from ``first``."""
-        key = self._key_expr()
-        conditions: list[sql.Composable] = []
-        params: list[Any] = []
-        cast = sql.SQL(self.table.columns[self.keys[0]].sql_type)
-        for bound, op in ((within.lo, ">="), (within.hi, "<")):
-            if bound is not None:
-                conditions.append(
-                    sql.SQL("{} " + op + " ${}::text::{}").format(
-                        key, sql.SQL(str(first + len(params))), cast
-                    )
-                )
-                params.append(_literal(bound))
-        where = sql.SQL(" AND ").join(conditions) if conditions else sql.SQL("true")
-        return where, params
-
-    def _key_expr(self) -> sql.Composable:
-        first = self._columns[self.keys[0]]
-        ident = sql.Identifier("t", self.keys[0])
-        # Byte order for text: the order Arrow sorts in, whatever the database's collation.
-        return sql.SQL('{} COLLATE "C"').format(ident) if first.kind == "text" else ident
-
-    def _sums_session(self) -> psycopg.Connection[Any]:
-        """A second session on this very snapshot, for the checksum queries.
-
-        The driver reads every result through COPY, which PostgreSQL runs
-        without parallel workers; a plain SELECT on a session that imported
-        the snapshot (``SET TRANSACTION SNAPSHOT``) sees the same rows and may
-        use them (measured: about 1.7x faster on 2 cores).
-        """
-        if self._sums is None:
-            shared = self.export()
-            conn = self.target.connect(application_name="reconcile-verify")
-            conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
-            conn.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(shared)))
-            conn.execute("SET LOCAL search_path = pg_catalog")
-            self._sums = conn
-        return self._sums
-
-    def _ranges_sql(
-        self, ranges: Sequence[KeyRange], first: int
-    ) -> tuple[sql.Composable, list[Any], bool]:
-        """WHERE conditions for any of ``ranges``; parameters numbered from ``first``.
-
-        Returns the condition, its parameters, and whether it is the whole table.
-        """
-        if not ranges:
-            return sql.SQL("false"), [], False
-        if any(r.lo is None and r.hi is None for r in ranges):
-            return sql.SQL("true"), [], True
-        parts: list[sql.Composable] = []
-        params: list[Any] = []
-        for within in ranges:
-            where, more = self._range_sql(within, first + len(params))
-            parts.append(sql.SQL("({})").format(where))
-            params += more
-        return sql.SQL(" OR ").join(parts), params, False
 
     def bucket_sums(
         self, bounds: list[Any], within: Sequence[KeyRange]
     ) -> dict[int, tuple[int, int]]:
         """Per-bucket (count, checksum) computed by the database from the values."""
-        cast = sql.SQL(self.table.columns[self.keys[0]].sql_type)
-        where, params, wide = self._ranges_sql(within, 2)
-        query = sql.SQL(
-            "SELECT pg_catalog.width_bucket({key}, $1::text[]::{cast}[]) AS b, count(*), "
-            "(pg_catalog.sum({checksum}) % 18446744073709551616)::text "
-            "FROM {table} AS t WHERE {where} GROUP BY 1"
-        ).format(
-            key=self._key_expr(),
-            cast=cast,
-            checksum=row_checksum_sql(self._checksum_columns(), alias="t"),
-            table=self.table.ident,
-            where=where,
-        )
-        # The driver's $n placeholders, as psycopg's %s (no other % in the query).
-        text = re.sub(r"\$\d+", "%s", self._text(query).replace("%", "%%"))
-        session = self._sums_session()
-        if wide:
-            # The planner guesses one group per row for width_bucket (it has no
-            # statistics on the expression), so it judges partial aggregation in
-            # parallel workers not worth it and scans the whole table in one
-            # process. The groups are at most len(bounds) + 1: costing the workers'
-            # tuples at nothing lets it choose them (measured: 2x on 2 cores).
-            # SET LOCAL: this read-only transaction only.
-            session.execute("SET LOCAL parallel_setup_cost = 0")
-            session.execute("SET LOCAL parallel_tuple_cost = 0")
-        rows = session.execute(text, [[_literal(b) for b in bounds], *params]).fetchall()
-        if wide:
-            # Narrow ranges are index scans: leave their plans to the defaults.
-            session.execute("SET LOCAL parallel_setup_cost TO DEFAULT")
-            session.execute("SET LOCAL parallel_tuple_cost TO DEFAULT")
-        return {int(b): (int(n), int(s) % (1 << 64)) for b, n, s in rows}
+        return self._checksums.bucket_sums(bounds, within)
 
     def range_bounds(self, parts: int) -> list[Any]:
-        """Values of the first key column that cut the table into ``parts`` of about equal rows.
-
-        At most ``parts - 1`` distinct values, ascending in the order the ranges
-        use (``COLLATE "C"`` for text), from one ``percentile_disc`` pass over
-        the key (an index-only scan where the key is indexed).
-
-        Raises:
-            InvalidInputError: the first key column's type cannot be cut into ranges.
-        """
-        kind = self._columns[self.keys[0]].kind
-        if kind not in _RANGE_KINDS:
-            raise InvalidInputError(
-                f"table {self.table.display}: its first key column {self.keys[0]!r} is of "
-                f"kind {kind!r}, which cannot be cut into key ranges; verify it in-process"
-            )
-        if parts <= 1:
-            return []
-        fractions = ", ".join(repr(i / parts) for i in range(1, parts))
-        query = sql.SQL(
-            "SELECT pg_catalog.percentile_disc(ARRAY[{}]::float8[]) WITHIN GROUP (ORDER BY {}) "
-            "FROM {} AS t"
-        ).format(sql.SQL(fractions), self._key_expr(), self.table.ident)
-        row = self._run(self._text(query)).fetchone()
-        values = [] if row is None or row[0] is None else list(row[0])
-        bounds: list[Any] = []
-        for value in values:
-            if value is not None and (not bounds or value != bounds[-1]):
-                bounds.append(value)
-        return bounds
+        """Values that cut the table into ``parts`` of about equal rows (``PgBucketSums``)."""
+        return self._checksums.range_bounds(parts)
 
     def pull_ranges(self, ranges: Sequence[KeyRange]) -> pa.Table:
-        """The rows of some key ranges (the differing buckets), in one query."""
-        where, params, _ = self._ranges_sql(ranges, 1)
-        query = sql.SQL("SELECT {} FROM {} AS t WHERE {}").format(
-            self._select_list(), self.table.ident, where
-        )
-        return self._fetch(query, params or None)
+        """The rows of some key ranges (the differing buckets), in one query.
+
+        The ranges are array parameters (``ranges.py``): the query's text is
+        the same for one range and for thousands.
+        """
+        if not ranges:
+            nothing = sql.SQL("SELECT {} FROM {} AS t WHERE false")
+            return self._fetch(nothing.format(self._select_list(), self.table.ident))
+        params = Params()
+        query = ranges_sql(
+            self.range_order(), self.table.ident, self._select_list(),
+            pieces_of(ranges, [1] * len(ranges)), params, tagged=False,
+        )  # fmt: skip
+        return self._fetch(query, params.values)
 
 
-def _literal(value: Any) -> str:
-    """A key value as the text PostgreSQL parses back into the column's type."""
-    if hasattr(value, "isoformat"):
-        return str(value.isoformat())
-    if isinstance(value, bytes):
-        return value.hex()
-    return str(value)
+def _adbc_params(parameters: Any) -> Any:
+    """Parameters as ADBC binds them; lists become text arrays (typed even when empty)."""
+    if parameters is None or not any(isinstance(p, list) for p in parameters):
+        return parameters
+    columns = [
+        pa.array([p], pa.list_(pa.string())) if isinstance(p, list) else pa.array([p])
+        for p in parameters
+    ]
+    return pa.record_batch(columns, names=[f"p{i}" for i in range(len(columns))])

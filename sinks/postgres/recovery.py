@@ -117,6 +117,7 @@ class PgRecoveryTarget:
         snap = PgSnapshot(
             self.sink.target, table, schema, keys, self._marker_schema, self.pipeline,
             self.sink.name, shared, application_name,
+            statement_timeout_ms=self.sink.statement_timeout_ms,
         )  # fmt: skip
         with snap.opened() as opened:
             yield opened

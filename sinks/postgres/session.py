@@ -20,6 +20,7 @@ from reconcile.contract import (
 )
 
 from .connection import PgTarget
+from .heavy import DEFAULT_STATEMENT_TIMEOUT_MS, settings_sql
 from .resolve import BackendIdentity, backend_identity
 
 __all__ = [
@@ -51,20 +52,10 @@ log = logging.getLogger("reconcile.sinks.postgres")
 #   epoch into this sink (exactly once: the marker). Prepared mode is not
 #   affected: a prepared txn belongs to no session.
 DEFAULT_TIMEOUTS_MS: dict[str, int] = {
-    "statement_timeout": 15 * 60_000,
+    "statement_timeout": DEFAULT_STATEMENT_TIMEOUT_MS,
     "lock_timeout": 60_000,
     "idle_in_transaction_session_timeout": 5 * 60_000,
 }
-
-# One round trip: an explicit value is always set; a default only where the
-# session's value (from the server, database or role) is 0, i.e. disabled.
-_SETTINGS_SQL = """
-SELECT pg_catalog.set_config(s.name, COALESCE(s.explicit, s.fallback), false)
-  FROM ROWS FROM (pg_catalog.unnest(%s::text[]), pg_catalog.unnest(%s::text[]),
-                 pg_catalog.unnest(%s::text[])) AS s(name, explicit, fallback)
- WHERE s.explicit IS NOT NULL
-    OR (s.fallback IS NOT NULL AND pg_catalog.current_setting(s.name) = '0')
-"""
 
 
 @dataclass
@@ -104,19 +95,14 @@ class SessionSlot:
         self._idle: Session | None = None
 
     def apply_settings(self, conn: psycopg.Connection[Any]) -> None:
-        """Session settings (statement_timeout, lock_timeout, ...), as parameters.
+        """Session settings (statement_timeout, lock_timeout, ..., and ``heavy.FIXED_SETTINGS``).
 
         A setting given as None gets ``DEFAULT_TIMEOUTS_MS``, unless the server,
         database or role already sets it (non-zero): a DBA's choice stands.
         """
-        names = sorted(set(self.settings) | set(DEFAULT_TIMEOUTS_MS))
-        explicit = [
-            None if self.settings.get(n) is None else str(int(self.settings[n] or 0)) for n in names
-        ]
-        fallback = [
-            None if n not in DEFAULT_TIMEOUTS_MS else str(DEFAULT_TIMEOUTS_MS[n]) for n in names
-        ]
-        conn.execute(_SETTINGS_SQL, (names, explicit, fallback))
+        # The heavy-session settings (``heavy.py``: JIT off, client checks) in
+        # the same round trip: a repair's and a large epoch's statements run here.
+        conn.execute(settings_sql(self.settings, DEFAULT_TIMEOUTS_MS))
 
     def take(self) -> Session:
         """The idle session, or a new one."""

@@ -105,6 +105,9 @@ class _Snapshot:
         self.newest_epoch = (
             state.newest(conn, target.pipeline, target.sink.name) if state.exists(conn) else None
         )
+        self.warnings: list[str] = []
+        # No bucket checksums on this path: nothing reads key ranges.
+        self.narrow_ranges = False
 
     def _select(self) -> sa.Select[Any]:
         return sa.select(*(self.table.c[name] for name in self.schema.names))
