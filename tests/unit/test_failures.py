@@ -1,8 +1,10 @@
-"""The one classification of failures (``reconcile.decisions.classify``) and RejectedError."""
+"""The one classification of failures, RejectedError, and what an HA node does with a failure."""
 
 from __future__ import annotations
 
 import pickle
+
+import pytest
 
 from reconcile.contract import (
     ConfigurationError,
@@ -15,6 +17,7 @@ from reconcile.contract import (
     RejectedError,
     RetryableError,
 )
+from reconcile.cycle import CommitCycle
 from reconcile.decisions import (
     REJECTING_SQLSTATE,
     Failure,
@@ -23,6 +26,8 @@ from reconcile.decisions import (
     is_terminal,
     rejection_of,
 )
+from reconcile.ha import HaNode, PgLease
+from reconcile.ha.leading import AfterFailure, QueryFailures
 from reconcile.ha.takeover import LeadershipLostError
 
 
@@ -77,3 +82,50 @@ def test_a_rejection_says_where_on_one_line_and_survives_pickling() -> None:
     named = RejectedError.of(epoch=1, table="t", sqlstate="23514", reason="multi\n  line",
                              constraint="c", column="ignored")  # fmt: skip
     assert ", constraint c [23514]: multi line;" in str(named)
+
+
+def test_what_a_failed_query_calls_for() -> None:
+    failures = QueryFailures("p", limit=3, max_wait_s=1.0)
+    assert failures.decide(FencedError("newer"), 4, "x", 0.1) == AfterFailure("step_down", "fenced")
+    stop = failures.decide(rejected(), 7, "x", 0.1)
+    assert (stop.action, stop.reason, stop.error) == ("stop", "rejected", stop.error)
+    assert isinstance(stop.error, RejectedError)
+    config = failures.decide(ConfigurationError("no CREATE"), 7, "x", 0.1)
+    assert (config.action, config.reason) == ("stop", "error")
+    assert failures.failures == 0  # none of those counts towards the limit
+    # Anything else: the same epoch again, waits doubling, until the limit stops it.
+    waits = [failures.decide(RuntimeError("spark"), 4, "spark", 0.1) for _ in range(2)]
+    assert [(a.action, a.wait_s) for a in waits] == [("restart", 0.2), ("restart", 0.4)]
+    last = failures.decide(None, 4, "concurrent update", 0.1)
+    assert (last.action, last.reason) == ("stop", "query failing")
+    assert "epoch 4 failed 3 times in a row" in str(last.error)
+    assert "concurrent update" in str(last.error) and not is_terminal(last.error)
+    # Another epoch, or a commit, starts the count again; the wait is capped.
+    fresh = QueryFailures("p", limit=3, max_wait_s=1.0)
+    assert fresh.decide(None, 1, "x", 0.4).wait_s == 0.8
+    assert fresh.decide(None, 2, "x", 0.4).action == "restart" and fresh.failures == 1
+    assert fresh.decide(None, 2, "x", 0.4).wait_s == 1.0
+    fresh.committed()
+    assert fresh.decide(None, 2, "x", 0.4).action == "restart" and fresh.failures == 1
+
+
+class _Refused(PgLease):
+    """A lease whose database refuses the role (a ConfigurationError, as the lease raises it)."""
+
+    tries = 0
+
+    def try_acquire(self) -> None:
+        self.tries += 1
+        raise ConfigurationError("lease of pipeline 'p': the role may not CREATE its table")
+
+
+def test_a_lease_the_role_may_not_use_stops_the_node_at_once() -> None:
+    lease = _Refused("host=127.0.0.1 port=9 dbname=x user=u", "p", term_s=0.2)
+
+    def build() -> CommitCycle:
+        raise AssertionError("no cycle is built without the lease")
+
+    node = HaNode(None, build, lease=lease, checkpoint="c", staging="s", warm=False)
+    with pytest.raises(ConfigurationError, match="may not CREATE"):
+        node.run()
+    assert lease.tries == 1  # not tried again: no retry can cure it
