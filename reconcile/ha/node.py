@@ -286,9 +286,10 @@ class HaNode:
                 # decided below from the writer's typed error, not by exiting.
                 log.debug("pipeline %s: the query ended with %s", self.lease.pipeline,
                           type(exc).__name__)  # fmt: skip
-        else:
-            due = self._restart_at if self._restart_at is not None else 0.0
-            stop.wait(min(self.poll_s, max(due - time.monotonic(), 0.01)))
+        elif self._restart_at is None:
+            stop.wait(self.poll_s)
+        else:  # waiting to start the query again
+            stop.wait(min(self.poll_s, max(self._restart_at - time.monotonic(), 0.01)))
         if self.writer is not None and self.writer.report.committed_epochs:
             self._failures.committed()
             if now.first_commit_s is None:

@@ -1,7 +1,7 @@
 """The HA node's failure handling, in process: a real Spark stream into a real Postgres.
 
 - a leader whose lease renewal gets no answer steps down: renewals that time
-  out (the lease row locked) make the heartbeat say so; a renewal that hangs
+  out (the lease table locked) make the heartbeat say so; a renewal that hangs
   outright (the lease's server process stopped) is caught by the node's own
   clock;
 - an epoch the database rejects stops the node at once: ``run()`` raises the
@@ -84,8 +84,11 @@ def test_a_heartbeat_whose_renewals_time_out_says_the_lease_is_lost(pg_db: str) 
     blocker = psycopg.connect(pg_db)
     heartbeat = Heartbeat(lease, 0.25)
     try:
-        # Every renewal now waits on the row, and its lock wait (half a term) runs out.
-        blocker.execute(sql.SQL("SELECT * FROM {} FOR UPDATE").format(lease_table(blocker)))
+        # Every renewal now waits on the table, and its lock wait (half a term) runs out:
+        # no answer, ever, not even the "no" a row past its term would give.
+        blocker.execute(
+            sql.SQL("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE").format(lease_table(blocker))
+        )
         heartbeat.start()
         wait_until("the heartbeat says the lease is lost", heartbeat.lost.is_set, 10)
         assert not lease.held()
