@@ -329,10 +329,14 @@ def test_a_rejected_epoch_stops_run_with_exit_3_naming_it(pg_db: str, tmp_path: 
             cwd=REPO, env=run_env(tmp_path), stdout=out, stderr=err, start_new_session=True,
         )  # fmt: skip
     try:
+        # Spark's start is slow on a busy machine: the bound that matters is the next one.
         wait_for("epoch 0 in Postgres", lambda: count_rows(pg_db) == ROWS_PER_FILE,
-                 began + 80, proc)  # fmt: skip
+                 began + 240, proc)  # fmt: skip
         aside.rename(inbox / aside.name)
-        code = proc.wait(timeout=max(1.0, began + 90 - time.monotonic()))
+        try:
+            code = proc.wait(timeout=90)  # a rejected epoch stops it, rather than loop for ever
+        except subprocess.TimeoutExpired:
+            pytest.fail("reconcile run still runs 90 s after the rejected epoch arrived")
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
