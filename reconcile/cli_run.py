@@ -15,9 +15,20 @@ is, or ``(DataFrame, {sink name: transform})``, a transform of each
 micro-batch per sink as ``write_stream``'s ``outputs`` (a sink left out gets
 the batch as it is).
 
-SIGTERM or SIGINT stops it cleanly: the query stops, the lease is released
-(a standby need not wait for it to run out), exit code 0. A bad config file
-or app is exit 2 with one line naming the file, the key and the value.
+Exit codes, each stop with one line on stderr (secrets of the file's
+connections taken out of it and of every log line):
+
+- 0: SIGTERM or SIGINT stopped it cleanly: the query stops, the lease is
+  released (a standby need not wait for it to run out); or the query
+  finished (an ``available-now`` trigger);
+- 2: a bad config file or app (the line names the file, the key and the
+  value), a setting the database refuses (a missing privilege on the lease
+  or a fence), an error no retry cures, or one epoch that failed
+  ``reconcile.ha.node.QUERY_FAILURES`` times in a row;
+- 3: the database rejected an epoch's rows (a constraint, a value the column
+  cannot hold, a privilege on the table): the line names the epoch, the
+  table and the constraint or column. Nothing of that epoch was written;
+  fix the rows or the table, then start it again.
 """
 
 from __future__ import annotations
@@ -26,21 +37,25 @@ import argparse
 import importlib
 import logging
 import signal
+import sys
 import threading
 import traceback
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from reconcile.config import Config, PipelineConfig, RunSettings, load_config
-from reconcile.contract import ConfigurationError, ReconcileError
+from reconcile.contract import ConfigurationError, ReconcileError, RejectedError
 
 if TYPE_CHECKING:
     from reconcile.cycle import CommitCycle
     from reconcile.metrics import Metrics
 
-__all__ = ["add_run_parser", "call_app", "load_app", "run_command"]
+__all__ = ["EXIT_ERROR", "EXIT_REJECTED", "add_run_parser", "call_app", "load_app", "run_command"]
 
 log = logging.getLogger("reconcile.run")
+
+EXIT_ERROR = 2  # configuration, or an error no retry cures (see the module docs)
+EXIT_REJECTED = 3  # the database rejected an epoch's rows
 
 
 def add_run_parser(commands: Any) -> None:
@@ -164,26 +179,82 @@ def _settings(config: Config, name: str) -> tuple[PipelineConfig, RunSettings]:
     return pipeline, pipeline.run
 
 
-def _configure_logs(config: Config, verbose: bool) -> None:
+def _configure_logs(config: Config, verbose: bool, redact: Callable[[str], str]) -> None:
     from reconcile.logs import configure
 
     level = config.logs.level
     if verbose and logging.getLevelName(level) > logging.INFO:
         level = "INFO"
-    configure(json=config.logs.json, level=level)
+    handler = configure(json=config.logs.json, level=level)
+    handler.addFilter(_Redacting(redact))
     # py4j says every connection it opens and closes at INFO.
     logging.getLogger("py4j").setLevel(logging.WARNING)
 
 
+class _Redacting(logging.Filter):
+    """Takes the file's secrets out of every line, its traceback included.
+
+    The formatters scrub password-shaped text only; the app, Spark or a
+    driver may print a password bare (an app that raises with one in its
+    message, say). The traceback goes into the message, redacted, since the
+    formatters would format it again from the exception.
+    """
+
+    def __init__(self, redact: Callable[[str], str]) -> None:
+        super().__init__()
+        self.redact = redact
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = record.getMessage()
+        if record.exc_info:
+            text += "\n" + "".join(traceback.format_exception(*record.exc_info)).rstrip()
+        if record.stack_info:
+            text += "\n" + record.stack_info
+        record.msg, record.args = self.redact(text), ()
+        record.exc_info, record.exc_text, record.stack_info = None, None, None
+        return True
+
+
 def run_command(args: argparse.Namespace) -> int:
-    """``reconcile run``: lead or follow until SIGTERM/SIGINT; the exit code."""
-    from reconcile.cli_config import config_metrics
-    from reconcile.config_sinks import check_writable, cycle_builder
+    """``reconcile run``: lead or follow until stopped; the exit code (see the module docs)."""
+    from reconcile.config_sinks import check_writable
 
     config = load_config(args.config)
     pipeline, settings = _settings(config, args.pipeline)
     check_writable(pipeline, config.path)
-    _configure_logs(config, args.verbose)
+
+    def redact(text: str) -> str:
+        return _redact(pipeline, settings, text)
+
+    _configure_logs(config, args.verbose, redact)
+    try:
+        _run(config, pipeline, settings, args)
+    except RejectedError as exc:
+        return _stop_line(f"pipeline {pipeline.name}: {exc}", redact, EXIT_REJECTED)
+    except ReconcileError as exc:
+        return _stop_line(str(exc), redact, EXIT_ERROR)
+    except Exception as exc:
+        # Not the engine's error (Spark, a driver, the app's query): its text
+        # may echo a connection string, so it is redacted like everything here.
+        log.error("pipeline %s: reconcile run failed", pipeline.name, exc_info=True)
+        return _stop_line(f"pipeline {pipeline.name}: {type(exc).__name__}: {exc}", redact,
+                          EXIT_ERROR)  # fmt: skip
+    return 0
+
+
+def _stop_line(text: str, redact: Callable[[str], str], code: int) -> int:
+    """Say why it stopped, on one line of stderr (the last one), secrets out; the exit code."""
+    from sinks.postgres.connection import redact_text
+
+    print(f"reconcile: error: {' '.join(redact_text(redact(text)).split())}", file=sys.stderr)
+    return code
+
+
+def _run(config: Config, pipeline: PipelineConfig, settings: RunSettings, args: Any) -> None:
+    """Load the app, start Spark, lead or follow until stopped; close everything on the way out."""
+    from reconcile.cli_config import config_metrics
+    from reconcile.config_sinks import cycle_builder
+
     role = "standby" if args.standby else "main"
     where = _where(config, pipeline, "app")
     app = load_app(settings.app, where)  # before Spark starts: a typo fails in a second
@@ -200,22 +271,11 @@ def run_command(args: argparse.Namespace) -> int:
         df, outputs = call_app(app, spark, pipeline, f"{where}: {settings.app!r}")
         if not stop.is_set():
             _run_node(pipeline, settings, role, df, outputs, build, metrics, stop)
-    except ReconcileError:
-        raise
-    except Exception as exc:
-        # Not the engine's error (Spark, a driver, the app's query): its text
-        # may echo a connection string, so every secret of the file's
-        # connections is taken out of the logged traceback and of the line.
-        trace = _redact(pipeline, settings, traceback.format_exc())
-        log.error("pipeline %s: reconcile run failed:\n%s", pipeline.name, trace)
-        text = _redact(pipeline, settings, f"{type(exc).__name__}: {exc}")
-        raise ReconcileError(f"pipeline {pipeline.name}: {text}") from None
     finally:
         if spark is not None:
             spark.stop()
         if exporter is not None:
             exporter.close()
-    return 0
 
 
 def _redact(pipeline: PipelineConfig, settings: RunSettings, text: str) -> str:

@@ -23,6 +23,7 @@ __all__ = [
     "Ok",
     "OutcomeUnknownError",
     "ReconcileError",
+    "RejectedError",
     "Retryable",
     "RetryableError",
     "Row",
@@ -97,6 +98,77 @@ class MarkerMismatchError(FatalError):
     names, or a re-run with fresh state. Treating it as "already committed"
     would skip the epoch silently, so it is an error that says what was found.
     """
+
+
+class RejectedError(FatalError):
+    """The database refused an epoch's rows or statement for good: every retry fails the same way.
+
+    A constraint (CHECK, NOT NULL, unique, foreign key, exclusion), a value the
+    column cannot hold, a missing privilege or a row-level security policy
+    (the SQLSTATEs are listed in ``reconcile.decisions.REJECTING_SQLSTATE``).
+    Nothing of the epoch was written. The pipeline stops: a retry or a
+    restart would only repeat it, and a restart would claim a writer
+    generation each time. An operator fixes the rows or the table, then runs
+    the pipeline again.
+
+    ``details`` say where, when the database names it: ``epoch``, ``table``,
+    ``sink``, ``constraint``, ``column``, ``sqlstate``.
+    """
+
+    @classmethod
+    def of(
+        cls,
+        *,
+        epoch: int,
+        table: str,
+        sqlstate: str,
+        reason: str,
+        sink: str | None = None,
+        constraint: str | None = None,
+        column: str | None = None,
+    ) -> RejectedError:
+        """The error with its one-line message: the epoch, the table, the constraint or column.
+
+        Args:
+            epoch: the epoch whose rows were refused.
+            table: the table that refused them, as it is shown to an operator.
+            sqlstate: the database's SQLSTATE (five characters), or "" if none.
+            reason: what the database said (one line, no row values, no secret).
+            sink: the sink's name.
+            constraint: the constraint the database named, if any.
+            column: the column the database named, if any.
+        """
+        named = (
+            f", constraint {constraint}" if constraint else f", column {column}" if column else ""
+        )
+        state = f" [{sqlstate}]" if sqlstate else ""
+        reason = " ".join(reason.split())
+        return cls(
+            f"epoch {epoch}: rejected by the database: table {table}{named}{state}: {reason}; "
+            "nothing of the epoch was written. Fix the rows or the table, then run again",
+            epoch=epoch,
+            table=table,
+            sink=sink,
+            constraint=constraint,
+            column=column,
+            sqlstate=sqlstate,
+        )
+
+    @property
+    def epoch(self) -> int | None:
+        """The epoch the database refused."""
+        value = self.details.get("epoch")
+        return int(value) if value is not None else None
+
+    @property
+    def table(self) -> str | None:
+        """The table that refused it."""
+        return self.details.get("table")
+
+    @property
+    def sqlstate(self) -> str:
+        """The database's SQLSTATE ("" if it gave none)."""
+        return str(self.details.get("sqlstate") or "")
 
 
 class InvalidInputError(ReconcileError):

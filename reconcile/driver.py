@@ -31,10 +31,10 @@ from reconcile.contract import (
     RetryableError,
 )
 from reconcile.cycle import CommitCycle
-from reconcile.decisions import is_terminal
+from reconcile.decisions import Failure, classify, rejection_of
 from reconcile.faults import SimulatedCrash
 from reconcile.progress import EpochStatus
-from reconcile.results import CommitAborted, CommitResult, CommitSucceeded
+from reconcile.results import CommitAborted, CommitFatal, CommitResult, CommitSucceeded
 
 __all__ = ["DriveReport", "Driver", "RetryPolicy", "drive"]
 
@@ -85,11 +85,16 @@ class _Again(Exception):
 
 
 class _Stop(Exception):
-    """Internal: no retry can cure this; ``drive`` raises ``error`` itself."""
+    """Internal: no retry can cure this; ``drive`` raises ``error`` itself.
 
-    def __init__(self, error: BaseException) -> None:
+    ``in_doubt``: the cycle may hold something unsettled (an outcome only
+    recovery can settle, a sink that broke the contract), so it is not
+    handed on (``Driver.detach``); only a new cycle's ``start()`` may go on.
+    """
+
+    def __init__(self, error: BaseException, *, in_doubt: bool = False) -> None:
         super().__init__(str(error))
-        self.error = error
+        self.error, self.in_doubt = error, in_doubt
 
 
 class _Run:
@@ -111,8 +116,13 @@ class _Run:
     def restart(self) -> None:
         """Throw the cycle and its sink clients away, as a process exit would."""
         if self.cycle is not None:
-            self.cycle.close()
             self.report.restarts += 1
+        self.discard()
+
+    def discard(self) -> None:
+        """Close the cycle and forget it: the next attempt builds and starts a new one."""
+        if self.cycle is not None:
+            self.cycle.close()
         self.cycle, self.started, self.to_finish = None, False, []
 
     def started_cycle(self) -> CommitCycle:
@@ -143,6 +153,11 @@ class _Run:
             return
         if self.first_error is None:
             self.first_error = f"epoch {epoch} {result.step}: {result.reason}"
+        if classify(result.error) is not Failure.TRANSIENT:
+            # Rejected by the database, fenced, or a cause no retry cures,
+            # whatever the result says: retrying would only repeat it.
+            in_doubt = isinstance(result, CommitFatal) and result.restart
+            raise _Stop(result.error or FatalError(result.reason), in_doubt=in_doubt)
         if isinstance(result, CommitAborted):
             self.report.retries += 1
             raise _Again(result.reason, restart=False, error=result.error)
@@ -162,9 +177,9 @@ class _Run:
             raise
         except (ContractViolationError, OutcomeUnknownError) as exc:
             # A broken sink, or an outcome only an operator (or repair) can settle.
-            raise _Stop(exc) from exc
+            raise _Stop(exc, in_doubt=True) from exc
         except ReconcileError as exc:
-            if is_terminal(exc) or isinstance(exc, FatalError):
+            if classify(exc) is not Failure.TRANSIENT or isinstance(exc, FatalError):
                 # FatalError from start(): a sink cannot list or settle what it
                 # holds, in a way it says no retry fixes. A restart would only
                 # claim generation after generation to fail the same way.
@@ -209,7 +224,11 @@ def drive(
       generation is claimed);
     - an error no retry can cure (bad input, configuration, a fenced zombie, a
       marker of another state, a broken sink, a Fatal outcome before the commit
-      point): raised at once.
+      point): raised at once;
+    - a rejection by the database (a constraint, a value, a privilege:
+      ``RejectedError``, as ``reconcile.decisions.classify`` sorts it): raised at
+      once, logged and counted (``pipeline.rejected``): every retry would fail
+      the same way.
 
     Waits follow ``retry`` (exponential with jitter); an epoch that keeps failing
     for ``retry.give_up_after_s`` raises FatalError with its first and last errors.
@@ -221,8 +240,8 @@ def drive(
     Raises:
         FatalError: an epoch kept failing for longer than the policy allows, or
             a Fatal outcome stopped it (the typed cause when there is one).
-        InvalidInputError, ConfigurationError, FencedError, MarkerMismatchError,
-        ContractViolationError: at once, as above.
+        RejectedError, InvalidInputError, ConfigurationError, FencedError,
+        MarkerMismatchError, ContractViolationError: at once, as above.
         OutcomeUnknownError: from start(): only pull-and-diff (or an operator) can settle it.
     """
     driver = Driver(build, retry=retry, on_progress=on_progress)
@@ -334,15 +353,55 @@ class Driver:
         try:
             retrying(run.attempt, epoch)
         except _Stop as stop:
+            self._stopped(epoch, stop)
             raise stop.error from None
         except _Again as last:
+            if last.restart:
+                run.discard()  # in doubt: only a new cycle's start() may go on
             raise FatalError(
                 f"epoch {epoch} did not commit within {policy.give_up_after_s:g}s: first "
                 f"error: {run.first_error or last.reason}; last error: {last.reason}",
                 epoch=epoch,
             ) from last.error
+        except BaseException:
+            run.discard()  # not the cycle's own outcome: nothing says what it left behind
+            raise
         finally:
             run.outputs = _no_outputs
+
+    def _stopped(self, epoch: int, stop: _Stop) -> None:
+        """Before ``run`` raises a stop: report a rejection; drop a cycle left in doubt."""
+        run = self._run
+        rejected = rejection_of(stop.error)
+        if rejected is not None and run.cycle is not None:
+            # Counted once, where the pipeline stops: the alert an operator gets.
+            run.cycle.metrics.count("pipeline.rejected", sink=str(rejected.details.get("sink")),
+                                    sqlstate=rejected.sqlstate)  # fmt: skip
+            log.error("pipeline %s stops: %s", run.cycle.pipeline, rejected,
+                      extra={"pipeline": run.cycle.pipeline, "epoch": epoch})  # fmt: skip
+        if stop.in_doubt:
+            run.discard()
+
+    def detach(self) -> tuple[CommitCycle, list[int]] | None:
+        """Hand the started cycle over, and forget it; None if there is none to hand over.
+
+        For a streaming query run again by the same leader after a failure
+        (``reconcile.ha``): the next writer goes on with this cycle
+        (``write_stream(..., started=...)``) and its writer generation, rather
+        than claiming a new one for each run of a failing epoch. After a
+        failure that left the cycle in doubt, there is none: ``run`` has thrown
+        it away, and only a new cycle's ``start()`` may settle what it left.
+
+        Returns:
+            The cycle and the committed epochs it must still finish before the
+            next one (as ``adopt`` takes them), or None.
+        """
+        run = self._run
+        if run.cycle is None or not run.started:
+            return None
+        handed = (run.cycle, list(run.to_finish))
+        run.cycle, run.started, run.to_finish = None, False, []
+        return handed
 
     def close(self) -> None:
         """Close the current cycle's sinks, as a process end would."""

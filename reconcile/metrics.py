@@ -32,6 +32,8 @@ name                                      kind    meaning
 ``commit.ambiguous``                      count   a COMMIT without reply, resolved
                                                   [sink, resolution, decided_by]
 ``drive.retries``                         count   drive() ran an epoch again [restart]
+``pipeline.rejected``                     count   the database refused an epoch's rows; the
+                                                  pipeline stopped [sink, sqlstate]
 ``drift.found``                           gauge   rows that differ, per verify [table, kind]
 ``drift.repaired``                        count   rows a repair applied [table]
 ``drift.checks``                          count   verify/repair runs [table, result]

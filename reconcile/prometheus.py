@@ -182,6 +182,12 @@ class PrometheusMetrics:
                 "Epochs drive() ran again, in the same cycle or after a restart",
                 ["pipeline", "restart"],
             ),
+            "pipeline.rejected": counter(
+                "rejected_epochs",
+                "Epochs the database refused (a constraint, a value, a privilege): the pipeline "
+                "stopped (alert on any increase)",
+                ["pipeline", "sink", "sqlstate"],
+            ),
             "drift.repaired": counter(
                 "drift_repaired_rows", "Rows written or deleted by repairs", ["pipeline", "table"]
             ),

@@ -5,8 +5,9 @@ leadership lease (a row in the sink database); ``reconcile.ha.takeover`` is
 what a new leader does before its stream starts.
 """
 
+from reconcile.ha.leading import Role, Tenure
 from reconcile.ha.lease import DEFAULT_TERM_S, LeaseState, PgLease
-from reconcile.ha.node import HaNode, Role, Tenure
+from reconcile.ha.node import HaNode
 from reconcile.ha.takeover import LeadershipLostError
 
 __all__ = [

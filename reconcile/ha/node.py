@@ -9,10 +9,19 @@ writer generation and raise every fence to it, bring every sink to the
 expected state by scoped pull-and-diff, then start the query from the shared
 checkpoint, where Spark re-runs the batch the old main did not finish.
 
-A leader steps down, and becomes a standby, when it cannot renew its lease,
-when a fence rejects it (a newer generation took over while it was paused),
-or when its query keeps failing. It never claims a generation without the
-lease, so a woken main does not fence the new leader in a loop.
+A leader steps down, and becomes a standby, when it cannot renew its lease
+(the database does not answer, or says no), or when a fence rejects it (a
+newer generation took over while it was paused). It never claims a
+generation without the lease, so a woken main does not fence the new leader
+in a loop.
+
+A query that fails is sorted from the typed error its writer kept
+(``reconcile.ha.leading.QueryFailures``), never from the text Spark wraps it
+in. An epoch rejected by the database, or an error no retry cures, stops the
+node: it releases the lease and ``run`` raises the error. Any other failure
+runs the query again after a backoff, with the same cycle and writer
+generation when nothing was left in doubt; ``QUERY_FAILURES`` failures of one
+epoch in a row stop the node too.
 
 Roles differ only at the start: ``main`` tries for the lease at once;
 ``standby`` first waits one term, so that of two instances started together
@@ -21,16 +30,16 @@ the main leads.
 
 from __future__ import annotations
 
-import enum
 import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 from reconcile.contract import ConfigurationError, FencedError, RetryableError
 from reconcile.cycle import CommitCycle
+from reconcile.decisions import Failure, classify
+from reconcile.ha.leading import Heartbeat, QueryFailures, Role, Tenure
 from reconcile.ha.lease import PgLease, wait_s
 from reconcile.ha.takeover import (
     LeadershipLostError,
@@ -39,62 +48,12 @@ from reconcile.ha.takeover import (
     recover_sinks,
     terminate_old_sessions,
 )
+from reconcile.ha.warming import StandbyWarmUp
 from reconcile.metrics import Metrics, with_labels
-from reconcile.spark.warm import WARM_EVERY_S
 
 __all__ = ["HaNode", "Role", "Tenure"]
 
 log = logging.getLogger("reconcile.ha")
-
-QUERY_FAILURES = 5  # query failures in a row, while leading, before stepping down
-# Why a failed query is restarted while we lead: a woken old main may win a
-# race on Spark's offset or commit log ("concurrent update") before its fence
-# stops it; that is a failure of this run of the query, not of the leader.
-
-
-class Role(enum.Enum):
-    """How an instance starts."""
-
-    MAIN = "main"
-    STANDBY = "standby"
-
-
-@dataclass
-class Tenure:
-    """One period of leadership of this instance."""
-
-    tenure: int  # the lease's tenure number
-    generation: int | None = None  # the writer generation claimed
-    acquired_s: float = 0.0  # time.time() when the lease was taken
-    started_s: float | None = None  # time.time() when the query started
-    first_commit_s: float | None = None  # time.time() of the first epoch this tenure committed
-    ended: str | None = None  # why it ended (None: still leading)
-    recovered: dict[str, int] = field(default_factory=dict)  # sink -> rows applied at takeover
-    sessions_ended: int = 0
-    steps: dict[str, float] = field(default_factory=dict)  # takeover step -> seconds
-
-
-class _Heartbeat(threading.Thread):
-    """Renews the lease every ``every_s`` while we lead; sets ``lost`` when it cannot."""
-
-    def __init__(self, lease: PgLease, every_s: float) -> None:
-        super().__init__(name=f"reconcile-lease-{lease.pipeline}", daemon=True)
-        self.lease, self.every_s = lease, every_s
-        self.lost = threading.Event()
-        self.done = threading.Event()
-
-    def run(self) -> None:
-        while not self.done.wait(self.every_s):
-            try:
-                renewed = self.lease.renew()
-            except RetryableError as exc:
-                # The database did not answer: we may still hold the lease, but
-                # held() turns false on our own clock once the term is over.
-                log.warning("pipeline %s: lease not renewed: %s", self.lease.pipeline, exc)
-                renewed = self.lease.held()
-            if not renewed:
-                self.lost.set()
-                return
 
 
 class HaNode:
@@ -160,13 +119,17 @@ class HaNode:
         self.query: Any = None
         self.following_epoch: int | None = None
         self._follower: CommitCycle | None = None  # never started: reads the store only
-        self._heartbeat: _Heartbeat | None = None
-        self._failures = 0
+        self._heartbeat: Heartbeat | None = None
+        # The failing epoch's failures in a row: kept across restarts and tenures.
+        self._failures = QueryFailures(lease.pipeline)
+        self._restart_at: float | None = None  # time.monotonic() to start the query again
+        # A failed query's cycle, handed on to its next run (same generation).
+        self._handed: tuple[CommitCycle, list[int]] | None = None
+        self.failure: BaseException | None = None  # what stopped the node, raised by run()
         self._rest_until = 0.0  # time.monotonic(): no new try for the lease before this
         self.warm = warm
         self.ready = False  # warmed once: a takeover's first batch runs warm
-        self._warmed_at: float | None = None  # time.monotonic() of the last warm-up
-        self._warming: threading.Thread | None = None
+        self._warm_up = StandbyWarmUp(df, outputs, lease.pipeline, self._warmed)
 
     # -- state -------------------------------------------------------------------
 
@@ -195,6 +158,12 @@ class HaNode:
         """Lead or follow until ``stop`` is set or ``until(self)`` is true (checked each tick).
 
         On return the query is stopped and the lease released.
+
+        Raises:
+            RejectedError: the database refused an epoch's rows; the node stopped.
+            ConfigurationError, MarkerMismatchError, ...: an error no retry
+                cures stopped the node (``reconcile.decisions.classify``).
+            FatalError: one epoch failed ``QUERY_FAILURES`` times in a row.
         """
         stop = stop or threading.Event()
         if self.role is Role.STANDBY:
@@ -225,6 +194,8 @@ class HaNode:
             if self._follower is not None:
                 self._follower.close()
             self.lease.close()
+        if self.failure is not None:
+            raise self.failure
 
     def _follow(self, stop: threading.Event, wait: float) -> None:
         """As a standby: read the newest decided epoch from the store, then wait."""
@@ -236,33 +207,11 @@ class HaNode:
                 self.metrics.set("ha.following_epoch", self.following_epoch)
         except Exception as exc:  # following is for show: never a reason to stop
             log.warning("pipeline %s: cannot read the store: %r", self.lease.pipeline, exc)
-        self._warm_in_background()
+        if self.warm and self._follower is not None:
+            self._warm_up.poke(list(self._follower.sinks), self.following_epoch)
         stop.wait(max(wait, 0.01))
 
-    def _warm_in_background(self) -> None:
-        """Warm Spark in a thread now and then, so that trying for the lease never waits on it."""
-        if not self.warm or self._follower is None:
-            return
-        if self._warming is not None and self._warming.is_alive():
-            return
-        if self._warmed_at is not None and time.monotonic() - self._warmed_at < WARM_EVERY_S:
-            return
-        self._warmed_at = time.monotonic()
-        sinks = list(self._follower.sinks)
-        following = self.following_epoch
-        batch_id = following + 1 if following is not None else 0
-        self._warming = threading.Thread(target=self._warm_up, args=(sinks, batch_id),
-                                         name="reconcile-warm", daemon=True)  # fmt: skip
-        self._warming.start()
-
-    def _warm_up(self, sinks: list[str], batch_id: int) -> None:
-        from reconcile.spark.warm import warm_up
-
-        try:
-            took = warm_up(self.df, sinks, self.stream_args["outputs"], batch_id=batch_id)
-        except Exception as exc:  # warming only saves time: a failure costs a slower takeover
-            log.warning("pipeline %s: could not warm Spark: %r", self.lease.pipeline, exc)
-            return
+    def _warmed(self, took: float) -> None:
         self.metrics.observe("ha.warm", took)
         if not self.ready:
             self.ready = True
@@ -272,7 +221,7 @@ class HaNode:
         """Fence the old writer, converge every sink, start the query; step down on failure."""
         now = Tenure(tenure, acquired_s=time.time())
         self.tenures.append(now)
-        self._heartbeat = _Heartbeat(self.lease, self.poll_s)
+        self._heartbeat = Heartbeat(self.lease, self.poll_s)
         self._heartbeat.start()
         self.metrics.set("ha.leader", 1)
         self.metrics.set("ha.tenure", tenure)
@@ -333,15 +282,16 @@ class HaNode:
             try:
                 query.awaitTermination(self.poll_s)
             except Exception as exc:
-                # A query that failed raises here; what to do about it (step
-                # down if the lease is gone, else restart or step down) is
-                # decided below from query.exception(), not by exiting the node.
+                # A query that failed raises here; what to do about it is
+                # decided below from the writer's typed error, not by exiting.
                 log.debug("pipeline %s: the query ended with %s", self.lease.pipeline,
                           type(exc).__name__)  # fmt: skip
-        else:
+        elif self._restart_at is None:
             stop.wait(self.poll_s)
+        else:  # waiting to start the query again
+            stop.wait(min(self.poll_s, max(self._restart_at - time.monotonic(), 0.01)))
         if self.writer is not None and self.writer.report.committed_epochs:
-            self._failures = 0
+            self._failures.committed()
             if now.first_commit_s is None:
                 now.first_commit_s = time.time()
                 self.metrics.observe("ha.takeover", now.first_commit_s - now.acquired_s)
@@ -350,39 +300,80 @@ class HaNode:
                             since_acquired_s=round(now.first_commit_s - now.acquired_s, 3),
                             since_started_s=round(now.first_commit_s - (now.started_s or 0), 3),
                             batches=[p.get("durationMs") for p in progress][:3])  # fmt: skip
+        # held() is checked here as well as by the heartbeat: a renewal that
+        # hangs (no answer, no timeout) keeps the heartbeat from ever saying so.
         if heartbeat.lost.is_set() or not self.lease.held():
             self._step_down("lease lost", release=False)
             return
-        if query is None or query.isActive:
+        if query is None:
+            if self._restart_at is not None and time.monotonic() >= self._restart_at:
+                self._restart_query(stop)
             return
-        error = query.exception()
-        text = str(error) if error is not None else ""
-        if error is None:
+        if query.isActive:
+            return
+        self._query_ended(query, stop)
+
+    def _query_ended(self, query: Any, stop: threading.Event) -> None:
+        """The query is no longer active: finished, fenced, stopped for good, or run again."""
+        writer = self.writer
+        error = writer.failure if writer is not None else None
+        if error is None and query.exception() is None:
             self._step_down("query finished", release=True)
             stop.set()
             return
-        if "FencedError" in text or "LeadershipLostError" in text:
-            self._step_down("fenced", release=False)
-            return
-        self._failures += 1
-        log.warning("pipeline %s: the query failed (%d in a row): %s", self.lease.pipeline,
-                    self._failures, text.splitlines()[0] if text else error)  # fmt: skip
-        self._close_query()
-        if self._failures >= QUERY_FAILURES:
-            self._step_down("query failing", release=True)
-            return
-        # Still the leader: a new cycle (a new generation, claimed under the
-        # lease) and the query again from the checkpoint.
-        cycle = self.build()
+        said = str(error if error is not None else query.exception()).strip()
+        said = said.splitlines()[0] if said else type(error).__name__
+        epoch = writer.failed_epoch if writer is not None else None
+        after = self._failures.decide(error, epoch, said, self.poll_s)
+        if after.action == "step_down":
+            self._step_down(after.reason, release=False)
+        elif after.action == "stop":
+            assert after.error is not None
+            log.error("pipeline %s: stopping: %s", self.lease.pipeline, after.error)
+            self._close_query()
+            self._stop(after.error, after.reason, stop)
+        else:
+            # Still the leader: the query again from the checkpoint, after the wait.
+            self._close_query(hand_on=True)
+            self._restart_at = time.monotonic() + after.wait_s
+
+    def _stop(self, error: BaseException, reason: str, stop: threading.Event) -> None:
+        """Stop for good: step down, give the lease up, and have run() raise ``error``."""
+        self.failure = error
+        self._step_down(reason, release=True)
+        stop.set()
+
+    def _restart_query(self, stop: threading.Event) -> None:
+        """Start the query again: with the failed run's cycle if it was handed on, else a new one.
+
+        A handed-on cycle keeps its writer generation: running a failing
+        epoch again claims nothing. A new cycle (the failure left the old one
+        in doubt) claims one, under the lease.
+        """
+        self._restart_at = None
+        handed, self._handed = self._handed, None
+        cycle: CommitCycle | None = None
         try:
-            report = cycle.start()
-            self._start_query(cycle, report.replay_needed)
+            if handed is not None:
+                cycle, replay = handed
+            else:
+                cycle = self.build()
+                replay = sorted(cycle.start().replay_needed)
+            self._start_query(cycle, replay)
         except (FencedError, RetryableError) as exc:
-            cycle.close()
+            if cycle is not None and self.query is None:
+                cycle.close()
             self._step_down("fenced" if isinstance(exc, FencedError) else "unreachable",
                             release=not isinstance(exc, LeadershipLostError))  # fmt: skip
+        except Exception as exc:
+            if cycle is not None and self.query is None:
+                cycle.close()
+            if classify(exc) is Failure.TRANSIENT:
+                raise
+            self._stop(exc, "rejected" if classify(exc) is Failure.REJECTED else "error", stop)
 
-    def _close_query(self) -> None:
+    def _close_query(self, *, hand_on: bool = False) -> None:
+        """Stop the query and close its writer; ``hand_on``: keep its cycle for the next run."""
         query, self.query = self.query, None
         if query is None:
             return
@@ -392,6 +383,8 @@ class HaNode:
             log.debug("stopping the query: %r", exc)
         writer = getattr(query, "reconcile_writer", None)
         if writer is not None:
+            if hand_on:
+                self._handed = writer.driver.detach()
             writer.close()
 
     def _step_down(self, reason: str, *, release: bool) -> None:
@@ -401,6 +394,10 @@ class HaNode:
             return
         heartbeat.done.set()
         self._close_query()
+        self._restart_at = None
+        handed, self._handed = self._handed, None
+        if handed is not None:
+            handed[0].close()
         if release:
             try:
                 self.lease.release()

@@ -6,26 +6,32 @@
    fence; the new writer would wait for that lock until the old session died.
    Terminating it rolls the open transaction back, which loses nothing: an
    epoch that passed its decision is in the store, and step 3 puts it in the
-   sink.
+   sink. Only sessions of the sink's own role are ended: another role that
+   names its sessions like ours is ignored.
 2. ``start_fenced``: build the cycle and ``start()`` it, which claims a new
    writer generation (the store's fence) after a check that the lease is
    still held, then raise every sink's fence to that generation at once
    (``fence_sinks``), not at the first epoch: from here on the old main is
-   rejected inside its own transaction, in every sink and in the store.
+   rejected inside its own transaction, in every sink and in the store. A
+   fence row that stays locked is tried again after a backoff (then the
+   takeover fails as Retryable); a role that may not write it is a
+   ConfigurationError.
 3. ``recover_sinks``: scoped pull-and-diff of every sink table that has an
    expected state, to the newest decided epoch, as the new generation.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import psycopg
 
-from reconcile.contract import FencedError
+from reconcile.contract import ConfigurationError, FencedError, RetryableError
 from reconcile.cycle import CommitCycle
 from reconcile.ha.lease import PgLease
 from reconcile.progress import ProgressLog
@@ -39,6 +45,9 @@ __all__ = [
 ]
 
 log = logging.getLogger("reconcile.ha")
+
+FENCE_ATTEMPTS = 3  # tries of one sink's fence whose row stays locked, at takeover
+FENCE_BACKOFF_S = 0.5  # the first wait between them; it doubles
 
 
 class LeadershipLostError(FencedError):
@@ -92,9 +101,14 @@ def terminate_old_sessions(cycle: CommitCycle, *, wait_ms: int = 5000) -> int:
 
     Sessions are found by the application_name every sink session of the
     pipeline carries (``reconcile:<pipeline>:<sink>``, the executors' staging
-    sessions too). Call it before this process opens sessions of its own for
-    these sinks. A sink without a Postgres target (files, Delta, HTTP) has no
-    session to end: its fence alone stops the old writer.
+    sessions too) AND by their role, which must be the sink's own
+    (``current_user``): any role that can connect can name a session like
+    ours, and ending it is neither ours to do nor possible (Postgres refuses
+    it). Each session is ended in a statement of its own, so that one that
+    cannot be ended (gone meanwhile, refused) does not spare the others.
+    Call it before this process opens sessions of its own for these sinks.
+    A sink without a Postgres target (files, Delta, HTTP) has no session to
+    end: its fence alone stops the old writer.
     """
     prefix = f"reconcile:{cycle.pipeline}:"
     ended = 0
@@ -106,37 +120,59 @@ def terminate_old_sessions(cycle: CommitCycle, *, wait_ms: int = 5000) -> int:
         seen.add(target.describe())
         try:
             with target.connect(autocommit=True, application_name="reconcile-takeover") as conn:
-                # The pids first, then one termination each: in a single
-                # statement the planner may call pg_terminate_backend() on a
-                # row before the filters have ruled it out.
-                pids = [row[0] for row in conn.execute(
-                    "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
-                    "AND pid <> pg_backend_pid() AND left(application_name, %s) = %s",
-                    (len(prefix), prefix),
-                ).fetchall()]  # fmt: skip
-                for pid in pids:
-                    conn.execute("SELECT pg_terminate_backend(%s, %s)", (pid, wait_ms))
+                ended += _end_sessions(conn, target, prefix, wait_ms)
         except psycopg.Error as exc:
             # Not fatal: the fence still rejects the old writer; only the lock
             # wait of fence_sinks() may then take longer.
             log.warning("takeover: could not end old sessions of pipeline %s at %s: %s",
                         cycle.pipeline, target.describe(), target.redact(str(exc)))  # fmt: skip
-            continue
-        if pids:
-            log.info("takeover: ended %d old session(s) of pipeline %s at %s", len(pids),
-                     cycle.pipeline, target.describe())  # fmt: skip
-        ended += len(pids)
     return ended
 
 
-def fence_sinks(cycle: CommitCycle) -> list[str]:
+def _end_sessions(conn: psycopg.Connection[Any], target: Any, prefix: str, wait_ms: int) -> int:
+    """End the sessions of our role named ``prefix...`` on ``conn``'s database; how many ended."""
+    # The pids first, then one termination each: in a single statement the
+    # planner may call pg_terminate_backend() on a row before the filters have
+    # ruled it out.
+    pids = [row[0] for row in conn.execute(
+        "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+        "AND pid <> pg_backend_pid() AND usename = current_user "
+        "AND left(application_name, %s) = %s",
+        (len(prefix), prefix),
+    ).fetchall()]  # fmt: skip
+    ended = 0
+    for pid in pids:
+        try:
+            done = conn.execute("SELECT pg_terminate_backend(%s, %s)", (pid, wait_ms)).fetchone()
+        except psycopg.Error as exc:
+            # Autocommit: a refused statement leaves the connection usable for the next pid.
+            log.warning("takeover: could not end session %d at %s: %s", pid, target.describe(),
+                        target.redact(str(exc)))  # fmt: skip
+            continue
+        ended += 1 if done and done[0] else 0
+    if ended:
+        log.info("takeover: ended %d old session(s) named %s* at %s", ended, prefix,
+                 target.describe())  # fmt: skip
+    return ended
+
+
+def fence_sinks(
+    cycle: CommitCycle, *, attempts: int = FENCE_ATTEMPTS, lock_timeout_ms: int | None = None
+) -> list[str]:
     """Raise every sink's fence to the cycle's generation now; the sinks fenced this way.
 
     A sink without an eager ``fence`` is fenced at its first epoch, inside
-    that epoch's transaction.
+    that epoch's transaction. A fence row locked by a session that was not
+    ended (its lock wait runs out: 55P03) is tried again after a backoff, up
+    to ``attempts`` times, as the same generation. ``lock_timeout_ms``: how
+    long each try waits for the row (default: the sink's).
 
     Raises:
         FencedError: a newer generation holds a sink's fence (we lost).
+        ConfigurationError: the sink's role may not write the fence (42501):
+            no retry can cure it; the message names the sink.
+        RetryableError: the fence row stayed locked, or the database did not
+            answer; the takeover may be tried again.
     """
     generation = cycle.generation
     assert generation is not None, "fence_sinks() after start()"
@@ -144,9 +180,47 @@ def fence_sinks(cycle: CommitCycle) -> list[str]:
     for name, sink in cycle.sinks.items():
         fence = getattr(sink, "fence", None)
         if callable(fence):
-            fence(cycle.pipeline, generation)
+            if lock_timeout_ms is not None:
+                fence = functools.partial(fence, lock_timeout_ms=lock_timeout_ms)
+            _fence_one(cycle.pipeline, name, sink, fence, generation, attempts)
             fenced.append(name)
     return fenced
+
+
+def _fence_one(
+    pipeline: str, name: str, sink: Any, fence: Any, generation: int, attempts: int
+) -> None:
+    """One sink's fence, with the lock-wait retries of ``fence_sinks``."""
+    target = getattr(sink, "target", None)
+
+    def redact(text: str) -> str:
+        return str(target.redact(text)) if target is not None else text
+
+    for attempt in range(1, attempts + 1):
+        try:
+            fence(pipeline, generation)
+            return
+        except psycopg.errors.InsufficientPrivilege as exc:
+            raise ConfigurationError(
+                f"pipeline {pipeline!r}: sink {name!r}: cannot raise its fence to generation "
+                f"{generation}: {redact(str(exc).strip().splitlines()[0])} (grant the sink's "
+                "role what it needs on its state tables); no retry can help",
+                sink=name,
+            ) from None
+        except psycopg.Error as exc:
+            said = redact(str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc))
+            if attempt == attempts:
+                raise RetryableError(
+                    f"pipeline {pipeline!r}: sink {name!r}: could not raise its fence to "
+                    f"generation {generation} in {attempts} attempts: {said}",
+                    sink=name,
+                ) from None
+            # A lock held by a session the takeover could not end (55P03), or
+            # no answer: wait, then try again as the same generation.
+            wait = FENCE_BACKOFF_S * 2 ** (attempt - 1)
+            log.warning("takeover: fence of sink %s not raised (%s); again in %.1fs", name,
+                        said, wait)  # fmt: skip
+            time.sleep(wait)
 
 
 def recover_sinks(cycle: CommitCycle) -> dict[str, int]:

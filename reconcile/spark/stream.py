@@ -181,6 +181,9 @@ class StreamWriter:
         # the driver). Planning reads the catalog and the store and creates
         # the staging table: once per query run, not once per micro-batch.
         self._plans: dict[tuple[str, str], PgStagePlan | None] = {}
+        # What stopped the query, as raised in this process, and its epoch (see __call__).
+        self.failure: BaseException | None = None
+        self.failed_epoch: int | None = None
 
     @property
     def last(self) -> BatchStats | None:
@@ -210,7 +213,22 @@ class StreamWriter:
         return cycle.progress.status(batch_id) is EpochStatus.FINALIZED
 
     def __call__(self, batch: Any, batch_id: int) -> None:
-        """Commit micro-batch ``batch_id`` (``batch``: its DataFrame) as epoch ``batch_id``."""
+        """Commit micro-batch ``batch_id`` (``batch``: its DataFrame) as epoch ``batch_id``.
+
+        Raises:
+            Whatever stops the epoch (see ``reconcile.drive``), which fails the
+            query. It is kept in ``failure`` first: past ``foreachBatch``, Spark
+            hands the error on as the text of a Java exception, and the typed
+            error (a RejectedError with its epoch and table, a FencedError) is
+            what a caller decides from (``reconcile.decisions.classify``).
+        """
+        try:
+            self._commit(batch, batch_id)
+        except BaseException as exc:
+            self.failure, self.failed_epoch = exc, batch_id
+            raise
+
+    def _commit(self, batch: Any, batch_id: int) -> None:
         cycle = self.driver.current()  # its sinks and name; Driver.run starts it
         stats = BatchStats(batch_id)
         self.history.append(stats)

@@ -460,4 +460,5 @@ class PgSinkClient:
     def _classify(self, op: str, txn_id: SinkTxnId, err: psycopg.Error) -> SinkOutcome:
         """Either way the txn was rolled back, so nothing of the epoch was written."""
         message = self._describe_error(op, txn_id, err) + "; nothing was written"
-        return classify_failure(message, err)
+        table = self._schema.display if self._schema else self.table
+        return classify_failure(message, err, epoch=txn_id.epoch, table=table, sink=self._name)

@@ -8,16 +8,17 @@ from dataclasses import dataclass
 from typing import Any
 
 import psycopg
-from psycopg import errors
 
 from reconcile.contract import (
     Fatal,
     FatalError,
+    RejectedError,
     Retryable,
     RetryableError,
     SinkOutcome,
     SinkTxnId,
 )
+from reconcile.decisions import is_rejection_sqlstate
 
 from .connection import PgTarget
 from .heavy import DEFAULT_STATEMENT_TIMEOUT_MS, settings_sql
@@ -157,24 +158,30 @@ def describe_failure(
     )
 
 
-def classify_failure(message: str, err: psycopg.Error) -> SinkOutcome:
-    """Sort a failure that rolled the txn back: bad data is fatal, the rest may pass on retry.
+def classify_failure(
+    message: str, err: psycopg.Error, *, epoch: int, table: str, sink: str
+) -> SinkOutcome:
+    """Sort a failure that rolled the txn back: a rejection is fatal, the rest may pass on retry.
 
-    Data, integrity and SQL errors (22xxx, 23xxx, 42xxx except privileges) and
-    program limits (54xxx: a statement, row or index entry too large or too
-    complex, e.g. "index row size exceeds maximum") fail again on a retry of
-    the same epoch; connection loss, timeouts (57014), lock conflicts (55P03),
-    terminated backends (57P01) and serialization failures (40xxx) may not.
+    A definite rejection by the server (the SQLSTATE classes of
+    ``reconcile.decisions.REJECTING_SQLSTATE``: data 22, integrity 23, access
+    and privilege 42, check option 44, cardinality 21, program limits 54)
+    fails again on a retry of the same epoch: Fatal with a RejectedError
+    that names the epoch, the table and the constraint or column the server
+    named. Other statement errors that no retry fixes (0A and the rest of
+    psycopg's ProgrammingError) are Fatal too. Connection loss, timeouts
+    (57014), lock conflicts (55P03), terminated backends (57P01) and
+    serialization failures (40xxx) may not: Retryable.
     """
-    terminal = (
-        psycopg.DataError,
-        psycopg.IntegrityError,
-        psycopg.ProgrammingError,
-        psycopg.NotSupportedError,
-    )
     state = getattr(err, "sqlstate", None) or ""
-    if state.startswith("54"):
-        return Fatal.of(FatalError(message, sqlstate=state))
-    if isinstance(err, terminal) and not isinstance(err, errors.InsufficientPrivilege):
+    if is_rejection_sqlstate(state):
+        diag = err.diag
+        reason = diag.message_primary or str(err).strip().splitlines()[0]
+        rejected = RejectedError.of(
+            epoch=epoch, table=table, sqlstate=state, reason=reason, sink=sink,
+            constraint=diag.constraint_name, column=diag.column_name,
+        )  # fmt: skip
+        return Fatal(message, rejected)
+    if isinstance(err, psycopg.ProgrammingError | psycopg.NotSupportedError):
         return Fatal.of(FatalError(message, sqlstate=state))
     return Retryable.of(RetryableError(message, sqlstate=state))

@@ -111,8 +111,8 @@ class PostgresSink(PgSinkClient):
             self._staged[txn_id.key] = batch
         except (ConfigurationError, RetryableError, MarkerMismatchError) as err:
             return self._outcome(err)
-        except InvalidInputError as err:
-            return Fatal(f"postgres sink {self._name!r}, epoch {txn_id.epoch}: {err}")
+        except InvalidInputError as err:  # typed: bad rows stop the pipeline, never retried
+            return Fatal(f"postgres sink {self._name!r}, epoch {txn_id.epoch}: {err}", err)
         except psycopg.Error as err:
             return Retryable(self.target.redact(f"postgres sink {self._name!r}: {err}"))
         return OK
@@ -135,7 +135,7 @@ class PostgresSink(PgSinkClient):
         except (ConfigurationError, RetryableError, MarkerMismatchError) as err:
             return self._outcome(err)
         except InvalidInputError as err:
-            return Fatal(self.target.redact(str(err)))
+            return Fatal(self.target.redact(str(err)), err)
         except psycopg.Error as err:
             return self._connect_outcome("prepare", txn_id, err)
         return batch, session

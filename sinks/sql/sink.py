@@ -27,12 +27,14 @@ from reconcile.contract import (
     Fatal,
     FencedError,
     MarkerMismatchError,
+    RejectedError,
     Retryable,
     SinkOutcome,
     SinkTxnId,
     WriterIdentity,
     validate_name,
 )
+from reconcile.decisions import is_rejection_sqlstate
 from reconcile.keys import float_key_error
 from reconcile.logs import scrub
 from reconcile.sink import SinkCapabilities
@@ -59,6 +61,13 @@ def redact_url(url: str) -> str:
         # unencoded '@' became the host. Nothing of it is shown.
         return f"{parsed.drivername}://<user info with an unencoded '@'>"
     return parsed.render_as_string(hide_password=True)
+
+
+def _sqlstate(err: BaseException) -> str:
+    """The SQLSTATE a DB-API error carries (psycopg: ``sqlstate``, psycopg2: ``pgcode``), or ""."""
+    orig = getattr(err, "orig", None)
+    state = getattr(orig, "sqlstate", None) or getattr(orig, "pgcode", None)
+    return state if isinstance(state, str) else ""
 
 
 @dataclass
@@ -148,11 +157,34 @@ class SqlSink:
     def _error(self, what: str, err: BaseException) -> str:
         return self._error_of(self._name, self.url, what, err)
 
+    def _redact(self, text: str) -> str:
+        password = sa.make_url(self.url).password
+        return scrub(text.replace(str(password), "***") if password else text)
+
     @staticmethod
     def _error_of(name: str, url: str, what: str, err: BaseException) -> str:
         text = f"sql sink {name!r} ({redact_url(url)}): {what}: {err}"
         password = sa.make_url(url).password
         return scrub(text.replace(str(password), "***") if password else text)
+
+    def _rejected(self, txn_id: SinkTxnId, err: sa.exc.StatementError) -> Fatal:
+        """The database refused the epoch's rows (a constraint, a value, a privilege): stop.
+
+        SQLAlchemy's IntegrityError and DataError are the DB-API's, whatever
+        the driver; a driver that gives a SQLSTATE (psycopg, and the
+        constraint and column with it) gets it named, as the Postgres sink does.
+        """
+        orig = getattr(err, "orig", None)
+        diag = getattr(orig, "diag", None)
+        said = str(orig if orig is not None else err).strip().splitlines()
+        reason = self._redact(said[0] if said else type(err).__name__)
+        table = f"{self.schema_name}.{self.table_name}" if self.schema_name else self.table_name
+        rejected = RejectedError.of(
+            epoch=txn_id.epoch, table=table, sqlstate=_sqlstate(err), reason=reason,
+            sink=self._name, constraint=getattr(diag, "constraint_name", None),
+            column=getattr(diag, "column_name", None),
+        )  # fmt: skip
+        return Fatal(self._error(f"prepare({txn_id}) refused; nothing was written", err), rejected)
 
     def target(self) -> sa.Table:
         """The reflected target table (reflected once; the state tables created if missing).
@@ -324,10 +356,12 @@ class SqlSink:
                     if isinstance(again, type(OK)):
                         self._open[txn_id.key] = _Open(None, None)
                     return again
-            return Fatal(self._error(f"prepare({txn_id}) refused; nothing was written", err))
+            return self._rejected(txn_id, err)
         except (sa.exc.DataError, sa.exc.StatementError) as err:
             txn.rollback()
             conn.close()
+            if isinstance(err, sa.exc.DataError) or is_rejection_sqlstate(_sqlstate(err)):
+                return self._rejected(txn_id, err)
             if isinstance(err, sa.exc.OperationalError):
                 return Retryable(self._error(f"prepare({txn_id}); nothing was written", err))
             return Fatal(self._error(f"prepare({txn_id}) refused; nothing was written", err))

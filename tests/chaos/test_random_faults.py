@@ -62,11 +62,7 @@ _CLEAN_TRACE: list[tuple[str, str, int]] = []
 
 
 def _first_due(plan: list[Fault]) -> Fault | None:
-    """The fault a run must reach first: until a fault fires, the run IS the clean run.
-
-    (After that, a fault may change the path: recovery can finish an epoch
-    without passing a step again, so later faults need not fire.)
-    """
+    """The fault a run must reach first: until a fault fires, the run IS the clean run."""
     trace = _clean_trace()
     best: tuple[int, int] | None = None
     chosen = None
@@ -84,8 +80,28 @@ def _first_due(plan: list[Fault]) -> Fault | None:
     return chosen
 
 
+def _turns(plan: list[Fault], trace: list[tuple[str, str, int]]) -> list[int]:
+    """How often each fault's turn came in a run whose every hit is ``trace``.
+
+    A hit (point, when, count) is the turn of the first fault of the plan at
+    that point and moment whose hits ``nth .. nth + times - 1`` hold the count.
+    After the first fault fires the run may take another path (recovery can
+    finish an epoch without passing a step again), so which later faults get
+    their turn is read from the run itself, not from a clean run.
+    """
+    turns = [0] * len(plan)
+    for point, when, count in trace:
+        for index, fault in enumerate(plan):
+            if (fault.point, fault.when) == (point, when) and (
+                fault.nth <= count < fault.nth + fault.times
+            ):
+                turns[index] += 1
+                break
+    return turns
+
+
 def _check(harness: SinkHarness, root: Path, plan: list[Fault]) -> None:
-    faults = FaultPlan(plan)
+    faults = FaultPlan(plan, trace=[])
     scenario = Scenario(harness, root / "state", faults)
     report = scenario.run(EPOCHS)
     assert report.committed_epochs == EPOCHS
@@ -94,6 +110,11 @@ def _check(harness: SinkHarness, root: Path, plan: list[Fault]) -> None:
     first = _first_due(plan)
     if first is not None:
         assert first.fired, f"{first} is reached first by a clean run but never fired"
+    # Every planned fault whose turn came fired, each time it came, and none
+    # fired out of turn: not only the first one.
+    assert faults.trace is not None
+    fired = [fault.fired for fault in plan]
+    assert fired == _turns(plan, faults.trace), f"fired {fired} of plan {plan}"
 
 
 def _explore(examples: int) -> object:
@@ -103,6 +124,19 @@ def _explore(examples: int) -> object:
         suppress_health_check=[HealthCheck.too_slow],
         database=None,
     )
+
+
+def test_every_fault_of_a_plan_fires_in_its_turn() -> None:
+    """A plan whose faults all lie on the run's path: each one fires, not only the first."""
+    plan = [
+        Fault("sink.alpha.prepare", FaultKind.RETRYABLE, nth=1),
+        Fault("cycle.commit_progress", FaultKind.EXCEPTION, nth=3),
+        Fault("sink.beta.commit", FaultKind.CRASH, nth=4, when="after"),
+        Fault("sink.alpha.stage", FaultKind.RETRYABLE, nth=6, times=2),
+    ]
+    with tempfile.TemporaryDirectory() as root:
+        _check(MemoryHarness(), Path(root), plan)
+    assert [fault.fired for fault in plan] == [1, 1, 1, 2]
 
 
 @seed(SEED)

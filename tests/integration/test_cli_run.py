@@ -4,6 +4,12 @@ The main streams JSON files from a watched folder into two sink tables; it is
 SIGKILLed once rows of it are in Postgres; the standby takes the lease over
 and finishes; every input row is then in each table exactly once. SIGTERM
 stops the standby with exit 0 and its lease released.
+
+An epoch the database rejects (a CHECK constraint) stops the process within a
+bounded time with exit 3, its last line naming the epoch, the table and the
+constraint, after one writer generation and with no marker of that epoch. An
+app that fails at import or when called, with a password in its message, is
+exit 2 and never prints the password.
 """
 
 from __future__ import annotations
@@ -23,12 +29,15 @@ from typing import Any
 
 import psycopg
 import pytest
+from deltalake import DeltaTable
+from psycopg import sql
 
+from expected_state.progress_log import StoreProgressLog, progress_fence_id
 from reconcile.cli_run import call_app
 from reconcile.config import PipelineConfig, load_config
 from reconcile.contract import ConfigurationError
 from tests.cli_run import REPO
-from tests.fix_pg import PASSWORD
+from tests.fix_pg import PASSWORD, markers_table
 from tests.integration.test_cli_config import password_dsn
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
@@ -284,3 +293,120 @@ def test_what_the_app_returns_is_checked(spark: Any, tmp_path: Path) -> None:
         with pytest.raises(ConfigurationError) as err:
             call_app(app, spark, pipeline)
         assert expected in str(err.value)
+
+
+def run_env(tmp_path: Path) -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(tmp_path / "app")]),
+            "PYSPARK_PYTHON": sys.executable, "RUN_PG_PASSWORD": PASSWORD}  # fmt: skip
+
+
+def test_a_rejected_epoch_stops_run_with_exit_3_naming_it(pg_db: str, tmp_path: Path) -> None:
+    query(pg_db, "CREATE SCHEMA shop")
+    query(pg_db, "CREATE TABLE shop.order_lines (id bigint PRIMARY KEY, qty bigint, _epoch bigint, "
+                 "CONSTRAINT qty_not_negative CHECK (qty >= 0))")  # fmt: skip
+    query(pg_db, "CREATE TABLE evens (id bigint PRIMARY KEY, qty bigint, _epoch bigint)")
+    inbox = tmp_path / "inbox"
+    inbox.mkdir()
+    (tmp_path / "app").mkdir()
+    (tmp_path / "app" / "ha_test_app.py").write_text(APP.format(inbox=str(inbox)))
+    prom = tmp_path / "metrics.prom"
+    (tmp_path / "reconcile.toml").write_text(
+        CONFIG.format(dsn=password_dsn(pg_db)).replace(
+            "port = 0  # a free port each: main and standby run on one host here",
+            f'textfile = "{prom}"',
+        )
+    )
+    drop(inbox, 0)
+    # Epoch 1: one row of 25 breaks the CHECK constraint of shop.order_lines.
+    aside = tmp_path / "part-001.json"
+    aside.write_text("".join(json.dumps({"id": i, "qty": -1 if i == 30 else i}) + "\n"
+                             for i in range(ROWS_PER_FILE, 2 * ROWS_PER_FILE)))  # fmt: skip
+    began = time.monotonic()
+    with (tmp_path / "out.log").open("wb") as out, (tmp_path / "err.log").open("wb") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "reconcile.cli", "run", "--config",
+             str(tmp_path / "reconcile.toml"), "--pipeline", "orders"],
+            cwd=REPO, env=run_env(tmp_path), stdout=out, stderr=err, start_new_session=True,
+        )  # fmt: skip
+    try:
+        # Spark's start is slow on a busy machine: the bound that matters is the next one.
+        wait_for("epoch 0 in Postgres", lambda: count_rows(pg_db) == ROWS_PER_FILE,
+                 began + 240, proc)  # fmt: skip
+        aside.rename(inbox / aside.name)
+        try:
+            code = proc.wait(timeout=90)  # a rejected epoch stops it, rather than loop for ever
+        except subprocess.TimeoutExpired:
+            pytest.fail("reconcile run still runs 90 s after the rejected epoch arrived")
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    stderr = (tmp_path / "err.log").read_text()
+    assert code == 3, stderr[-3000:]
+    last = stderr.strip().splitlines()[-1]
+    assert last.startswith(
+        "reconcile: error: pipeline orders: epoch 1: rejected by the database: table "
+        "shop.order_lines, constraint qty_not_negative [23514]"
+    ), last
+    assert PASSWORD not in stderr + (tmp_path / "out.log").read_text()
+    # The store: one writer generation, claimed by the takeover; no restart claimed another.
+    uri = StoreProgressLog(str(tmp_path / "expected"), "orders").uri
+    assert DeltaTable(uri).transaction_version(progress_fence_id("orders")) == 1
+    # Postgres: epoch 0 in both sinks, nothing of epoch 1; the lease released.
+    assert count_rows(pg_db) == ROWS_PER_FILE
+    with psycopg.connect(pg_db, autocommit=True) as conn:
+        table = markers_table(conn)
+        assert table is not None
+        marked = conn.execute(sql.SQL("SELECT sink, epoch FROM {} ORDER BY 1, 2").format(table))
+        assert marked.fetchall() == [("evens", 0), ("lines", 0)]
+    assert holder_pid(pg_db) is None
+    assert re.search(r'reconcile_rejected_epochs_total\{pipeline="orders",sink="lines",'
+                     r'sqlstate="23514"\} 1\.0', prom.read_text())  # fmt: skip
+
+
+def count_rows(dsn: str) -> int:
+    try:
+        return int(query(dsn, "SELECT count(*) FROM shop.order_lines")[0][0])
+    except psycopg.Error:
+        return -1
+
+
+BROKEN_AT_IMPORT = """
+import os
+raise RuntimeError("cannot log in with " + os.environ["RUN_PG_PASSWORD"])
+"""
+
+BROKEN_WHEN_CALLED = """
+import os
+
+
+def lines(spark, pipeline):
+    raise ValueError("the source refused " + os.environ["RUN_PG_PASSWORD"] + " as a token")
+"""
+
+
+def test_an_app_that_fails_never_prints_the_password(tmp_path: Path) -> None:
+    (tmp_path / "app").mkdir()
+    (tmp_path / "app" / "at_import.py").write_text(BROKEN_AT_IMPORT)
+    (tmp_path / "app" / "when_called.py").write_text(BROKEN_WHEN_CALLED)
+    base = (
+        CONFIG.format(dsn="host=127.0.0.1 port=9 dbname=x user=u") + '\n[logs]\nlevel = "DEBUG"\n'
+    )
+    config = tmp_path / "reconcile.toml"
+    for app, said in (("at_import:lines", "importing at_import raised RuntimeError: cannot log "
+                       "in with ***"),
+                      ("when_called:lines", "raised ValueError: the source refused *** as a "
+                       "token")):  # fmt: skip
+        config.write_text(base.replace('"ha_test_app:lines"', f'"{app}"'))
+        done = subprocess.run(
+            [sys.executable, "-m", "reconcile.cli", "run", "--config", str(config), "--pipeline",
+             "orders"], capture_output=True, text=True, cwd=REPO, env=run_env(tmp_path),
+            timeout=180,
+        )  # fmt: skip
+        assert done.returncode == 2, done.stderr[-3000:]
+        assert PASSWORD not in done.stdout + done.stderr, app
+        last = done.stderr.strip().splitlines()[-1]
+        assert last.startswith(f"reconcile: error: {config}: pipelines.orders.run.app"), last
+        assert said in last, last
+    # The debug log had the traceback, redacted too.
+    assert "Traceback" in done.stderr and "ValueError: the source refused ***" in done.stderr

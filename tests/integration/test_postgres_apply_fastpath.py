@@ -18,7 +18,7 @@ import pyarrow as pa
 import pytest
 from psycopg import sql
 
-from reconcile.contract import OK, Fatal, Retryable, SinkOutcome, SinkTxnId
+from reconcile.contract import OK, Fatal, RejectedError, SinkOutcome, SinkTxnId
 from sinks.postgres import PostgresSink, PreparedPostgresSink
 from sinks.postgres.apply import apply_with_copy
 from sinks.postgres.schema import reflect_table
@@ -228,11 +228,13 @@ def test_forced_row_security_gives_one_outcome_at_every_size(
         assert got.outcome == OK, (n, got.outcome)
         assert got.state == {"rows": n, "markers": 1}, n
     # A row that the policy refuses: refused at every size, nothing written
-    # (42501, which the sink treats as a privilege problem: Retryable).
+    # (42501: a definite rejection, which no retry passes).
     for n in SIZES:
         bad = arrow_rows(n).set_column(1, "v", pa.array([*range(n - 1), -1], pa.int64()))
         got = run_case(pg_server, mode, n, setup, bad, counts, user=role)
-        assert isinstance(got.outcome, Retryable), (n, got.outcome)
+        assert isinstance(got.outcome, Fatal), (n, got.outcome)
+        assert isinstance(got.outcome.error, RejectedError), (n, got.outcome)
+        assert got.outcome.error.sqlstate == "42501" and got.outcome.error.epoch is not None
         assert "row-level security" in got.outcome.reason, got.outcome.reason
         assert got.state == {"rows": 0, "markers": 0}, n
 

@@ -12,6 +12,9 @@ from reconcile.contract import (
     Fatal,
     FatalError,
     FencedError,
+    OutcomeUnknownError,
+    RejectedError,
+    Retryable,
     RetryableError,
     SinkOutcome,
     SinkTxnId,
@@ -19,7 +22,9 @@ from reconcile.contract import (
 )
 from reconcile.cycle import CommitCycle
 from reconcile.decisions import Settle, decide_stranded, is_terminal
-from reconcile.driver import RetryPolicy, drive
+from reconcile.driver import Driver, RetryPolicy, drive
+from reconcile.faults import Fault, FaultKind, FaultPlan
+from reconcile.metrics import InMemoryMetrics
 from reconcile.progress import EpochStatus, MemoryProgressLog
 from reconcile.results import CommitFatal
 from reconcile.sink import SinkCapabilities
@@ -96,8 +101,6 @@ def test_backoff_grows_between_attempts(monkeypatch: pytest.MonkeyPatch) -> None
 
 def test_an_epoch_that_keeps_failing_gives_up_with_its_first_and_last_error() -> None:
     log, store = MemoryProgressLog(), MemoryStore()
-    from reconcile.contract import Retryable
-
     reasons = [Retryable("first: lock not available")] + [Retryable("later: timeout")] * 10_000
     sink = Flaky(store, prepare=reasons)
     policy = RetryPolicy(give_up_after_s=0.3, initial_s=0.0, max_s=0.0, jitter_s=0.0)
@@ -201,3 +204,72 @@ def test_a_start_that_cannot_settle_stops_instead_of_claiming_generations() -> N
         drive(lambda: CommitCycle("pipe", [MemorySink("out", store)], log), range(2), outputs,
               retry=FAST)  # fmt: skip
     assert log.claim_generation() == 3  # the drive claimed one generation, not thousands
+
+
+def _rejected(epoch: int) -> RejectedError:
+    return RejectedError.of(epoch=epoch, table="shop.lines", sqlstate="23514", sink="out",
+                            reason='violates check constraint "qty_positive"',
+                            constraint="qty_positive")  # fmt: skip
+
+
+def test_a_rejected_epoch_stops_at_once_counted_and_named() -> None:
+    log, store, metrics = MemoryProgressLog(), MemoryStore(), InMemoryMetrics()
+    # Epoch 0 goes in; every prepare of epoch 1 is refused by the "database".
+    sink = Flaky(store, prepare=[None] + [Fatal("check violation", _rejected(1))] * 50)
+
+    def build() -> CommitCycle:
+        return CommitCycle("pipe", [sink], log, metrics=metrics)
+
+    with pytest.raises(RejectedError) as stopped:
+        drive(build, range(3), outputs, retry=FAST)
+    assert stopped.value.epoch == 1 and stopped.value.table == "shop.lines"
+    assert "epoch 1" in str(stopped.value) and "constraint qty_positive" in str(stopped.value)
+    assert len(sink.prepare_outcomes) == 49  # epoch 1 was prepared once: no retry
+    assert committed(store) == [0]
+    assert log.claim_generation() == 2  # no restart claimed a generation
+    labels = {"pipeline": "pipe", "sink": "out", "sqlstate": "23514"}
+    assert metrics.value("pipeline.rejected", **labels) == 1
+
+
+def test_a_rejection_behind_an_aborted_result_still_stops() -> None:
+    # However a result carries it (here an outcome the sink called Retryable),
+    # a rejection is never run again: the one classification decides.
+    log, store = MemoryProgressLog(), MemoryStore()
+    sink = Flaky(store, prepare=[Retryable("refused", _rejected(0))] * 50)
+    with pytest.raises(RejectedError):
+        drive(lambda: CommitCycle("pipe", [sink], log), range(1), outputs, retry=FAST)
+    assert len(sink.prepare_outcomes) == 49
+
+
+def test_a_stopped_driver_hands_its_cycle_on_unless_it_is_in_doubt() -> None:
+    log, store = MemoryProgressLog(), MemoryStore()
+    sink = Flaky(store, prepare=[Fatal("refused", _rejected(0))])
+    driver = Driver(lambda: CommitCycle("pipe", [sink], log), retry=FAST)
+    with pytest.raises(RejectedError):
+        driver.run(0, outputs)
+    handed = driver.detach()
+    assert handed is not None and handed[0].generation == 1 and handed[1] == []
+    assert driver.cycle is None and driver.detach() is None
+    # The handed-on cycle runs the epoch again as the same generation.
+    again = Driver(lambda: CommitCycle("pipe", [sink], log), retry=FAST)
+    again.adopt(*handed)
+    again.run(0, outputs)
+    assert committed(store) == [0] and log.claim_generation() == 2
+    # An outcome nobody can settle leaves the cycle in doubt: nothing is handed on.
+    doubtful = Flaky(store)
+    doubtful.commit = lambda txn: (_ for _ in ()).throw(OutcomeUnknownError("no reply"))  # type: ignore[method-assign]
+    driver = Driver(lambda: CommitCycle("pipe", [doubtful], log), retry=FAST)
+    with pytest.raises(OutcomeUnknownError):
+        driver.run(1, outputs)
+    assert driver.detach() is None
+
+
+def test_a_give_up_after_restarts_hands_nothing_on() -> None:
+    log, store = MemoryProgressLog(), MemoryStore()
+    faults = FaultPlan([Fault("cycle.begin", FaultKind.FATAL, nth=1, times=10_000)])
+    policy = RetryPolicy(give_up_after_s=0.2, initial_s=0.0, max_s=0.0, jitter_s=0.0)
+    driver = Driver(lambda: CommitCycle("pipe", [MemorySink("out", store)], log, faults=faults),
+                    retry=policy)  # fmt: skip
+    with pytest.raises(FatalError, match="did not commit within"):
+        driver.run(0, outputs)
+    assert driver.detach() is None  # something was in doubt: only a new start() goes on

@@ -1,0 +1,151 @@
+"""A definite rejection by the database stops the pipeline, naming the epoch, table and constraint.
+
+Real Postgres (both write modes, and through SQLAlchemy) and a real SQLite
+file: the sinks turn the server's refusal into a RejectedError, and ``drive``
+stops at it without a retry or a new writer generation, with nothing of the
+epoch in the sink: no row, no marker.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from reconcile import CommitCycle, drive
+from reconcile.contract import OK, Fatal, InvalidInputError, RejectedError, SinkOutcome, SinkTxnId
+from reconcile.decisions import is_terminal
+from reconcile.driver import RetryPolicy
+from reconcile.progress_file import FileProgressLog
+from sinks.postgres import postgres_sink
+from sinks.sql import SqlSink
+from tests.fix_pg import PgServer, markers_table
+
+pytestmark = pytest.mark.integration
+
+PIPE = "shop"
+FAST = RetryPolicy(give_up_after_s=5.0, initial_s=0.0, max_s=0.0, jitter_s=0.0)
+DDL = (
+    "CREATE TABLE shop_lines (id bigint PRIMARY KEY, qty int NOT NULL, _epoch bigint, "
+    "CONSTRAINT qty_positive CHECK (qty > 0))"
+)
+
+
+def one_epoch(sink: Any, rows: list[dict[str, Any]], epoch: int) -> SinkOutcome:
+    txn = SinkTxnId(PIPE, sink.name, epoch, 0)
+    assert sink.stage(txn, rows) == OK
+    outcome: SinkOutcome = sink.prepare(txn)
+    return outcome if outcome != OK else sink.commit(txn)
+
+
+def rejected_by(outcome: SinkOutcome) -> RejectedError:
+    assert isinstance(outcome, Fatal), outcome
+    assert isinstance(outcome.error, RejectedError), outcome
+    return outcome.error
+
+
+@pytest.mark.parametrize("mode", ["transactional", "prepared"])
+def test_the_postgres_sink_names_the_constraint_the_column_and_the_value(
+    pg_db: str, mode: str
+) -> None:
+    with psycopg.connect(pg_db, autocommit=True) as conn:
+        conn.execute(DDL)
+    sink = postgres_sink(pg_db, "shop_lines", name="lines", pipeline=PIPE, mode=mode)
+    try:
+        assert one_epoch(sink, [{"id": 1, "qty": 3}], 0) == OK
+        # Several columns at once: a good row beside the bad one changes nothing.
+        check = rejected_by(one_epoch(sink, [{"id": 2, "qty": 5}, {"id": 3, "qty": -1}], 1))
+        assert (check.epoch, check.sqlstate, check.details["constraint"]) == (
+            1, "23514", "qty_positive")  # fmt: skip
+        assert check.table == "public.shop_lines" and check.details["sink"] == "lines"
+        assert "Failing row" not in str(check)  # the row's values stay in the log's DETAIL
+        # A NOT NULL the server checks (a column the sink does not send): the column named.
+        with psycopg.connect(pg_db, autocommit=True) as conn:
+            conn.execute("ALTER TABLE shop_lines ADD COLUMN note text NOT NULL DEFAULT ''")
+            conn.execute("ALTER TABLE shop_lines ALTER COLUMN note DROP DEFAULT")
+        absent = rejected_by(one_epoch(sink, [{"id": 6, "qty": 1}], 4))
+        assert (absent.sqlstate, absent.details["column"]) == ("23502", "note")
+        assert "column note" in str(absent)
+        with psycopg.connect(pg_db, autocommit=True) as conn:
+            conn.execute("ALTER TABLE shop_lines DROP COLUMN note")
+        # A NULL the sink sees itself is refused before anything is sent: bad
+        # input, typed, so that it stops the pipeline too (never retried).
+        null = one_epoch(sink, [{"id": 4, "qty": None}], 2)
+        assert isinstance(null, Fatal) and isinstance(null.error, InvalidInputError), null
+        assert is_terminal(null.error) and "column 'qty'" in null.reason
+        # A data exception the server raises (22012, in a generated column).
+        with psycopg.connect(pg_db, autocommit=True) as conn:
+            conn.execute(
+                "ALTER TABLE shop_lines DROP CONSTRAINT qty_positive, "
+                "ADD COLUMN per numeric GENERATED ALWAYS AS (100 / qty) STORED"
+            )
+        zero = rejected_by(one_epoch(sink, [{"id": 5, "qty": 0}], 3))
+        assert zero.sqlstate == "22012" and "epoch 3" in str(zero)
+        assert "division by zero" in str(zero)
+    finally:
+        sink.close()
+    with psycopg.connect(pg_db, autocommit=True) as conn:
+        assert conn.execute("SELECT id FROM shop_lines").fetchall() == [(1,)]
+        table = markers_table(conn)
+        assert table is not None
+        epochs = conn.execute(sql.SQL("SELECT epoch FROM {}").format(table)).fetchall()
+    assert epochs == [(0,)]
+
+
+def test_drive_stops_at_a_rejected_epoch_with_nothing_of_it_written(
+    pg_db: str, tmp_path: Path
+) -> None:
+    with psycopg.connect(pg_db, autocommit=True) as conn:
+        conn.execute(DDL)
+    log = FileProgressLog(tmp_path / "progress", PIPE)
+    builds: list[int] = []
+
+    def build() -> CommitCycle:
+        builds.append(1)
+        return CommitCycle(PIPE, [postgres_sink(pg_db, "shop_lines", name="lines")], log)
+
+    def outputs(epoch: int) -> dict[str, list[dict[str, Any]]]:
+        return {"lines": [{"id": epoch, "qty": -1 if epoch == 1 else epoch + 1}]}
+
+    with pytest.raises(RejectedError) as stopped:
+        drive(build, range(4), outputs, retry=FAST)
+    assert stopped.value.epoch == 1 and stopped.value.details["constraint"] == "qty_positive"
+    assert builds == [1]  # no restart
+    assert FileProgressLog(tmp_path / "progress", PIPE).claim_generation() == 2
+    with psycopg.connect(pg_db, autocommit=True) as conn:
+        assert conn.execute("SELECT id FROM shop_lines").fetchall() == [(0,)]
+        table = markers_table(conn)
+        assert table is not None
+        epochs = conn.execute(sql.SQL("SELECT epoch FROM {}").format(table)).fetchall()
+    assert epochs == [(0,)]
+
+
+def test_the_sql_sink_maps_integrity_and_data_errors(pg_server: PgServer, tmp_path: Path) -> None:
+    name = pg_server.create_database("rej")
+    try:
+        with pg_server.connect(name) as conn:
+            conn.execute(DDL)
+        url = f"postgresql+psycopg://postgres@127.0.0.1:{pg_server.port}/{name}"
+        sink = SqlSink(url, "shop_lines", name="lines")
+        try:
+            assert one_epoch(sink, [{"id": 1, "qty": 3}], 0) == OK
+            check = rejected_by(one_epoch(sink, [{"id": 2, "qty": -4}], 1))
+            assert (check.epoch, check.sqlstate, check.details["constraint"]) == (
+                1, "23514", "qty_positive")  # fmt: skip
+            assert "table shop_lines, constraint qty_positive" in str(check)
+        finally:
+            sink.close()
+    finally:
+        pg_server.drop_database(name)
+    # SQLite: no SQLSTATE, but an IntegrityError all the same.
+    lite = SqlSink(f"sqlite:///{tmp_path / 'lite.db'}", "shop_lines", name="lines")
+    with lite.engine.begin() as conn:
+        conn.exec_driver_sql(DDL.replace("bigint", "INTEGER").replace("int ", "INTEGER "))
+    try:
+        refused = rejected_by(one_epoch(lite, [{"id": 1, "qty": 0}], 0))
+        assert refused.epoch == 0 and refused.table == "shop_lines" and refused.sqlstate == ""
+    finally:
+        lite.close()
