@@ -47,6 +47,7 @@ from .client import PgSinkClient
 from .markers import SYNC_COMMIT_AT_LEAST_ON, Fence
 from .replication import watched
 from .resolve import InFlightTxn, Resolution, resolve_commit
+from .session import classify_failure
 from .staging import EpochBatch, validate_batch
 
 __all__ = ["REPAIR_APPLIED", "REPAIR_LOCKED", "apply_repair"]
@@ -261,12 +262,20 @@ def apply_repair(
             hooks.point(REPAIR_APPLIED)
     except psycopg.Error as err:
         sink._rollback_quietly(session)
-        raise RetryableError(
-            sink.target.redact(
-                f"postgres sink {sink.name!r}: repair of {sink.setup().display} failed: {err}; "
-                "nothing was written"
-            )
-        ) from None
+        message = sink.target.redact(
+            f"postgres sink {sink.name!r}: repair of {sink.setup().display} failed: {err}; "
+            "nothing was written"
+        )
+        # The same sorting as an epoch's: a row the database refuses (a
+        # constraint, a value, a privilege) is refused again by every retry,
+        # so it stops the caller (a takeover would otherwise step down and
+        # take over again for ever); the rest may pass on a retry.
+        outcome = classify_failure(
+            message, err, epoch=target, table=sink.setup().display, sink=sink.name
+        )
+        if outcome.kind == "fatal" and outcome.error is not None:
+            raise outcome.error from None
+        raise RetryableError(message) from None
     except BaseException:
         sink._rollback_quietly(session)
         raise

@@ -149,3 +149,39 @@ def test_the_sql_sink_maps_integrity_and_data_errors(pg_server: PgServer, tmp_pa
         assert refused.epoch == 0 and refused.table == "shop_lines" and refused.sqlstate == ""
     finally:
         lite.close()
+
+
+def test_a_repair_the_database_refuses_is_a_rejection_not_a_retry(
+    pg_db: str, tmp_path: Path
+) -> None:
+    # A repair refused by a constraint is refused by every retry: a takeover
+    # that recovers its sinks must stop there, not step down and take over again.
+    import pyarrow as pa
+
+    from expected_state.store import ExpectedStateStore
+    from reconcile import recover
+    from reconcile.contract import Change
+
+    with psycopg.connect(pg_db, autocommit=True) as conn:
+        conn.execute(
+            "CREATE TABLE shop_lines (id bigint PRIMARY KEY, qty int NOT NULL, _epoch bigint)"
+        )
+    rows = [{"id": 1, "qty": 3}, {"id": 2, "qty": -1}]
+    schema = pa.schema([("id", pa.int64()), ("qty", pa.int32())])
+    store = ExpectedStateStore(str(tmp_path / "state"), PIPE, "shop_lines", ["id"], schema=schema)
+    store.apply(0, [Change("upsert", r) for r in rows])
+    cycle = CommitCycle(PIPE, [postgres_sink(pg_db, "shop_lines", name="shop_lines")],
+                        str(tmp_path / "progress"))  # fmt: skip
+    cycle.start()
+    assert cycle.run_epoch(0, {"shop_lines": rows}).epoch == 0
+    cycle.close()
+    with psycopg.connect(pg_db, autocommit=True) as conn:
+        conn.execute("ALTER TABLE shop_lines ADD CONSTRAINT qty_positive CHECK (qty > 0) NOT VALID")
+        conn.execute("DELETE FROM shop_lines WHERE id = 2")
+    with pytest.raises(RejectedError) as err:
+        recover(pg_db, str(tmp_path / "state"), PIPE, "shop_lines", mode="full")
+    assert is_terminal(err.value)
+    assert err.value.details["constraint"] == "qty_positive" and err.value.epoch == 0
+    assert "public.shop_lines" in str(err.value)
+    with psycopg.connect(pg_db) as conn:  # nothing of the repair was written
+        assert conn.execute("SELECT id FROM shop_lines").fetchall() == [(1,)]
