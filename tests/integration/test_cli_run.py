@@ -44,7 +44,9 @@ pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
 FILES = 8
 ROWS_PER_FILE = 25
-DEADLINE_S = 80.0  # from the first process's start to the last row in Postgres
+# From the first process's start to the last row in Postgres: a bound for liveness, not a
+# speed target (two Spark starts take 30 to 60 s each on a loaded 2-core machine).
+DEADLINE_S = 240.0
 
 APP = '''
 """The test's app: JSON files from a folder, one per micro-batch; evens go to a second sink."""
