@@ -22,6 +22,7 @@ from reconcile.checksum import checksum_kind
 from reconcile.contract import ConfigurationError, InvalidInputError, RetryableError
 from reconcile.recovery.conform import SinkColumn, wants_text
 from reconcile.recovery.target import KeyRange, Progress
+from sinks.objects.declared import CREATE_EPOCH_INDEX, epoch_index_name
 
 from .bucket_sums import PgBucketSums
 from .connection import PgTarget
@@ -293,8 +294,11 @@ class PgSnapshot:
         if not leading_index_collations(
             self.rows, self.table.schema, self.table.table, EPOCH_COLUMN
         ):
-            create = sql.SQL("CREATE INDEX ON {} ({})").format(
-                self.table.ident, sql.Identifier(EPOCH_COLUMN)
+            # The statement create_epoch_column=True would run: one name for it.
+            create = sql.SQL(CREATE_EPOCH_INDEX).format(
+                index=sql.Identifier(epoch_index_name(self.table.table)),
+                target=self.table.ident,
+                column=sql.Identifier(EPOCH_COLUMN),
             )
             self._warn(
                 f"table {self.table.display} has no index on {EPOCH_COLUMN}: scoped mode reads "
