@@ -194,6 +194,7 @@ POINTS = {
         pytest.param("pg.repair.locked", signal.SIGTERM, "full", marks=pytest.mark.slow),
         ("pg.repair.applied", signal.SIGINT, "buckets"),
     ],
+    ids=["pull-int", "diff-term", "locked-term", "applied-int"],
 )
 def test_a_repair_interrupted_before_its_commit_writes_nothing(
     orders: Setup, command: Callable[..., Command], point: str, signum: int, mode: str
@@ -215,6 +216,7 @@ def test_a_repair_interrupted_before_its_commit_writes_nothing(
         ),
         ("verify", "buckets", signal.SIGINT, "the bucket search"),
     ],
+    ids=["repair-full-int", "repair-buckets-term", "verify-buckets-int"],
 )
 def test_a_statement_waiting_on_the_server_is_cancelled(
     orders: Setup, command: Callable[..., Command], name: str, mode: str, signum: int, step: str
