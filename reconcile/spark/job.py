@@ -17,6 +17,7 @@ and a session it started is stopped first).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 from collections.abc import Sequence
@@ -74,9 +75,13 @@ def run_on_spark(args: argparse.Namespace, spark: Any = None) -> int:
     except KeyboardInterrupt:
         # The executors' tasks are cancelled (their pulls end with their
         # sessions); a session this call started is stopped, not left to exit.
-        session.sparkContext.cancelAllJobs()
+        # A JVM already going away may refuse either: the interruption is what
+        # the caller must see.
+        with contextlib.suppress(Exception):
+            session.sparkContext.cancelAllJobs()
         if spark is None:
-            session.stop()
+            with contextlib.suppress(Exception):
+                session.stop()
         raise
     if args.json:
         out = report.as_dict()

@@ -362,3 +362,22 @@ def test_watch_interrupted_between_rounds(
     line = interrupted("watch", signal.SIGTERM, "during the wait after round 1", WROTE)
     stopped_cleanly(cmd, signal.SIGTERM, line, orders.dsn)
     assert sink_rows(orders) == expected_rows(orders)
+
+
+@pytest.mark.slow  # a Spark session of its own: half a minute here
+@pytest.mark.spark
+def test_a_spark_verify_interrupted_stops_its_session(
+    orders: Setup, command: Callable[..., Command]
+) -> None:
+    point = "spark.verify.snapshot_exported"  # Spark is up, the sink's snapshot is open
+    cmd = command(*recover_args(orders, "verify", "--spark", "--master", "local[1]",
+                                "--partitions", "2"), hold=point)  # fmt: skip
+    cmd.wait_held(point)
+    cmd.signal(signal.SIGINT)
+    assert cmd.code == 130, cmd.stderr[-3000:]
+    assert "Traceback" not in cmd.stderr, cmd.stderr[-3000:]
+    # Spark logs on stderr too; the command's own line is the last.
+    assert cmd.stderr.strip().splitlines()[-1] == interrupted(
+        "verify", signal.SIGINT, "during the Spark verify of orders"
+    )
+    assert settles(lambda: not others(orders.dsn)), others(orders.dsn)
