@@ -294,6 +294,11 @@ def _pg(args: argparse.Namespace) -> int:
     from sinks.postgres import admin
 
     progress = _read_state(args.state, args.pipeline)
+    if getattr(args, "settle", False) or getattr(args, "apply", False):
+        interrupts.writing(
+            f"what it settled or deleted before stands: run `reconcile pg {args.pg_command}` "
+            "without --settle or --apply to see what is left"
+        )
     result: Any
     if args.pg_command == "prepared":
         result = admin.prepared(args.pg, args.pipeline, progress, args.state, apply=args.settle)

@@ -15,7 +15,8 @@ What the one line says comes from two records kept while the command runs:
   captured when the signal arrives;
 - what it has written (:func:`commit_point`): nothing until a COMMIT is sent;
   from then on the outcome of that COMMIT is in doubt until its reply is read
-  (the line then says so and how to check, never "nothing was written").
+  (the line then says so and how to check, never "nothing was written"). A
+  command that commits as it goes elsewhere says what stands (:func:`writing`).
 
 An exception can be lost on its way up: a native library that runs Python
 callbacks may swallow it, which is how Ctrl-C once let a repair go on to
@@ -58,6 +59,7 @@ __all__ = [
     "reinstall",
     "step",
     "stopping",
+    "writing",
 ]
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -69,6 +71,10 @@ class Written(enum.Enum):
     NOTHING = "nothing"  # no COMMIT was sent
     WRITTEN = "written"  # a COMMIT was sent and succeeded
     IN_DOUBT = "in doubt"  # a COMMIT was sent and its reply was not read
+    # A command that commits as it goes, in processes or statements of its own
+    # (the demo's pipeline, settling prepared transactions): what stands is
+    # said in the command's own words.
+    AS_IT_WENT = "as it went"
 
 
 @dataclass
@@ -135,6 +141,8 @@ class Interrupted(KeyboardInterrupt):
             return "nothing was written"
         if self.written is Written.WRITTEN:
             return f"{self.commit} had been committed; nothing else was written"
+        if self.written is Written.AS_IT_WENT:
+            return str(self.commit)
         return (
             f"the COMMIT of {self.commit} had been sent, so whether it was written is unknown: "
             "run `reconcile verify` to see"
@@ -286,6 +294,13 @@ def name_table(table: str) -> None:
         if current.table is not None:
             current.table = table
             return
+
+
+def writing(what_stands: str) -> None:
+    """The command commits as it goes; an interruption says ``what_stands`` about its writes."""
+    guard = _GUARD
+    if guard is not None:
+        guard.written, guard.commit = Written.AS_IT_WENT, what_stands
 
 
 def commit_point(what: str) -> CommitPoint:

@@ -99,6 +99,15 @@ def test_a_commit_point_is_in_doubt_until_its_reply_is_read() -> None:
     )
 
 
+def test_a_command_that_commits_as_it_goes_says_what_stands() -> None:
+    with Guard(), pytest.raises(Interrupted) as caught:
+        interrupts.writing("the epochs it committed stay, each once")
+        send(signal.SIGINT)
+    assert caught.value.line("reconcile demo") == (
+        "reconcile demo: interrupted by SIGINT; the epochs it committed stay, each once"
+    )
+
+
 def test_the_previous_handlers_come_back_and_an_ignored_signal_stays_ignored() -> None:
     before_term = signal.getsignal(signal.SIGTERM)
     before_int = signal.signal(signal.SIGINT, signal.SIG_IGN)
