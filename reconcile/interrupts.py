@@ -95,7 +95,8 @@ class Interrupted(KeyboardInterrupt):
         signum: the signal.
         steps: the steps the command was in, outermost first.
         written: what it had written by then.
-        commit: what the last COMMIT sent was for (``the repair of public.orders``).
+        commit: what the last COMMIT sent was for (``the repair of public.orders``);
+            for ``Written.AS_IT_WENT``, what stands of the command's writes.
     """
 
     def __init__(
@@ -190,13 +191,14 @@ class Guard:
         global _GUARD
         if threading.current_thread() is not threading.main_thread():
             return self
+        # The guard first: a signal that arrives while the handlers go in finds it.
+        self._outer, _GUARD = _GUARD, self
         for signum in SIGNALS:
             current = signal.getsignal(signum)
             if current == signal.SIG_IGN:
                 continue  # ignored by whoever started us: left ignored
             self._previous[signum] = current
             signal.signal(signum, _on_signal)
-        self._outer, _GUARD = _GUARD, self
         return self
 
     def restore(self) -> None:
