@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from reconcile import interrupts
 from reconcile.cli_demo import add_demo_parser, run_demo_command
 from reconcile.cli_run import add_run_parser
 from reconcile.contract import ConfigurationError, ReconcileError
@@ -151,6 +152,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             level=logging.INFO if args.verbose else logging.ERROR,
             format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         )
+    # SIGINT and SIGTERM stop every command at once: one line, exit 130 or 143.
+    guard = interrupts.Guard().install()
     try:
         if args.command == "demo":
             return run_demo_command(args)
@@ -180,6 +183,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             return run_command(args)
         return _status(args)
+    except KeyboardInterrupt as exc:
+        stopped = interrupts.interrupted(exc)
+        print(_one_line(stopped.line(f"reconcile {args.command}")), file=sys.stderr)
+        return stopped.exit_code
     except ReconcileError as exc:
         print(f"reconcile: error: {_one_line(str(exc))}", file=sys.stderr)
         return 2
@@ -190,6 +197,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         # and one line (run has logged the traceback).
         print(f"reconcile: error: {type(exc).__name__}: {_one_line(str(exc))}", file=sys.stderr)
         return 2
+    finally:
+        guard.restore()
 
 
 def _one_line(text: str) -> str:
@@ -285,6 +294,11 @@ def _pg(args: argparse.Namespace) -> int:
     from sinks.postgres import admin
 
     progress = _read_state(args.state, args.pipeline)
+    if getattr(args, "settle", False) or getattr(args, "apply", False):
+        interrupts.writing(
+            f"what it settled or deleted before stands: run `reconcile pg {args.pg_command}` "
+            "without --settle or --apply to see what is left"
+        )
     result: Any
     if args.pg_command == "prepared":
         result = admin.prepared(args.pg, args.pipeline, progress, args.state, apply=args.settle)

@@ -25,13 +25,12 @@ import argparse
 import json
 import logging
 import re
-import signal
 import sys
-import threading
 import time
 from dataclasses import dataclass
 from typing import Any
 
+from reconcile import interrupts
 from reconcile.config import Config, SinkTableConfig, load_config
 from reconcile.config_sinks import split_table
 from reconcile.contract import ConfigurationError, ReconcileError
@@ -264,21 +263,21 @@ def run_watch(args: argparse.Namespace) -> int:
     if not tables:
         raise ConfigurationError(f"{config.path}: no sink tables to watch")
     metrics, exporter = config_metrics(config)
-    stop = threading.Event()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, lambda *_: stop.set())
     mode = args.mode or "scoped"
     recent = args.epochs if mode == "scoped" else None
     code = 0
     rounds = 0
     try:
-        while not stop.is_set():
+        # SIGINT and SIGTERM raise (reconcile.interrupts, installed by the command
+        # line): a round stops at once, and the steps below name where it was.
+        while True:
             began = time.monotonic()
             # Never with the brake lifted: a watch alerts instead (check_table).
-            outcomes = check_tables(
-                tables, repair=args.repair, mode=mode, recent_epochs=recent,
-                metrics=metrics,
-            )  # fmt: skip
+            with interrupts.step(f"round {rounds + 1}"):
+                outcomes = check_tables(
+                    tables, repair=args.repair, mode=mode, recent_epochs=recent,
+                    metrics=metrics,
+                )  # fmt: skip
             code = exit_code(outcomes)
             rounds += 1
             if args.json:
@@ -289,7 +288,8 @@ def run_watch(args: argparse.Namespace) -> int:
                     print(f"[round {rounds}] {outcome.line()}", flush=True)
             if args.count and rounds >= args.count:
                 break
-            stop.wait(max(0.0, every - (time.monotonic() - began)))
+            with interrupts.step(f"the wait after round {rounds}"):
+                time.sleep(max(0.0, every - (time.monotonic() - began)))
     finally:
         if exporter is not None:
             exporter.close()

@@ -7,6 +7,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from reconcile import interrupts
+
 __all__ = ["add_demo_parser", "run_demo_command"]
 
 
@@ -82,6 +84,15 @@ def run_demo_command(args: argparse.Namespace) -> int:
         raise ConfigurationError(
             "--epochs must be >= 1, --scale > 0, --crashes >= 0 and --interval >= 0"
         )
+    # Interrupted, its pipeline process has committed epochs: they stay in
+    # --pg (each exactly once), or go with the embedded server unless kept.
+    interrupts.writing(
+        "the epochs its pipeline committed stay, each once: run it again with the same "
+        "--workdir and --pg to resume"
+        if args.pg
+        else "its epochs went into its embedded server, which "
+        + ("is kept (--keep)" if args.keep else "is stopped and removed")
+    )
     summary = run(
         Options(
             scale=args.scale,
@@ -111,6 +122,9 @@ def _files_demo(args: argparse.Namespace) -> int:
     from reconcile.demo import report_json, run_demo
 
     epochs = 20 if args.epochs is None else args.epochs
+    interrupts.writing(
+        f"the epochs it committed stay in {args.out}, each once: run it again to resume"
+    )
     if epochs < 1 or args.rows < 0:
         print("reconcile: error: --epochs must be >= 1 and --rows >= 0", file=sys.stderr)
         return 2

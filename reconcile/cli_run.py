@@ -19,8 +19,14 @@ Exit codes, each stop with one line on stderr (secrets of the file's
 connections taken out of it and of every log line):
 
 - 0: SIGTERM or SIGINT stopped it cleanly: the query stops, the lease is
-  released (a standby need not wait for it to run out); or the query
-  finished (an ``available-now`` trigger);
+  released (a standby need not wait for it to run out), and the last line
+  says which signal stopped which pipeline; or the query finished (an
+  ``available-now`` trigger). A stop signal is how a service manager ends
+  this command (systemd, Kubernetes), so a clean stop is a success: an exit
+  of 143 would mark a systemd unit failed on every ``systemctl stop``. A
+  second signal while it stops ends the process at once, by that signal;
+- 130 or 143: SIGINT or SIGTERM arrived while it was starting (Spark, the
+  app), before it ran as main or standby; nothing was written;
 - 2: a bad config file or app (the line names the file, the key and the
   value), a setting the database refuses (a missing privilege on the lease
   or a fence), an error no retry cures, or one epoch that failed
@@ -36,13 +42,13 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
-import signal
 import sys
 import threading
 import traceback
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from reconcile import interrupts
 from reconcile.config import Config, PipelineConfig, RunSettings, load_config
 from reconcile.contract import ConfigurationError, ReconcileError, RejectedError
 
@@ -228,7 +234,7 @@ def run_command(args: argparse.Namespace) -> int:
 
     _configure_logs(config, args.verbose, redact)
     try:
-        _run(config, pipeline, settings, args)
+        stopped_by = _run(config, pipeline, settings, args)
     except RejectedError as exc:
         return _stop_line(f"pipeline {pipeline.name}: {exc}", redact, EXIT_REJECTED)
     except ReconcileError as exc:
@@ -239,6 +245,9 @@ def run_command(args: argparse.Namespace) -> int:
         log.error("pipeline %s: reconcile run failed", pipeline.name, exc_info=True)
         return _stop_line(f"pipeline {pipeline.name}: {type(exc).__name__}: {exc}", redact,
                           EXIT_ERROR)  # fmt: skip
+    if stopped_by is not None:
+        print(f"reconcile run: pipeline {pipeline.name} stopped by {stopped_by}: the query "
+              "stopped and the lease was released", file=sys.stderr)  # fmt: skip
     return 0
 
 
@@ -250,8 +259,12 @@ def _stop_line(text: str, redact: Callable[[str], str], code: int) -> int:
     return code
 
 
-def _run(config: Config, pipeline: PipelineConfig, settings: RunSettings, args: Any) -> None:
-    """Load the app, start Spark, lead or follow until stopped; close everything on the way out."""
+def _run(config: Config, pipeline: PipelineConfig, settings: RunSettings, args: Any) -> str | None:
+    """Load the app, start Spark, lead or follow until stopped; close everything on the way out.
+
+    Returns:
+        The signal that stopped it (``SIGTERM``), or None when the query finished.
+    """
     from reconcile.cli_config import config_metrics
     from reconcile.config_sinks import cycle_builder
 
@@ -260,17 +273,24 @@ def _run(config: Config, pipeline: PipelineConfig, settings: RunSettings, args: 
     app = load_app(settings.app, where)  # before Spark starts: a typo fails in a second
     metrics, exporter = config_metrics(config)
     build = cycle_builder(pipeline, metrics=metrics, file=config.path)
-    stop = threading.Event()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, lambda *_: stop.set())
     spark = None
     try:
         if exporter is not None:
             log.info("metrics: %s", getattr(exporter, "url", None) or exporter.path)
-        spark = _spark(pipeline, settings)
-        df, outputs = call_app(app, spark, pipeline, f"{where}: {settings.app!r}")
-        if not stop.is_set():
+        # Until the node runs, SIGINT and SIGTERM raise (the command line's
+        # guard): the start-up stops at once, with nothing written.
+        with interrupts.step(f"the start of pipeline {pipeline.name}"):
+            spark = _spark(pipeline, settings)
+            # PySpark put its own SIGINT handler in (it raises a bare
+            # KeyboardInterrupt): the guard's again.
+            interrupts.reinstall()
+            df, outputs = call_app(app, spark, pipeline, f"{where}: {settings.app!r}")
+        stop = threading.Event()
+        # From here a signal is a graceful stop: the node stops the query and
+        # releases the lease.
+        with interrupts.stopping(stop) as guard:
             _run_node(pipeline, settings, role, df, outputs, build, metrics, stop)
+        return guard.signal_name
     finally:
         if spark is not None:
             spark.stop()

@@ -17,6 +17,15 @@ With ``RECONCILE_KILL_GATE=<file>``, hits count only once that file exists:
 a harness opens the gate when the moment suits it (a standby is ready), and
 the process dies at the nth hit after that.
 
+A subprocess can be held at a point instead, for interrupt tests:
+``RECONCILE_HOLD_AT=<point>[:<nth>]`` with ``RECONCILE_HOLD_FILE=<file>``.
+At the nth hit the process writes its pid and the point into that file and
+sleeps there (``HOLD_S`` at most), so that a test sends its signal exactly
+there; the signal's exception leaves the point as it would leave any code.
+``RECONCILE_HOLD_SWALLOW=1`` makes the hold swallow that exception and go on,
+as a native library that runs Python callbacks may: what still stops the
+process is then the engine's own record of the signal.
+
 An unarmed point costs one dictionary lookup.
 """
 
@@ -25,11 +34,12 @@ from __future__ import annotations
 import os
 import signal
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-__all__ = ["Arming", "at", "declare", "declared", "point"]
+__all__ = ["HOLD_S", "Arming", "at", "declare", "declared", "point"]
 
 _DECLARED: set[str] = set()
 _ARMED: dict[str, Arming] = {}
@@ -59,16 +69,21 @@ def declared() -> frozenset[str]:
     return frozenset(_DECLARED)
 
 
-def _kill_spec() -> tuple[str, int] | None:
-    raw = os.environ.get("RECONCILE_KILL_AT")
+def _point_spec(variable: str) -> tuple[str, int] | None:
+    raw = os.environ.get(variable)
     if not raw:
         return None
     name, _, nth = raw.partition(":")
     return name, int(nth or "1")
 
 
-_KILL_AT = _kill_spec()
+_KILL_AT = _point_spec("RECONCILE_KILL_AT")
 _KILL_HITS: dict[str, int] = {}
+_HOLD_AT = _point_spec("RECONCILE_HOLD_AT")
+_HOLD_HITS: dict[str, int] = {}
+# How long a held process waits for its signal before it goes on (the test
+# that held it has failed by then).
+HOLD_S = 60.0
 
 
 def _first_to_die(name: str) -> bool:
@@ -92,12 +107,33 @@ def _gate_open() -> bool:
     return not gate or os.path.exists(gate)
 
 
+def _hold(name: str) -> None:
+    """Announce the hold in RECONCILE_HOLD_FILE, then wait here for a signal."""
+    announce = os.environ.get("RECONCILE_HOLD_FILE")
+    if announce:
+        partial = f"{announce}.partial"
+        with open(partial, "w") as out:
+            out.write(f"{os.getpid()} {name}\n")
+        os.replace(partial, announce)  # whole or absent for the test that polls it
+    deadline = time.monotonic() + HOLD_S
+    try:
+        while time.monotonic() < deadline:
+            time.sleep(0.05)
+    except KeyboardInterrupt:
+        if os.environ.get("RECONCILE_HOLD_SWALLOW") != "1":
+            raise
+
+
 def point(name: str) -> None:
     """Mark a window: run the action armed here, if any (never re-entered)."""
     if _KILL_AT is not None and _KILL_AT[0] == name and _gate_open():
         _KILL_HITS[name] = _KILL_HITS.get(name, 0) + 1
         if _KILL_HITS[name] == _KILL_AT[1] and _first_to_die(name):
             os.kill(os.getpid(), signal.SIGKILL)
+    if _HOLD_AT is not None and _HOLD_AT[0] == name:
+        _HOLD_HITS[name] = _HOLD_HITS.get(name, 0) + 1
+        if _HOLD_HITS[name] == _HOLD_AT[1]:
+            _hold(name)
     arming = _ARMED.get(name)
     if arming is None:
         return

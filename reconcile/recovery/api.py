@@ -19,6 +19,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
+from reconcile import interrupts
 from reconcile.contract import ConfigurationError, validate_name
 from reconcile.recovery.brake import DEFAULT_MAX_CHANGE_FRACTION, Brake
 from reconcile.recovery.engine import reconcile_table
@@ -160,19 +161,22 @@ def recover(
     name = validate_name("sink", sink if sink is not None else table)
     client, target = _target(dsn, pipeline, table, write=not dry_run, fast_path=fast_path,
                              schema=schema, keys=keys, name=name)  # fmt: skip
+    # An interruption names the table (schema-qualified once the engine knows it).
+    step = interrupts.step("the verify" if dry_run else "the repair", table=table)
     try:
-        key_columns = list(keys) if keys is not None else target.key_columns()
-        return reconcile_table(
-            target,
-            _store(store, pipeline, name, key_columns),
-            mode=chosen,
-            after_crash=after_crash,
-            target_epoch=target_epoch,
-            dry_run=dry_run,
-            progress=progress,
-            since_epoch=since_epoch,
-            brake=brake,
-        )
+        with step:
+            key_columns = list(keys) if keys is not None else target.key_columns()
+            return reconcile_table(
+                target,
+                _store(store, pipeline, name, key_columns),
+                mode=chosen,
+                after_crash=after_crash,
+                target_epoch=target_epoch,
+                dry_run=dry_run,
+                progress=progress,
+                since_epoch=since_epoch,
+                brake=brake,
+            )
     finally:
         client.close()
 
@@ -220,12 +224,13 @@ def recover_sink(
         )
     pipeline = getattr(sink, "pipeline", None) or store.pipeline
     target = sink.recovery_target(pipeline, generation, write=not dry_run)
-    return reconcile_table(
-        target,
-        store,
-        mode=_mode(mode),
-        after_crash=after_crash,
-        target_epoch=target_epoch,
-        dry_run=dry_run,
-        brake=Brake(max_change_fraction),
-    )
+    with interrupts.step("the recovery", table=getattr(sink, "name", None) or store.sink):
+        return reconcile_table(
+            target,
+            store,
+            mode=_mode(mode),
+            after_crash=after_crash,
+            target_epoch=target_epoch,
+            dry_run=dry_run,
+            brake=Brake(max_change_fraction),
+        )

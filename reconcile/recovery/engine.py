@@ -12,44 +12,29 @@ steps run on the Postgres fast path and on any SQLAlchemy database:
 4. unless it is a dry run, apply the difference in ONE sink transaction with
    the marker of the target epoch; if an epoch committed meanwhile (the newest
    marker moved), pull again.
+
+The modes' work is in ``finding.py``. Each step is named for an interruption
+(``reconcile.interrupts``): SIGINT or SIGTERM in "the pull", "the bucket
+search", "the diff" or "the repair transaction" of a table says so.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
 
-from reconcile import hooks
-from reconcile.contract import (
-    InvalidInputError,
-    MassChangeError,
-    RetryableError,
-    StoreIntegrityError,
-)
+from reconcile import hooks, interrupts
+from reconcile.contract import InvalidInputError, MassChangeError, RetryableError
 from reconcile.recovery.brake import Brake, BrakeReading, counted_changes, refusal
-from reconcile.recovery.buckets import (
-    BucketLimits,
-    find_differing_ranges,
-    search_from_summary,
-    sort_expected,
-)
-from reconcile.recovery.conform import check_columns, conform, hash_pulled
-from reconcile.recovery.diff import HASH, Diff, diff_tables
+from reconcile.recovery.buckets import BucketLimits
+from reconcile.recovery.conform import check_columns
+from reconcile.recovery.finding import Found, check_step, find_buckets, find_full, find_scoped
 from reconcile.recovery.modes import Mode, choose_mode
 from reconcile.recovery.report import ReconcileReport
 from reconcile.recovery.source import ExpectedSource, semi
-from reconcile.recovery.summary import (
-    BucketSummary,
-    bring_forward,
-    load_summary,
-    rebalance,
-    save_summary,
-)
 from reconcile.recovery.target import Progress, RecoveryTarget, Repair, SinkSnapshot
 
 __all__ = ["PULLED", "ExpectedSource", "reconcile_table"]
@@ -61,126 +46,6 @@ _MAX_ATTEMPTS = 5
 # After the snapshot was pulled and diffed, before the repair's transaction: a
 # running pipeline may commit an epoch here, which makes the diff stale.
 PULLED = hooks.declare("recovery.pulled")
-
-
-@dataclass
-class _Found:
-    diff: Diff
-    expected: pa.Table  # the expected rows compared (keys + hash, maybe values)
-    pulled: int
-    compared: int = 0
-    differing: int = 0
-    # Buckets mode stopped after its first level: why full mode costs less.
-    dearer: str | None = None
-
-
-def _actual(raw: pa.Table, schema: pa.Schema, keys: list[str]) -> pa.Table:
-    rows, bad = conform(raw, schema)
-    return rows.select(keys).append_column(HASH, hash_pulled(rows, bad, schema.names))
-
-
-def _full(snap: SinkSnapshot, source: ExpectedSource, schema: pa.Schema, keys: list[str],
-          epoch: int, progress: Progress | None) -> _Found:  # fmt: skip
-    expected = source.hashes(epoch, keys)
-    raw = snap.pull_all(progress)
-    return _Found(diff_tables(expected, _actual(raw, schema, keys), keys), expected, raw.num_rows)
-
-
-def _scoped(snap: SinkSnapshot, source: ExpectedSource, schema: pa.Schema, keys: list[str],
-            epoch: int, since: int) -> _Found:  # fmt: skip
-    try:
-        changed = source.store.changed_keys(since).select(keys)
-    except StoreIntegrityError:
-        raise  # the store lost rows (or holds foreign ones): said as such, not "use full"
-    except InvalidInputError as err:
-        raise InvalidInputError(
-            f"scoped mode: the expected state cannot list the keys changed since the sink's "
-            f"newest marker (epoch {since}): {err}; use mode full or buckets"
-        ) from err
-    raw = snap.pull_keys(changed, since)
-    actual = _actual(raw, schema, keys)
-    scope = pa.concat_tables([changed.cast(actual.select(keys).schema), actual.select(keys)])
-    expected = source.of_keys(epoch, keys, scope, since)
-    compared = expected.select([*keys, HASH])
-    return _Found(diff_tables(compared, actual, keys), expected, raw.num_rows)
-
-
-def _buckets(
-    snap: SinkSnapshot,
-    source: ExpectedSource,
-    schema: pa.Schema,
-    keys: list[str],
-    epoch: int,
-    sink_types: dict[str, str],
-    limits: BucketLimits,
-) -> _Found:
-    snap.check_buckets()
-    columns = [(name, sink_types[name]) for name in schema.names]
-    store = source.store
-    names = [*schema.names, HASH]
-    searched = None
-
-    def read(spans: list[tuple[Any, Any]]) -> pa.Table:
-        if not spans:  # nothing differs: no need to read the store at all
-            fields = [store.user_schema.field(c) for c in schema.names]
-            return pa.schema([*fields, pa.field(HASH, pa.int64())]).empty_table()
-        table: pa.Table = store.snapshot(epoch, columns=names, ranges=spans)
-        return table
-
-    kept = load_summary(store, columns, keys[0])
-    summary = bring_forward(kept, store, epoch) if kept is not None else None
-    if summary is not None:
-        summary = rebalance(summary, read)
-    if summary is not None and summary.bounds:
-        searched = search_from_summary(
-            snap,
-            summary.bounds,
-            summary.figures,
-            lambda ranges: read([(r.lo, r.hi) for r in ranges]),
-            columns,
-            keys[0],
-            limits,
-        )
-        if searched is None:
-            log.warning("bucket summary of %s disagrees with the store: computed again", store.uri)
-    if searched is not None:
-        search, expected = searched
-        if summary is not None and summary is not kept:
-            save_summary(store, summary)
-    else:
-        expected = sort_expected(source.rows(epoch), keys[0])
-        search = find_differing_ranges(snap, expected, columns, keys[0], limits)
-        if search.top is not None:
-            bounds, figures = search.top
-            save_summary(
-                store,
-                BucketSummary(
-                    epoch=epoch,
-                    version=store.version_of(epoch),
-                    first_key=keys[0],
-                    columns=tuple(columns),
-                    bounds=bounds,
-                    rows=np.array([n for n, _ in figures], dtype=np.int64),
-                    sums=np.array([c for _, c in figures], dtype=np.uint64),
-                ),
-            )
-    if search.dearer is not None:
-        nothing = pa.schema([store.user_schema.field(k) for k in keys]).empty_table()
-        return _Found(Diff(nothing, nothing, nothing), nothing, 0, search.compared,
-                      search.differing, search.dearer)  # fmt: skip
-    # The leaves are pulled in one query: the round trips do not grow with the drift.
-    raw = snap.pull_ranges([within for within, _, _ in search.leaves]) if search.leaves else None
-    parts = [expected.slice(start, stop - start) for _, start, stop in search.leaves]
-    compared = (
-        pa.concat_tables(parts).select([*keys, HASH])
-        if parts
-        else expected.select([*keys, HASH]).slice(0, 0)
-    )
-    pulled = raw.num_rows if raw is not None else 0
-    actual = _actual(raw, schema, keys) if pulled else compared.slice(0, 0)
-    found = _Found(diff_tables(compared, actual, keys), compared, pulled)
-    found.compared, found.differing = search.compared, search.differing
-    return found
 
 
 def reconcile_table(
@@ -242,6 +107,7 @@ def reconcile_table(
             "nothing was pulled or written"
         )
     columns = target.columns()
+    interrupts.name_table(target.display)
     check_columns(target.display, schema, columns, keys)
     source = ExpectedSource(store, values=not dry_run)
     sink_types = {name: col.kind for name, col in columns.items()}
@@ -276,24 +142,25 @@ def reconcile_table(
                 since = min(newest, epoch)
                 if since_epoch is not None:
                     since = min(since, since_epoch)
-                found = _scoped(snap, source, schema, keys, epoch, since)
+                found = find_scoped(snap, source, schema, keys, epoch, since)
             elif chosen is Mode.BUCKETS:
                 if not target.bucket_checksums:
                     raise InvalidInputError(
                         f"table {target.display}: this database computes no bucket checksums "
                         "(buckets mode runs on PostgreSQL); use mode full or scoped"
                     )
-                found = _buckets(snap, source, schema, keys, epoch, sink_types,
-                                 bucket_options or BucketLimits())  # fmt: skip
+                with check_step("the bucket search"):
+                    found = find_buckets(snap, source, schema, keys, epoch, sink_types,
+                                     bucket_options or BucketLimits())  # fmt: skip
                 if found.dearer is not None:
                     # Going on would cost more than pulling every row: full
                     # mode on the same snapshot, and the report says so.
                     compared, differing = found.compared, found.differing
                     chosen, why = Mode.FULL, f"buckets mode gave way to full: {found.dearer}"
-                    found = _full(snap, source, schema, keys, epoch, progress)
+                    found = find_full(snap, source, schema, keys, epoch, progress)
                     found.compared, found.differing = compared, differing
             else:
-                found = _full(snap, source, schema, keys, epoch, progress)
+                found = find_full(snap, source, schema, keys, epoch, progress)
             reading = _weigh(found, snap, chosen, store, newest, epoch, keys, brake)
             warnings = tuple(snap.warnings)
         if reading.exceeded and not dry_run and not brake.allow_mass_change:
@@ -310,7 +177,10 @@ def reconcile_table(
         if not dry_run and (not found.diff.empty or behind):
             hooks.point(PULLED)
             repair = _repair(source, found, epoch, newest, keys, chosen)
-            result = target.apply(repair)
+            # A signal in here rolls the transaction back; one that arrives
+            # after its COMMIT was sent says so (sinks mark their commit point).
+            with check_step("the repair transaction"):
+                result = target.apply(repair)
             if result is None:
                 continue  # an epoch committed since the pull: the diff is stale
             applied = result
@@ -340,7 +210,7 @@ def reconcile_table(
     )
 
 
-def _weigh(found: _Found, snap: SinkSnapshot, mode: Mode, store: Any, newest: int | None,
+def _weigh(found: Found, snap: SinkSnapshot, mode: Mode, store: Any, newest: int | None,
            epoch: int, keys: list[str], brake: Brake) -> BrakeReading:  # fmt: skip
     """What the brake counts in ``found``, and the table's rows when anything counts.
 
@@ -354,7 +224,7 @@ def _weigh(found: _Found, snap: SinkSnapshot, mode: Mode, store: Any, newest: in
     return BrakeReading(counted, rows, brake.limit(rows))
 
 
-def _repair(source: ExpectedSource, found: _Found, epoch: int, newest: int | None,
+def _repair(source: ExpectedSource, found: Found, epoch: int, newest: int | None,
             keys: list[str], mode: Mode) -> Repair:  # fmt: skip
     diff = found.diff
     wanted = pa.concat_tables([diff.missing, diff.changed])

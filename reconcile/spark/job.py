@@ -9,17 +9,21 @@ On a cluster, submit this file with the same arguments as the command::
         --store /shared/expected --pipeline orders --table order_lines --json
 
 Exit codes as for the in-process commands: 0 no drift, 1 drift found (or
-found and repaired), 2 an error, on one line with the password redacted.
+found and repaired), 2 an error, on one line with the password redacted;
+130 or 143 when SIGINT or SIGTERM stopped it (its Spark jobs are cancelled
+and a session it started is stopped first).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 from collections.abc import Sequence
 from typing import Any
 
+from reconcile import interrupts
 from reconcile.contract import ConfigurationError
 
 __all__ = ["main", "run_on_spark"]
@@ -53,17 +57,32 @@ def run_on_spark(args: argparse.Namespace, spark: Any = None) -> int:
             "--spark compares the sink with its own newest marker's epoch; drop --epoch"
         )
     session = spark if spark is not None else _session(args.master or "local[*]")
-    report = spark_recover(
-        session,
-        args.pg,
-        args.store,
-        args.pipeline,
-        args.table,
-        schema=args.schema,
-        dry_run=args.command != "repair",
-        partitions=args.partitions,
-        brake=Brake(allow_mass_change=getattr(args, "allow_mass_change", False)),
-    )
+    # PySpark put its own SIGINT handler in (it raises a bare KeyboardInterrupt).
+    interrupts.reinstall()
+    try:
+        with interrupts.step(f"the Spark {args.command}", table=args.table):
+            report = spark_recover(
+                session,
+                args.pg,
+                args.store,
+                args.pipeline,
+                args.table,
+                schema=args.schema,
+                dry_run=args.command != "repair",
+                partitions=args.partitions,
+                brake=Brake(allow_mass_change=getattr(args, "allow_mass_change", False)),
+            )
+    except KeyboardInterrupt:
+        # The executors' tasks are cancelled (their pulls end with their
+        # sessions); a session this call started is stopped, not left to exit.
+        # A JVM already going away may refuse either: the interruption is what
+        # the caller must see.
+        with contextlib.suppress(Exception):
+            session.sparkContext.cancelAllJobs()
+        if spark is None:
+            with contextlib.suppress(Exception):
+                session.stop()
+        raise
     if args.json:
         out = report.as_dict()
         print(json.dumps(out, sort_keys=True, default=str))

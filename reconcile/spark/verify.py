@@ -44,7 +44,7 @@ from typing import Any
 
 import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
 
-from reconcile import contract, hooks
+from reconcile import contract, hooks, interrupts
 from reconcile.contract import InvalidInputError, MassChangeError, validate_name
 from reconcile.recovery.brake import Brake, BrakeReading, refusal
 from reconcile.recovery.report import ReconcileReport
@@ -195,9 +195,14 @@ def _run_job(
         work = diff.join(expected.select(*schema.names), keys, "left").repartition(
             len(pull.ranges), *keys
         )
-        done = work.mapInArrow(
-            lambda it: apply_task(job, it), "applied long, stale long, transactions long"
-        ).collect()
+        # The executors commit as they go: interrupted from here, what they
+        # wrote is in doubt (whole transactions; a verify shows what is left).
+        point = interrupts.commit_point(f"the repair of {pull.sink.table} by the executors")
+        with interrupts.step("the executors' repair"):
+            done = work.mapInArrow(
+                lambda it: apply_task(job, it), "applied long, stale long, transactions long"
+            ).collect()
+        point.committed()
         result.applied = sum(int(r["applied"]) for r in done)
         result.stale = sum(int(r["stale"]) for r in done)
         result.transactions = sum(int(r["transactions"]) for r in done)

@@ -19,6 +19,12 @@ The transaction, in order:
 
 A repair killed anywhere before its COMMIT leaves nothing: it is one
 transaction. Run again, it pulls again and finishes.
+
+SIGINT or SIGTERM (``reconcile.interrupts``) before the COMMIT rolls the
+transaction back; a statement they interrupt is cancelled on the server
+(psycopg cancels the statement it waits for on a KeyboardInterrupt, which
+the interruption is). The COMMIT is the commit point: once it is sent, an
+interruption reports the repair as in doubt, never as not written.
 """
 
 from __future__ import annotations
@@ -31,7 +37,7 @@ import psycopg
 import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
 from psycopg import sql
 
-from reconcile import hooks
+from reconcile import hooks, interrupts
 from reconcile.contract import (
     Change,
     Fatal,
@@ -50,7 +56,7 @@ from .resolve import InFlightTxn, Resolution, resolve_commit
 from .session import classify_failure
 from .staging import EpochBatch, validate_batch
 
-__all__ = ["REPAIR_APPLIED", "REPAIR_LOCKED", "apply_repair"]
+__all__ = ["REPAIR_APPLIED", "REPAIR_COMMITTED", "REPAIR_LOCKED", "apply_repair"]
 
 log = logging.getLogger("reconcile.recovery")
 
@@ -61,6 +67,8 @@ REPAIR_LOCKED = hooks.declare("pg.repair.locked")
 # Inside the repair txn after every row, marker and the repairs row are
 # written, before COMMIT: a kill here must leave nothing of the repair.
 REPAIR_APPLIED = hooks.declare("pg.repair.applied")
+# After the repair's COMMIT returned and its session was released.
+REPAIR_COMMITTED = hooks.declare("pg.repair.committed")
 
 
 def _rows_for_copy(table: pa.Table) -> pa.Table | list[dict[str, Any]]:
@@ -260,6 +268,10 @@ def apply_repair(
                  repair.counts.get("changed", 0), applied),
             )  # fmt: skip
             hooks.point(REPAIR_APPLIED)
+        # The last moment to roll back: a signal received since the transaction
+        # began whose exception something swallowed on its way up stops the
+        # COMMIT here (the handler recorded it).
+        interrupts.check()
     except psycopg.Error as err:
         sink._rollback_quietly(session)
         message = sink.target.redact(
@@ -287,8 +299,13 @@ def _commit(sink: PgSinkClient, session: Any, pipeline: str, target: int, xid: s
     """COMMIT the repair; a COMMIT without reply is asked from the database."""
     state = sink._state
     assert state is not None
+    # From here until its reply is read, whether the repair was written is in doubt.
+    point = interrupts.commit_point(f"the repair of {sink.setup().display}")
     try:
-        with watched(session.conn, sink.commit_timeout_s):
+        with (
+            interrupts.step("the COMMIT of the repair"),
+            watched(session.conn, sink.commit_timeout_s),
+        ):
             session.conn.commit()
     except psycopg.Error as err:
         session.conn.close()
@@ -314,9 +331,19 @@ def _commit(sink: PgSinkClient, session: Any, pipeline: str, target: int, xid: s
             evidence=ours,
         )
         if resolved.resolution is not Resolution.COMMITTED:
+            point.aborted()
             raise RetryableError(
                 f"postgres sink {sink.name!r}: the repair's COMMIT did not take effect "
                 f"({resolved.decided_by.value}: {resolved.detail}); run it again"
             ) from None
+        point.committed()
         return
+    except BaseException:
+        # Interrupted while the COMMIT was on its way (psycopg cancelled it and
+        # read its reply, which the interruption leaves unread): in doubt, as
+        # the commit point says. The session is not used again.
+        session.conn.close()
+        raise
+    point.committed()
     sink._release(session)
+    hooks.point(REPAIR_COMMITTED)

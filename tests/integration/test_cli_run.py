@@ -373,6 +373,52 @@ def count_rows(dsn: str) -> int:
         return -1
 
 
+@pytest.mark.slow  # Spark's start and a first epoch: most of a minute here
+def test_ctrl_c_stops_run_cleanly_with_one_last_line(pg_db: str, tmp_path: Path) -> None:
+    """SIGINT to the whole process group, as a terminal's Ctrl-C: a clean stop, exit 0.
+
+    PySpark puts its own SIGINT handler in when its context starts (it raises
+    a bare KeyboardInterrupt); the command puts the graceful one back.
+    """
+    query(pg_db, "CREATE SCHEMA shop")
+    query(pg_db, "CREATE TABLE shop.order_lines (id bigint PRIMARY KEY, qty bigint, _epoch bigint)")
+    query(pg_db, "CREATE TABLE evens (id bigint PRIMARY KEY, qty bigint, _epoch bigint)")
+    inbox = tmp_path / "inbox"
+    inbox.mkdir()
+    (tmp_path / "app").mkdir()
+    (tmp_path / "app" / "ha_test_app.py").write_text(APP.format(inbox=str(inbox)))
+    (tmp_path / "reconcile.toml").write_text(CONFIG.format(dsn=password_dsn(pg_db)))
+    drop(inbox, 0)
+    began = time.monotonic()
+    with (tmp_path / "out.log").open("wb") as out, (tmp_path / "err.log").open("wb") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "reconcile.cli", "run", "--config",
+             str(tmp_path / "reconcile.toml"), "--pipeline", "orders"],
+            cwd=REPO, env=run_env(tmp_path), stdout=out, stderr=err, start_new_session=True,
+        )  # fmt: skip
+    try:
+        wait_for("epoch 0 in Postgres", lambda: count_rows(pg_db) == ROWS_PER_FILE,
+                 began + 240, proc)  # fmt: skip
+        os.killpg(proc.pid, signal.SIGINT)
+        try:
+            code = proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            pytest.fail("reconcile run still runs 60 s after Ctrl-C")
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    stderr = (tmp_path / "err.log").read_text()
+    assert code == 0, stderr[-3000:]
+    assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr, stderr[-3000:]
+    assert stderr.strip().splitlines()[-1] == (
+        "reconcile run: pipeline orders stopped by SIGINT: the query stopped and the lease was "
+        "released"
+    )
+    assert holder_pid(pg_db) is None  # released at once, not left to run out
+    assert count_rows(pg_db) == ROWS_PER_FILE
+
+
 BROKEN_AT_IMPORT = """
 import os
 raise RuntimeError("cannot log in with " + os.environ["RUN_PG_PASSWORD"])

@@ -1,0 +1,213 @@
+"""Finding what differs, by mode: pull the sink's rows, hash them, diff them by key and hash.
+
+The recovery engine (``engine.py``) opens the snapshot and picks the mode;
+these functions do the mode's work on that snapshot:
+
+- full: every row of the sink against every expected row;
+- scoped: the keys the store changed since an epoch, plus the sink's rows of
+  later epochs (by ``_epoch``);
+- buckets: the key ranges whose checksums differ (``buckets.py``), then only
+  their rows.
+
+Each pull and each diff is a step named for an interruption
+(``reconcile.interrupts``): SIGINT or SIGTERM there says "the pull of
+public.orders", and a signal whose exception a library swallowed on its way
+up is raised again when the next step begins.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
+
+from reconcile import hooks, interrupts
+from reconcile.contract import InvalidInputError, StoreIntegrityError
+from reconcile.recovery.buckets import (
+    BucketLimits,
+    find_differing_ranges,
+    search_from_summary,
+    sort_expected,
+)
+from reconcile.recovery.conform import conform, hash_pulled
+from reconcile.recovery.diff import HASH, Diff, diff_tables
+from reconcile.recovery.source import ExpectedSource
+from reconcile.recovery.summary import (
+    BucketSummary,
+    bring_forward,
+    load_summary,
+    rebalance,
+    save_summary,
+)
+from reconcile.recovery.target import Progress, SinkSnapshot
+
+__all__ = [
+    "DIFFING",
+    "PULLING",
+    "Found",
+    "check_step",
+    "find_buckets",
+    "find_full",
+    "find_scoped",
+]
+
+log = logging.getLogger("reconcile.recovery")
+
+# Inside the pull step, with the snapshot open, before the rows are read; and
+# inside the diff step, with the rows read, before they are hashed and diffed.
+PULLING = hooks.declare("recovery.pulling")
+DIFFING = hooks.declare("recovery.diffing")
+
+
+@dataclass
+class Found:
+    """What a mode found: the diff, the expected rows it compared, what it pulled."""
+
+    diff: Diff
+    expected: pa.Table  # the expected rows compared (keys + hash, maybe values)
+    pulled: int
+    compared: int = 0
+    differing: int = 0
+    # Buckets mode stopped after its first level: why full mode costs less.
+    dearer: str | None = None
+
+
+@contextmanager
+def check_step(what: str, point: str | None = None) -> Iterator[None]:
+    """One step of a check, named for an interruption; at ``point``, a hook point inside it.
+
+    A signal received before it whose exception was lost on its way up is
+    raised here, before the step begins.
+    """
+    interrupts.check()
+    with interrupts.step(what):
+        if point is not None:
+            hooks.point(point)
+        yield
+
+
+def _actual(raw: pa.Table, schema: pa.Schema, keys: list[str]) -> pa.Table:
+    rows, bad = conform(raw, schema)
+    return rows.select(keys).append_column(HASH, hash_pulled(rows, bad, schema.names))
+
+
+def find_full(snap: SinkSnapshot, source: ExpectedSource, schema: pa.Schema, keys: list[str],
+              epoch: int, progress: Progress | None) -> Found:  # fmt: skip
+    """Full mode: every row of the sink against every expected row."""
+    expected = source.hashes(epoch, keys)
+    with check_step("the pull", PULLING):
+        raw = snap.pull_all(progress)
+    with check_step("the diff", DIFFING):
+        diff = diff_tables(expected, _actual(raw, schema, keys), keys)
+    return Found(diff, expected, raw.num_rows)
+
+
+def find_scoped(snap: SinkSnapshot, source: ExpectedSource, schema: pa.Schema,
+                keys: list[str], epoch: int, since: int) -> Found:  # fmt: skip
+    """Scoped mode: the keys the store changed after ``since``, and the later epochs' rows."""
+    try:
+        changed = source.store.changed_keys(since).select(keys)
+    except StoreIntegrityError:
+        raise  # the store lost rows (or holds foreign ones): said as such, not "use full"
+    except InvalidInputError as err:
+        raise InvalidInputError(
+            f"scoped mode: the expected state cannot list the keys changed since the sink's "
+            f"newest marker (epoch {since}): {err}; use mode full or buckets"
+        ) from err
+    with check_step("the pull", PULLING):
+        raw = snap.pull_keys(changed, since)
+    with check_step("the diff", DIFFING):
+        actual = _actual(raw, schema, keys)
+        scope = pa.concat_tables([changed.cast(actual.select(keys).schema), actual.select(keys)])
+        expected = source.of_keys(epoch, keys, scope, since)
+        compared = expected.select([*keys, HASH])
+        diff = diff_tables(compared, actual, keys)
+    return Found(diff, expected, raw.num_rows)
+
+
+def find_buckets(
+    snap: SinkSnapshot,
+    source: ExpectedSource,
+    schema: pa.Schema,
+    keys: list[str],
+    epoch: int,
+    sink_types: dict[str, str],
+    limits: BucketLimits,
+) -> Found:
+    snap.check_buckets()
+    columns = [(name, sink_types[name]) for name in schema.names]
+    store = source.store
+    names = [*schema.names, HASH]
+    searched = None
+
+    def read(spans: list[tuple[Any, Any]]) -> pa.Table:
+        if not spans:  # nothing differs: no need to read the store at all
+            fields = [store.user_schema.field(c) for c in schema.names]
+            return pa.schema([*fields, pa.field(HASH, pa.int64())]).empty_table()
+        table: pa.Table = store.snapshot(epoch, columns=names, ranges=spans)
+        return table
+
+    kept = load_summary(store, columns, keys[0])
+    summary = bring_forward(kept, store, epoch) if kept is not None else None
+    if summary is not None:
+        summary = rebalance(summary, read)
+    if summary is not None and summary.bounds:
+        searched = search_from_summary(
+            snap,
+            summary.bounds,
+            summary.figures,
+            lambda ranges: read([(r.lo, r.hi) for r in ranges]),
+            columns,
+            keys[0],
+            limits,
+        )
+        if searched is None:
+            log.warning("bucket summary of %s disagrees with the store: computed again", store.uri)
+    if searched is not None:
+        search, expected = searched
+        if summary is not None and summary is not kept:
+            save_summary(store, summary)
+    else:
+        expected = sort_expected(source.rows(epoch), keys[0])
+        search = find_differing_ranges(snap, expected, columns, keys[0], limits)
+        if search.top is not None:
+            bounds, figures = search.top
+            save_summary(
+                store,
+                BucketSummary(
+                    epoch=epoch,
+                    version=store.version_of(epoch),
+                    first_key=keys[0],
+                    columns=tuple(columns),
+                    bounds=bounds,
+                    rows=np.array([n for n, _ in figures], dtype=np.int64),
+                    sums=np.array([c for _, c in figures], dtype=np.uint64),
+                ),
+            )
+    if search.dearer is not None:
+        nothing = pa.schema([store.user_schema.field(k) for k in keys]).empty_table()
+        return Found(Diff(nothing, nothing, nothing), nothing, 0, search.compared,
+                      search.differing, search.dearer)  # fmt: skip
+    raw = None
+    if search.leaves:
+        # The leaves are pulled in one query: the round trips do not grow with the drift.
+        with check_step("the pull", PULLING):
+            raw = snap.pull_ranges([within for within, _, _ in search.leaves])
+    parts = [expected.slice(start, stop - start) for _, start, stop in search.leaves]
+    compared = (
+        pa.concat_tables(parts).select([*keys, HASH])
+        if parts
+        else expected.select([*keys, HASH]).slice(0, 0)
+    )
+    pulled = raw.num_rows if raw is not None else 0
+    with check_step("the diff", DIFFING if pulled else None):
+        actual = _actual(raw, schema, keys) if pulled else compared.slice(0, 0)
+        diff = diff_tables(compared, actual, keys)
+    found = Found(diff, compared, pulled)
+    found.compared, found.differing = search.compared, search.differing
+    return found
