@@ -8,14 +8,12 @@ import logging
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from reconcile.cli_demo import add_demo_parser, run_demo_command
 from reconcile.cli_run import add_run_parser
+from reconcile.cli_status import add_status_parser, read_state, run_status
 from reconcile.contract import ConfigurationError, ReconcileError
-
-if TYPE_CHECKING:
-    from reconcile.progress import ProgressState
 
 __all__ = ["main"]
 
@@ -30,24 +28,7 @@ def _parser() -> argparse.ArgumentParser:
     add_demo_parser(commands)
     add_run_parser(commands)
 
-    status = commands.add_parser(
-        "status", help="show a pipeline's progress (read-only; creates and repairs nothing)"
-    )
-    status.add_argument("--state", type=Path, required=True, help="progress log folder")
-    status.add_argument("--pipeline", required=True)
-    status.add_argument(
-        "--pg",
-        metavar="DSN",
-        help="also show the markers, fences and prepared txns in this database",
-    )
-    status.add_argument(
-        "--older-than",
-        type=float,
-        default=3600.0,
-        metavar="SECONDS",
-        help="flag prepared txns older than this (default 3600)",
-    )
-    status.add_argument("--json", action="store_true")
+    add_status_parser(commands)
 
     for name, text in (
         (
@@ -179,7 +160,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             from reconcile.cli_run import run_command
 
             return run_command(args)
-        return _status(args)
+        return run_status(args)
     except ReconcileError as exc:
         print(f"reconcile: error: {_one_line(str(exc))}", file=sys.stderr)
         return 2
@@ -199,92 +180,10 @@ def _one_line(text: str) -> str:
     return " ".join(redact_text(text).split())
 
 
-def _read_state(state: Path, pipeline: str) -> ProgressState:
-    """The pipeline's progress log, read without creating or repairing anything.
-
-    Raises:
-        ConfigurationError: no such folder or log; the message lists the logs
-            that the folder does hold (a misspelled --pipeline).
-    """
-    from reconcile.progress_file import read_progress
-
-    if not state.is_dir():
-        raise ConfigurationError(
-            f"no progress log folder {state}: check --state (nothing was created)"
-        )
-    try:
-        return read_progress(state, pipeline)
-    except ConfigurationError as exc:
-        held = sorted(
-            p.name.removesuffix(".progress.jsonl") for p in state.glob("*.progress.jsonl")
-        )
-        raise ConfigurationError(
-            f"{exc}: check --pipeline (logs in that folder: {held or 'none'}); nothing was created"
-        ) from None
-
-
-def _status(args: argparse.Namespace) -> int:
-    from reconcile.progress import EpochStatus
-
-    progress = _read_state(args.state, args.pipeline)
-    log_file = args.state / f"{args.pipeline}.progress.jsonl"
-    torn = not log_file.read_bytes().endswith(b"\n") and log_file.stat().st_size > 0
-    summary: dict[str, Any] = {
-        "pipeline": args.pipeline,
-        "log_id": progress.log_id,
-        "generation": progress.generation,
-        "last_committed": progress.last_committed,
-        "truncated_below": progress.horizon,
-        **{s.value: progress.epochs_in(s) for s in EpochStatus if s is not EpochStatus.UNKNOWN},
-        "torn_tail": torn,
-    }
-    if args.pg:
-        from sinks.postgres.admin import database_status
-
-        summary["postgres"] = database_status(
-            args.pg, args.pipeline, progress, older_than_s=args.older_than
-        )
-    if args.json:
-        print(json.dumps(summary))
-        return 0
-    for key, value in summary.items():
-        if key != "postgres":
-            print(f"{key}: {value}")
-    if torn:
-        print("note: the log's last line is torn (a crash mid-write); it was ignored, not repaired")
-    if "postgres" in summary:
-        _print_database(summary["postgres"])
-    return 0
-
-
-def _print_database(found: dict[str, Any]) -> None:
-    print(f"postgres: {found['database']}")
-    for schema in found["schemas"]:
-        print(f"  {schema['schema']}.reconcile_commits:")
-        for m in schema["markers"]:
-            whose = "this log" if m["this_log"] else f"ANOTHER log {m['log_id']!r}"
-            print(
-                f"    sink {m['sink']}: {m['markers']} markers, epochs {m['epochs'][0]}.."
-                f"{m['epochs'][1]} into {m['target']} by {whose} (generation <= "
-                f"{m['generation']}, last at {m['last_committed_at']})"
-            )
-        for f in schema["fences"]:
-            whose = "this log" if f["this_log"] else f"ANOTHER log {f['log_id']!r}"
-            print(f"    fence {f['sink']}: generation {f['generation']}, {whose}")
-    if not found["prepared"]:
-        print("  prepared transactions: none")
-    for p in found["prepared"]:
-        old = "  OLD" if p["older_than_threshold"] else ""
-        print(
-            f"  prepared {p['gid']}: {p['age_s']}s old, owner {p['owner']}, epoch "
-            f"{p['epoch_status']}{old}"
-        )
-
-
 def _pg(args: argparse.Namespace) -> int:
     from sinks.postgres import admin
 
-    progress = _read_state(args.state, args.pipeline)
+    progress = read_state(args.state, args.pipeline)
     result: Any
     if args.pg_command == "prepared":
         result = admin.prepared(args.pg, args.pipeline, progress, args.state, apply=args.settle)
