@@ -65,7 +65,8 @@ def _parser() -> argparse.ArgumentParser:
         sub.add_argument("--epoch", type=int, help="compare with this epoch (default: the newest)")
         sub.add_argument(
             "--spark", action="store_true",
-            help="run as a distributed Spark job (full mode: executors pull key ranges)",
+            help="run as a distributed Spark job (full mode: executors pull key ranges); "
+            "with --config, each selected table in turn, in one session",
         )  # fmt: skip
         sub.add_argument("--master", help="with --spark: the Spark master (default local[*])")
         sub.add_argument(
@@ -138,20 +139,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "pg":
             return _pg(args)
         if args.command in ("verify", "repair"):
-            if args.config is not None:
-                from reconcile.cli_config import run_config_recover
-
-                return run_config_recover(args)
-            missing = [
-                f"--{n}" for n in ("pg", "store", "pipeline", "table") if not getattr(args, n)
-            ]
-            if missing:
-                raise ConfigurationError(
-                    f"reconcile {args.command}: {', '.join(missing)} required (or --config FILE)"
-                )
-            from reconcile.cli_recover import run_recover
-
-            return run_recover(args)
+            return run_verify_repair(args)
         if args.command == "watch":
             from reconcile.cli_config import run_watch
 
@@ -162,15 +150,86 @@ def main(argv: Sequence[str] | None = None) -> int:
             return run_command(args)
         return run_status(args)
     except ReconcileError as exc:
-        print(f"reconcile: error: {_one_line(str(exc))}", file=sys.stderr)
-        return 2
+        return report_failure(args, exc)
     except Exception as exc:
         if args.command not in ("verify", "repair", "watch", "run"):
             raise
         # verify/repair run from cron, run as a service: any failure is exit 2
         # and one line (run has logged the traceback).
-        print(f"reconcile: error: {type(exc).__name__}: {_one_line(str(exc))}", file=sys.stderr)
-        return 2
+        return report_failure(args, exc)
+
+
+def run_verify_repair(args: argparse.Namespace) -> int:
+    """``verify`` / ``repair``: one table, or a config file's (in-process or ``--spark``).
+
+    Raises:
+        ConfigurationError: a flag that this form of the command would not use
+            (never dropped silently), or a required one missing.
+    """
+    _check_flags(args)
+    if args.config is not None:
+        from reconcile.cli_config import run_config_recover
+
+        return run_config_recover(args)
+    missing = [f"--{n}" for n in ("pg", "store", "pipeline", "table") if not getattr(args, n)]
+    if missing:
+        raise ConfigurationError(
+            f"reconcile {args.command}: {', '.join(missing)} required (or --config FILE)"
+        )
+    from reconcile.cli_recover import run_recover
+
+    return run_recover(args)
+
+
+def _check_flags(args: argparse.Namespace) -> None:
+    """Refuse a verify/repair flag that the chosen form of the command would ignore."""
+    if args.config is not None:
+        unused = [f"--{n}" for n in ("pg", "store", "schema", "epoch")
+                  if getattr(args, n) is not None]  # fmt: skip
+        if unused:
+            raise ConfigurationError(
+                f"reconcile {args.command}: with --config, the file gives each table's "
+                "connection, store and schema, and each table is compared with its own newest "
+                f"epoch: drop {', '.join(unused)}"
+            )
+    elif args.all:
+        raise ConfigurationError(
+            f"reconcile {args.command}: --all selects every table of a config file: add "
+            "--config FILE, or name one table"
+        )
+    if not args.spark and (args.master is not None or args.partitions is not None):
+        raise ConfigurationError(
+            f"reconcile {args.command}: --master and --partitions set up the Spark job: add "
+            "--spark, or drop them"
+        )
+
+
+def report_failure(args: argparse.Namespace, exc: Exception) -> int:
+    """Say why the command failed, on one line of stderr (and as JSON with --json); exit 2.
+
+    With ``--json``, stdout gets one object too: ``error`` (the same line),
+    ``table`` for a single table, and the refusal's fields (``refused`` and
+    what it counted) when verify or repair refused to run.
+    """
+    from reconcile.contract import RetryableError
+    from reconcile.recovery.report import refused_fields
+
+    text = _one_line(str(exc))
+    if not isinstance(exc, ReconcileError):
+        text = f"{type(exc).__name__}: {text}"
+    if isinstance(exc, RetryableError) and args.command != "run":
+        # A transient failure (a server down or restarting, epochs that kept
+        # committing): a pipeline's driver retries those, a one-off command
+        # does not. Say so, so that nobody waits for a retry that never comes.
+        text += " (a transient failure: this command does not retry; run it again)"
+    print(f"reconcile: error: {text}", file=sys.stderr)
+    if getattr(args, "json", False):
+        found: dict[str, Any] = {"error": text, "exit_code": 2}
+        if args.command in ("verify", "repair") and args.config is None and args.table:
+            found["table"] = args.table
+        found.update(refused_fields(exc) or {})
+        print(json.dumps(found, default=str), flush=True)
+    return 2
 
 
 def _one_line(text: str) -> str:

@@ -189,6 +189,7 @@ def test_status_of_a_store_that_is_not_there_or_lacks_the_pipeline_creates_nothi
     out = cli("status", "--store", str(root), "--pipeline", "shpo", "--json")
     assert out.returncode == 2
     assert "no progress log for pipeline 'shpo'" in out.stderr and "['shop']" in out.stderr
+    assert "shpo" in json.loads(out.stdout)["error"]
     assert listing(tmp_path) == before
 
 
