@@ -218,10 +218,22 @@ def test_config_with_spark_runs_each_table_on_spark(pipeline: dict[str, Any]) ->
     assert rows(dsn, "SELECT id, qty FROM shop.order_lines ORDER BY id") == before_lines
     assert rows(dsn, "SELECT customer, qty FROM totals ORDER BY customer") == before_totals
     assert PASSWORD not in repaired.stdout + repaired.stderr
+
+
+def test_flags_that_a_form_of_the_command_would_ignore_are_refused(
+    pipeline: dict[str, Any],
+) -> None:
+    dsn, config = pipeline["dsn"], pipeline["config"]
+    execute(dsn, "DELETE FROM shop.order_lines WHERE id = 3")
+    before = rows(dsn, "SELECT id, qty FROM shop.order_lines ORDER BY id")
     # What Spark cannot do is refused before a session starts, never dropped.
-    scoped = cli("verify", "--config", config, "--all", *spark, "--mode", "scoped", env=ENV)
+    scoped = cli("repair", "--config", config, "--all", "--spark", "--mode", "scoped", env=ENV)
     assert scoped.returncode == 2 and "--spark runs full mode" in scoped.stderr
-    alone = cli("verify", "--config", config, "--all", "--partitions", "2", env=ENV)
+    alone = cli("repair", "--config", config, "--all", "--partitions", "2", env=ENV)
     assert alone.returncode == 2 and "add --spark" in alone.stderr
-    both = cli("verify", "--config", config, "--all", "--pg", dsn, env=ENV)
-    assert both.returncode == 2 and "drop --pg" in both.stderr
+    both = cli("repair", "--config", config, "--all", "--pg", dsn, "--epoch", "3", env=ENV)
+    assert both.returncode == 2 and "drop --pg, --epoch" in both.stderr
+    stray = cli("repair", "--pg", dsn, "--store", str(pipeline["root"] / "expected"),
+                "--pipeline", "orders", "--table", "totals", "--all", env=ENV)  # fmt: skip
+    assert stray.returncode == 2 and "--all selects every table of a config file" in stray.stderr
+    assert rows(dsn, "SELECT id, qty FROM shop.order_lines ORDER BY id") == before  # not repaired
