@@ -308,10 +308,11 @@ def plot(r: dict[str, Any], out: Path) -> None:
         ax.set_title(title, fontsize=10)
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8, loc="lower right", title="clean run of", title_fontsize=8)
-    heading = "Event-to-visible latency CDF per write mode (left is faster)"
+    heading = ["Event-to-visible latency CDF per write mode (left is faster)",
+               f"run {r.get('when', '?')}"]  # fmt: skip
     if r.get("quick"):
-        heading = "QUICK RUN (small sizes, not figures to publish): " + heading
-    fig.suptitle(f"{heading}; run {r.get('when', '?')}", fontsize=11)
+        heading.insert(0, "QUICK RUN: small sizes, not figures to publish")
+    fig.suptitle("\n".join(heading), fontsize=10)
     fig.tight_layout()
     fig.savefig(out / "latency_cdf.png", dpi=110)
     plt.close(fig)
