@@ -40,7 +40,7 @@ QUICK: dict[str, list[str]] = {
     "expected_state": ["--scale", "0.01", "--epochs", "20", "--baseline-epochs", "2"],
     "recovery": ["--rows", "200000", "--small", "20000"],
     "spark": ["--rows", "200000", "--batches", "4", "--batch-rows", "1000"],
-    "latency": ["--epochs", "6", "--crash-epochs", "8", "--triggers", "1",
+    "latency": ["--quick", "--epochs", "6", "--crash-epochs", "8", "--triggers", "1",
                 "--checkpoints", "1"],
     "failover": ["--failovers", "2", "--epochs", "30"],
 }  # fmt: skip

@@ -14,15 +14,19 @@ import logging
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
+import pyarrow.compute as pc  # type: ignore[import-untyped, unused-ignore]
 from deltalake import DeltaTable
+from deltalake.exceptions import TableNotFoundError
 
 from expected_state.delta_commit import commit_files
+from expected_state.delta_files import read_data_files
 from expected_state.delta_log import EPOCHS_LOG_MARGIN, prune_log
-from expected_state.epoch_rows import EPOCHS_SCHEMA, PIPELINE_STREAM, EpochRows
-from reconcile.contract import InvalidInputError, RetryableError, validate_name
+from expected_state.epoch_rows import EPOCHS_SCHEMA, EPOCHS_TABLE, PIPELINE_STREAM, EpochRows
+from reconcile.contract import ConfigurationError, InvalidInputError, RetryableError, validate_name
 from reconcile.progress import EpochStatus, ProgressState
 
-__all__ = ["StoreProgressLog", "progress_fence_id"]
+__all__ = ["StoreProgressLog", "progress_fence_id", "read_store_progress", "store_pipelines"]
 
 log = logging.getLogger(__name__)
 
@@ -149,6 +153,10 @@ class StoreProgressLog:
         """The generation that passed ``epoch``'s commit point, if known."""
         self._refresh()
         return self._state.committed_by.get(epoch)
+
+    def read_state(self) -> ProgressState | None:
+        """The log as it stands, read without creating anything (None: no epochs table)."""
+        return self._state if self._refresh() is not None else None
 
     # -- writing ---------------------------------------------------------------
 
@@ -288,3 +296,54 @@ class StoreProgressLog:
         # stays for writers of other streams whose snapshot is a little behind).
         prune_log(self.uri, table.version() - EPOCHS_LOG_MARGIN)
         return True
+
+
+# -- reading without a writer (``reconcile status``) -----------------------------
+
+
+def store_pipelines(root: str) -> list[str]:
+    """The pipelines whose progress log is in the store at ``root``, sorted (reads only).
+
+    A pipeline counts once it has a status row; one that only claimed a
+    generation (and never marked an epoch) is not listed.
+    """
+    uri = f"{str(root).rstrip('/')}/{EPOCHS_TABLE}"
+    try:
+        table = DeltaTable(uri)
+    except TableNotFoundError:
+        return []
+    paths = pa.table(table.get_add_actions(flatten=False)).column("path").to_pylist()
+    if not paths:
+        return []
+    rows = read_data_files(uri, paths, columns=["pipeline", "sink"], schema=EPOCHS_SCHEMA)
+    ours = rows.filter(pc.equal(rows.column("sink"), PIPELINE_STREAM))
+    return sorted(set(ours.column("pipeline").to_pylist()))
+
+
+def read_store_progress(root: str, pipeline: str) -> ProgressState:
+    """A pipeline's progress log in the store, read without writing anything (for ``status``).
+
+    Nothing is created: not the epochs table, not a generation.
+
+    Args:
+        root: the store root (path or URI).
+        pipeline: the pipeline's name.
+
+    Returns:
+        The log's state: statuses, generation, horizon and ``log_id``.
+
+    Raises:
+        ConfigurationError: the store has no progress log of ``pipeline``
+            (the message lists the pipelines whose log it holds).
+    """
+    log = StoreProgressLog(root, pipeline)
+    state = log.read_state()
+    # A pipeline that claimed a generation has a log, even before its first mark.
+    if state is not None and (state.statuses or state.generation or state.horizon):
+        return state
+    held = store_pipelines(root)
+    raise ConfigurationError(
+        f"no progress log for pipeline {pipeline!r} in the store at {log.root} "
+        f"(progress logs there: {held or 'none'})",
+        path=log.uri,
+    )

@@ -8,15 +8,13 @@ import logging
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from reconcile import interrupts
 from reconcile.cli_demo import add_demo_parser, run_demo_command
 from reconcile.cli_run import add_run_parser
+from reconcile.cli_status import add_status_parser, read_state, run_status
 from reconcile.contract import ConfigurationError, ReconcileError
-
-if TYPE_CHECKING:
-    from reconcile.progress import ProgressState
 
 __all__ = ["main"]
 
@@ -31,24 +29,7 @@ def _parser() -> argparse.ArgumentParser:
     add_demo_parser(commands)
     add_run_parser(commands)
 
-    status = commands.add_parser(
-        "status", help="show a pipeline's progress (read-only; creates and repairs nothing)"
-    )
-    status.add_argument("--state", type=Path, required=True, help="progress log folder")
-    status.add_argument("--pipeline", required=True)
-    status.add_argument(
-        "--pg",
-        metavar="DSN",
-        help="also show the markers, fences and prepared txns in this database",
-    )
-    status.add_argument(
-        "--older-than",
-        type=float,
-        default=3600.0,
-        metavar="SECONDS",
-        help="flag prepared txns older than this (default 3600)",
-    )
-    status.add_argument("--json", action="store_true")
+    add_status_parser(commands)
 
     for name, text in (
         (
@@ -85,7 +66,8 @@ def _parser() -> argparse.ArgumentParser:
         sub.add_argument("--epoch", type=int, help="compare with this epoch (default: the newest)")
         sub.add_argument(
             "--spark", action="store_true",
-            help="run as a distributed Spark job (full mode: executors pull key ranges)",
+            help="run as a distributed Spark job (full mode: executors pull key ranges); "
+            "with --config, each selected table in turn, in one session",
         )  # fmt: skip
         sub.add_argument("--master", help="with --spark: the Spark master (default local[*])")
         sub.add_argument(
@@ -160,20 +142,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "pg":
             return _pg(args)
         if args.command in ("verify", "repair"):
-            if args.config is not None:
-                from reconcile.cli_config import run_config_recover
-
-                return run_config_recover(args)
-            missing = [
-                f"--{n}" for n in ("pg", "store", "pipeline", "table") if not getattr(args, n)
-            ]
-            if missing:
-                raise ConfigurationError(
-                    f"reconcile {args.command}: {', '.join(missing)} required (or --config FILE)"
-                )
-            from reconcile.cli_recover import run_recover
-
-            return run_recover(args)
+            return run_verify_repair(args)
         if args.command == "watch":
             from reconcile.cli_config import run_watch
 
@@ -182,23 +151,94 @@ def main(argv: Sequence[str] | None = None) -> int:
             from reconcile.cli_run import run_command
 
             return run_command(args)
-        return _status(args)
+        return run_status(args)
     except KeyboardInterrupt as exc:
         stopped = interrupts.interrupted(exc)
         print(_one_line(stopped.line(f"reconcile {args.command}")), file=sys.stderr)
         return stopped.exit_code
     except ReconcileError as exc:
-        print(f"reconcile: error: {_one_line(str(exc))}", file=sys.stderr)
-        return 2
+        return report_failure(args, exc)
     except Exception as exc:
         if args.command not in ("verify", "repair", "watch", "run"):
             raise
         # verify/repair run from cron, run as a service: any failure is exit 2
         # and one line (run has logged the traceback).
-        print(f"reconcile: error: {type(exc).__name__}: {_one_line(str(exc))}", file=sys.stderr)
-        return 2
+        return report_failure(args, exc)
     finally:
         guard.restore()
+
+
+def run_verify_repair(args: argparse.Namespace) -> int:
+    """``verify`` / ``repair``: one table, or a config file's (in-process or ``--spark``).
+
+    Raises:
+        ConfigurationError: a flag that this form of the command would not use
+            (never dropped silently), or a required one missing.
+    """
+    _check_flags(args)
+    if args.config is not None:
+        from reconcile.cli_config import run_config_recover
+
+        return run_config_recover(args)
+    missing = [f"--{n}" for n in ("pg", "store", "pipeline", "table") if not getattr(args, n)]
+    if missing:
+        raise ConfigurationError(
+            f"reconcile {args.command}: {', '.join(missing)} required (or --config FILE)"
+        )
+    from reconcile.cli_recover import run_recover
+
+    return run_recover(args)
+
+
+def _check_flags(args: argparse.Namespace) -> None:
+    """Refuse a verify/repair flag that the chosen form of the command would ignore."""
+    if args.config is not None:
+        unused = [f"--{n}" for n in ("pg", "store", "schema", "epoch")
+                  if getattr(args, n) is not None]  # fmt: skip
+        if unused:
+            raise ConfigurationError(
+                f"reconcile {args.command}: with --config, the file gives each table's "
+                "connection, store and schema, and each table is compared with its own newest "
+                f"epoch: drop {', '.join(unused)}"
+            )
+    elif args.all:
+        raise ConfigurationError(
+            f"reconcile {args.command}: --all selects every table of a config file: add "
+            "--config FILE, or name one table"
+        )
+    if not args.spark and (args.master is not None or args.partitions is not None):
+        raise ConfigurationError(
+            f"reconcile {args.command}: --master and --partitions set up the Spark job: add "
+            "--spark, or drop them"
+        )
+
+
+def report_failure(args: argparse.Namespace, exc: Exception) -> int:
+    """Say why the command failed, on one line of stderr (and as JSON with --json); exit 2.
+
+    With ``--json``, stdout gets one object too: ``error`` (the same line),
+    ``table`` for a single table, and the refusal's fields (``refused`` and
+    what it counted) when verify or repair refused to run.
+    """
+    from reconcile.contract import RetryableError
+    from reconcile.recovery.report import refused_fields
+
+    text = _one_line(str(exc))
+    if not isinstance(exc, ReconcileError):
+        text = f"{type(exc).__name__}: {text}"
+    if isinstance(exc, RetryableError) and args.command != "run":
+        # A transient failure (a server down or restarting, epochs that kept
+        # committing): a pipeline's driver retries those, a one-off command
+        # does not. Say so, so that nobody waits for a retry that never comes.
+        text += " (a transient failure: this command does not retry; run it again)"
+    print(f"reconcile: error: {text}", file=sys.stderr)
+    if getattr(args, "json", False):
+        found: dict[str, Any] = {"error": text, "exit_code": 2}
+        if args.command in ("verify", "repair") and args.config is None and args.table:
+            found["table"] = args.table
+        found.update(refused_fields(exc) or {})
+        print(json.dumps(found, default=str), flush=True)
+    return 2
 
 
 def _one_line(text: str) -> str:
@@ -208,92 +248,10 @@ def _one_line(text: str) -> str:
     return " ".join(redact_text(text).split())
 
 
-def _read_state(state: Path, pipeline: str) -> ProgressState:
-    """The pipeline's progress log, read without creating or repairing anything.
-
-    Raises:
-        ConfigurationError: no such folder or log; the message lists the logs
-            that the folder does hold (a misspelled --pipeline).
-    """
-    from reconcile.progress_file import read_progress
-
-    if not state.is_dir():
-        raise ConfigurationError(
-            f"no progress log folder {state}: check --state (nothing was created)"
-        )
-    try:
-        return read_progress(state, pipeline)
-    except ConfigurationError as exc:
-        held = sorted(
-            p.name.removesuffix(".progress.jsonl") for p in state.glob("*.progress.jsonl")
-        )
-        raise ConfigurationError(
-            f"{exc}: check --pipeline (logs in that folder: {held or 'none'}); nothing was created"
-        ) from None
-
-
-def _status(args: argparse.Namespace) -> int:
-    from reconcile.progress import EpochStatus
-
-    progress = _read_state(args.state, args.pipeline)
-    log_file = args.state / f"{args.pipeline}.progress.jsonl"
-    torn = not log_file.read_bytes().endswith(b"\n") and log_file.stat().st_size > 0
-    summary: dict[str, Any] = {
-        "pipeline": args.pipeline,
-        "log_id": progress.log_id,
-        "generation": progress.generation,
-        "last_committed": progress.last_committed,
-        "truncated_below": progress.horizon,
-        **{s.value: progress.epochs_in(s) for s in EpochStatus if s is not EpochStatus.UNKNOWN},
-        "torn_tail": torn,
-    }
-    if args.pg:
-        from sinks.postgres.admin import database_status
-
-        summary["postgres"] = database_status(
-            args.pg, args.pipeline, progress, older_than_s=args.older_than
-        )
-    if args.json:
-        print(json.dumps(summary))
-        return 0
-    for key, value in summary.items():
-        if key != "postgres":
-            print(f"{key}: {value}")
-    if torn:
-        print("note: the log's last line is torn (a crash mid-write); it was ignored, not repaired")
-    if "postgres" in summary:
-        _print_database(summary["postgres"])
-    return 0
-
-
-def _print_database(found: dict[str, Any]) -> None:
-    print(f"postgres: {found['database']}")
-    for schema in found["schemas"]:
-        print(f"  {schema['schema']}.reconcile_commits:")
-        for m in schema["markers"]:
-            whose = "this log" if m["this_log"] else f"ANOTHER log {m['log_id']!r}"
-            print(
-                f"    sink {m['sink']}: {m['markers']} markers, epochs {m['epochs'][0]}.."
-                f"{m['epochs'][1]} into {m['target']} by {whose} (generation <= "
-                f"{m['generation']}, last at {m['last_committed_at']})"
-            )
-        for f in schema["fences"]:
-            whose = "this log" if f["this_log"] else f"ANOTHER log {f['log_id']!r}"
-            print(f"    fence {f['sink']}: generation {f['generation']}, {whose}")
-    if not found["prepared"]:
-        print("  prepared transactions: none")
-    for p in found["prepared"]:
-        old = "  OLD" if p["older_than_threshold"] else ""
-        print(
-            f"  prepared {p['gid']}: {p['age_s']}s old, owner {p['owner']}, epoch "
-            f"{p['epoch_status']}{old}"
-        )
-
-
 def _pg(args: argparse.Namespace) -> int:
     from sinks.postgres import admin
 
-    progress = _read_state(args.state, args.pipeline)
+    progress = read_state(args.state, args.pipeline)
     if getattr(args, "settle", False) or getattr(args, "apply", False):
         interrupts.writing(
             f"what it settled or deleted before stands: run `reconcile pg {args.pg_command}` "

@@ -1,10 +1,12 @@
 """``verify`` / ``repair`` over a config file's sink tables, and ``reconcile watch``.
 
 ``reconcile verify --config FILE --all`` checks every sink table the file
-names (``--pipeline P`` for one pipeline's, ``--table SINK`` for one). One
-table's error does not stop the others: it is reported on its line, with the
-password redacted. Exit codes suit cron and alerting: 0 no drift anywhere, 1
-drift found (or found and repaired), 2 an error in any table.
+names (``--pipeline P`` for one pipeline's, ``--table SINK`` for one);
+``--spark`` runs each on Spark (``reconcile.spark.job.spark_check``: full
+mode, one session for all). One table's error does not stop the others: it
+is reported on its line, with the password redacted. Exit codes suit cron
+and alerting: 0 no drift anywhere, 1 drift found (or found and repaired), 2
+an error in any table.
 
 ``reconcile watch --config FILE --every 60s`` runs that check on a schedule:
 by default a scoped verify of the keys changed in the newest ``--epochs``
@@ -28,13 +30,16 @@ import re
 import sys
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from reconcile import interrupts
 from reconcile.config import Config, SinkTableConfig, load_config
 from reconcile.config_sinks import split_table
 from reconcile.contract import ConfigurationError, ReconcileError
 from reconcile.metrics import Metrics, NullMetrics, record_refusal, record_report
+
+if TYPE_CHECKING:
+    from reconcile.spark.job import OnSpark
 
 __all__ = [
     "TableOutcome",
@@ -85,7 +90,8 @@ class TableOutcome:
     def as_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"pipeline": self.pipeline, "sink": self.sink, "table": self.table}
         if self.report is not None:
-            out.update(json.loads(self.report.to_json()))
+            # default=str: a Spark report's sample keys may be decimals or timestamps.
+            out.update(json.loads(json.dumps(self.report.as_dict(), default=str)))
             out["table"] = self.table
         if self.error is not None:
             out["error"] = self.error
@@ -107,7 +113,8 @@ class TableOutcome:
             if r.drift
             else "no drift"
         )
-        return f"{where}: {found} (epoch {r.target_epoch}, mode {r.mode}, {r.seconds:.2f}s)"
+        spark = f", on Spark: {r.partitions} key ranges" if hasattr(r, "partitions") else ""
+        return f"{where}: {found} (epoch {r.target_epoch}, mode {r.mode}{spark}, {r.seconds:.2f}s)"
 
 
 def check_table(
@@ -118,6 +125,7 @@ def check_table(
     recent_epochs: int | None = None,
     metrics: Metrics | None = None,
     allow_mass_change: bool = False,
+    spark: OnSpark | None = None,
 ) -> TableOutcome:
     """Verify (or repair) one sink table of a config file; never raises for that table's errors.
 
@@ -130,20 +138,30 @@ def check_table(
         metrics: where drift found and repaired is reported.
         allow_mass_change: lift the table's mass-change brake (an operator's
             explicit ``repair --allow-mass-change``; never ``watch``).
+        spark: run it on Spark (full mode), in this session.
     """
+    from reconcile.cli_status import missing_store
     from reconcile.recovery import recover
-    from reconcile.recovery.report import refused_fields
 
     schema, name = split_table(sink.table)
-    since = None
-    if recent_epochs is not None:
-        from expected_state.store import ExpectedStateStore
-
-        last = ExpectedStateStore(
-            sink.store, sink.pipeline, sink.name, list(sink.keys)
-        ).last_epoch()
-        since = None if last is None else last - recent_epochs
     try:
+        missing = missing_store(sink.store)
+        if missing is not None:
+            raise ConfigurationError(
+                f"{missing}: check the store root in {sink.pipeline}'s config; nothing was "
+                "pulled or written"
+            )
+        since = None
+        if recent_epochs is not None:
+            from expected_state.store import ExpectedStateStore
+
+            last = ExpectedStateStore(
+                sink.store, sink.pipeline, sink.name, list(sink.keys)
+            ).last_epoch()
+            since = None if last is None else last - recent_epochs
+        if spark is not None:
+            return _on_spark(spark, sink, repair=repair, allow_mass_change=allow_mass_change,
+                             metrics=metrics)  # fmt: skip
         report = recover(
             sink.connection.get_secret_value(),
             sink.store,
@@ -159,19 +177,45 @@ def check_table(
             allow_mass_change=allow_mass_change,
         )
     except Exception as exc:  # one table's failure is reported; the others still run
-        text = " ".join(str(exc).split()) or type(exc).__name__
-        if not isinstance(exc, ReconcileError):
-            text = f"{type(exc).__name__}: {text}"
-        text = sink.connection.redact(text)
-        refused = refused_fields(exc)
-        if refused is not None:
-            # An alert, not a crash: the table is left as it is, and says why.
-            log.error("%s.%s (%s): refused (%s): %s", sink.pipeline, sink.name, sink.table,
-                      refused["refused"], text)  # fmt: skip
-            record_refusal(sink.pipeline, name, refused["refused"], metrics=metrics)
-        return TableOutcome(sink.pipeline, sink.name, sink.table, error=text, refused=refused)
+        return _failed(sink, exc, metrics)
     record_report(sink.pipeline, report, metrics=metrics)
     return TableOutcome(sink.pipeline, sink.name, sink.table, report=report)
+
+
+def _on_spark(
+    on: OnSpark, sink: SinkTableConfig, *, repair: bool, allow_mass_change: bool,
+    metrics: Metrics | None,
+) -> TableOutcome:  # fmt: skip
+    from reconcile.spark.job import spark_check
+
+    report = spark_check(on, sink, repair=repair, allow_mass_change=allow_mass_change)
+    record_report(sink.pipeline, report, metrics=metrics)
+    if report.stale:
+        # Transactions that found an epoch committed since the pull wrote
+        # nothing: the table is not repaired yet, which is an error, not drift.
+        return TableOutcome(
+            sink.pipeline, sink.name, sink.table, report=report,
+            error=f"{report.stale} rows stale (an epoch committed during the repair): run again",
+        )  # fmt: skip
+    return TableOutcome(sink.pipeline, sink.name, sink.table, report=report)
+
+
+def _failed(sink: SinkTableConfig, exc: Exception, metrics: Metrics | None) -> TableOutcome:
+    """A table's failure as its outcome: one line, password redacted; a refusal is an alert."""
+    from reconcile.recovery.report import refused_fields
+
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    if not isinstance(exc, ReconcileError):
+        text = f"{type(exc).__name__}: {text}"
+    text = sink.connection.redact(text)
+    refused = refused_fields(exc)
+    if refused is not None:
+        # An alert, not a crash: the table is left as it is, and says why.
+        log.error("%s.%s (%s): refused (%s): %s", sink.pipeline, sink.name, sink.table,
+                  refused["refused"], text)  # fmt: skip
+        record_refusal(sink.pipeline, split_table(sink.table)[1], refused["refused"],
+                       metrics=metrics)  # fmt: skip
+    return TableOutcome(sink.pipeline, sink.name, sink.table, error=text, refused=refused)
 
 
 def check_tables(
@@ -182,6 +226,7 @@ def check_tables(
     recent_epochs: int | None = None,
     metrics: Metrics | None = None,
     allow_mass_change: bool = False,
+    spark: OnSpark | None = None,
 ) -> list[TableOutcome]:
     """:func:`check_table` for each table, in order."""
     options: dict[str, Any] = {
@@ -190,6 +235,7 @@ def check_tables(
         "recent_epochs": recent_epochs,
         "metrics": metrics,
         "allow_mass_change": allow_mass_change,
+        "spark": spark,
     }
     return [check_table(t, **options) for t in tables]
 
@@ -231,7 +277,15 @@ def run_config_recover(args: argparse.Namespace) -> int:
     tables = _selected(config, args)
     repair = args.command == "repair"
     lifted = repair and getattr(args, "allow_mass_change", False)
-    outcomes = check_tables(tables, repair=repair, mode=args.mode, allow_mass_change=lifted)
+    spark = None
+    if args.spark:
+        from reconcile.spark.job import OnSpark, check_spark_flags, session
+
+        check_spark_flags(args)  # before the session starts: it takes seconds
+        spark = OnSpark(session(args.master or "local[*]"), args.partitions)
+    outcomes = check_tables(
+        tables, repair=repair, mode=args.mode, allow_mass_change=lifted, spark=spark
+    )
     code = exit_code(outcomes)
     _print(outcomes, as_json=args.json, code=code)
     return code

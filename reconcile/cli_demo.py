@@ -15,7 +15,8 @@ __all__ = ["add_demo_parser", "run_demo_command"]
 def add_demo_parser(commands: Any) -> None:
     demo = commands.add_parser(
         "demo",
-        help="stream TPC-H lineitem through Spark into PostgreSQL exactly once, under chaos",
+        help="stream TPC-H lineitem through Spark into PostgreSQL exactly once "
+        "(--chaos: under seeded kills and dropped COMMITs)",
         description=(
             "Stream TPC-H lineitem (tpchgen-cli) through Spark Structured Streaming into two "
             "PostgreSQL tables exactly once, optionally under seeded chaos (SIGKILLs of the "

@@ -1,25 +1,41 @@
 """``reconcile verify`` and ``reconcile repair``: pull-and-diff from the command line.
 
 Exit codes suit cron and alerting: 0 no drift; 1 drift found (verify) or found
-and repaired (repair); 2 an error, with one line that names what failed. A
-refusal (a store that lost rows, the mass-change brake) is an error; with
-``--json`` it also prints one object whose ``refused`` field says why.
+and repaired (repair); 2 an error, with one line that names what failed. With
+``--json`` an error is also one object on stdout, with an ``error`` field; a
+refusal (a store that lost rows, the mass-change brake) adds a ``refused``
+field that says why (``reconcile.cli.report_failure``).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from reconcile.cli_status import missing_store
+from reconcile.contract import ConfigurationError
 from reconcile.recovery import ReconcileReport, recover
-from reconcile.recovery.report import refused_fields
 from reconcile.recovery.target import Progress
 
-__all__ = ["run_recover", "summary"]
+__all__ = ["check_store", "run_recover", "summary"]
+
+
+def check_store(root: str) -> None:
+    """Refuse a store root that is not there, before anything connects.
+
+    Without this, a mistyped ``--store`` reads as an empty store: "holds no
+    epoch of it", which sends the operator looking at the pipeline instead
+    of the path.
+
+    Raises:
+        ConfigurationError: the local path does not exist (or is no folder).
+    """
+    missing = missing_store(root)
+    if missing is not None:
+        raise ConfigurationError(f"{missing}: check --store; nothing was pulled or written")
 
 
 @contextmanager
@@ -84,6 +100,7 @@ def summary(report: ReconcileReport, *, repair: bool) -> str:
 def run_recover(args: argparse.Namespace) -> int:
     """Run ``verify`` or ``repair``; return the exit code (errors raise ReconcileError)."""
     repair = args.command == "repair"
+    check_store(args.store)
     if args.spark:
         from reconcile.spark.job import run_on_spark
 
@@ -97,15 +114,9 @@ def run_recover(args: argparse.Namespace) -> int:
     if args.epoch is not None:
         options["target_epoch"] = args.epoch
     with _progress(sys.stderr.isatty() and not args.json, args.table) as progress:
-        try:
-            report = recover(
-                args.pg, args.store, args.pipeline, args.table, progress=progress, **options
-            )
-        except Exception as exc:
-            refused = refused_fields(exc)
-            if args.json and refused is not None:
-                print(json.dumps({"table": args.table, "error": str(exc), **refused}))
-            raise
+        report = recover(
+            args.pg, args.store, args.pipeline, args.table, progress=progress, **options
+        )
     if args.json:
         print(report.to_json())
     else:

@@ -56,7 +56,7 @@ class Summary:
     latency_ms: dict[str, Any]
     launches: int
     failures: int
-    workdir: str
+    workdir: str | None  # None once the run's own temporary folder was removed
     settings: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> str:

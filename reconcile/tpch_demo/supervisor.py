@@ -31,6 +31,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import psycopg
 from psycopg import sql
@@ -42,7 +43,9 @@ from reconcile.tpch_demo.events import EventLog
 from reconcile.tpch_demo.pipeline import KEYS, PIPELINE
 from reconcile.tpch_demo.summary import Summary, audit
 
-__all__ = ["KILL_POINTS", "Feeder", "Options", "launch_pipeline", "prepare_tables", "run"]
+__all__ = [
+    "KILL_POINTS", "Feeder", "Options", "launch_pipeline", "prepare_tables", "run", "run_settings"
+]  # fmt: skip
 
 # Where chaos kills the pipeline process (``reconcile.hooks`` points). The
 # first two come first in every chaos run: they are the windows a checkpoint-
@@ -265,12 +268,30 @@ def run(options: Options) -> Summary:
             without being killed (its log's tail is in the message).
     """
     own_workdir = options.workdir is None
+    removed = own_workdir and not options.keep
     workdir = Path(options.workdir or tempfile.mkdtemp(prefix="reconcile-demo-")).resolve()
     try:
-        return _run(workdir, options)
+        summary = _run(workdir, options)
     finally:
-        if own_workdir and not options.keep:
+        if removed:
             shutil.rmtree(workdir, ignore_errors=True)
+    if removed:
+        summary.workdir = None  # gone: a path to nothing would send the reader looking
+    return summary
+
+
+def run_settings(options: Options) -> dict[str, Any]:
+    """The options as the summary reports them (``settings``), without the DSN.
+
+    Without ``--chaos`` nothing is killed and no connection is dropped, so the
+    chaos knobs read 0: their defaults (4 crashes, 0.15) would read as chaos
+    that happened.
+    """
+    found = {k: str(v) if isinstance(v, Path) else v
+             for k, v in asdict(options).items() if k != "pg"}  # fmt: skip
+    if options.chaos is None:
+        found.update(crashes=0, drop_rate=0.0)
+    return found
 
 
 def _run(workdir: Path, options: Options) -> Summary:
@@ -353,6 +374,5 @@ def _run(workdir: Path, options: Options) -> Summary:
         if proxy is not None:
             proxy.close()
         summary = audit(dsn, workdir, feed, events, options.epochs)
-        summary.settings = {k: str(v) if isinstance(v, Path) else v
-                            for k, v in asdict(options).items() if k != "pg"}  # fmt: skip
+        summary.settings = run_settings(options)
         return summary

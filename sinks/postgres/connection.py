@@ -177,7 +177,8 @@ def connect_failure(target: PgTarget, err: psycopg.Error, what: str) -> Reconcil
         ConfigurationError for a wrong password, an unknown role or database,
         a pg_hba.conf refusal or a bad option (no retry can fix them);
         RetryableError for everything else (the server is down, starting,
-        restarting, out of connection slots, unreachable).
+        restarting, out of connection slots, unreachable): a failure that a
+        retry may cure, which the message leaves to the caller to promise.
     """
     text = target.redact(str(err)).strip()
     if _TERMINAL_CONNECT.search(text):
@@ -186,7 +187,9 @@ def connect_failure(target: PgTarget, err: psycopg.Error, what: str) -> Reconcil
             "settings (user, password, database, pg_hba.conf); retrying cannot help",
             target=target.describe(),
         )
+    # No promise to retry here: whether anyone retries is the caller's to say
+    # (the pipeline's driver logs each retry; a one-off command says it does not).
     return RetryableError(
-        f"{what}: cannot reach {target.describe()} (will retry): {text}",
+        f"{what}: cannot reach {target.describe()}: {text}",
         target=target.describe(),
     )

@@ -48,3 +48,14 @@ def test_latency_benchmark_tiny(tmp_path: Path) -> None:
         assert crash["lineitem_missing"] == 0, crash
         assert crash["crashes"], crash  # the kills fired
     assert report["targets"]["exactly_once_zero_duplicates_missing"]["pass"]
+    # The report counts the kills from the run's data, and is not a quick run.
+    text = (out / "latency.md").read_text()
+    fired = ", ".join(f"{n} {len(report['crash_runs'][n]['crashes'])}" for n in MODES)
+    assert f"Kills that fired: {fired} " in text and "twice," not in text
+    assert report["quick"] is False and "A quick run" not in text
+    # The CDF is kept in the JSON, and the plot is redrawn from it alone.
+    cdf = report["cdf_quantiles_ms"]["1"]
+    assert set(cdf) == set(MODES) and all(len(v) == 201 and v == sorted(v) for v in cdf.values())
+    (out / "latency_cdf.png").unlink()
+    assert latency.main(["--plot-only", "--out", str(out)]) == 0
+    assert (out / "latency_cdf.png").stat().st_size > 0

@@ -196,3 +196,44 @@ def test_watch_checks_exactly_the_keys_of_the_newest_n_epochs(pipeline: dict[str
         outcome = check_table(lines, repair=False, mode="scoped", recent_epochs=epochs)
         assert outcome.report is not None, outcome.error
         assert outcome.report.changed == changed, epochs
+
+
+@pytest.mark.spark
+def test_config_with_spark_runs_each_table_on_spark(pipeline: dict[str, Any]) -> None:
+    dsn, config = pipeline["dsn"], pipeline["config"]
+    before_lines = rows(dsn, "SELECT id, qty FROM shop.order_lines ORDER BY id")
+    before_totals = rows(dsn, "SELECT customer, qty FROM totals ORDER BY customer")
+    execute(dsn, "DELETE FROM shop.order_lines WHERE id IN (3, 4)")
+    execute(dsn, "UPDATE totals SET qty = qty + 1 WHERE customer = 2")
+    spark = ["--spark", "--master", "local[2]", "--partitions", "2"]
+    repaired = cli("repair", "--config", config, "--all", *spark, "--json", env=ENV)
+    assert repaired.returncode == 1, repaired.stderr
+    by_sink = {t["sink"]: t for t in json.loads(repaired.stdout)["tables"]}
+    # Fields only the Spark job reports: the key ranges the executors pulled,
+    # and the repair transactions they committed.
+    assert (by_sink["lines"]["partitions"], by_sink["lines"]["missing"]) == (2, 2)
+    assert by_sink["lines"]["transactions"] >= 1 and by_sink["lines"]["applied"] == 2
+    assert (by_sink["totals"]["changed"], by_sink["totals"]["applied"]) == (1, 1)
+    assert all(t["mode"] == "full" and "error" not in t for t in by_sink.values())
+    assert rows(dsn, "SELECT id, qty FROM shop.order_lines ORDER BY id") == before_lines
+    assert rows(dsn, "SELECT customer, qty FROM totals ORDER BY customer") == before_totals
+    assert PASSWORD not in repaired.stdout + repaired.stderr
+
+
+def test_flags_that_a_form_of_the_command_would_ignore_are_refused(
+    pipeline: dict[str, Any],
+) -> None:
+    dsn, config = pipeline["dsn"], pipeline["config"]
+    execute(dsn, "DELETE FROM shop.order_lines WHERE id = 3")
+    before = rows(dsn, "SELECT id, qty FROM shop.order_lines ORDER BY id")
+    # What Spark cannot do is refused before a session starts, never dropped.
+    scoped = cli("repair", "--config", config, "--all", "--spark", "--mode", "scoped", env=ENV)
+    assert scoped.returncode == 2 and "--spark runs full mode" in scoped.stderr
+    alone = cli("repair", "--config", config, "--all", "--partitions", "2", env=ENV)
+    assert alone.returncode == 2 and "add --spark" in alone.stderr
+    both = cli("repair", "--config", config, "--all", "--pg", dsn, "--epoch", "3", env=ENV)
+    assert both.returncode == 2 and "drop --pg, --epoch" in both.stderr
+    stray = cli("repair", "--pg", dsn, "--store", str(pipeline["root"] / "expected"),
+                "--pipeline", "orders", "--table", "totals", "--all", env=ENV)  # fmt: skip
+    assert stray.returncode == 2 and "--all selects every table of a config file" in stray.stderr
+    assert rows(dsn, "SELECT id, qty FROM shop.order_lines ORDER BY id") == before  # not repaired

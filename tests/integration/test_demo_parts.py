@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import psycopg
@@ -12,8 +13,10 @@ import pytest
 from reconcile.contract import ConfigurationError
 from reconcile.spark.outputs import apply_transform
 from reconcile.testing.pg_proxy import FaultProxy
+from reconcile.tpch_demo import supervisor
 from reconcile.tpch_demo.data import Feed, generate
-from reconcile.tpch_demo.supervisor import Options, _check_run, prepare_tables
+from reconcile.tpch_demo.summary import Summary
+from reconcile.tpch_demo.supervisor import Options, _check_run, prepare_tables, run_settings
 from tests.fix_pg import PgServer
 
 pytestmark = [pytest.mark.integration]
@@ -114,3 +117,39 @@ def test_a_transform_that_returns_neither_a_frame_nor_arrow_is_named() -> None:
         apply_transform(lambda batch: None, "b", 4, sink="totals")
     with pytest.raises(ConfigurationError, match="returned str"):
         apply_transform(str, 7, 4)
+
+
+def test_the_summary_reports_chaos_settings_only_when_chaos_is_on() -> None:
+    calm = run_settings(Options(pg="host=x password=secret"))
+    assert (calm["chaos"], calm["crashes"], calm["drop_rate"]) == (None, 0, 0.0)
+    assert "pg" not in calm
+    chaos = run_settings(Options(chaos=3))
+    assert (chaos["chaos"], chaos["crashes"], chaos["drop_rate"]) == (3, 4, 0.15)
+
+
+def test_the_summary_names_no_workdir_that_the_run_removed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    used: list[Path] = []
+
+    def fake_run(workdir: Path, options: Options) -> Summary:
+        # The demo's own work (Spark, Postgres) is not what is tested: only
+        # what run() reports about the folder afterwards.
+        used.append(workdir)
+        workdir.mkdir(exist_ok=True)
+        (workdir / "events.jsonl").write_text("")
+        return Summary(
+            epochs=1, committed_epochs=1, crashes=0, crash_points=[], ambiguous_commits=0,
+            ambiguous_resolutions={}, connection_faults={}, recoveries=0, recovered_rows=0,
+            replayed_epochs=0, missing=0, extra=0, changed=0, source_check={}, verified=True,
+            latency_ms={}, launches=1, failures=0, workdir=str(workdir),
+        )  # fmt: skip
+
+    monkeypatch.setattr(supervisor, "_run", fake_run)
+    removed = supervisor.run(Options())
+    assert removed.workdir is None and not used[-1].exists()
+    kept = supervisor.run(Options(keep=True))
+    assert kept.workdir == str(used[-1]) and used[-1].exists()
+    shutil.rmtree(used[-1])
+    given = supervisor.run(Options(workdir=tmp_path / "mine"))
+    assert given.workdir == str(tmp_path / "mine")

@@ -86,7 +86,41 @@ def test_a_table_not_in_the_store_is_an_error_and_writes_nothing(simple: Setup) 
     assert out.returncode == 2
     assert out.stderr.count("\n") == 1 and "holds no epoch" in out.stderr
     assert "'other'" in out.stderr
+    # With --json the error is one JSON object too, with the same exit code.
+    as_json = cli(*[a if a != "orders" else "other" for a in args(simple, "repair", "--json")])
+    assert as_json.returncode == 2 and as_json.stderr.count("\n") == 1
+    found = json.loads(as_json.stdout)
+    assert found["table"] == "other" and "holds no epoch" in found["error"]
+    assert found["exit_code"] == 2
     nothing_written(simple, before)
+
+
+def test_a_store_path_that_does_not_exist_is_named_as_such(simple: Setup, tmp_path: Path) -> None:
+    before = sink_rows(simple)
+    missing = tmp_path / "no-such-store"
+    for command in ("verify", "repair"):
+        out = cli(command, "--pg", simple.dsn, "--store", str(missing), "--pipeline", "shop",
+                  "--table", simple.table, "--json")  # fmt: skip
+        assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr
+        assert f"no expected-state store at {missing}: the path does not exist" in out.stderr
+        assert "holds no epoch" not in out.stderr
+        assert "the path does not exist" in json.loads(out.stdout)["error"]
+    assert not missing.exists()
+    nothing_written(simple, before)
+
+
+def test_an_unreachable_server_is_not_promised_a_retry(tmp_path: Path) -> None:
+    from reconcile.embedded_pg import free_port
+
+    dsn = f"host=127.0.0.1 port={free_port()} dbname=shop user=app password={PASSWORD}"
+    out = cli("verify", "--pg", dsn, "--store", str(tmp_path), "--pipeline", "shop",
+              "--table", "orders", "--json")  # fmt: skip
+    assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr
+    assert "cannot reach app@127.0.0.1:" in out.stderr and "Connection refused" in out.stderr
+    # It exits at once: it must say so, not that it will retry.
+    assert "will retry" not in out.stderr and "this command does not retry" in out.stderr
+    assert PASSWORD not in out.stderr + out.stdout
+    assert json.loads(out.stdout)["error"] in out.stderr
 
 
 def test_a_store_schema_that_no_longer_matches_names_the_column(simple: Setup) -> None:
