@@ -67,9 +67,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
+from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_exponential_jitter
 
 from reconcile import hooks
-from reconcile.contract import ConfigurationError, InvalidInputError
+from reconcile.contract import ConfigurationError, InvalidInputError, RetryableError
 from reconcile.cycle import CommitCycle
 from reconcile.driver import Driver, DriveReport, RetryPolicy
 from reconcile.progress import EpochStatus
@@ -243,7 +244,7 @@ class StreamWriter:
         )
         try:
             began = time.perf_counter()
-            staged = self._stage(cycle, batch, batch_id, transforms, run_folder, stats)
+            staged = self._stage_retrying(cycle, batch, batch_id, transforms, run_folder, stats)
             staged_at = time.perf_counter()
             stats.stage_ms = round((staged_at - began) * 1000, 1)
             hooks.point(BATCH_STAGED)
@@ -318,6 +319,32 @@ class StreamWriter:
             staged[sink] = rows
             stats.rows[sink], stats.files[sink], stats.via[sink] = count, files, via
         return staged
+
+    def _stage_retrying(self, cycle: CommitCycle, *args: Any) -> Any:
+        """``_stage``, again after a transient failure, as ``drive`` runs an epoch again.
+
+        Staging writes nothing any epoch reads until the commit cycle takes it
+        (files of this run, staging-table rows of this run's task attempts), so
+        running it again is safe; a server restarting or a dropped connection
+        while the staging table is checked must not fail the query.
+        """
+        policy = self.driver.policy
+        retrying = Retrying(
+            retry=retry_if_exception_type(RetryableError),
+            stop=stop_after_delay(policy.give_up_after_s),
+            wait=wait_exponential_jitter(
+                multiplier=policy.initial_s, max=policy.max_s, jitter=policy.jitter_s
+            ),
+            before_sleep=lambda state: log.warning(
+                "pipeline %s: staging micro-batch %s again (attempt %d): %s",
+                cycle.pipeline,
+                args[1],
+                state.attempt_number,
+                state.outcome.exception() if state.outcome else None,
+            ),
+            reraise=True,
+        )
+        return retrying(self._stage, cycle, *args)
 
     def _collects(self, batch: Any) -> bool:
         """Whether ``via="auto"`` may collect at all (once per writer; says why not, once)."""

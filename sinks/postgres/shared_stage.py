@@ -52,7 +52,7 @@ import psycopg
 import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
 from psycopg import sql
 
-from reconcile.contract import FatalError
+from reconcile.contract import FatalError, RetryableError
 from reconcile.staged import STAGE_EPOCH_COLUMN, STAGE_TASK_COLUMN, StagedEpoch
 from sinks.objects import open_stage
 
@@ -79,9 +79,12 @@ def reflect_target(client: Any) -> TableSchema:
     (``bind`` must come first for a client of the cycle), so it reads the
     table on a connection of its own; the sink checks it again when bound.
     """
-    with client.target.connect(autocommit=True, application_name=client.application_name) as c:
-        key = tuple(client.key) if client.key else None
-        return reflect_table(c, client.schema_name, client.table, key)
+    try:
+        with client.target.connect(autocommit=True, application_name=client.application_name) as c:
+            key = tuple(client.key) if client.key else None
+            return reflect_table(c, client.schema_name, client.table, key)
+    except psycopg.OperationalError as err:
+        raise _transient(client, "reading the target", err) from None
 
 
 def ensure_stage(client: PgSinkClient, table: TableSchema, pipeline: str) -> tuple[str, str]:
@@ -95,16 +98,29 @@ def ensure_stage(client: PgSinkClient, table: TableSchema, pipeline: str) -> tup
             privilege to create it, or an existing one is not the sink's own);
             the message says why. The driver path is still open.
     """
-    with client.target.connect(autocommit=True, application_name=client.application_name) as c:
-        return open_stage(
-            c,
-            table,
-            pipeline=pipeline,
-            sink=client.name,
-            explicit_schema=client.state_schema,
-            state_owner=client.state_owner,
-            what=f"postgres sink {client.name!r} of pipeline {pipeline!r}",
+    try:
+        with client.target.connect(autocommit=True, application_name=client.application_name) as c:
+            return open_stage(
+                c,
+                table,
+                pipeline=pipeline,
+                sink=client.name,
+                explicit_schema=client.state_schema,
+                state_owner=client.state_owner,
+                what=f"postgres sink {client.name!r} of pipeline {pipeline!r}",
+            )
+    except psycopg.OperationalError as err:
+        raise _transient(client, "opening the staging table", err) from None
+
+
+def _transient(client: PgSinkClient, doing: str, err: psycopg.Error) -> RetryableError:
+    """A dropped connection or a server restarting while a batch is planned: try again."""
+    return RetryableError(
+        client.target.redact(
+            f"postgres sink {client.name!r}: {doing} on {client.target.describe()} failed: "
+            f"{str(err).strip()}"
         )
+    )
 
 
 def copy_to_stage(

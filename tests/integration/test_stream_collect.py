@@ -155,6 +155,31 @@ def test_an_unsafe_staging_table_sends_the_sink_through_the_driver_and_says_so_o
         assert conn.execute("SELECT count(*) FROM public.loot").fetchone() == (0,)
 
 
+def test_a_connection_lost_while_a_batch_is_planned_is_tried_again(
+    spark: Any, pg_db: str, tmp_path: Path, caplog: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A server restart or a dropped connection while staging is planned: staged again."""
+    import sinks.postgres.shared_stage as shared_stage
+
+    real, calls = shared_stage.open_stage, []
+
+    def drops_once(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        if len(calls) == 1:
+            raise psycopg.OperationalError("server closed the connection unexpectedly")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(shared_stage, "open_stage", drops_once)
+    _inbox(tmp_path)
+    with caplog.at_level(logging.WARNING, logger="reconcile.spark.stream"):
+        history = _run(spark, pg_db, tmp_path, via="executors")
+    assert [b.via for b in history] == [{"events": "executors"}] * FILES
+    again = [r.getMessage() for r in caplog.records if "again" in r.getMessage()]
+    assert len(again) == 1 and "staging micro-batch 0 again" in again[0], again
+    assert "server closed the connection" in again[0]
+    assert _events(pg_db) == [(i, i * 2, i // ROWS) for i in range(ROWS * FILES)]
+
+
 @pytest.fixture
 def small_result_limit(spark: Any) -> Iterator[None]:
     """``spark.driver.maxResultSize`` at 1 MiB (Spark reads it at every job), then put back."""
