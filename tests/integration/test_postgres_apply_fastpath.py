@@ -216,6 +216,8 @@ def test_forced_row_security_gives_one_outcome_at_every_size(
 
     def setup(conn: psycopg.Connection[Any]) -> None:
         conn.execute(f"GRANT CREATE ON SCHEMA public TO {role}")
+        # The engine's own schema, owned by the role (it has no CREATE on the database).
+        conn.execute(f"CREATE SCHEMA reconcile AUTHORIZATION {role}")
         conn.execute(f"SET ROLE {role}")
         conn.execute("CREATE TABLE t (id bigint PRIMARY KEY, v bigint)")
         conn.execute("ALTER TABLE t ENABLE ROW LEVEL SECURITY")

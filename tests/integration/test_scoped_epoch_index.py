@@ -39,7 +39,9 @@ def test_scoped_mode_without_an_epoch_index_warns_with_the_index_to_create(
     assert json.loads(report.to_json())["warnings"] == [warning]
     assert f"  warning: {warning}" in summary(report, repair=True).splitlines()
     statement = warning.split("create one with: ", 1)[1]
-    assert statement == 'CREATE INDEX ON "public"."orders" ("_epoch")'
+    assert statement == (
+        'CREATE INDEX IF NOT EXISTS "orders_reconcile_epoch" ON "public"."orders" ("_epoch")'
+    )
     setup.execute(statement)
     setup.record([{"id": 8, "name": "later", "total": 0}])
     report = recover(setup.dsn, setup.root, "shop", "orders", after_crash=True)
