@@ -240,8 +240,9 @@ def drive(
     Raises:
         FatalError: an epoch kept failing for longer than the policy allows, or
             a Fatal outcome stopped it (the typed cause when there is one).
-        RejectedError, InvalidInputError, ConfigurationError, FencedError,
-        MarkerMismatchError, ContractViolationError: at once, as above.
+        ReconcileError: at once, as above, for an error no retry can cure:
+            RejectedError, InvalidInputError, ConfigurationError, FencedError,
+            MarkerMismatchError, ContractViolationError.
         OutcomeUnknownError: from start(): only pull-and-diff (or an operator) can settle it.
     """
     driver = Driver(build, retry=retry, on_progress=on_progress)
