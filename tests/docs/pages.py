@@ -135,3 +135,54 @@ def missing_paths(page: Path) -> list[str]:
             elif "::" in named and named.split("::")[1] not in Path(found[0]).read_text():
                 missing.append(named)  # the file is there, the test or fixture it names is not
     return missing
+
+
+# A dotted name of the engine in backticks: `reconcile.spark.write_stream`, `sinks.sql.SqlSink`.
+DOTTED = re.compile(r"`(?P<name>(?:reconcile|sinks|expected_state)(?:\.[A-Za-z_]\w*)+)")
+PACKAGES = ("reconcile", "sinks", "expected_state")
+
+
+def _source_text() -> str:
+    return "\n".join(
+        path.read_text() for package in PACKAGES for path in sorted((ROOT / package).rglob("*.py"))
+    )
+
+
+def unknown_names(page: Path, source: str, objects: str) -> list[str]:
+    """The engine's dotted names the page names that neither import nor occur in the code.
+
+    A name is known when it imports (a module, or an attribute of one); or when the
+    code spells it as a string (a hook point such as ``expected_state.apply.checked``,
+    a Delta commit field such as ``reconcile.log_id``); or when it is an object of the
+    engine's schema ``reconcile`` that ``sinks/objects`` declares
+    (``reconcile.reconcile_commits``).
+    """
+    import importlib
+
+    unknown = []
+    for name in sorted({m.group("name") for m in DOTTED.finditer(page.read_text())}):
+        parts = name.split(".")
+        found = False
+        for cut in range(len(parts), 0, -1):
+            try:
+                obj: object = importlib.import_module(".".join(parts[:cut]))
+            except ImportError:
+                continue
+            try:
+                for attribute in parts[cut:]:
+                    obj = getattr(obj, attribute)
+                found = True
+            except AttributeError:
+                pass
+            break
+        spelled = f'"{name}' in source or f"'{name}" in source
+        declared = parts[0] == "reconcile" and len(parts) == 2 and f'"{parts[1]}' in objects
+        if not (found or spelled or declared):
+            unknown.append(name)
+    return unknown
+
+
+def engine_texts() -> tuple[str, str]:
+    """The packages' source, and sinks/objects' alone (where the engine's SQL objects live)."""
+    objects = "\n".join(p.read_text() for p in sorted((ROOT / "sinks" / "objects").glob("*.py")))
+    return _source_text(), objects

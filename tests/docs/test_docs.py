@@ -19,9 +19,10 @@ anchor into a Markdown page one of its headings. Links to the web are not checke
 tests run offline. ``mkdocs build --strict`` (in ``.ci/run``) checks the links between the
 pages again with the site's own resolver, and builds the API reference.
 
-Paths. Every repository path a page names in backticks (``tests/...``, ``benchmarks/...``,
-``examples/...``, ``reconcile/...``, ...) must exist, so a moved file cannot leave a stale
-page behind. And no page may hold a commit hash.
+Paths and names. Every repository path a page names in backticks (``tests/...``,
+``benchmarks/...``, ``examples/...``, ``reconcile/...``, ...) must exist, and every dotted
+name of the engine (``reconcile.spark.write_stream``) must import or occur in the code, so a
+moved file or module cannot leave a stale page behind. And no page may hold a commit hash.
 """
 
 from __future__ import annotations
@@ -42,9 +43,11 @@ from tests.docs.pages import (
     Block,
     anchors,
     blocks,
+    engine_texts,
     links,
     missing_paths,
     pages,
+    unknown_names,
 )
 
 # Every block that is marked not to run, by page and reason. Keep it short: a block that
@@ -183,6 +186,12 @@ def test_relative_links_and_anchors_resolve(page: str) -> None:
 def test_every_named_repository_path_exists() -> None:
     missing = {str(p.relative_to(ROOT)): missing_paths(p) for p in pages()}
     assert not {page: paths for page, paths in missing.items() if paths}
+
+
+def test_every_named_module_and_object_exists() -> None:
+    source, objects = engine_texts()
+    unknown = {str(p.relative_to(ROOT)): unknown_names(p, source, objects) for p in pages()}
+    assert not {page: names for page, names in unknown.items() if names}
 
 
 def test_no_commit_hashes() -> None:
