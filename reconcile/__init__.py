@@ -9,7 +9,7 @@ expected-state store in ``expected_state``, the sink contract suite in
 
 from typing import TYPE_CHECKING, Any
 
-from reconcile.contract import (
+from reconcile.core.contract import (
     OK,
     Change,
     ConfigurationError,
@@ -32,18 +32,18 @@ from reconcile.contract import (
     UnknownSinkError,
     WriterIdentity,
 )
-from reconcile.cycle import CommitCycle
-from reconcile.driver import DriveReport, RetryPolicy, drive
-from reconcile.progress import EpochStatus, MemoryProgressLog, ProgressLog
-from reconcile.progress_file import FileProgressLog
-from reconcile.results import (
+from reconcile.core.progress import EpochStatus, MemoryProgressLog, ProgressLog
+from reconcile.core.results import (
     CommitAborted,
     CommitFatal,
     CommitResult,
     CommitSucceeded,
     RecoveryReport,
 )
-from reconcile.sink import TwoPhaseSink, check_outcome
+from reconcile.core.sink import TwoPhaseSink, check_outcome
+from reconcile.engine.cycle import CommitCycle
+from reconcile.engine.driver import DriveReport, RetryPolicy, drive
+from reconcile.engine.progress_file import FileProgressLog
 
 if TYPE_CHECKING:
     from reconcile.recovery import Mode, ReconcileReport, recover, recover_sink
@@ -94,10 +94,10 @@ __all__ = [
 __version__ = "0.1.0"
 
 # The recovery API is loaded on first use, not here. ``expected_state`` and
-# ``sinks`` build on this package's core modules (``reconcile.contract`` and
+# ``sinks`` build on this package's core modules (``reconcile.core.contract`` and
 # its kin), and ``reconcile.recovery`` builds on ``expected_state``: importing
 # it eagerly would run it while a lower module that merely asked for
-# ``reconcile.contract`` is still half-initialised, a circular import that
+# ``reconcile.core.contract`` is still half-initialised, a circular import that
 # breaks ``import sinks.delta`` or ``import expected_state.delta_files`` in a
 # fresh interpreter.
 _LAZY = {

@@ -1,6 +1,6 @@
-"""The sink contract, re-exported for sinks: it lives in the core, in ``reconcile.sink``."""
+"""The sink contract, re-exported for sinks: it lives in the core, in ``reconcile.core.sink``."""
 
-from reconcile.sink import (
+from reconcile.core.sink import (
     SinkCapabilities,
     TwoPhaseSink,
     bind_writer,

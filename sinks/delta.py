@@ -17,8 +17,8 @@ from deltalake.exceptions import TableNotFoundError
 
 from expected_state.delta_commit import DataFile, commit_files, write_data_file
 from expected_state.fencing import fence_app_id
-from reconcile import hooks
-from reconcile.contract import (
+from reconcile.core import hooks
+from reconcile.core.contract import (
     OK,
     Fatal,
     FencedError,
@@ -31,8 +31,8 @@ from reconcile.contract import (
     WriterIdentity,
     validate_name,
 )
-from reconcile.durable import write_atomically
-from reconcile.sink import SinkCapabilities
+from reconcile.core.durable import write_atomically
+from reconcile.core.sink import SinkCapabilities
 from sinks.delta_manifest import FILES_DIR as _FILES
 from sinks.delta_manifest import PREPARED_DIR as _PREPARED
 from sinks.delta_manifest import (

@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 from deltalake import DeltaTable
 
 from expected_state.delta_commit import DataFile
-from reconcile.contract import (
+from reconcile.core.contract import (
     Fatal,
     FatalError,
     MarkerMismatchError,

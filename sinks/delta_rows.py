@@ -7,7 +7,7 @@ from typing import Any
 import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
 from deltalake import DeltaTable
 
-from reconcile.contract import InvalidInputError
+from reconcile.core.contract import InvalidInputError
 
 __all__ = ["EPOCH_COLUMN", "data_schema_is_empty", "rows_to_arrow", "state_schema"]
 

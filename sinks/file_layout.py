@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from reconcile.contract import FatalError, SinkTxnId
-from reconcile.durable import fsync_path
+from reconcile.core.contract import FatalError, SinkTxnId
+from reconcile.core.durable import fsync_path
 
 __all__ = [
     "Fence",

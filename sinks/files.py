@@ -10,8 +10,8 @@ from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from reconcile import hooks
-from reconcile.contract import (
+from reconcile.core import hooks
+from reconcile.core.contract import (
     OK,
     Fatal,
     FatalError,
@@ -23,8 +23,8 @@ from reconcile.contract import (
     WriterIdentity,
     validate_name,
 )
-from reconcile.durable import fsync_path, write_atomically
-from reconcile.sink import SinkCapabilities
+from reconcile.core.durable import fsync_path, write_atomically
+from reconcile.core.sink import SinkCapabilities
 from sinks.file_layout import make_dirs, read_batch, read_fences, read_header, remove_and_sync
 from sinks.ownership import WriterBinding, describe_log, foreign_commit, foreign_prepare
 

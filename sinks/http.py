@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
-from reconcile.contract import (
+from reconcile.core.contract import (
     OK,
     ConfigurationError,
     Fatal,
@@ -27,7 +27,7 @@ from reconcile.contract import (
     WriterIdentity,
     validate_name,
 )
-from reconcile.sink import SinkCapabilities
+from reconcile.core.sink import SinkCapabilities
 from sinks.http_transport import Reply, Secrets, exchange, parse_endpoint
 from sinks.ownership import WriterBinding, foreign_commit
 

@@ -25,7 +25,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from urllib.parse import parse_qsl, quote, unquote, urlsplit
 
-from reconcile.contract import ConfigurationError, RetryableError
+from reconcile.core.contract import ConfigurationError, RetryableError
 
 __all__ = ["Endpoint", "Reply", "Secrets", "exchange", "parse_endpoint"]
 

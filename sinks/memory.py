@@ -7,7 +7,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from reconcile.contract import (
+from reconcile.core.contract import (
     OK,
     Fatal,
     FencedError,
@@ -17,7 +17,7 @@ from reconcile.contract import (
     WriterIdentity,
     validate_name,
 )
-from reconcile.sink import SinkCapabilities
+from reconcile.core.sink import SinkCapabilities
 from sinks.ownership import WriterBinding, foreign_commit, foreign_prepare
 
 __all__ = ["CommitRecord", "MemorySink", "MemoryStore"]

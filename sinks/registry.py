@@ -7,7 +7,7 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
-from reconcile.contract import ConfigurationError
+from reconcile.core.contract import ConfigurationError
 from sinks.base import TwoPhaseSink
 
 __all__ = ["open_sink", "redact_uri", "register"]

@@ -15,7 +15,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from reconcile.embedded_pg import (
+from reconcile.demo.embedded_pg import (
     EmbeddedPostgres,
     as_postgres,
     chown_to_postgres,
@@ -298,7 +298,7 @@ class PostgresHarness:
         return out
 
     def prepared(self, name: str) -> list[Any]:
-        from reconcile.contract import SinkTxnId, TxnIdParseError
+        from reconcile.core.contract import SinkTxnId, TxnIdParseError
 
         found = []
         with psycopg.connect(self.dsn, autocommit=True) as conn:

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from reconcile.contract import SinkTxnId
+from reconcile.core.contract import SinkTxnId
 from reconcile.testing.harness import ChaosRow, SinkHarness
 from sinks.files import FileSink, read_batch
 from sinks.http import HttpSink

@@ -58,7 +58,7 @@ def outputs(run_tag: str) -> dict[str, Any]:
 def build_events(options: dict[str, str]) -> Any:
     """The ``build`` option of the format writer: the cycle of ``events`` alone."""
     from reconcile import CommitCycle
-    from reconcile.expected import ExpectedState
+    from reconcile.engine.expected import ExpectedState
     from sinks.postgres import postgres_sink
 
     expected = ExpectedState(f"{options['root']}/store", "shop", {"events": ["id"]})
@@ -75,7 +75,7 @@ def main(argv: list[str]) -> int:
     import psycopg
 
     from reconcile import CommitCycle
-    from reconcile.expected import ExpectedState
+    from reconcile.engine.expected import ExpectedState
     from reconcile.spark.stream import write_stream
     from sinks.postgres import postgres_sink
     from tests.fix_spark import build_local_session

@@ -2,7 +2,7 @@
 
 ``Heartbeat`` renews the lease in a thread and says when it could not.
 ``QueryFailures`` decides what a failed streaming query calls for, from the
-typed error its writer kept (``reconcile.decisions.classify``), and counts the
+typed error its writer kept (``reconcile.core.decisions.classify``), and counts the
 failures of one epoch in a row, across query runs and tenures.
 """
 
@@ -14,8 +14,8 @@ import threading
 from dataclasses import dataclass, field
 from typing import Literal
 
-from reconcile.contract import FatalError
-from reconcile.decisions import Failure, classify
+from reconcile.core.contract import FatalError
+from reconcile.core.decisions import Failure, classify
 from reconcile.ha.lease import PgLease
 
 __all__ = [
@@ -130,7 +130,7 @@ class QueryFailures:
             said: one line of what failed, for the messages.
             poll_s: the node's poll interval: the first wait is twice it.
 
-        The cases (``reconcile.decisions.classify``):
+        The cases (``reconcile.core.decisions.classify``):
 
         - fenced: step down; a newer writer leads;
         - rejected by the database, or an error no retry cures: stop; the

@@ -55,7 +55,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from reconcile.contract import ConfigurationError, RetryableError, validate_name
+from reconcile.core.contract import ConfigurationError, RetryableError, validate_name
 from sinks.objects import ENGINE_SCHEMA, open_lease_table
 from sinks.postgres.connection import PgTarget
 

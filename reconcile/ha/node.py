@@ -36,9 +36,10 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from reconcile.contract import ConfigurationError, FencedError, RetryableError
-from reconcile.cycle import CommitCycle
-from reconcile.decisions import Failure, classify
+from reconcile.core.contract import ConfigurationError, FencedError, RetryableError
+from reconcile.core.decisions import Failure, classify
+from reconcile.core.metrics import Metrics, with_labels
+from reconcile.engine.cycle import CommitCycle
 from reconcile.ha.leading import Heartbeat, QueryFailures, Role, Tenure
 from reconcile.ha.lease import PgLease, wait_s
 from reconcile.ha.takeover import (
@@ -49,7 +50,6 @@ from reconcile.ha.takeover import (
     terminate_old_sessions,
 )
 from reconcile.ha.warming import StandbyWarmUp
-from reconcile.metrics import Metrics, with_labels
 
 __all__ = ["HaNode", "Role", "Tenure"]
 
@@ -162,7 +162,7 @@ class HaNode:
         Raises:
             RejectedError: the database refused an epoch's rows; the node stopped.
             ConfigurationError, MarkerMismatchError, ...: an error no retry
-                cures stopped the node (``reconcile.decisions.classify``).
+                cures stopped the node (``reconcile.core.decisions.classify``).
             FatalError: one epoch failed ``QUERY_FAILURES`` times in a row.
         """
         stop = stop or threading.Event()

@@ -31,10 +31,10 @@ from typing import Any
 
 import psycopg
 
-from reconcile.contract import ConfigurationError, FencedError, RetryableError
-from reconcile.cycle import CommitCycle
+from reconcile.core.contract import ConfigurationError, FencedError, RetryableError
+from reconcile.core.progress import ProgressLog
+from reconcile.engine.cycle import CommitCycle
 from reconcile.ha.lease import PgLease
-from reconcile.progress import ProgressLog
 
 __all__ = [
     "LeadershipLostError",
@@ -230,9 +230,9 @@ def recover_sinks(cycle: CommitCycle) -> dict[str, int]:
     but never committed into a sink (killed between the store commit and the
     sink commit) is applied here, once, from the rows the store recorded.
     """
+    from reconcile.core.sink import capabilities_of
     from reconcile.recovery.api import recover_sink
     from reconcile.recovery.modes import Mode
-    from reconcile.sink import capabilities_of
 
     generation, expected = cycle.generation, cycle.expected_state
     assert generation is not None, "recover_sinks() after start()"

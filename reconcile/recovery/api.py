@@ -19,14 +19,14 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from reconcile import interrupts
-from reconcile.contract import ConfigurationError, validate_name
+from reconcile.core import interrupts
+from reconcile.core.contract import ConfigurationError, validate_name
+from reconcile.core.sink import capabilities_of
+from reconcile.core.target import Progress, RecoveryTarget
 from reconcile.recovery.brake import DEFAULT_MAX_CHANGE_FRACTION, Brake
 from reconcile.recovery.engine import reconcile_table
 from reconcile.recovery.modes import Mode
 from reconcile.recovery.report import ReconcileReport
-from reconcile.recovery.target import Progress, RecoveryTarget
-from reconcile.sink import capabilities_of
 
 __all__ = ["is_postgres", "recover", "recover_sink"]
 

@@ -40,7 +40,7 @@ from typing import Any
 
 import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
 
-from reconcile.contract import ConfigurationError, InvalidInputError, StoreIntegrityError
+from reconcile.core.contract import ConfigurationError, InvalidInputError, StoreIntegrityError
 from reconcile.recovery.diff import Diff
 
 __all__ = [

@@ -14,7 +14,7 @@ steps run on the Postgres fast path and on any SQLAlchemy database:
    marker moved), pull again.
 
 The modes' work is in ``finding.py``. Each step is named for an interruption
-(``reconcile.interrupts``): SIGINT or SIGTERM in "the pull", "the bucket
+(``reconcile.core.interrupts``): SIGINT or SIGTERM in "the pull", "the bucket
 search", "the diff" or "the repair transaction" of a table says so.
 """
 
@@ -26,16 +26,16 @@ from typing import Any
 
 import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
 
-from reconcile import hooks, interrupts
-from reconcile.contract import InvalidInputError, MassChangeError, RetryableError
+from reconcile.core import hooks, interrupts
+from reconcile.core.conform import check_columns
+from reconcile.core.contract import InvalidInputError, MassChangeError, RetryableError
+from reconcile.core.target import Progress, RecoveryTarget, Repair, SinkSnapshot
 from reconcile.recovery.brake import Brake, BrakeReading, counted_changes, refusal
 from reconcile.recovery.buckets import BucketLimits
-from reconcile.recovery.conform import check_columns
 from reconcile.recovery.finding import Found, check_step, find_buckets, find_full, find_scoped
 from reconcile.recovery.modes import Mode, choose_mode
 from reconcile.recovery.report import ReconcileReport
 from reconcile.recovery.source import ExpectedSource, semi
-from reconcile.recovery.target import Progress, RecoveryTarget, Repair, SinkSnapshot
 
 __all__ = ["PULLED", "ExpectedSource", "reconcile_table"]
 

@@ -7,7 +7,7 @@ from typing import Any
 import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
 import pyarrow.compute as pc  # type: ignore[import-untyped, unused-ignore]
 
-from reconcile.contract import InvalidInputError, StoreIntegrityError
+from reconcile.core.contract import InvalidInputError, StoreIntegrityError
 from reconcile.recovery.diff import HASH
 
 __all__ = ["ExpectedSource", "semi"]

@@ -44,8 +44,8 @@ import pyarrow.parquet as pq  # type: ignore[import-untyped, unused-ignore]
 from expected_state.delta_files import filesystem
 from expected_state.layout import OP_COLUMN
 from expected_state.ranges import sortable_numbers
-from reconcile.checksum import SEED, row_checksums
-from reconcile.contract import InvalidInputError, StoreIntegrityError
+from reconcile.core.checksum import SEED, row_checksums
+from reconcile.core.contract import InvalidInputError, StoreIntegrityError
 from reconcile.recovery.buckets import cut_bounds, first_position, range_figures, sort_expected
 
 __all__ = [

@@ -28,11 +28,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from reconcile import interrupts
-from reconcile.contract import ConfigurationError
+from reconcile.core import interrupts
+from reconcile.core.contract import ConfigurationError
 
 if TYPE_CHECKING:
-    from reconcile.config import SinkTableConfig
+    from reconcile.cli.config import SinkTableConfig
     from reconcile.spark.verify import SparkReport
 
 __all__ = ["OnSpark", "check_spark_flags", "main", "run_on_spark", "session", "spark_check"]
@@ -102,7 +102,7 @@ def spark_check(
             with COPY from executors), naming the sink and its connection.
         ReconcileError: whatever ``spark_recover`` raises for the table.
     """
-    from reconcile.config_sinks import split_table
+    from reconcile.cli.config_sinks import split_table
     from reconcile.recovery.api import is_postgres
     from reconcile.recovery.brake import Brake
     from reconcile.spark.verify import spark_recover
@@ -131,7 +131,7 @@ def spark_check(
 
 def run_on_spark(args: argparse.Namespace, spark: Any = None) -> int:
     """Run verify or repair (``args`` as the CLI parses them) on Spark; the exit code."""
-    from reconcile.cli_recover import summary
+    from reconcile.cli.recover import summary
     from reconcile.recovery.brake import Brake
     from reconcile.spark.verify import spark_recover
 
@@ -178,7 +178,7 @@ def run_on_spark(args: argparse.Namespace, spark: Any = None) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``spark-submit`` entry point: the CLI's verify/repair arguments; Spark's own master."""
-    from reconcile import cli
+    from reconcile.cli import command as cli
 
     args = cli._parser().parse_args(list(sys.argv[1:] if argv is None else argv))
     if args.command not in ("verify", "repair"):

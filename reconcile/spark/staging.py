@@ -39,10 +39,10 @@ from typing import Any
 
 import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
 
-from reconcile import hooks
-from reconcile.contract import ConfigurationError, FatalError
-from reconcile.cycle import CommitCycle
-from reconcile.staged import StagedEpoch
+from reconcile.core import hooks
+from reconcile.core.contract import ConfigurationError, FatalError
+from reconcile.core.staged import StagedEpoch
+from reconcile.engine.cycle import CommitCycle
 
 __all__ = [
     "COLLECT_MAX_BYTES",

@@ -69,12 +69,12 @@ from typing import Any
 import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
 from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_exponential_jitter
 
-from reconcile import hooks
-from reconcile.contract import ConfigurationError, InvalidInputError, RetryableError
-from reconcile.cycle import CommitCycle
-from reconcile.driver import Driver, DriveReport, RetryPolicy
-from reconcile.progress import EpochStatus
-from reconcile.results import CommitSucceeded
+from reconcile.core import hooks
+from reconcile.core.contract import ConfigurationError, InvalidInputError, RetryableError
+from reconcile.core.progress import EpochStatus
+from reconcile.core.results import CommitSucceeded
+from reconcile.engine.cycle import CommitCycle
+from reconcile.engine.driver import Driver, DriveReport, RetryPolicy
 from reconcile.spark.outputs import Transform, apply_transform, identity, outputs_of
 from reconcile.spark.staging import (
     COLLECT_MAX_BYTES,
@@ -221,7 +221,7 @@ class StreamWriter:
             query. It is kept in ``failure`` first: past ``foreachBatch``, Spark
             hands the error on as the text of a Java exception, and the typed
             error (a RejectedError with its epoch and table, a FencedError) is
-            what a caller decides from (``reconcile.decisions.classify``).
+            what a caller decides from (``reconcile.core.decisions.classify``).
         """
         try:
             self._commit(batch, batch_id)

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
 
-from reconcile.recovery.target import KeyRange, Repair
+from reconcile.core.target import KeyRange, Repair
 
 __all__ = ["ACTUAL", "BAD", "HASH", "KIND", "ApplyJob", "PullJob", "SinkAt", "apply", "pull"]
 
@@ -56,7 +56,7 @@ class PullJob:
 
 def pull(job: PullJob, ids: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     """On an executor: pull the ranges whose numbers arrive, conformed to the store's types."""
-    from reconcile.recovery.conform import conform
+    from reconcile.core.conform import conform
 
     target = job.sink.target(write=False)
     try:

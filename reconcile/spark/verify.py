@@ -44,11 +44,11 @@ from typing import Any
 
 import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
 
-from reconcile import contract, hooks, interrupts
-from reconcile.contract import InvalidInputError, MassChangeError, validate_name
+from reconcile.core import contract, hooks, interrupts
+from reconcile.core.contract import InvalidInputError, MassChangeError, validate_name
+from reconcile.core.target import KeyRange
 from reconcile.recovery.brake import Brake, BrakeReading, refusal
 from reconcile.recovery.report import ReconcileReport
-from reconcile.recovery.target import KeyRange
 from reconcile.spark.tasks import ACTUAL, BAD, HASH, KIND, ApplyJob, PullJob, SinkAt
 from reconcile.spark.tasks import apply as apply_task
 from reconcile.spark.tasks import pull as pull_task
@@ -129,8 +129,8 @@ def _run_job(
     from pyspark.sql.pandas.types import from_arrow_schema
 
     from expected_state.spark_state import read_state
-    from reconcile.hashing_spark import row_hash_column
-    from reconcile.recovery.conform import _UNCONVERTIBLE
+    from reconcile.core.conform import _UNCONVERTIBLE
+    from reconcile.spark.hashing import row_hash_column
 
     schema, keys = pull.store_schema, list(pull.sink.keys or ())
     pulled_schema = from_arrow_schema(
@@ -265,7 +265,7 @@ def spark_recover(
         ConfigurationError: the database cannot be reached (the password redacted).
     """
     from expected_state.store import ExpectedStateStore
-    from reconcile.recovery.conform import check_columns
+    from reconcile.core.conform import check_columns
 
     started = time.monotonic()
     validate_name("pipeline", pipeline)

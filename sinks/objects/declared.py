@@ -12,7 +12,7 @@ import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from reconcile.staged import STAGE_EPOCH_COLUMN, STAGE_TASK_COLUMN
+from reconcile.core.staged import STAGE_EPOCH_COLUMN, STAGE_TASK_COLUMN
 
 __all__ = [
     "ADD_EPOCH_COLUMN",

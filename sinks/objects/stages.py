@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 from psycopg import errors, sql
 
-from reconcile.contract import ConfigurationError
-from reconcile.staged import STAGE_EPOCH_COLUMN, STAGE_TASK_COLUMN
+from reconcile.core.contract import ConfigurationError
+from reconcile.core.staged import STAGE_EPOCH_COLUMN, STAGE_TASK_COLUMN
 
 from .catalog import (
     relation_exists,

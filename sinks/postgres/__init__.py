@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from reconcile.contract import ConfigurationError
+from reconcile.core.contract import ConfigurationError
 
 from .connection import PgTarget, redact_text
 from .prepared import PreparedPostgresSink

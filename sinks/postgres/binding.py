@@ -15,7 +15,7 @@ from typing import Any
 import psycopg
 from psycopg import errors
 
-from reconcile.contract import ConfigurationError, ReconcileError, RetryableError
+from reconcile.core.contract import ConfigurationError, ReconcileError, RetryableError
 from sinks.objects import add_epoch_column
 
 from .connection import PgTarget, connect_failure

@@ -10,8 +10,8 @@ import psycopg
 import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
 from psycopg import errors
 
-from reconcile import hooks
-from reconcile.contract import (
+from reconcile.core import hooks
+from reconcile.core.contract import (
     ConfigurationError,
     Fatal,
     FencedError,
@@ -23,7 +23,7 @@ from reconcile.contract import (
     WriterIdentity,
     validate_name,
 )
-from reconcile.sink import SinkCapabilities
+from reconcile.core.sink import SinkCapabilities
 from sinks.objects import open_state_schema
 
 from .arrow_types import target_arrow_schema

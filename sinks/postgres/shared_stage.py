@@ -52,8 +52,8 @@ import psycopg
 import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
 from psycopg import sql
 
-from reconcile.contract import FatalError, RetryableError
-from reconcile.staged import STAGE_EPOCH_COLUMN, STAGE_TASK_COLUMN, StagedEpoch
+from reconcile.core.contract import FatalError, RetryableError
+from reconcile.core.staged import STAGE_EPOCH_COLUMN, STAGE_TASK_COLUMN, StagedEpoch
 from sinks.objects import open_stage
 
 from .apply import _copy_arrow, _target_columns, _upsert_tail

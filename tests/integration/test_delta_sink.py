@@ -14,7 +14,7 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
-from reconcile.contract import (
+from reconcile.core.contract import (
     OK,
     Fatal,
     FatalError,
@@ -145,7 +145,7 @@ def test_out_of_order_commit_is_fatal_not_silently_ok(tmp_path: Path) -> None:
 CRASH_WORKER = """
     import os, sys, time
     import sinks.delta as delta_module
-    from reconcile.contract import SinkTxnId
+    from reconcile.core.contract import SinkTxnId
     from sinks.delta import DeltaSink
     from reconcile.testing.harness import rows_for
 

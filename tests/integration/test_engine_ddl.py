@@ -15,9 +15,9 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from reconcile.contract import ConfigurationError
-from reconcile.cycle import CommitCycle, CommitSucceeded
-from reconcile.expected import ExpectedState
+from reconcile.core.contract import ConfigurationError
+from reconcile.engine.cycle import CommitCycle, CommitSucceeded
+from reconcile.engine.expected import ExpectedState
 from sinks.objects.declared import (
     ENGINE_SCHEMA,
     LEASES,
@@ -69,7 +69,7 @@ NOTE_DDL = (
 
 def test_every_object_a_run_creates_is_a_declared_one(tenants: Tenants, tmp_path: Path) -> None:
     """An event trigger notes each object created while the engine's surfaces run, as its role."""
-    from reconcile.contract import Change
+    from reconcile.core.contract import Change
     from reconcile.recovery import recover
 
     t = tenants

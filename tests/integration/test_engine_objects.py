@@ -14,8 +14,8 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from reconcile.contract import ConfigurationError, RetryableError
-from reconcile.cycle import CommitSucceeded
+from reconcile.core.contract import ConfigurationError, RetryableError
+from reconcile.engine.cycle import CommitSucceeded
 from sinks.objects import StageUnavailable
 from sinks.objects.declared import stage_name
 from sinks.postgres import postgres_sink

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-import reconcile.durable
+import reconcile.core.durable
 import sinks.file_layout
 import sinks.files
-from reconcile.contract import Fatal, FencedError, Ok, SinkTxnId
+from reconcile.core.contract import Fatal, FencedError, Ok, SinkTxnId
 from sinks.file_layout import read_fences
 from sinks.files import FENCE_WRITE, FileSink
 
@@ -38,7 +38,7 @@ def prepare(sink: FileSink, t: SinkTxnId) -> object:
 
 WRITER = """
     import sys
-    from reconcile.contract import SinkTxnId
+    from reconcile.core.contract import SinkTxnId
     from sinks.files import FileSink
 
     sink = FileSink("orders", sys.argv[1])
@@ -155,7 +155,7 @@ def test_new_folders_and_files_are_made_durable_in_their_parents(
     def record(path: str | os.PathLike[str]) -> None:
         synced.append(Path(path))
 
-    for module in (reconcile.durable, sinks.file_layout, sinks.files):
+    for module in (reconcile.core.durable, sinks.file_layout, sinks.files):
         monkeypatch.setattr(module, "fsync_path", record)
     root = tmp_path / "deep" / "root"
     sink = FileSink("orders", root)

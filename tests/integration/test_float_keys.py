@@ -14,7 +14,7 @@ import pytest
 import sqlalchemy as sa
 
 from expected_state.store import ExpectedStateStore
-from reconcile.contract import Change, ConfigurationError, InvalidInputError
+from reconcile.core.contract import Change, ConfigurationError, InvalidInputError
 from sinks.postgres import PostgresSink
 from sinks.sql import SqlSink
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from reconcile.contract import ConfigurationError, RetryableError
+from reconcile.core.contract import ConfigurationError, RetryableError
 from reconcile.ha.lease import PgLease, wait_s
 
 

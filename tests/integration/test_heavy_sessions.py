@@ -29,7 +29,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from reconcile.contract import ReconcileError
+from reconcile.core.contract import ReconcileError
 from sinks.postgres import PostgresSink
 from sinks.postgres.heavy import CANCEL_WAIT_S
 from tests.fix_pg import PgServer

@@ -17,8 +17,8 @@ import psycopg
 import pytest
 
 from reconcile import CommitCycle, CommitSucceeded
-from reconcile.config import load_config
-from reconcile.logs import configure
+from reconcile.cli.config import load_config
+from reconcile.core.logs import configure
 from sinks.postgres import postgres_sink
 from tests.fix_pg import PASSWORD, PASSWORD_USER, PgServer
 

@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 import pytest
 
-from reconcile.contract import OK, Change, Fatal, SinkOutcome, SinkTxnId
+from reconcile.core.contract import OK, Change, Fatal, SinkOutcome, SinkTxnId
 from sinks.postgres import PostgresSink, PreparedPostgresSink, apply, values
 from sinks.postgres.apply import ChunkLimits
 from tests.fix_pg import PgServer

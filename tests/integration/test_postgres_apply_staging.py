@@ -8,7 +8,7 @@ import pyarrow as pa
 import pytest
 from psycopg import sql
 
-from reconcile.contract import OK, Change, SinkTxnId
+from reconcile.core.contract import OK, Change, SinkTxnId
 from sinks.objects.declared import session_stage_name
 from sinks.postgres import PostgresSink
 from sinks.postgres.schema import TableSchema, reflect_table

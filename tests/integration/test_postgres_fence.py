@@ -9,8 +9,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from reconcile import hooks
-from reconcile.contract import OK, Fatal, FencedError, SinkTxnId, WriterIdentity
+from reconcile.core import hooks
+from reconcile.core.contract import OK, Fatal, FencedError, SinkTxnId, WriterIdentity
 from sinks.postgres import postgres_sink
 from sinks.postgres.client import FENCE_CHECKED
 

@@ -15,11 +15,11 @@ from typing import Any
 import psycopg
 import pytest
 
-from reconcile import hooks
-from reconcile.contract import OK, OutcomeUnknownError, SinkTxnId, WriterIdentity
-from reconcile.cycle import CommitCycle, CommitFatal, CommitSucceeded
-from reconcile.progress import EpochStatus
-from reconcile.progress_file import FileProgressLog
+from reconcile.core import hooks
+from reconcile.core.contract import OK, OutcomeUnknownError, SinkTxnId, WriterIdentity
+from reconcile.core.progress import EpochStatus
+from reconcile.engine.cycle import CommitCycle, CommitFatal, CommitSucceeded
+from reconcile.engine.progress_file import FileProgressLog
 from reconcile.testing.pg_proxy import CUT_AFTER_COMMIT_SENT, FaultProxy
 from sinks.postgres import PgTarget, PostgresSink, postgres_sink
 from sinks.postgres.markers import StateTables

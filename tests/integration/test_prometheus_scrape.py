@@ -17,8 +17,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from reconcile import CommitCycle, CommitFatal, CommitResult, RetryPolicy, drive
-from reconcile.faults import Fault, FaultKind, FaultPlan
-from reconcile.prometheus import PrometheusMetrics
+from reconcile.cli.prometheus import PrometheusMetrics
+from reconcile.engine.faults import Fault, FaultKind, FaultPlan
 from sinks.file_layout import read_header
 from sinks.files import FileSink
 

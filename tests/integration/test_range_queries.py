@@ -32,7 +32,7 @@ import pyarrow as pa
 import pytest
 from psycopg import sql
 
-from reconcile.recovery.target import KeyRange
+from reconcile.core.target import KeyRange
 from sinks.postgres import PostgresSink
 from sinks.postgres.bucket_sums import psycopg_query
 from sinks.postgres.pull import PgSnapshot

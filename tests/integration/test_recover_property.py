@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from reconcile import recover, recover_sink
-from reconcile.contract import FencedError, WriterIdentity
+from reconcile.core.contract import FencedError, WriterIdentity
 from sinks.postgres import postgres_sink
 from tests.fix_pg import PgServer
 from tests.recovery_setup import (

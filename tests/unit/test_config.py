@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from reconcile.config import ConfigFileError, load_config
-from reconcile.contract import ConfigurationError
+from reconcile.cli.config import ConfigFileError, load_config
+from reconcile.core.contract import ConfigurationError
 from sinks.postgres import PgTarget
 
 ROOT = Path(__file__).resolve().parents[2]

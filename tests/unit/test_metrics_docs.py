@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from reconcile.prometheus import PrometheusMetrics
+from reconcile.cli.prometheus import PrometheusMetrics
 
 ROOT = Path(__file__).resolve().parents[2]
 OPERATIONS = ROOT / "docs" / "operations.md"

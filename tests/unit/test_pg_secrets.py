@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from reconcile.contract import ConfigurationError
+from reconcile.core.contract import ConfigurationError
 from sinks.postgres import PgTarget, postgres_sink, redact_text
 from sinks.registry import open_sink, redact_uri
 from sinks.sql import SqlSink

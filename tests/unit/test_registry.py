@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from reconcile.contract import ConfigurationError
+from reconcile.core.contract import ConfigurationError
 from sinks.delta import DeltaSink
 from sinks.files import FileSink
 from sinks.http import HttpSink
