@@ -127,7 +127,7 @@ def stream_once(
 ) -> dict[str, Any]:
     """One streaming run over the inbox; Spark's own per-batch durations."""
     from reconcile.spark.stream import write_stream
-    from sinks.postgres import postgres_sink
+    from sinks.postgres.factory import postgres_sink
 
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(

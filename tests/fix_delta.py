@@ -11,7 +11,7 @@ from deltalake import DeltaTable
 
 from reconcile.core.contract import SinkTxnId
 from reconcile.testing.harness import ChaosRow
-from sinks.delta import DeltaSink
+from sinks.delta.sink import DeltaSink
 
 
 class DeltaHarness:

@@ -246,7 +246,7 @@ class PostgresHarness:
         return cls(server.dsn(dbname), mode)
 
     def new_sink(self, name: str) -> Any:
-        from sinks.postgres import postgres_sink
+        from sinks.postgres.factory import postgres_sink
 
         with psycopg.connect(self.dsn, autocommit=True) as conn:
             # Set up once per table: a restarted process must not take a lock on

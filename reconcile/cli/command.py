@@ -19,7 +19,8 @@ from reconcile.core.contract import ConfigurationError, ReconcileError
 __all__ = ["main"]
 
 
-def _parser() -> argparse.ArgumentParser:
+def build_parser() -> argparse.ArgumentParser:
+    """The parser of the ``reconcile`` command and its subcommands."""
     parser = argparse.ArgumentParser(
         prog="reconcile", description="Exactly-once delivery and reconciliation engine."
     )
@@ -128,7 +129,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``reconcile`` console script. Returns the exit code."""
-    args = _parser().parse_args(argv)
+    args = build_parser().parse_args(argv)
     if args.command != "run":  # run logs as the config file's [logs] table says
         logging.basicConfig(
             level=logging.INFO if args.verbose else logging.ERROR,

@@ -29,8 +29,11 @@ from pathlib import Path
 from typing import Any
 
 from reconcile.cli.config_read import Connection, TableReader, choice, fill_connection, local_path
+from reconcile.core.lease import DEFAULT_TERM_S
+from sinks import registry
+from sinks.base import LEASE
 
-__all__ = ["RUN_KEYS", "RunSettings", "is_postgres", "read_run"]
+__all__ = ["RUN_KEYS", "RunSettings", "provides", "read_run"]
 
 RUN_KEYS = (
     "app", "checkpoint", "staging", "trigger", "via", "collect_max_bytes", "lease_term_s",
@@ -38,14 +41,11 @@ RUN_KEYS = (
 )  # fmt: skip
 VIA = ("auto", "executors", "driver")
 AVAILABLE_NOW = "available-now"
-DEFAULT_TERM_S = 2.0  # as reconcile.ha.DEFAULT_TERM_S (not imported: that pulls in psycopg)
 DEFAULT_MASTER = "local[2]"
 
 _APP = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*", re.ASCII)
 # What Spark's processingTime accepts and people write: "1 second", "500 milliseconds".
 _DURATION = re.compile(r"\d+(\.\d+)?\s+(millisecond|second|minute|hour|day)s?", re.IGNORECASE)
-# A Postgres SQLAlchemy URL, which the Postgres sink and the lease take as they would a DSN.
-_PG_URL = re.compile(r"(postgresql|postgres)(\+\w+)?://")
 
 
 @dataclass(frozen=True)
@@ -95,9 +95,13 @@ class RunSettings:
         return dict(self.spark)
 
 
-def is_postgres(connection: Connection) -> bool:
-    """Whether the Postgres sink (and the lease) can connect with ``connection``."""
-    return connection.kind == "dsn" or bool(_PG_URL.match(connection.display))
+def provides(connection: Connection, capability: str) -> bool:
+    """Whether the sink backend of ``connection`` provides ``capability`` (``sinks.base``).
+
+    The backend is found by the connection's form (its scheme, or libpq's
+    key=value), which the redacted text shows as well as the secret one.
+    """
+    return registry.provides(connection.display, capability)
 
 
 def read_run(
@@ -190,7 +194,7 @@ def _lease(
             "lease_dsn"
         )
     for key, connection in sinks:
-        if is_postgres(connection):
+        if provides(connection, LEASE):
             return connection, key
     raise reader.error(
         "is required: no sink of this pipeline has a Postgres connection, and the lease is a "

@@ -4,24 +4,25 @@ The config-driven commands share these: ``verify`` / ``repair`` / ``watch``
 (``reconcile.cli.watch``) split a table's ``schema.name`` with
 :func:`split_table`; ``reconcile run`` (``reconcile.cli.run``) writes through
 :func:`cycle_builder`, which makes a pipeline's ``CommitCycle`` over fresh
-Postgres sink clients with an expected state keyed as the file says.
+sink clients (each from its backend, through ``sinks.registry``) with an
+expected state keyed as the file says.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
-from reconcile.cli.config_run import is_postgres
+from reconcile.cli.config import PipelineConfig, SinkTableConfig
+from reconcile.cli.config_run import provides
 from reconcile.core.contract import ConfigurationError
+from reconcile.core.metrics import Metrics
+from reconcile.core.sink import TwoPhaseSink
+from reconcile.engine.cycle import CommitCycle
+from reconcile.engine.expected import ExpectedState
+from sinks import registry
+from sinks.base import TABLE_SINK
 
-if TYPE_CHECKING:
-    from reconcile.cli.config import PipelineConfig, SinkTableConfig
-    from reconcile.core.metrics import Metrics
-    from reconcile.engine.cycle import CommitCycle
-    from sinks.postgres import PostgresSink
-
-__all__ = ["check_writable", "cycle_builder", "postgres_sink_of", "split_table"]
+__all__ = ["check_writable", "cycle_builder", "split_table", "table_sink_of"]
 
 
 def split_table(table: str) -> tuple[str | None, str]:
@@ -34,12 +35,13 @@ def check_writable(pipeline: PipelineConfig, file: object = None) -> None:
     """Refuse a sink table that ``reconcile run`` has no writing sink for.
 
     Raises:
-        ConfigurationError: a sink given by a non-Postgres SQLAlchemy URL; the
-            message names the config ``file`` (when given), the pipeline, the
-            sink and its key.
+        ConfigurationError: a sink whose backend ``reconcile run`` cannot
+            write (only PostgreSQL's provides it: the Spark staging and the
+            lease need it); the message names the config ``file`` (when
+            given), the pipeline, the sink and its key.
     """
     for sink in pipeline.sinks:
-        if not is_postgres(sink.connection):
+        if not provides(sink.connection, TABLE_SINK):
             raise ConfigurationError(
                 ("" if file is None else f"{file}: ")
                 + f"pipelines.{pipeline.name}.sinks.{sink.name}.{sink.connection.kind}: "
@@ -48,19 +50,20 @@ def check_writable(pipeline: PipelineConfig, file: object = None) -> None:
             )
 
 
-def postgres_sink_of(sink: SinkTableConfig) -> PostgresSink:
-    """A Postgres sink client for the table, in its ``write_mode``, keyed by its ``keys``."""
-    from sinks.postgres import postgres_sink
-
+def table_sink_of(sink: SinkTableConfig) -> TwoPhaseSink:
+    """The writing sink of the table, from its backend, in its ``write_mode``, keyed by ``keys``."""
+    dsn = sink.connection.get_secret_value()
     schema, table = split_table(sink.table)
-    return postgres_sink(
-        sink.connection.get_secret_value(),
+    table_sink = registry.capability(dsn, TABLE_SINK)
+    built: TwoPhaseSink = table_sink(
+        dsn,
         table,
         mode=sink.write_mode,
         name=sink.name,
         schema=schema,
         key=list(sink.keys),
     )
+    return built
 
 
 def cycle_builder(
@@ -75,12 +78,9 @@ def cycle_builder(
     check_writable(pipeline, file)
 
     def build() -> CommitCycle:
-        from reconcile.engine.cycle import CommitCycle
-        from reconcile.engine.expected import ExpectedState
-
         keys = {sink.name: list(sink.keys) for sink in pipeline.sinks}
         expected = ExpectedState(pipeline.store, pipeline.name, keys)
-        sinks = [postgres_sink_of(sink) for sink in pipeline.sinks]
+        sinks = [table_sink_of(sink) for sink in pipeline.sinks]
         return CommitCycle(pipeline.name, sinks, expected_state=expected, metrics=metrics)
 
     return build

@@ -10,17 +10,21 @@ field that says why (``reconcile.cli.command.report_failure``).
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
 from reconcile.cli.status import missing_store
+from reconcile.core import interrupts
 from reconcile.core.contract import ConfigurationError
 from reconcile.core.target import Progress
 from reconcile.recovery import ReconcileReport, recover
+from reconcile.recovery.brake import Brake
 
-__all__ = ["check_store", "run_recover", "summary"]
+__all__ = ["check_store", "run_on_spark", "run_recover", "summary"]
 
 
 def check_store(root: str) -> None:
@@ -102,8 +106,6 @@ def run_recover(args: argparse.Namespace) -> int:
     repair = args.command == "repair"
     check_store(args.store)
     if args.spark:
-        from reconcile.spark.job import run_on_spark
-
         return run_on_spark(args)
     options: dict[str, Any] = {
         "mode": args.mode or "auto",
@@ -121,4 +123,51 @@ def run_recover(args: argparse.Namespace) -> int:
         print(report.to_json())
     else:
         print(summary(report, repair=repair))
+    return 1 if report.drift else 0
+
+
+def run_on_spark(args: argparse.Namespace, spark: Any = None) -> int:
+    """Run verify or repair (``args`` as the CLI parses them) on Spark; the exit code."""
+    # Spark is an optional extra (reconcile-engine[spark]): imported for --spark only.
+    from reconcile.cli.spark_job import check_spark_flags, session
+    from reconcile.spark.verify import spark_recover
+
+    check_spark_flags(args)
+    on = spark if spark is not None else session(args.master or "local[*]")
+    # PySpark put its own SIGINT handler in (it raises a bare KeyboardInterrupt).
+    interrupts.reinstall()
+    try:
+        with interrupts.step(f"the Spark {args.command}", table=args.table):
+            report = spark_recover(
+                on,
+                args.pg,
+                args.store,
+                args.pipeline,
+                args.table,
+                schema=args.schema,
+                dry_run=args.command != "repair",
+                partitions=args.partitions,
+                brake=Brake(allow_mass_change=getattr(args, "allow_mass_change", False)),
+            )
+    except KeyboardInterrupt:
+        # The executors' tasks are cancelled (their pulls end with their
+        # sessions); a session this call started is stopped, not left to exit.
+        # A JVM already going away may refuse either: the interruption is what
+        # the caller must see.
+        with contextlib.suppress(Exception):
+            on.sparkContext.cancelAllJobs()
+        if spark is None:
+            with contextlib.suppress(Exception):
+                on.stop()
+        raise
+    if args.json:
+        out = report.as_dict()
+        print(json.dumps(out, sort_keys=True, default=str))
+    else:
+        print(summary(report, repair=args.command == "repair"))
+        stale = f", {report.stale} rows stale (run again)" if report.stale else ""
+        print(f"  on Spark: {report.partitions} key ranges, {report.transactions} repair "
+              f"transactions{stale}")  # fmt: skip
+    if report.stale:
+        return 2
     return 1 if report.drift else 0

@@ -322,9 +322,11 @@ def _run_node(
     metrics: Metrics,
     stop: threading.Event,
 ) -> None:
-    from reconcile.ha import HaNode, PgLease
+    from reconcile.ha import HaNode, open_lease
 
-    lease = PgLease(settings.lease.get_secret_value(), pipeline.name, term_s=settings.lease_term_s)
+    lease = open_lease(
+        settings.lease.get_secret_value(), pipeline.name, term_s=settings.lease_term_s
+    )
 
     def on_event(event: str, fields: dict[str, Any]) -> None:
         shown = ", ".join(f"{k} {v}" for k, v in fields.items())

@@ -2,7 +2,7 @@
 
 ``reconcile verify --config FILE --all`` checks every sink table the file
 names (``--pipeline P`` for one pipeline's, ``--table SINK`` for one);
-``--spark`` runs each on Spark (``reconcile.spark.job.spark_check``: full
+``--spark`` runs each on Spark (``reconcile.cli.spark_job.spark_check``: full
 mode, one session for all). One table's error does not stop the others: it
 is reported on its line, with the password redacted. Exit codes suit cron
 and alerting: 0 no drift anywhere, 1 drift found (or found and repaired), 2
@@ -38,8 +38,8 @@ from reconcile.core import interrupts
 from reconcile.core.contract import ConfigurationError, ReconcileError
 from reconcile.core.metrics import Metrics, NullMetrics, record_refusal, record_report
 
-if TYPE_CHECKING:
-    from reconcile.spark.job import OnSpark
+if TYPE_CHECKING:  # Spark is an optional extra: imported only for --spark
+    from reconcile.cli.spark_job import OnSpark
 
 __all__ = [
     "TableOutcome",
@@ -186,7 +186,8 @@ def _on_spark(
     on: OnSpark, sink: SinkTableConfig, *, repair: bool, allow_mass_change: bool,
     metrics: Metrics | None,
 ) -> TableOutcome:  # fmt: skip
-    from reconcile.spark.job import spark_check
+    # Spark is an optional extra (reconcile-engine[spark]): imported for --spark only.
+    from reconcile.cli.spark_job import spark_check
 
     report = spark_check(on, sink, repair=repair, allow_mass_change=allow_mass_change)
     record_report(sink.pipeline, report, metrics=metrics)
@@ -279,7 +280,7 @@ def run_config_recover(args: argparse.Namespace) -> int:
     lifted = repair and getattr(args, "allow_mass_change", False)
     spark = None
     if args.spark:
-        from reconcile.spark.job import OnSpark, check_spark_flags, session
+        from reconcile.cli.spark_job import OnSpark, check_spark_flags, session
 
         check_spark_flags(args)  # before the session starts: it takes seconds
         spark = OnSpark(session(args.master or "local[*]"), args.partitions)

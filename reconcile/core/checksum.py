@@ -3,9 +3,11 @@
 Buckets mode compares per-bucket counts and checksums that the DATABASE computes
 from the values it holds with the same figures computed here from the expected
 state. Both sides must agree exactly, so the row's canonical text and its hash are
-defined once, here, with the Python (vectorized Arrow/numpy) and the SQL
-(PostgreSQL) implementation side by side. Pinned vectors are checked against a
-real server in ``tests/integration/test_checksum_pg.py``.
+defined once, here, with the Python implementation (vectorized Arrow/numpy);
+the SQL one (PostgreSQL) is the Postgres backend's, in
+``sinks/postgres/checksum_sql.py``, beside the server it runs on. Pinned
+vectors are checked against a real server in
+``tests/integration/test_checksum_pg.py``.
 
 Definition
 ----------
@@ -51,7 +53,7 @@ Why not the canonical row hash (``reconcile.core.hashing``) itself: PostgreSQL h
 xxhash, and a PL/pgSQL one would be far slower than the pull it is meant to
 avoid. Why not md5: the expected side would then hash 10M rows in a Python loop;
 lookup3 vectorizes in numpy. The lookup3 result is the same on every
-little-endian server; ``server_check_sql`` lets a caller confirm it on a server
+little-endian server; ``server_check_sql`` (the SQL side) lets a caller confirm it on a server
 before trusting it (a big-endian server computes other values).
 """
 
@@ -64,7 +66,6 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
 import pyarrow.compute as pc  # type: ignore[import-untyped, unused-ignore]
-from psycopg import sql
 
 from reconcile.core.contract import InvalidInputError
 from reconcile.core.lookup3 import pg_hash_bytes as _pg_hash_bytes
@@ -76,11 +77,9 @@ __all__ = [
     "checksum_kind",
     "pg_hash_bytes",
     "pg_hash_text_arrow",
-    "row_checksum_sql",
     "row_checksums",
     "row_text_arrow",
-    "row_text_sql",
-    "server_check_sql",
+    "signed64",
 ]
 
 U64 = npt.NDArray[np.uint64]
@@ -107,14 +106,6 @@ KINDS: dict[str, str] = {
     "bytea": "bytes",
 }
 _SUPPORTED = frozenset(KINDS.values())
-_SEND = {
-    "float8": "float8send",
-    "float4": "float4send",
-    "date": "date_send",
-    "timestamp": "timestamp_send",
-    "timestamptz": "timestamptz_send",
-}
-
 _SEP = "|"
 _MASK32 = np.uint32(0xFFFFFFFF)
 _EPOCH_2000_DAYS = 10_957  # 2000-01-01 - 1970-01-01
@@ -137,65 +128,6 @@ def checksum_kind(column: str, kind: str) -> str:
             type=kind,
         )
     return kind
-
-
-# ---------------------------------------------------------------------------
-# SQL side (PostgreSQL)
-# ---------------------------------------------------------------------------
-
-
-def _field_sql(column: str, kind: str, alias: str | None) -> sql.Composable:
-    c = sql.Identifier(alias, column) if alias else sql.Identifier(column)
-    kind = checksum_kind(column, kind)
-    if kind in ("int", "bool", "uuid"):
-        return sql.SQL("{}::text").format(c)
-    if kind == "numeric":
-        return sql.SQL("pg_catalog.trim_scale({})::text").format(c)
-    if kind in ("float8", "float4"):
-        # -0 = 0 and NaN = NaN are true in PostgreSQL: both map to one bit pattern.
-        return sql.SQL(
-            "pg_catalog.encode(pg_catalog.{send}(CASE WHEN {c} = 0 THEN 0::{t} "
-            "WHEN {c} = 'NaN'::{t} THEN 'NaN'::{t} ELSE {c} END), 'hex')"
-        ).format(send=sql.Identifier(_SEND[kind]), c=c, t=sql.SQL(kind))
-    if kind in _SEND:
-        return sql.SQL("pg_catalog.encode(pg_catalog.{}({}), 'hex')").format(
-            sql.Identifier(_SEND[kind]), c
-        )
-    if kind == "text":
-        return sql.SQL("pg_catalog.octet_length({c})::text || ':' || {c}::text").format(c=c)
-    # bytes: 'x' first, so that an empty value is not the empty field of a NULL.
-    return sql.SQL("'x' || pg_catalog.encode({}, 'hex')").format(c)
-
-
-def row_text_sql(columns: Sequence[tuple[str, str]], alias: str | None = None) -> sql.Composed:
-    """The canonical row text as a SQL expression over the sink table's columns.
-
-    Args:
-        columns: (column name, checksum kind) in checksum order.
-        alias: the table alias that qualifies the columns, if any.
-    """
-    fields = [
-        sql.SQL("coalesce({}, '')").format(_field_sql(name, kind, alias)) for name, kind in columns
-    ]
-    return sql.SQL(" || '|' || ").join(fields) if len(fields) > 1 else sql.Composed(fields)
-
-
-def row_checksum_sql(columns: Sequence[tuple[str, str]], alias: str | None = None) -> sql.Composed:
-    """``hashtextextended(<row text> COLLATE "C", SEED)``: one int8 per row."""
-    return sql.SQL('pg_catalog.hashtextextended(({}) COLLATE "C", {})').format(
-        row_text_sql(columns, alias), sql.Literal(_signed(SEED))
-    )
-
-
-def server_check_sql() -> tuple[str, list[tuple[str, int]]]:
-    """A query and the values a server must return for it to checksum as this module does."""
-    samples = ["", "a", "reconcile|3:abc|", "exactly 12 b", "a longer text of 25 bytes"]
-    selects = ", ".join(
-        f'pg_catalog.hashtextextended({sql.Literal(s).as_string(None)} COLLATE "C", '
-        f"{_signed(SEED)})"
-        for s in samples
-    )
-    return f"SELECT {selects}", [(s, _signed(pg_hash_bytes(s.encode(), SEED))) for s in samples]
 
 
 # ---------------------------------------------------------------------------
@@ -375,6 +307,6 @@ def row_checksums(table: pa.Table, columns: Sequence[tuple[str, str]]) -> U64:
     return np.concatenate(parts) if parts else np.zeros(0, dtype=np.uint64)
 
 
-def _signed(value: int) -> int:
+def signed64(value: int) -> int:
     value &= 0xFFFFFFFFFFFFFFFF
     return value - (1 << 64) if value >= 1 << 63 else value

@@ -48,12 +48,16 @@ class SinkCapabilities:
         pullable: the sink's rows can be read back for pull-and-diff.
         bucket_checksums: the sink's system computes per-bucket counts and
             checksums of its rows itself, so only differing buckets are pulled.
+        shared_stage: Spark's executors can stage an epoch's rows in a table
+            of the sink's own, which its commit reads
+            (``reconcile.core.staged.SharedStaging``).
     """
 
     durable_prepare: bool = True
     epoch_column: bool = False
     pullable: bool = False
     bucket_checksums: bool = False
+    shared_stage: bool = False
 
 
 def capabilities_of(sink: object) -> SinkCapabilities:

@@ -16,13 +16,25 @@ takes it for an empty batch.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, TypeGuard
 
-from reconcile.core.contract import FatalError
+import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
 
-__all__ = ["STAGE_EPOCH_COLUMN", "STAGE_TASK_COLUMN", "StagedEpoch"]
+from reconcile.core.contract import ConfigurationError, FatalError
+from reconcile.core.sink import capabilities_of
+
+__all__ = [
+    "STAGE_EPOCH_COLUMN",
+    "STAGE_TASK_COLUMN",
+    "SharedStage",
+    "SharedStaging",
+    "StageTarget",
+    "StageUnavailable",
+    "StagedEpoch",
+    "has_shared_stage",
+]
 
 # The staging table's own columns, besides the target's: which epoch and which
 # task attempt COPied the row (an attempt Spark did not keep is never read).
@@ -66,3 +78,69 @@ class StagedEpoch:
 
     def __len__(self) -> int:
         return self.rows
+
+
+class StageUnavailable(ConfigurationError):
+    """The executors' staging table cannot be used safely; the driver path still can."""
+
+
+class SharedStage(Protocol):
+    """A sink's staging table that executors COPY into; it pickles into every task."""
+
+    @property
+    def table(self) -> tuple[str, str]:
+        """(schema, table) of the staging table (``StagedEpoch.stage``)."""
+        ...
+
+    def copy(self, epoch: int, task: str, rows: pa.Table) -> None:
+        """On an executor: add a task attempt's rows (netted, one per key) and commit them."""
+        ...
+
+    def sweep(self, through_epoch: int, application_name: str) -> int:
+        """Delete the staged rows of epochs up to ``through_epoch``; how many."""
+        ...
+
+
+class StageTarget(Protocol):
+    """A sink's target table as the executors' staging path plans it."""
+
+    @property
+    def display(self) -> str:
+        """The table's name in messages (``schema.table``)."""
+        ...
+
+    @property
+    def key(self) -> Sequence[str]:
+        """Its key columns, by which the sink nets rows."""
+        ...
+
+    @property
+    def columns(self) -> Collection[str]:
+        """Its column names."""
+        ...
+
+    def open_stage(self, pipeline: str) -> SharedStage:
+        """The staging table of (``pipeline``, the sink, this table), created and checked.
+
+        Raises:
+            StageUnavailable: it cannot be used safely (the message says why).
+        """
+        ...
+
+
+class SharedStaging(Protocol):
+    """What a sink whose capabilities say ``shared_stage`` offers the streaming writer."""
+
+    @property
+    def append_only(self) -> bool:
+        """Rows are only inserted (no key to net by): the executors cannot stage them."""
+        ...
+
+    def stage_target(self) -> StageTarget:
+        """Its target table, read from its system (without binding the sink)."""
+        ...
+
+
+def has_shared_stage(sink: object) -> TypeGuard[SharedStaging]:
+    """Whether ``sink`` has a staging table executors can fill (``capabilities.shared_stage``)."""
+    return capabilities_of(sink).shared_stage

@@ -10,13 +10,22 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeGuard
 
 import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
 
 from reconcile.core.conform import SinkColumn
+from reconcile.core.sink import capabilities_of
 
-__all__ = ["KeyRange", "Progress", "RecoveryTarget", "Repair", "SinkSnapshot"]
+__all__ = [
+    "KeyRange",
+    "Progress",
+    "PullableSink",
+    "RecoveryTarget",
+    "Repair",
+    "SinkSnapshot",
+    "is_pullable",
+]
 
 # Called with (rows pulled so far, the table's estimated size or None).
 Progress = Callable[[int, int | None], None]
@@ -148,3 +157,36 @@ class RecoveryTarget(Protocol):
             the snapshot (nothing was written: pull again).
         """
         ...
+
+
+class PullableSink(Protocol):
+    """A sink client whose table recovery can pull from (``capabilities.pullable``).
+
+    What ``recover`` gets from the registry and what ``start()`` hands to
+    ``recover_sink``; ``sinks.postgres`` and ``sinks.sql`` implement it.
+    """
+
+    @property
+    def name(self) -> str:
+        """The sink's name, as its markers name it."""
+        ...
+
+    @property
+    def pipeline(self) -> str | None:
+        """The pipeline of the writer it is bound to; None while unbound."""
+        ...
+
+    def recovery_target(
+        self, pipeline: str, generation: int | None, *, write: bool
+    ) -> RecoveryTarget:
+        """The sink's table as a pull-and-diff target, repairing as ``generation``'s writer."""
+        ...
+
+    def close(self) -> None:
+        """Close the client's connections."""
+        ...
+
+
+def is_pullable(sink: object) -> TypeGuard[PullableSink]:
+    """Whether ``sink`` declares that its rows can be pulled (``capabilities.pullable``)."""
+    return capabilities_of(sink).pullable

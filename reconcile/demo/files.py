@@ -26,7 +26,7 @@ from reconcile.engine.faults import (
     FaultySink,
 )
 from reconcile.engine.progress_file import FileProgressLog
-from sinks.files import FileSink, read_batch
+from sinks.files.sink import FileSink, read_batch
 
 __all__ = ["DemoReport", "run_demo"]
 

@@ -12,10 +12,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
 
+from expected_state.changes import EpochChanges
+from expected_state.column_types import check_store_types
+from expected_state.progress_log import StoreProgressLog
+from expected_state.store import ExpectedStateStore
 from reconcile.core.contract import (
     Change,
     ConfigurationError,
@@ -24,10 +28,6 @@ from reconcile.core.contract import (
     validate_name,
 )
 from reconcile.core.staged import StagedEpoch
-
-if TYPE_CHECKING:  # the store (deltalake) is imported when an expected state is built
-    from expected_state.changes import EpochChanges
-    from expected_state.store import ExpectedStateStore
 
 __all__ = ["ExpectedState", "ReplayRows", "as_changes", "replay_rows"]
 
@@ -109,7 +109,6 @@ class ExpectedState:
         *,
         schemas: Mapping[str, pa.Schema] | None = None,
     ) -> None:
-        from expected_state.progress_log import StoreProgressLog
 
         self.root = str(root)
         self.pipeline = validate_name("pipeline", pipeline)
@@ -135,7 +134,6 @@ class ExpectedState:
         self._open(generation=0)
 
     def _open(self, *, generation: int) -> None:
-        from expected_state.store import ExpectedStateStore
 
         self.tables = {
             sink: ExpectedStateStore(
@@ -173,7 +171,6 @@ class ExpectedState:
                 both types (a later epoch would otherwise be refused midway).
             ReconcileError: from a sink's ``arrow_schema()``.
         """
-        from expected_state.column_types import check_store_types
 
         for name, store in self.tables.items():
             reader = getattr(sinks.get(name), "arrow_schema", None)

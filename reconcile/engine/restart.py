@@ -23,6 +23,8 @@ from reconcile.core.results import RecoveryReport
 from reconcile.core.sink import TwoPhaseSink, bind_writer, capabilities_of, has_durable_prepare
 from reconcile.engine.expected import ExpectedState, ReplayRows
 from reconcile.engine.steps import SinkSteps
+from reconcile.recovery.api import recover_sink
+from reconcile.recovery.modes import Mode
 
 __all__ = ["Restart"]
 
@@ -186,9 +188,6 @@ class Restart:
         target = self.progress.last_committed()
         if not names or target is None or self.expected_state is None:
             return
-        # Imported here: the recovery engine is only needed on this path.
-        from reconcile.recovery.api import recover_sink
-        from reconcile.recovery.modes import Mode
 
         for name in sorted(names):
             # Full mode: the txn's epoch is older than anything the log keeps, so

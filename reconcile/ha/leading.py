@@ -16,7 +16,7 @@ from typing import Literal
 
 from reconcile.core.contract import FatalError
 from reconcile.core.decisions import Failure, classify
-from reconcile.ha.lease import PgLease
+from reconcile.core.lease import Lease
 
 __all__ = [
     "QUERY_FAILURES", "RESTART_WAIT_MAX_S", "AfterFailure", "Heartbeat", "QueryFailures", "Role",
@@ -61,7 +61,7 @@ class Tenure:
 class Heartbeat(threading.Thread):
     """Renews the lease every ``every_s`` while we lead; sets ``lost`` when it cannot."""
 
-    def __init__(self, lease: PgLease, every_s: float) -> None:
+    def __init__(self, lease: Lease, every_s: float) -> None:
         super().__init__(name=f"reconcile-lease-{lease.pipeline}", daemon=True)
         self.lease, self.every_s = lease, every_s
         self.lost = threading.Event()

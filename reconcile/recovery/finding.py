@@ -147,7 +147,7 @@ def find_buckets(
 
     def read(spans: list[tuple[Any, Any]]) -> pa.Table:
         if not spans:  # nothing differs: no need to read the store at all
-            fields = [store.user_schema.field(c) for c in schema.names]
+            fields = [schema.field(c) for c in schema.names]
             return pa.schema([*fields, pa.field(HASH, pa.int64())]).empty_table()
         table: pa.Table = store.snapshot(epoch, columns=names, ranges=spans)
         return table
@@ -190,7 +190,7 @@ def find_buckets(
                 ),
             )
     if search.dearer is not None:
-        nothing = pa.schema([store.user_schema.field(k) for k in keys]).empty_table()
+        nothing = pa.schema([schema.field(k) for k in keys]).empty_table()
         return Found(Diff(nothing, nothing, nothing), nothing, 0, search.compared,
                       search.differing, search.dearer)  # fmt: skip
     raw = None

@@ -174,7 +174,7 @@ CREATE TABLE {table} (
 
 STATE_TABLES = (MARKERS, FENCES, REPAIRS)
 
-# A pipeline's leadership lease (reconcile.ha.lease): one row per pipeline.
+# A pipeline's leadership lease (sinks.postgres.lease): one row per pipeline.
 LEASES = TableDecl(
     "reconcile_leases",
     """

@@ -22,7 +22,7 @@ import pyarrow.csv as pacsv  # type: ignore[import-untyped, unused-ignore]
 from psycopg import errors, sql
 
 from reconcile.core import hooks
-from sinks.objects import create_session_stage, session_stage
+from sinks.objects.stages import create_session_stage, session_stage
 
 from .arrow_batch import arrow_row_bytes
 from .schema import EPOCH_COLUMN, TableSchema, direct_copy_blockers

@@ -17,9 +17,9 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 from psycopg import sql
 
-from reconcile.core.checksum import row_checksum_sql, server_check_sql
 from reconcile.core.contract import InvalidInputError
 from reconcile.core.target import KeyRange
+from sinks.postgres.checksum_sql import row_checksum_sql, server_check_sql
 
 from .heavy import Cancellable
 from .ranges import RANGE_KINDS, Params, literal, ranges_sql, split_by_bounds

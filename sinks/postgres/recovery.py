@@ -15,7 +15,7 @@ import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
 from reconcile.core.conform import SinkColumn
 from reconcile.core.contract import ConfigurationError
 from reconcile.core.target import Repair
-from sinks.objects import ENGINE_SCHEMA
+from sinks.objects.declared import ENGINE_SCHEMA
 
 from .binding import connect_checked
 from .client import PgSinkClient

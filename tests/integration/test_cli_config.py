@@ -18,7 +18,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from reconcile import CommitCycle, CommitSucceeded
 from reconcile.engine.expected import ExpectedState
-from sinks.postgres import postgres_sink
+from sinks.postgres.factory import postgres_sink
 from tests.cli_run import cli
 from tests.fix_pg import PASSWORD, PASSWORD_USER
 

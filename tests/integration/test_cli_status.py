@@ -20,7 +20,7 @@ from reconcile.core.progress import EpochStatus
 from reconcile.engine.cycle import CommitCycle, CommitSucceeded
 from reconcile.engine.expected import ExpectedState
 from reconcile.engine.progress_file import FileProgressLog
-from sinks.postgres import postgres_sink
+from sinks.postgres.factory import postgres_sink
 from tests.cli_run import cli
 from tests.fix_pg import markers_table
 

@@ -16,7 +16,7 @@ import pytest
 
 from expected_state.store import ExpectedStateStore
 from reconcile.core.contract import OK, Change, InvalidInputError, SinkTxnId
-from sinks.postgres import postgres_sink
+from sinks.postgres.factory import postgres_sink
 
 pytestmark = pytest.mark.integration
 

@@ -20,7 +20,7 @@ from expected_state.store import APPLY_CHECKED, APPLY_TABLE_MISSING, ExpectedSta
 from reconcile.core import hooks
 from reconcile.core.contract import OK, Change, FencedError, SinkTxnId
 from reconcile.testing.harness import rows_for
-from sinks.delta import COMMIT_CHECKED, DeltaSink
+from sinks.delta.sink import COMMIT_CHECKED, DeltaSink
 from tests.fix_delta import DeltaHarness
 
 pytestmark = pytest.mark.integration

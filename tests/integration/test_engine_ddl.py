@@ -25,7 +25,7 @@ from sinks.objects.declared import (
     STATE_TABLES,
     epoch_index_name,
 )
-from sinks.postgres import postgres_sink
+from sinks.postgres.factory import postgres_sink
 from tests.cotenants import Tenants, lease_of, make_tenants, rows, stage_epoch
 from tests.fix_pg import PgServer
 

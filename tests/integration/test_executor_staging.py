@@ -29,7 +29,7 @@ from reconcile.core.contract import InvalidInputError
 from reconcile.core.results import CommitFatal, CommitSucceeded
 from reconcile.core.staged import StagedEpoch
 from reconcile.engine.expected import ExpectedState
-from sinks.postgres import postgres_sink
+from sinks.postgres.factory import postgres_sink
 from sinks.postgres.shared_stage import copy_to_stage, ensure_stage, reflect_target
 
 pytestmark = [pytest.mark.integration]

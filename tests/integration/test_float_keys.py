@@ -15,8 +15,8 @@ import sqlalchemy as sa
 
 from expected_state.store import ExpectedStateStore
 from reconcile.core.contract import Change, ConfigurationError, InvalidInputError
-from sinks.postgres import PostgresSink
-from sinks.sql import SqlSink
+from sinks.postgres.sink import PostgresSink
+from sinks.sql.sink import SqlSink
 
 pytestmark = pytest.mark.integration
 

@@ -10,7 +10,8 @@ import psycopg
 import pytest
 
 from reconcile.core.contract import ConfigurationError, RetryableError
-from reconcile.ha.lease import PgLease, wait_s
+from reconcile.core.lease import wait_s
+from sinks.postgres.lease import PgLease
 
 
 def test_one_holder_then_the_other_after_expiry(pg_db: str) -> None:

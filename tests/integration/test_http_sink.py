@@ -35,7 +35,7 @@ from reconcile.core.contract import (
 )
 from reconcile.engine.cycle import CommitCycle, CommitSucceeded
 from reconcile.engine.progress_file import FileProgressLog
-from sinks.http import HttpSink
+from sinks.http.sink import HttpSink
 from tests.http_receiver import ReceiverServer
 
 pytestmark = pytest.mark.integration

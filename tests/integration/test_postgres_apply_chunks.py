@@ -14,8 +14,10 @@ import pyarrow.csv as pacsv
 import pytest
 
 from reconcile.core.contract import OK, Change, Fatal, SinkOutcome, SinkTxnId
-from sinks.postgres import PostgresSink, PreparedPostgresSink, apply, values
+from sinks.postgres import apply, values
 from sinks.postgres.apply import ChunkLimits
+from sinks.postgres.prepared import PreparedPostgresSink
+from sinks.postgres.sink import PostgresSink
 from tests.fix_pg import PgServer
 
 pytestmark = pytest.mark.integration

@@ -19,9 +19,10 @@ import pytest
 from psycopg import sql
 
 from reconcile.core.contract import OK, Fatal, RejectedError, SinkOutcome, SinkTxnId
-from sinks.postgres import PostgresSink, PreparedPostgresSink
 from sinks.postgres.apply import apply_with_copy
+from sinks.postgres.prepared import PreparedPostgresSink
 from sinks.postgres.schema import reflect_table
+from sinks.postgres.sink import PostgresSink
 from sinks.postgres.staging import EpochBatch, validate_batch
 from tests.fix_pg import PgServer, markers_table
 

@@ -11,7 +11,7 @@ from psycopg import sql
 
 from reconcile.engine.cycle import CommitCycle, CommitSucceeded
 from reconcile.engine.progress_file import FileProgressLog
-from sinks.postgres import postgres_sink
+from sinks.postgres.factory import postgres_sink
 from tests.fix_pg import PgServer
 
 pytestmark = pytest.mark.integration

@@ -11,8 +11,8 @@ import pytest
 
 from reconcile.core import hooks
 from reconcile.core.contract import OK, Fatal, FencedError, SinkTxnId, WriterIdentity
-from sinks.postgres import postgres_sink
 from sinks.postgres.client import FENCE_CHECKED
+from sinks.postgres.factory import postgres_sink
 
 pytestmark = pytest.mark.integration
 

@@ -17,7 +17,7 @@ from reconcile.core.progress import EpochStatus
 from reconcile.engine.cycle import CommitCycle, CommitSucceeded
 from reconcile.engine.faults import Fault, FaultKind, FaultPlan, SimulatedCrash
 from reconcile.engine.progress_file import FileProgressLog
-from sinks.postgres import postgres_sink
+from sinks.postgres.factory import postgres_sink
 
 pytestmark = pytest.mark.integration
 

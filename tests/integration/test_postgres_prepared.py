@@ -10,7 +10,8 @@ import pytest
 
 from reconcile.core.contract import OK, ConfigurationError, Fatal, SinkTxnId
 from reconcile.testing.pg_proxy import DROP_AFTER_COMMIT, DROP_BEFORE_COMMIT, FaultProxy
-from sinks.postgres import PreparedPostgresSink, postgres_sink
+from sinks.postgres.factory import postgres_sink
+from sinks.postgres.prepared import PreparedPostgresSink
 from sinks.postgres.resolve import Evidence, Resolution
 from tests.fix_pg import PgServer
 

@@ -22,7 +22,8 @@ from reconcile.core.contract import (
 )
 from reconcile.core.ids import change_id
 from sinks.base import TwoPhaseSink
-from sinks.postgres import PgTarget, PostgresSink
+from sinks.postgres.connection import PgTarget
+from sinks.postgres.sink import PostgresSink
 from tests.fix_pg import PASSWORD, PASSWORD_USER, PgServer
 
 pytestmark = pytest.mark.integration

@@ -26,8 +26,8 @@ from reconcile.core.contract import (
 )
 from reconcile.engine.cycle import CommitCycle, CommitFatal, CommitSucceeded
 from reconcile.engine.progress_file import FileProgressLog, read_progress
-from sinks.postgres import postgres_sink
 from sinks.postgres.client import FENCE_CHECKED
+from sinks.postgres.factory import postgres_sink
 from tests.fix_pg import PASSWORD, PASSWORD_USER, PgServer
 
 pytestmark = pytest.mark.integration

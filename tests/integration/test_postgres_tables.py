@@ -19,7 +19,7 @@ from psycopg.conninfo import conninfo_to_dict
 from reconcile.core.contract import ConfigurationError
 from reconcile.engine.cycle import CommitCycle, CommitSucceeded
 from reconcile.engine.progress_file import FileProgressLog
-from sinks.postgres import postgres_sink
+from sinks.postgres.factory import postgres_sink
 from tests.fix_pg import PgServer
 
 pytestmark = pytest.mark.integration

@@ -12,7 +12,8 @@ import pyarrow as pa
 import pytest
 
 from reconcile.core.contract import OK, Change, ConfigurationError, Fatal, SinkTxnId
-from sinks.postgres import PostgresSink, PreparedPostgresSink
+from sinks.postgres.prepared import PreparedPostgresSink
+from sinks.postgres.sink import PostgresSink
 
 pytestmark = pytest.mark.integration
 
@@ -308,7 +309,7 @@ def test_declared_precision_and_scale_are_read_from_the_catalog(pg_db: str) -> N
 def test_a_typo_in_one_rows_column_names_the_misspelt_column(pg_db: str) -> None:
     # A new user's typo in row 2 was reported against the correct column 'amount'.
     from reconcile.core.contract import SinkTxnId
-    from sinks.postgres import postgres_sink
+    from sinks.postgres.factory import postgres_sink
 
     with psycopg.connect(pg_db, autocommit=True) as conn:
         conn.execute("CREATE TABLE pay (id int PRIMARY KEY, amount int)")

@@ -19,8 +19,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from reconcile import CommitCycle, CommitFatal, CommitResult, RetryPolicy, drive
 from reconcile.cli.prometheus import PrometheusMetrics
 from reconcile.engine.faults import Fault, FaultKind, FaultPlan
-from sinks.file_layout import read_header
-from sinks.files import FileSink
+from sinks.files.layout import read_header
+from sinks.files.sink import FileSink
 
 pytestmark = pytest.mark.integration
 

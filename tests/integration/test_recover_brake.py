@@ -19,7 +19,7 @@ from reconcile.core.progress import EpochStatus
 from reconcile.engine.cycle import CommitCycle
 from reconcile.engine.expected import ExpectedState
 from reconcile.ha.takeover import recover_sinks
-from sinks.postgres import postgres_sink
+from sinks.postgres.factory import postgres_sink
 from tests.cli_run import cli
 from tests.recovery_setup import (
     SIMPLE_DDL,

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from reconcile import recover, recover_sink
 from reconcile.core.contract import FencedError, WriterIdentity
-from sinks.postgres import postgres_sink
+from sinks.postgres.factory import postgres_sink
 from tests.fix_pg import PgServer
 from tests.recovery_setup import (
     TYPES_DDL,

@@ -27,8 +27,8 @@ from reconcile.core.contract import (
 from reconcile.core.decisions import is_terminal
 from reconcile.engine.driver import RetryPolicy
 from reconcile.engine.progress_file import FileProgressLog
-from sinks.postgres import postgres_sink
-from sinks.sql import SqlSink
+from sinks.postgres.factory import postgres_sink
+from sinks.sql.sink import SqlSink
 from tests.fix_pg import PgServer, markers_table
 
 pytestmark = pytest.mark.integration

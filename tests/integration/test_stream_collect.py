@@ -62,7 +62,7 @@ def _run(
     from reconcile import CommitCycle
     from reconcile.engine.expected import ExpectedState
     from reconcile.spark.stream import write_stream
-    from sinks.postgres import postgres_sink
+    from sinks.postgres.factory import postgres_sink
 
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(table.encode())

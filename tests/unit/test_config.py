@@ -10,7 +10,7 @@ import pytest
 
 from reconcile.cli.config import ConfigFileError, load_config
 from reconcile.core.contract import ConfigurationError
-from sinks.postgres import PgTarget
+from sinks.postgres.connection import PgTarget
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "reconcile.toml"

@@ -28,7 +28,7 @@ from reconcile.core.sink import SinkCapabilities
 from reconcile.engine.cycle import CommitAborted, CommitCycle, CommitSucceeded
 from reconcile.engine.faults import Fault, FaultKind, FaultPlan
 from reconcile.testing.harness import rows_for
-from sinks.memory import MemorySink, MemoryStore
+from sinks.memory.sink import MemorySink, MemoryStore
 
 
 class RecordingSink(MemorySink):

@@ -28,7 +28,7 @@ from reconcile.core.sink import SinkCapabilities
 from reconcile.engine.cycle import CommitCycle
 from reconcile.engine.driver import Driver, RetryPolicy, drive
 from reconcile.engine.faults import Fault, FaultKind, FaultPlan
-from sinks.memory import MemorySink, MemoryStore
+from sinks.memory.sink import MemorySink, MemoryStore
 
 FAST = RetryPolicy(give_up_after_s=5.0, initial_s=0.0, max_s=0.0, jitter_s=0.0)
 

@@ -26,9 +26,10 @@ from reconcile.core.decisions import (
     rejection_of,
 )
 from reconcile.engine.cycle import CommitCycle
-from reconcile.ha import HaNode, PgLease
+from reconcile.ha import HaNode
 from reconcile.ha.leading import AfterFailure, QueryFailures
 from reconcile.ha.takeover import LeadershipLostError
+from sinks.postgres.lease import PgLease
 
 
 def rejected() -> RejectedError:

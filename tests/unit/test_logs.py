@@ -19,7 +19,7 @@ from reconcile.core.logs import ContextFilter, JsonFormatter, configure, context
 from reconcile.core.results import log_result
 from reconcile.core.staged import StagedEpoch
 from reconcile.engine.faults import Fault, FaultKind, FaultPlan
-from sinks.memory import MemorySink, MemoryStore
+from sinks.memory.sink import MemorySink, MemoryStore
 
 sink_log = logging.getLogger("reconcile.sinks.test")
 

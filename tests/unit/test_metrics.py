@@ -21,7 +21,7 @@ from reconcile.core.metrics import (
 )
 from reconcile.engine.faults import Fault, FaultKind, FaultPlan
 from reconcile.recovery.report import ReconcileReport
-from sinks.memory import MemorySink, MemoryStore
+from sinks.memory.sink import MemorySink, MemoryStore
 
 
 def test_counters_keep_their_old_keys_and_gain_labels() -> None:

@@ -16,7 +16,7 @@ from reconcile.cli.prometheus import HttpExporter, PrometheusMetrics, TextfileEx
 from reconcile.core.contract import ConfigurationError
 from reconcile.core.metrics import record_ambiguous_commit, record_drift
 from reconcile.engine.faults import Fault, FaultKind, FaultPlan, FaultySink
-from sinks.memory import MemorySink, MemoryStore
+from sinks.memory.sink import MemorySink, MemoryStore
 
 
 def samples(metrics: PrometheusMetrics) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

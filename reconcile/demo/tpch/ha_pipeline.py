@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from reconcile.demo.tpch.pipeline import PIPELINE, DoneCheck, decided_epochs, parse_args, setup
-from reconcile.ha import DEFAULT_TERM_S, HaNode, PgLease
+from reconcile.ha import DEFAULT_TERM_S, HaNode, open_lease
 
 __all__ = ["main", "run_role"]
 
@@ -32,7 +32,7 @@ def run_role(
     parts = setup(workdir, dsn, master)
     events = parts.events
     term = float(os.environ.get("RECONCILE_DEMO_LEASE_S") or DEFAULT_TERM_S)
-    lease = PgLease(dsn, PIPELINE, term_s=term)
+    lease = open_lease(dsn, PIPELINE, term_s=term)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     node = HaNode(

@@ -143,7 +143,7 @@ def setup(workdir: Path, dsn: str, master: str) -> Setup:
     from reconcile.demo.tpch.data import LINEITEM_SPARK_SCHEMA
     from reconcile.engine.expected import ExpectedState
     from reconcile.spark.session import local_session
-    from sinks.postgres import postgres_sink
+    from sinks.postgres.factory import postgres_sink
 
     events = EventLog(workdir / "events.jsonl")
     store = str(workdir / "expected_state")

@@ -6,6 +6,7 @@ import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
 from reconcile.core.contract import (
     OK,
@@ -20,7 +21,7 @@ from reconcile.core.contract import (
 from reconcile.core.sink import SinkCapabilities
 from sinks.ownership import WriterBinding, foreign_commit, foreign_prepare
 
-__all__ = ["CommitRecord", "MemorySink", "MemoryStore"]
+__all__ = ["CommitRecord", "MemorySink", "MemoryStore", "open_uri"]
 
 
 @dataclass(frozen=True)
@@ -177,3 +178,11 @@ class MemorySink:
     def _drop_prepared(self, key: tuple[str, str, int]) -> None:
         del self.store.prepared[key]
         self.store.prepared_log_ids.pop(key, None)
+
+
+_STORES: dict[str, MemoryStore] = {}
+
+
+def open_uri(name: str, uri: str) -> MemorySink:
+    """The sink of ``memory://NAME``: every sink of one NAME shares one store, in this process."""
+    return MemorySink(name, _STORES.setdefault(urlsplit(uri).netloc, MemoryStore()))

@@ -33,9 +33,10 @@ from reconcile.core.contract import (
 )
 from reconcile.core.durable import write_atomically
 from reconcile.core.sink import SinkCapabilities
-from sinks.delta_manifest import FILES_DIR as _FILES
-from sinks.delta_manifest import PREPARED_DIR as _PREPARED
-from sinks.delta_manifest import (
+from sinks.base import local_path
+from sinks.delta.manifest import FILES_DIR as _FILES
+from sinks.delta.manifest import PREPARED_DIR as _PREPARED
+from sinks.delta.manifest import (
     check_own_folder,
     commit_metadata,
     commit_owner_outcome,
@@ -44,16 +45,16 @@ from sinks.delta_manifest import (
     read_manifest,
     refuse_bad_manifest,
 )
-from sinks.delta_manifest import key_name as _key_name
-from sinks.delta_rows import EPOCH_COLUMN, data_schema_is_empty, rows_to_arrow, state_schema
+from sinks.delta.manifest import key_name as _key_name
+from sinks.delta.rows import EPOCH_COLUMN, data_schema_is_empty, rows_to_arrow, state_schema
 from sinks.ownership import WriterBinding, foreign_prepare
 
-__all__ = ["COMMIT_CHECKED", "EPOCH_COLUMN", "DeltaSink"]
+__all__ = ["COMMIT_CHECKED", "EPOCH_COLUMN", "DeltaSink", "open_uri"]
 
 # Between commit()'s reading of the table (token, order) and its Delta commit.
 COMMIT_CHECKED = hooks.declare("delta_sink.commit.checked")
 
-# sinks/delta_manifest.py owns where manifests and prepared data files live
+# sinks/delta/manifest.py owns where manifests and prepared data files live
 # (_PREPARED, _FILES), how they are named (_key_name), and the checks every
 # manifest passes before a path in it is deleted or committed.
 
@@ -82,7 +83,7 @@ class DeltaSink:
     was made for another log (or by an unbound sink) is a Fatal
     MarkerMismatchError, never OK. Unbound, the sink is its own writer and
     records no log id. Every manifest is checked before it is used
-    (sinks/delta_manifest.py): only the sink's own files inside the table
+    (sinks/delta/manifest.py): only the sink's own files inside the table
     root are ever deleted or committed.
     """
 
@@ -426,3 +427,12 @@ class DeltaSink:
     def _remove_manifest(self, txn_id: SinkTxnId) -> None:
         with contextlib.suppress(FileNotFoundError):
             self._manifest_path(txn_id).unlink()
+
+
+def open_uri(name: str, uri: str) -> DeltaSink:
+    """The sink of ``delta:///path``: its table at ``<path>/<name>``.
+
+    Raises:
+        ConfigurationError: the URI names a remote host.
+    """
+    return DeltaSink(name, local_path(name, uri))

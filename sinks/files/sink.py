@@ -25,10 +25,11 @@ from reconcile.core.contract import (
 )
 from reconcile.core.durable import fsync_path, write_atomically
 from reconcile.core.sink import SinkCapabilities
-from sinks.file_layout import make_dirs, read_batch, read_fences, read_header, remove_and_sync
+from sinks.base import local_path
+from sinks.files.layout import make_dirs, read_batch, read_fences, read_header, remove_and_sync
 from sinks.ownership import WriterBinding, describe_log, foreign_commit, foreign_prepare
 
-__all__ = ["FENCE_WRITE", "FileSink", "read_batch", "read_header"]
+__all__ = ["FENCE_WRITE", "FileSink", "open_uri", "read_batch", "read_header"]
 
 # The fence update: a crash here (or anywhere in it) must leave the old fence
 # or the new one, never a lower one. The update is one atomic replace.
@@ -271,3 +272,12 @@ class FileSink:
             generation=txn_id.generation,
             fence=newest,
         )
+
+
+def open_uri(name: str, uri: str) -> FileSink:
+    """The sink of ``file:///path``: its files under ``<path>/<name>``.
+
+    Raises:
+        ConfigurationError: the URI names a remote host.
+    """
+    return FileSink(name, local_path(name, uri))

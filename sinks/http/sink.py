@@ -28,7 +28,7 @@ from reconcile.core.contract import (
     validate_name,
 )
 from reconcile.core.sink import SinkCapabilities
-from sinks.http_transport import Reply, Secrets, exchange, parse_endpoint
+from sinks.http.transport import Reply, Secrets, exchange, parse_endpoint
 from sinks.ownership import WriterBinding, foreign_commit
 
 __all__ = ["LOG_ID_HEADER", "HttpSink"]
