@@ -38,8 +38,8 @@ from deltalake import DeltaTable
 
 from expected_state.progress_log import StoreProgressLog
 from expected_state.store import ExpectedStateStore
-from reconcile.progress import EpochStatus
-from reconcile.progress_file import FileProgressLog
+from reconcile.core.progress import EpochStatus
+from reconcile.engine.progress_file import FileProgressLog
 
 RESULTS = Path(__file__).resolve().parent / "results"
 REPO = Path(__file__).resolve().parents[1]

@@ -2,7 +2,7 @@
 
 ``python -m benchmarks.failover [--failovers 10] [--fault kill|pause|mixed] [--term 2]
 [--out DIR]`` runs the TPC-H demo pipeline as a main and a standby
-(``reconcile.tpch_demo.failover``) on an embedded Postgres, faults the leader
+(``reconcile.demo.tpch.failover``) on an embedded Postgres, faults the leader
 ``--failovers`` times, and writes ``failover.json``, ``failover.md`` and
 ``failover.png`` (takeover time of each failover):
 
@@ -118,8 +118,8 @@ def plot(report: dict[str, Any], out: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    from reconcile.embedded_pg import start_server
-    from reconcile.tpch_demo.failover import FailoverOptions, run_failovers
+    from reconcile.demo.embedded_pg import start_server
+    from reconcile.demo.tpch.failover import FailoverOptions, run_failovers
 
     epochs = args.epochs or max(40, 20 * args.failovers)
     started = time.monotonic()

@@ -53,7 +53,7 @@ def best_of(runs: int, fn: Callable[[], Any]) -> float:
 
 
 def bench_python(rows: int) -> float:
-    from reconcile.hashing import row_hash_arrow
+    from reconcile.core.hashing import row_hash_arrow
 
     table = arrow_rows(rows)
     row_hash_arrow(table.slice(0, 100_000))  # warm-up
@@ -63,7 +63,7 @@ def bench_python(rows: int) -> float:
 def bench_spark(spark: Any, rows: int) -> float:
     from pyspark.sql import functions as F
 
-    from reconcile.hashing_spark import row_hash_column
+    from reconcile.spark.hashing import row_hash_column
 
     df = spark.range(rows, numPartitions=4).selectExpr(*SPARK_COLUMNS)
     hashed = df.select(row_hash_column(COLUMNS, df.schema).alias("h"))

@@ -2,7 +2,7 @@
 
 ``python -m benchmarks.latency [--scale 0.01] [--epochs 60] [--crash-epochs 30]``
 
-The workload is the TPC-H demo's (``reconcile.tpch_demo``): lineitem cut into
+The workload is the TPC-H demo's (``reconcile.demo.tpch``): lineitem cut into
 ``--epochs`` files by order key, dropped one at a time into a watched folder,
 and streamed by Spark Structured Streaming (one file per micro-batch,
 ``maxFilesPerTrigger=1``) into ``demo_lineitem`` (the lines, upserted) and
@@ -14,7 +14,7 @@ in PostgreSQL. Only how a micro-batch is written differs:
 - ``two_phase_{C}s``: checkpoint-bound two-phase commit, a batch PREPAREd and
   made visible by the next checkpoint, every C seconds (the same module);
 - ``pull_and_diff``: the engine, the demo's own pipeline process unchanged
-  (``reconcile.tpch_demo.pipeline``: expected state, markers, one transaction
+  (``reconcile.demo.tpch.pipeline``: expected state, markers, one transaction
   per sink; pull-and-diff recovery after a restart).
 
 Each mode runs as its own Spark driver process against its own fresh database
@@ -72,8 +72,8 @@ from benchmarks.latency_feed import Feeder  # noqa: E402
 from benchmarks.latency_measure import Mode, Run, measure, modes  # noqa: E402
 from benchmarks.latency_report import cdf_quantiles, markdown, plot, targets  # noqa: E402
 from benchmarks.report import RESULTS, machine, now, versions, write_report  # noqa: E402
-from reconcile.embedded_pg import EmbeddedPostgres  # noqa: E402
-from reconcile.tpch_demo.data import SINK_TABLES_SQL, Feed, generate, truth  # noqa: E402
+from reconcile.demo.embedded_pg import EmbeddedPostgres  # noqa: E402
+from reconcile.demo.tpch.data import SINK_TABLES_SQL, Feed, generate, truth  # noqa: E402
 
 __all__ = ["MODES", "main"]
 

@@ -21,7 +21,7 @@ import random
 import threading
 import time
 
-from reconcile.tpch_demo.data import Feed
+from reconcile.demo.tpch.data import Feed
 
 __all__ = ["Feeder", "landing_points"]
 

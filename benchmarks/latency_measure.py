@@ -18,8 +18,8 @@ from typing import Any
 import numpy as np
 import psycopg
 
-from reconcile.tpch_demo import summary
-from reconcile.tpch_demo.data import Feed, Truth
+from reconcile.demo.tpch import summary
+from reconcile.demo.tpch.data import Feed, Truth
 
 __all__ = ["Mode", "Run", "measure", "modes"]
 
@@ -37,7 +37,7 @@ class Mode:
         self, workdir: Path, epochs: int, trigger: float, master: str, rows: int
     ) -> list[str]:
         if self.kind == "pull_and_diff":
-            return [sys.executable, "-m", "reconcile.tpch_demo.pipeline", str(workdir),
+            return [sys.executable, "-m", "reconcile.demo.tpch.pipeline", str(workdir),
                     str(trigger), master, self.via]  # fmt: skip
         return [sys.executable, "-m", "benchmarks.latency_modes", self.kind, str(workdir),
                 "--epochs", str(epochs), "--rows", str(rows), "--trigger", str(trigger),

@@ -7,7 +7,7 @@
 process streams them (one file per micro-batch) into ``demo_lineitem`` and
 ``demo_customer_revenue`` and exits once micro-batch ``E - 1`` is visible.
 The third mode, pull-and-diff, is the demo's own pipeline process
-(``reconcile.tpch_demo.pipeline``), started by the parent unchanged.
+(``reconcile.demo.tpch.pipeline``), started by the parent unchanged.
 
 MODE is one of:
 
@@ -53,7 +53,7 @@ import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
 import pyarrow.csv as pacsv  # type: ignore[import-untyped, unused-ignore]
 from psycopg import sql
 
-from reconcile import hooks
+from reconcile.core import hooks
 from sinks.postgres.apply import write_csv
 
 __all__ = ["BATCH_WRITTEN", "CHECKPOINT_COMMITTED", "MODES", "main"]
@@ -300,9 +300,9 @@ def main(argv: list[str] | None = None) -> int:
     dsn = os.environ["BENCH_DSN"]
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
+    from reconcile.demo.tpch.data import LINEITEM_SPARK_SCHEMA
+    from reconcile.demo.tpch.pipeline import batch_progress
     from reconcile.spark.session import local_session
-    from reconcile.tpch_demo.data import LINEITEM_SPARK_SCHEMA
-    from reconcile.tpch_demo.pipeline import batch_progress
 
     batches = Batches(dsn, args.mode, args.revenue)
     checkpointer: Checkpointer | None = None

@@ -220,7 +220,7 @@ def markdown(r: dict[str, Any]) -> str:
         "at the checkpoint: adding them to the totals inside the prepared transaction locks "
         "the customers' rows until the checkpoint, and the next batch (sharing customers) "
         "would wait on those locks, one batch per checkpoint.",
-        "- pull_and_diff: the demo pipeline (`reconcile.tpch_demo.pipeline`), unchanged.",
+        "- pull_and_diff: the demo pipeline (`reconcile.demo.tpch.pipeline`), unchanged.",
         "- Crash points, as planned: at_least_once right after a batch's COMMIT (twice); "
         "two_phase after "
         "a PREPARE, then after a checkpoint's COMMIT PREPARED; pull_and_diff at "

@@ -20,9 +20,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.report import RESULTS, machine, versions, write_report  # noqa: E402
-from reconcile.contract import OK, SinkTxnId  # noqa: E402
-from reconcile.embedded_pg import EmbeddedPostgres  # noqa: E402
-from sinks.postgres import PostgresSink  # noqa: E402
+from reconcile.core.contract import OK, SinkTxnId  # noqa: E402
+from reconcile.demo.embedded_pg import EmbeddedPostgres  # noqa: E402
+from sinks.postgres.sink import PostgresSink  # noqa: E402
 
 BIG_DDL = (
     "CREATE TABLE {t} (id bigint PRIMARY KEY, name text, qty int4, price float8, "

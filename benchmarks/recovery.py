@@ -36,10 +36,10 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.report import machine, now, versions  # noqa: E402
 from expected_state.store import ExpectedStateStore  # noqa: E402
 from reconcile import recover  # noqa: E402
-from reconcile.contract import OK, SinkTxnId  # noqa: E402
-from reconcile.embedded_pg import EmbeddedPostgres  # noqa: E402
-from sinks.postgres import PostgresSink  # noqa: E402
+from reconcile.core.contract import OK, SinkTxnId  # noqa: E402
+from reconcile.demo.embedded_pg import EmbeddedPostgres  # noqa: E402
 from sinks.postgres.apply import write_csv  # noqa: E402
+from sinks.postgres.sink import PostgresSink  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 DDL = (

@@ -43,8 +43,8 @@ os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 from benchmarks.recovery import SCHEMA, Sink  # noqa: E402
 from benchmarks.report import RESULTS, machine, now, versions, write_report  # noqa: E402
 from reconcile import CommitCycle, recover  # noqa: E402
-from reconcile.embedded_pg import EmbeddedPostgres  # noqa: E402
-from reconcile.expected import ExpectedState  # noqa: E402
+from reconcile.demo.embedded_pg import EmbeddedPostgres  # noqa: E402
+from reconcile.engine.expected import ExpectedState  # noqa: E402
 from reconcile.spark.session import local_session  # noqa: E402
 
 PARTITIONS = (1, 2, 4, 8)
@@ -127,7 +127,7 @@ def stream_once(
 ) -> dict[str, Any]:
     """One streaming run over the inbox; Spark's own per-batch durations."""
     from reconcile.spark.stream import write_stream
-    from sinks.postgres import postgres_sink
+    from sinks.postgres.factory import postgres_sink
 
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(

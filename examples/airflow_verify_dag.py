@@ -1,6 +1,6 @@
 """An Airflow DAG: verify a pipeline's sink tables every hour with the Spark job, repair on demand.
 
-Each task runs ``spark-submit`` on the engine's Spark job (``reconcile/spark/job.py``)
+Each task runs ``spark-submit`` on the engine's Spark job (``reconcile/cli/spark_submit.py``)
 with the arguments of ``reconcile verify``; its exit code fails the task on drift
 (1) or on an error (2), which is what alerting watches. The database's DSN, with
 its password, comes from an environment variable of the worker (or an Airflow
@@ -32,7 +32,7 @@ def verify_command(
     repair: bool = False,
 ) -> str:
     """The bash command a task runs: spark-submit of the engine's job on one sink table."""
-    from reconcile.spark import job
+    from reconcile.cli import spark_submit as job
 
     head = shlex.join(["spark-submit", "--master", master, job.__file__])
     tail = shlex.join(["--store", store, "--pipeline", pipeline, "--table", table, "--json"])

@@ -11,9 +11,9 @@ import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
 import pyarrow.compute as pc  # type: ignore[import-untyped, unused-ignore]
 
 from expected_state.column_types import infer_user_schema, sql_type, type_names
-from reconcile.contract import Change, InvalidInputError
-from reconcile.decimals import DecimalFitError, check_decimal, check_decimal_array
-from reconcile.hashing import row_hash_arrow
+from reconcile.core.contract import Change, InvalidInputError
+from reconcile.core.decimals import DecimalFitError, check_decimal, check_decimal_array
+from reconcile.core.hashing import row_hash_arrow
 
 __all__ = ["OP_COLUMN", "RESERVED_COLUMNS", "EpochChanges", "change_rows", "normalize_changes"]
 
@@ -80,7 +80,7 @@ def _conform(
             )
         column = data.column(field.name)
         if pa.types.is_decimal(field.type) and not column.type.equals(field.type):
-            # The one rule the Postgres sink also applies (reconcile.decimals):
+            # The one rule the Postgres sink also applies (reconcile.core.decimals):
             # a value is stored only if it fits the declared type exactly, never
             # rounded, so the sink and the expected state can never disagree.
             try:

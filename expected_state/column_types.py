@@ -29,8 +29,8 @@ from collections.abc import Sequence
 
 import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
 
-from reconcile.contract import ConfigurationError, InvalidInputError
-from reconcile.hashing import hash_kind
+from reconcile.core.contract import ConfigurationError, InvalidInputError
+from reconcile.core.hashing import hash_kind
 
 __all__ = [
     "SQL_TYPE",

@@ -25,8 +25,8 @@ from expected_state.fencing import check_generation
 from expected_state.layout import StoreFile, base_file_name, merged_file_name, stored_schema
 from expected_state.merge import apply_changes, last_per_key
 from expected_state.reading import live_files
-from reconcile import hooks
-from reconcile.contract import InvalidInputError, RetryableError
+from reconcile.core import hooks
+from reconcile.core.contract import InvalidInputError, RetryableError
 
 if TYPE_CHECKING:
     from expected_state.epochs import EpochLog

@@ -22,14 +22,14 @@ from expected_state.delta_files import (
     filesystem,
     write_data_file,
 )
-from reconcile import hooks
-from reconcile.contract import (
+from reconcile.core import hooks
+from reconcile.core.contract import (
     FencedError,
     InvalidInputError,
     OutcomeUnknownError,
     RetryableError,
 )
-from reconcile.durable import fsync_path
+from reconcile.core.durable import fsync_path
 
 __all__ = [
     "BEFORE_WRITE",

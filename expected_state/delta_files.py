@@ -17,8 +17,8 @@ import pyarrow.fs as pafs  # type: ignore[import-untyped, unused-ignore]
 import pyarrow.parquet as pq  # type: ignore[import-untyped, unused-ignore]
 from deltalake.transaction import AddAction
 
-from reconcile.contract import InvalidInputError
-from reconcile.durable import fsync_path
+from reconcile.core.contract import InvalidInputError
+from reconcile.core.durable import fsync_path
 
 __all__ = [
     "DataFile",

@@ -31,8 +31,8 @@ from deltalake.exceptions import TableNotFoundError
 
 from expected_state.delta_commit import DataFile, commit_files, make_durable, write_data_file
 from expected_state.delta_files import read_data_files
-from reconcile import hooks
-from reconcile.contract import InvalidInputError
+from reconcile.core import hooks
+from reconcile.core.contract import InvalidInputError
 
 __all__ = [
     "APPEND_CHECKED",

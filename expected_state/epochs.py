@@ -11,7 +11,7 @@ from deltalake import DeltaTable
 from expected_state.delta_commit import commit_files
 from expected_state.epoch_rows import EPOCHS_SCHEMA, EPOCHS_TABLE, EpochRows
 from expected_state.fencing import check_generation, fence_app_id, validate_generation
-from reconcile.contract import InvalidInputError, validate_name
+from reconcile.core.contract import InvalidInputError, validate_name
 
 __all__ = ["EPOCHS_SCHEMA", "EPOCHS_TABLE", "EpochLog", "EpochRecord"]
 

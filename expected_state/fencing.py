@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from deltalake import DeltaTable
 
-from reconcile.contract import FencedError, InvalidInputError
+from reconcile.core.contract import FencedError, InvalidInputError
 
 __all__ = [
     "check_generation",

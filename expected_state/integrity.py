@@ -38,7 +38,7 @@ import pyarrow.parquet as pq  # type: ignore[import-untyped, unused-ignore]
 
 from expected_state.delta_files import filesystem
 from expected_state.layout import EPOCH_COLUMN, ROW_HASH_COLUMN, StoreFile, classify
-from reconcile.contract import InvalidInputError, StoreIntegrityError, StoreLostRowsError
+from reconcile.core.contract import InvalidInputError, StoreIntegrityError, StoreLostRowsError
 
 __all__ = [
     "ENGINE_APP_KEY",

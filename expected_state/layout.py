@@ -9,7 +9,7 @@ from pathlib import PurePosixPath
 
 import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
 
-from reconcile.contract import InvalidInputError
+from reconcile.core.contract import InvalidInputError
 
 __all__ = [
     "EPOCH_COLUMN",

@@ -27,7 +27,7 @@ from expected_state.column_types import infer_user_schema
 from expected_state.delta_files import DataFile, describe_data_file, write_data_file
 from expected_state.fencing import check_recorded_generation
 from expected_state.layout import OP_COLUMN, change_file_name, stored_schema
-from reconcile.contract import InvalidInputError
+from reconcile.core.contract import InvalidInputError
 
 if TYPE_CHECKING:
     from expected_state.store import ApplyResult

@@ -23,8 +23,13 @@ from expected_state.delta_commit import commit_files
 from expected_state.delta_files import read_data_files
 from expected_state.delta_log import EPOCHS_LOG_MARGIN, prune_log
 from expected_state.epoch_rows import EPOCHS_SCHEMA, EPOCHS_TABLE, PIPELINE_STREAM, EpochRows
-from reconcile.contract import ConfigurationError, InvalidInputError, RetryableError, validate_name
-from reconcile.progress import EpochStatus, ProgressState
+from reconcile.core.contract import (
+    ConfigurationError,
+    InvalidInputError,
+    RetryableError,
+    validate_name,
+)
+from reconcile.core.progress import EpochStatus, ProgressState
 
 __all__ = ["StoreProgressLog", "progress_fence_id", "read_store_progress", "store_pipelines"]
 

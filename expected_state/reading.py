@@ -21,7 +21,7 @@ from expected_state.layout import (
 )
 from expected_state.merge import apply_changes, last_per_key, member_mask
 from expected_state.ranges import in_ranges
-from reconcile.contract import InvalidInputError
+from reconcile.core.contract import InvalidInputError
 
 __all__ = ["Reading", "live_files"]
 

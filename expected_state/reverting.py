@@ -10,8 +10,8 @@ from deltalake import DeltaTable
 from expected_state.delta_commit import DataFile, commit_files
 from expected_state.fencing import check_generation
 from expected_state.reading import base_through, live_files
-from reconcile import hooks
-from reconcile.contract import EpochOrderError, InvalidInputError, RetryableError
+from reconcile.core import hooks
+from reconcile.core.contract import EpochOrderError, InvalidInputError, RetryableError
 
 __all__ = ["REVERT_CHECKED", "Reverting"]
 

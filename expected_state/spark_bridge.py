@@ -38,7 +38,7 @@ from expected_state.delta_commit import (
     commit_files,
     describe_data_file,
 )
-from reconcile.contract import ConfigurationError, InvalidInputError, OutcomeUnknownError
+from reconcile.core.contract import ConfigurationError, InvalidInputError, OutcomeUnknownError
 
 __all__ = ["BridgeWriteResult", "delta_jars_available", "read_delta", "write_delta"]
 

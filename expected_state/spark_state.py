@@ -14,7 +14,7 @@ from typing import Any
 
 from expected_state.layout import EPOCH_COLUMN, OP_COLUMN
 from expected_state.spark_bridge import read_delta
-from reconcile.contract import InvalidInputError
+from reconcile.core.contract import InvalidInputError
 
 __all__ = ["read_state"]
 

@@ -38,15 +38,15 @@ from expected_state.parts import Parts
 from expected_state.reading import Reading
 from expected_state.reverting import Reverting
 from expected_state.trust import Trusting
-from reconcile import hooks
-from reconcile.contract import (
+from reconcile.core import hooks
+from reconcile.core.contract import (
     Change,
     EpochOrderError,
     InvalidInputError,
     RetryableError,
     validate_name,
 )
-from reconcile.keys import check_arrow_keys
+from reconcile.core.keys import check_arrow_keys
 
 __all__ = [
     "APPLY_CHECKED",

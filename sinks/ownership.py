@@ -16,7 +16,7 @@ pipeline's, nor a bound pipeline's for its own.
 
 from __future__ import annotations
 
-from reconcile.contract import (
+from reconcile.core.contract import (
     ConfigurationError,
     Fatal,
     MarkerMismatchError,

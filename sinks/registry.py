@@ -1,53 +1,183 @@
-"""Find a sink by URI scheme, importing its module only when it is asked for."""
+"""Find a sink by URI scheme or connection string: every backend declares itself.
+
+A backend is a package under ``sinks/`` with a ``backend`` module whose
+``BACKEND`` (a :class:`sinks.base.Backend`) names its schemes, the factory of
+its sinks, its capabilities and the optional extra it needs, each as a
+``module:attribute`` string. The registry finds those modules by listing the
+``sinks`` package (no table of backends here), reads the declarations, which
+import nothing of the backends' dependencies, and imports a factory or a
+capability only when a caller asks for it. It is the only way any caller
+picks a sink:
+
+- :func:`open_sink` builds the sink a URI describes (``memory://``,
+  ``file:///path``, ``http(s)://``, ``delta:///path``, ``postgresql://``,
+  ``sqlite:///path?table=T`` and the other SQLAlchemy dialects);
+- :func:`capability` gives what the backend of a connection string provides
+  beyond its sinks (``sinks.base.PULLABLE``, ``SPARK_PULL``, ``TABLE_SINK``,
+  ``LEASE``), and :func:`provides` says whether it does.
+
+A dependency that is not installed is a ConfigurationError that names the
+extra to install (``pip install 'reconcile-engine[postgres]'``).
+"""
 
 from __future__ import annotations
 
+import functools
 import importlib
+import importlib.util
+import pkgutil
+import re
 from collections.abc import Callable
 from typing import Any
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
-from reconcile.contract import ConfigurationError
-from sinks.base import TwoPhaseSink
+import sinks
+from reconcile.core.contract import ConfigurationError
+from sinks.base import Backend, TwoPhaseSink, redact_uri
 
-__all__ = ["open_sink", "redact_uri", "register"]
+__all__ = [
+    "backend_for",
+    "backends",
+    "capability",
+    "open_sink",
+    "preload",
+    "provides",
+    "redact_uri",
+    "register",
+]
 
-# scheme -> (module, factory name, extra that provides its dependencies)
-_BUILTIN: dict[str, tuple[str, str, str | None]] = {
-    "memory": ("sinks.registry", "_memory", None),
-    "file": ("sinks.registry", "_file", None),
-    "http": ("sinks.registry", "_http", None),
-    "https": ("sinks.registry", "_http", None),
-    "postgresql": ("sinks.registry", "_postgres", None),
-    "postgres": ("sinks.registry", "_postgres", None),
-    "postgresql+psycopg": ("sinks.registry", "_postgres", None),
-    "delta": ("sinks.registry", "_delta", None),
-}
 _CUSTOM: dict[str, Callable[[str, str], TwoPhaseSink]] = {}
-
-# Query parameters whose values are secrets (libpq's password and sslpassword,
-# and the usual names of tokens): never shown in an error.
-_SECRET_QUERY_KEYS = frozenset(
-    {"password", "sslpassword", "passwd", "pwd", "secret", "token", "access_token", "api_key"}
-)
+_URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 
 
-def redact_uri(uri: str) -> str:
-    """``uri`` with the password of its user info and secret query values replaced by ***."""
+@functools.cache
+def backends() -> tuple[Backend, ...]:
+    """Every backend under ``sinks/``, by name (read once per process).
+
+    Raises:
+        ConfigurationError: two backends claim one name or one scheme.
+    """
+    found: dict[str, Backend] = {}
+    claimed: dict[str, str] = {}
+    for info in sorted(pkgutil.iter_modules(sinks.__path__), key=lambda i: i.name):
+        if not info.ispkg:
+            continue
+        declaration = f"sinks.{info.name}.backend"
+        if importlib.util.find_spec(declaration) is None:
+            continue  # a shared package (sinks.objects), not a backend
+        backend = importlib.import_module(declaration).BACKEND
+        if not isinstance(backend, Backend):
+            raise ConfigurationError(f"{declaration}.BACKEND is not a sinks.base.Backend")
+        if backend.name in found:
+            raise ConfigurationError(f"two sink backends are named {backend.name!r}")
+        for scheme in backend.schemes:
+            if scheme in claimed:
+                raise ConfigurationError(
+                    f"scheme {scheme}:// is claimed by the {claimed[scheme]} and the "
+                    f"{backend.name} backends"
+                )
+            claimed[scheme] = backend.name
+        found[backend.name] = backend
+    return tuple(found[name] for name in sorted(found))
+
+
+def _scheme(connection: str) -> str:
+    match = _URL.match(connection.strip())
+    return match.group(1).lower() if match else ""
+
+
+def _known() -> list[str]:
+    return sorted({*(s for b in backends() for s in b.schemes), *_CUSTOM})
+
+
+def backend_for(connection: str) -> Backend:
+    """The backend that takes ``connection``: a URI of one of its schemes, or a string it accepts.
+
+    Raises:
+        ConfigurationError: no backend takes it (the password is not shown).
+    """
+    scheme = _scheme(connection)
+    for backend in backends():
+        if scheme in backend.schemes:
+            return backend
+    for backend in backends():
+        if backend.accepts is not None and backend.accepts(connection):
+            return backend
+    shown = redact_uri(connection) if scheme else "a connection string (not shown)"
+    raise ConfigurationError(f"unknown scheme in {shown!r}; known: {_known()}")
+
+
+def provides(connection: str, name: str) -> bool:
+    """Whether the backend of ``connection`` provides capability ``name`` (False: none takes it)."""
     try:
-        parts = urlsplit(uri)
-        netloc = parts.netloc
-        userinfo, at, host = netloc.rpartition("@")
-        if at and ":" in userinfo:
-            netloc = f"{userinfo.split(':', 1)[0]}:***@{host}"
-        query = "&".join(
-            f"{key}=***" if key.lower() in _SECRET_QUERY_KEYS else f"{key}={value}"
-            for key, value in parse_qsl(parts.query, keep_blank_values=True)
+        backend = backend_for(connection)
+    except ConfigurationError:
+        return False
+    return name in backend.capabilities
+
+
+def capability(connection: str, name: str, *, generic: bool = False) -> Any:
+    """What the backend of ``connection`` provides as capability ``name``, imported.
+
+    Args:
+        connection: a URI or connection string (a libpq DSN, an SQLAlchemy URL).
+        name: ``sinks.base.PULLABLE``, ``SPARK_PULL``, ``TABLE_SINK`` or ``LEASE``.
+        generic: take the backend that reaches any database through a generic
+            driver (SQLAlchemy), not the one of ``connection``'s own system:
+            a caller that turns the fast path off.
+
+    Raises:
+        ConfigurationError: no backend takes ``connection``; its backend does
+            not provide ``name`` (the backends that do are named); or the
+            extra it needs is not installed (naming it).
+    """
+    if generic:
+        chosen = [b for b in backends() if b.generic and name in b.capabilities]
+        if not chosen:
+            raise ConfigurationError(f"no generic sink backend provides {name}")
+        backend = chosen[0]
+    else:
+        backend = backend_for(connection)
+    if name not in backend.capabilities:
+        able = [b.name for b in backends() if name in b.capabilities]
+        raise ConfigurationError(
+            f"the {backend.name} sinks do not provide {name}; the backends that do: {able}"
         )
-        return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
-    except ValueError:
-        # urlsplit refuses some strings (a bad IPv6 host): show nothing of them.
-        return "<a URI that cannot be parsed>"
+    return _load(backend, backend.capabilities[name])
+
+
+def preload(name: str) -> list[str]:
+    """Import what every backend provides as ``name``, where its extra is installed.
+
+    A Spark executor that will run a backend's code (a staging task) imports
+    it before the first micro-batch needs it. A backend whose extra is
+    missing is skipped: nothing of it can be in use.
+
+    Returns:
+        The names of the backends whose provider was imported.
+    """
+    loaded = []
+    for backend in backends():
+        if name in backend.capabilities:
+            try:
+                _load(backend, backend.capabilities[name])
+            except ConfigurationError:
+                continue  # its extra is not installed
+            loaded.append(backend.name)
+    return loaded
+
+
+def _load(backend: Backend, reference: str) -> Any:
+    """Import ``module:attribute`` of ``backend``, its extra's modules first."""
+    for module in backend.requires:
+        try:
+            importlib.import_module(module)
+        except ImportError as exc:
+            raise ConfigurationError(
+                f"the {backend.name} sinks need {module}, which is not installed: "
+                f"{backend.install_hint}"
+            ) from exc
+    module_name, _, attribute = reference.partition(":")
+    return getattr(importlib.import_module(module_name), attribute)
 
 
 def register(scheme: str, factory: Callable[[str, str], TwoPhaseSink]) -> None:
@@ -59,81 +189,28 @@ def open_sink(name: str, uri: str) -> TwoPhaseSink:
     """Build the sink named ``name`` that ``uri`` describes.
 
     ``memory://`` (a process-local store), ``file:///path``, ``http(s)://host/base``,
-    ``delta:///path`` (the Delta sink's tables under that folder), and
+    ``delta:///path`` (the Delta sink's tables under that folder),
     ``postgresql://user:pw@host/db?table=T&mode=prepared`` (``table`` defaults to
     the sink name, ``mode`` to transactional; ``schema`` and ``state_schema`` are
-    the sink's options of those names; other parameters go to libpq).
+    the sink's options of those names; other parameters go to libpq), and any
+    SQLAlchemy URL (``sqlite:///path?table=T``, ``mysql+pymysql://...``) for
+    the SQL sink (``table`` and ``schema`` as for Postgres).
 
     Raises:
-        ConfigurationError: unknown scheme, or its module cannot be imported
-            (the error says which extra to install). A URI in a message has its
-            password and secret query values replaced by ***.
+        ConfigurationError: unknown scheme, or the backend's extra is not
+            installed (the error says which to install). A URI in a message
+            has its password and secret query values replaced by ***.
     """
-    scheme = urlsplit(uri).scheme
+    scheme = _scheme(uri)
     if scheme in _CUSTOM:
         return _CUSTOM[scheme](name, uri)
-    if scheme not in _BUILTIN:
-        known = sorted({*_BUILTIN, *_CUSTOM})
-        raise ConfigurationError(
-            f"sink {name!r}: unknown scheme in {redact_uri(uri)!r}; known: {known}"
-        )
-    module_name, factory_name, extra = _BUILTIN[scheme]
     try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        hint = f"pip install 'reconcile-engine[{extra}]'" if extra else "reinstall reconcile-engine"
-        raise ConfigurationError(f"sink {name!r} ({scheme}://) needs {exc.name}: {hint}") from exc
-    factory: Callable[[str, str], TwoPhaseSink] = getattr(module, factory_name)
-    return factory(name, uri)
-
-
-_MEMORY_STORES: dict[str, Any] = {}
-
-
-def _memory(name: str, uri: str) -> TwoPhaseSink:
-    from sinks.memory import MemorySink, MemoryStore
-
-    store = _MEMORY_STORES.setdefault(urlsplit(uri).netloc, MemoryStore())
-    return MemorySink(name, store)
-
-
-def _file(name: str, uri: str) -> TwoPhaseSink:
-    from sinks.files import FileSink
-
-    return FileSink(name, _local_path(name, uri))
-
-
-def _postgres(name: str, uri: str) -> TwoPhaseSink:
-    from sinks.postgres import postgres_sink
-
-    parts = urlsplit(uri)
-    params = parse_qsl(parts.query, keep_blank_values=True)
-    ours = {k: v for k, v in params if k in ("table", "mode", "schema", "state_schema")}
-    libpq = urlencode([(k, v) for k, v in params if k not in ours])
-    dsn = urlunsplit((parts.scheme, parts.netloc, parts.path, libpq, ""))
-    options = {k: ours[k] for k in ("schema", "state_schema") if k in ours}
-    return postgres_sink(
-        dsn, ours.get("table", name), mode=ours.get("mode", "transactional"), name=name, **options
-    )
-
-
-def _delta(name: str, uri: str) -> TwoPhaseSink:
-    from sinks.delta import DeltaSink
-
-    return DeltaSink(name, _local_path(name, uri))
-
-
-def _local_path(name: str, uri: str) -> str:
-    parts = urlsplit(uri)
-    if parts.netloc not in ("", "localhost"):
+        backend = backend_for(uri) if scheme else None
+    except ConfigurationError:
+        backend = None
+    if backend is None:
         raise ConfigurationError(
-            f"sink {name!r}: {parts.scheme} URI {redact_uri(uri)!r} must be local "
-            f"({parts.scheme}:///path)"
+            f"sink {name!r}: unknown scheme in {redact_uri(uri)!r}; known: {_known()}"
         )
-    return parts.path
-
-
-def _http(name: str, uri: str) -> TwoPhaseSink:
-    from sinks.http import HttpSink
-
-    return HttpSink(name, uri)
+    factory: Callable[[str, str], TwoPhaseSink] = _load(backend, backend.open)
+    return factory(name, uri)

@@ -15,11 +15,11 @@ import psycopg
 import pyarrow as pa
 from psycopg.conninfo import conninfo_to_dict
 
-from reconcile.cycle import CommitCycle
-from reconcile.expected import ExpectedState
-from reconcile.ha.lease import PgLease
-from reconcile.staged import StagedEpoch
-from sinks.postgres import postgres_sink
+from reconcile.core.staged import StagedEpoch
+from reconcile.engine.cycle import CommitCycle
+from reconcile.engine.expected import ExpectedState
+from sinks.postgres.factory import postgres_sink
+from sinks.postgres.lease import PgLease
 from sinks.postgres.shared_stage import copy_to_stage, ensure_stage, reflect_target
 from tests.fix_pg import PgServer
 

@@ -1,7 +1,7 @@
 """What the demo tests read from PostgreSQL itself: the sinks against TPC-H, computed here.
 
 The expected values come from the generated Parquet files through pandas, not
-from the demo's own audit (``reconcile.tpch_demo.summary``), so a bug in the
+from the demo's own audit (``reconcile.demo.tpch.summary``), so a bug in the
 audit cannot hide a lost row or a total counted twice.
 """
 

@@ -9,9 +9,9 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
-from reconcile.contract import SinkTxnId
+from reconcile.core.contract import SinkTxnId
 from reconcile.testing.harness import ChaosRow
-from sinks.delta import DeltaSink
+from sinks.delta.sink import DeltaSink
 
 
 class DeltaHarness:

@@ -15,7 +15,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from reconcile.embedded_pg import (
+from reconcile.demo.embedded_pg import (
     EmbeddedPostgres,
     as_postgres,
     chown_to_postgres,
@@ -246,7 +246,7 @@ class PostgresHarness:
         return cls(server.dsn(dbname), mode)
 
     def new_sink(self, name: str) -> Any:
-        from sinks.postgres import postgres_sink
+        from sinks.postgres.factory import postgres_sink
 
         with psycopg.connect(self.dsn, autocommit=True) as conn:
             # Set up once per table: a restarted process must not take a lock on
@@ -298,7 +298,7 @@ class PostgresHarness:
         return out
 
     def prepared(self, name: str) -> list[Any]:
-        from reconcile.contract import SinkTxnId, TxnIdParseError
+        from reconcile.core.contract import SinkTxnId, TxnIdParseError
 
         found = []
         with psycopg.connect(self.dsn, autocommit=True) as conn:

@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 
-from reconcile.contract import SinkTxnId
+from reconcile.core.contract import SinkTxnId
 from reconcile.testing.harness import ChaosRow, SinkHarness
-from sinks.files import FileSink, read_batch
-from sinks.http import HttpSink
-from sinks.memory import MemorySink, MemoryStore
+from sinks.files.sink import FileSink, read_batch
+from sinks.http.sink import HttpSink
+from sinks.memory.sink import MemorySink, MemoryStore
 from tests.http_receiver import ReceiverServer
 
 # Every sink kind with a ``<kind>_harness`` fixture somewhere in the plugins.

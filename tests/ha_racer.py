@@ -10,7 +10,7 @@ import os
 import sys
 import time
 
-from reconcile.ha.lease import PgLease
+from sinks.postgres.lease import PgLease
 
 
 def main(argv: list[str]) -> int:

@@ -7,9 +7,9 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from reconcile.contract import SinkTxnId, TxnIdParseError
-from sinks.http import LOG_ID_HEADER
-from sinks.memory import CommitRecord
+from reconcile.core.contract import SinkTxnId, TxnIdParseError
+from sinks.http.sink import LOG_ID_HEADER
+from sinks.memory.sink import CommitRecord
 
 
 class ReceiverState:

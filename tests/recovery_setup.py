@@ -22,8 +22,8 @@ from psycopg import sql
 
 from expected_state.store import ExpectedStateStore
 from reconcile import CommitCycle, CommitSucceeded
-from reconcile.contract import Change
-from sinks.postgres import postgres_sink
+from reconcile.core.contract import Change
+from sinks.postgres.factory import postgres_sink
 
 UTC = dt.UTC
 

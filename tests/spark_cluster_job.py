@@ -38,7 +38,8 @@ def main(argv: list[str]) -> int:
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     import psycopg
 
-    from reconcile import hooks, recover
+    from reconcile import recover
+    from reconcile.core import hooks
     from reconcile.recovery.brake import Brake
     from reconcile.spark.verify import SNAPSHOT_EXPORTED, spark_recover
     from tests.fix_spark import build_local_session

@@ -58,8 +58,8 @@ def outputs(run_tag: str) -> dict[str, Any]:
 def build_events(options: dict[str, str]) -> Any:
     """The ``build`` option of the format writer: the cycle of ``events`` alone."""
     from reconcile import CommitCycle
-    from reconcile.expected import ExpectedState
-    from sinks.postgres import postgres_sink
+    from reconcile.engine.expected import ExpectedState
+    from sinks.postgres.factory import postgres_sink
 
     expected = ExpectedState(f"{options['root']}/store", "shop", {"events": ["id"]})
     sink = postgres_sink(options["dsn"], "events", name="events")
@@ -75,9 +75,9 @@ def main(argv: list[str]) -> int:
     import psycopg
 
     from reconcile import CommitCycle
-    from reconcile.expected import ExpectedState
+    from reconcile.engine.expected import ExpectedState
     from reconcile.spark.stream import write_stream
-    from sinks.postgres import postgres_sink
+    from sinks.postgres.factory import postgres_sink
     from tests.fix_spark import build_local_session
 
     with psycopg.connect(dsn, autocommit=True) as conn:

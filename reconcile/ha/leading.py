@@ -2,7 +2,7 @@
 
 ``Heartbeat`` renews the lease in a thread and says when it could not.
 ``QueryFailures`` decides what a failed streaming query calls for, from the
-typed error its writer kept (``reconcile.decisions.classify``), and counts the
+typed error its writer kept (``reconcile.core.decisions.classify``), and counts the
 failures of one epoch in a row, across query runs and tenures.
 """
 
@@ -14,9 +14,9 @@ import threading
 from dataclasses import dataclass, field
 from typing import Literal
 
-from reconcile.contract import FatalError
-from reconcile.decisions import Failure, classify
-from reconcile.ha.lease import PgLease
+from reconcile.core.contract import FatalError
+from reconcile.core.decisions import Failure, classify
+from reconcile.core.lease import Lease
 
 __all__ = [
     "QUERY_FAILURES", "RESTART_WAIT_MAX_S", "AfterFailure", "Heartbeat", "QueryFailures", "Role",
@@ -61,7 +61,7 @@ class Tenure:
 class Heartbeat(threading.Thread):
     """Renews the lease every ``every_s`` while we lead; sets ``lost`` when it cannot."""
 
-    def __init__(self, lease: PgLease, every_s: float) -> None:
+    def __init__(self, lease: Lease, every_s: float) -> None:
         super().__init__(name=f"reconcile-lease-{lease.pipeline}", daemon=True)
         self.lease, self.every_s = lease, every_s
         self.lost = threading.Event()
@@ -130,7 +130,7 @@ class QueryFailures:
             said: one line of what failed, for the messages.
             poll_s: the node's poll interval: the first wait is twice it.
 
-        The cases (``reconcile.decisions.classify``):
+        The cases (``reconcile.core.decisions.classify``):
 
         - fenced: step down; a newer writer leads;
         - rejected by the database, or an error no retry cures: stop; the

@@ -1,7 +1,7 @@
 """A pipeline run as ``main`` or ``standby``: one leads and streams, the other follows, takes over.
 
 Both instances share the expected-state store and Spark's checkpoint folder.
-Only the holder of the lease (``reconcile.ha.lease``) runs the streaming
+Only the holder of the lease (``sinks.postgres.lease``) runs the streaming
 query. A standby follows the store (it knows the newest decided epoch without
 reading any sink) and tries for the lease whenever it runs out. Taking over
 (``reconcile.ha.takeover``): end the old writer's sink sessions, claim a new
@@ -36,11 +36,12 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from reconcile.contract import ConfigurationError, FencedError, RetryableError
-from reconcile.cycle import CommitCycle
-from reconcile.decisions import Failure, classify
+from reconcile.core.contract import ConfigurationError, FencedError, RetryableError
+from reconcile.core.decisions import Failure, classify
+from reconcile.core.lease import Lease, wait_s
+from reconcile.core.metrics import Metrics, with_labels
+from reconcile.engine.cycle import CommitCycle
 from reconcile.ha.leading import Heartbeat, QueryFailures, Role, Tenure
-from reconcile.ha.lease import PgLease, wait_s
 from reconcile.ha.takeover import (
     LeadershipLostError,
     fence_sinks,
@@ -49,7 +50,7 @@ from reconcile.ha.takeover import (
     terminate_old_sessions,
 )
 from reconcile.ha.warming import StandbyWarmUp
-from reconcile.metrics import Metrics, with_labels
+from reconcile.spark.stream import write_stream
 
 __all__ = ["HaNode", "Role", "Tenure"]
 
@@ -62,7 +63,7 @@ class HaNode:
     Args:
         df: the streaming DataFrame (the same one each time the query starts).
         build: makes the pipeline's CommitCycle over fresh sink clients.
-        lease: the pipeline's lease (``PgLease``).
+        lease: the pipeline's lease (``Lease``).
         checkpoint, staging, outputs, trigger, query_name, via,
         collect_max_bytes, retry: as for
             ``reconcile.spark.write_stream``; the checkpoint is shared with
@@ -86,7 +87,7 @@ class HaNode:
         df: Any,
         build: Callable[[], CommitCycle],
         *,
-        lease: PgLease,
+        lease: Lease,
         checkpoint: str,
         staging: str,
         role: Role | str = Role.MAIN,
@@ -162,7 +163,7 @@ class HaNode:
         Raises:
             RejectedError: the database refused an epoch's rows; the node stopped.
             ConfigurationError, MarkerMismatchError, ...: an error no retry
-                cures stopped the node (``reconcile.decisions.classify``).
+                cures stopped the node (``reconcile.core.decisions.classify``).
             FatalError: one epoch failed ``QUERY_FAILURES`` times in a row.
         """
         stop = stop or threading.Event()
@@ -266,7 +267,6 @@ class HaNode:
                     sessions_ended=now.sessions_ended, steps=now.steps)  # fmt: skip
 
     def _start_query(self, cycle: CommitCycle, replay_needed: Any) -> None:
-        from reconcile.spark.stream import write_stream
 
         self.query = write_stream(
             self.df, self.build, started=(cycle, replay_needed), **self.stream_args

@@ -27,14 +27,17 @@ import logging
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, Protocol
 
 import psycopg
 
-from reconcile.contract import ConfigurationError, FencedError, RetryableError
-from reconcile.cycle import CommitCycle
-from reconcile.ha.lease import PgLease
-from reconcile.progress import ProgressLog
+from reconcile.core.contract import ConfigurationError, FencedError, RetryableError
+from reconcile.core.lease import Lease
+from reconcile.core.progress import ProgressLog
+from reconcile.core.sink import capabilities_of
+from reconcile.engine.cycle import CommitCycle
+from reconcile.recovery.api import recover_sink
+from reconcile.recovery.modes import Mode
 
 __all__ = [
     "LeadershipLostError",
@@ -48,6 +51,22 @@ log = logging.getLogger("reconcile.ha")
 
 FENCE_ATTEMPTS = 3  # tries of one sink's fence whose row stays locked, at takeover
 FENCE_BACKOFF_S = 0.5  # the first wait between them; it doubles
+
+
+class SessionTarget(Protocol):
+    """A sink's database as the takeover reaches it (a Postgres sink's ``target``)."""
+
+    def describe(self) -> str:
+        """``user@host:port/dbname``: safe to log."""
+        ...
+
+    def redact(self, text: str) -> str:
+        """``text`` without the connection's secrets."""
+        ...
+
+    def connect(self, *, autocommit: bool = False, **overrides: Any) -> psycopg.Connection[Any]:
+        """A new connection to the database."""
+        ...
 
 
 class LeadershipLostError(FencedError):
@@ -64,7 +83,7 @@ class _LeasedProgress:
     writes, and the newer leader, fenced, claims again (``HaNode``).
     """
 
-    def __init__(self, inner: ProgressLog, lease: PgLease) -> None:
+    def __init__(self, inner: ProgressLog, lease: Lease) -> None:
         self._inner, self._lease = inner, lease
 
     def claim_generation(self) -> int:
@@ -85,7 +104,7 @@ class _LeasedProgress:
         return getattr(self._inner, name)
 
 
-def guard_claims(build: Callable[[], CommitCycle], lease: PgLease) -> Callable[[], CommitCycle]:
+def guard_claims(build: Callable[[], CommitCycle], lease: Lease) -> Callable[[], CommitCycle]:
     """``build``, with every cycle's generation claims checked against ``lease``."""
 
     def leased() -> CommitCycle:
@@ -129,7 +148,9 @@ def terminate_old_sessions(cycle: CommitCycle, *, wait_ms: int = 5000) -> int:
     return ended
 
 
-def _end_sessions(conn: psycopg.Connection[Any], target: Any, prefix: str, wait_ms: int) -> int:
+def _end_sessions(
+    conn: psycopg.Connection[Any], target: SessionTarget, prefix: str, wait_ms: int
+) -> int:
     """End the sessions of our role named ``prefix...`` on ``conn``'s database; how many ended."""
     # The pids first, then one termination each: in a single statement the
     # planner may call pg_terminate_backend() on a row before the filters have
@@ -188,10 +209,15 @@ def fence_sinks(
 
 
 def _fence_one(
-    pipeline: str, name: str, sink: Any, fence: Any, generation: int, attempts: int
+    pipeline: str,
+    name: str,
+    sink: object,
+    fence: Callable[[str, int], object],
+    generation: int,
+    attempts: int,
 ) -> None:
     """One sink's fence, with the lock-wait retries of ``fence_sinks``."""
-    target = getattr(sink, "target", None)
+    target: SessionTarget | None = getattr(sink, "target", None)
 
     def redact(text: str) -> str:
         return str(target.redact(text)) if target is not None else text
@@ -230,9 +256,6 @@ def recover_sinks(cycle: CommitCycle) -> dict[str, int]:
     but never committed into a sink (killed between the store commit and the
     sink commit) is applied here, once, from the rows the store recorded.
     """
-    from reconcile.recovery.api import recover_sink
-    from reconcile.recovery.modes import Mode
-    from reconcile.sink import capabilities_of
 
     generation, expected = cycle.generation, cycle.expected_state
     assert generation is not None, "recover_sinks() after start()"

@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from reconcile.spark.warm import WARM_EVERY_S
+from reconcile.spark.warm import WARM_EVERY_S, warm_up
 
 __all__ = ["StandbyWarmUp"]
 
@@ -51,7 +51,6 @@ class StandbyWarmUp:
         self._thread.start()
 
     def _run(self, sinks: list[str], batch_id: int) -> None:
-        from reconcile.spark.warm import warm_up
 
         try:
             took = warm_up(self.df, sinks, self.outputs, batch_id=batch_id)

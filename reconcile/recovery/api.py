@@ -9,35 +9,30 @@ Two entries:
   (bound to its writer) and the writer's generation: what ``start()`` calls
   for a sink that is behind or whose outcome is unknown.
 
-PostgreSQL takes the fast path (COPY into Arrow through ADBC, checksums in the
-database); any other database goes through SQLAlchemy Core (``sinks.sql``).
+The sink client comes from ``sinks.registry``: the backend of the connection
+string provides it (PostgreSQL's fast path: COPY into Arrow through ADBC,
+checksums in the database); with ``fast_path=False``, or for any other
+database, the generic backend does (SQLAlchemy Core, ``sinks.sql``).
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from typing import Any
 
-from reconcile import interrupts
-from reconcile.contract import ConfigurationError, validate_name
+from expected_state.store import ExpectedStateStore
+from reconcile.core import interrupts
+from reconcile.core.contract import ConfigurationError, validate_name
+from reconcile.core.expected import ExpectedStore
+from reconcile.core.target import Progress, PullableSink, RecoveryTarget, is_pullable
 from reconcile.recovery.brake import DEFAULT_MAX_CHANGE_FRACTION, Brake
 from reconcile.recovery.engine import reconcile_table
 from reconcile.recovery.modes import Mode
 from reconcile.recovery.report import ReconcileReport
-from reconcile.recovery.target import Progress, RecoveryTarget
-from reconcile.sink import capabilities_of
+from sinks import registry
+from sinks.base import PULLABLE
 
-__all__ = ["is_postgres", "recover", "recover_sink"]
-
-_POSTGRES_URL = re.compile(r"^(postgresql|postgres)(\+psycopg)?://", re.IGNORECASE)
-_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
-
-
-def is_postgres(dsn: str) -> bool:
-    """A libpq DSN (``host=... dbname=...``) or a PostgreSQL URL (libpq's or psycopg's)."""
-    text = dsn.strip()
-    return bool(_POSTGRES_URL.match(text)) or (not _URL.match(text) and "=" in text)
+__all__ = ["recover", "recover_sink"]
 
 
 def _mode(mode: Mode | str) -> Mode:
@@ -51,9 +46,7 @@ def _mode(mode: Mode | str) -> Mode:
         ) from None
 
 
-def _store(root: str, pipeline: str, table: str, keys: Sequence[str]) -> Any:
-    from expected_state.store import ExpectedStateStore
-
+def _store(root: str, pipeline: str, table: str, keys: Sequence[str]) -> ExpectedStore:
     return ExpectedStateStore(root, pipeline, table, list(keys))
 
 
@@ -68,15 +61,14 @@ def _target(
     keys: Sequence[str] | None,
     name: str,
 ) -> tuple[Any, RecoveryTarget]:
-    """A sink client for ``table`` (named ``name`` in its markers) and its recovery target."""
-    if fast_path and is_postgres(dsn):
-        from sinks.postgres import PostgresSink
+    """A sink client for ``table`` (named ``name`` in its markers) and its recovery target.
 
-        sink: Any = PostgresSink(dsn, table, name=name, schema=schema, key=keys)
-    else:
-        from sinks.sql import SqlSink
-
-        sink = SqlSink(dsn, table, name=name, schema=schema, key=keys)
+    The backend of ``dsn`` provides the client; without the fast path, or when
+    that backend cannot be pulled from, the generic one (SQLAlchemy) does.
+    """
+    generic = not fast_path or not registry.provides(dsn, PULLABLE)
+    pullable = registry.capability(dsn, PULLABLE, generic=generic)
+    sink: PullableSink = pullable(dsn, table, name=name, schema=schema, key=keys)
     return sink, sink.recovery_target(pipeline, None, write=write)
 
 
@@ -182,8 +174,8 @@ def recover(
 
 
 def recover_sink(
-    sink: Any,
-    store: Any,
+    sink: object,
+    store: ExpectedStore,
     generation: int,
     *,
     mode: Mode | str = Mode.AUTO,
@@ -201,7 +193,7 @@ def recover_sink(
 
     Args:
         sink: a pullable sink client, bound to the pipeline's writer
-            (``PostgresSink``, ``sinks.sql.SqlSink``).
+            (``PostgresSink``, ``sinks.sql.sink.SqlSink``).
         store: the ``ExpectedStateStore`` of that sink's table.
         generation: the writer generation the cycle claimed.
         mode: as for :func:`recover`; auto after a crash prefers scoped.
@@ -217,14 +209,14 @@ def recover_sink(
         FencedError: a newer writer holds the sink.
         (and as :func:`recover`)
     """
-    if not capabilities_of(sink).pullable:
+    if not is_pullable(sink):
         raise ConfigurationError(
             f"sink {getattr(sink, 'name', sink)!r} cannot be pulled from (its capabilities "
             "say pullable=False): pull-and-diff recovery needs a pullable sink"
         )
-    pipeline = getattr(sink, "pipeline", None) or store.pipeline
+    pipeline = sink.pipeline or store.pipeline
     target = sink.recovery_target(pipeline, generation, write=not dry_run)
-    with interrupts.step("the recovery", table=getattr(sink, "name", None) or store.sink):
+    with interrupts.step("the recovery", table=sink.name or store.sink):
         return reconcile_table(
             target,
             store,

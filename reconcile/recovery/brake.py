@@ -36,11 +36,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Any
 
 import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
 
-from reconcile.contract import ConfigurationError, InvalidInputError, StoreIntegrityError
+from reconcile.core.contract import ConfigurationError, InvalidInputError, StoreIntegrityError
+from reconcile.core.expected import ExpectedStore
 from reconcile.recovery.diff import Diff
 
 __all__ = [
@@ -105,7 +105,9 @@ class BrakeReading:
         return self.limit is not None and self.counted > self.limit
 
 
-def counted_changes(diff: Diff, store: Any, newest: int | None, epoch: int, keys: list[str]) -> int:
+def counted_changes(
+    diff: Diff, store: ExpectedStore, newest: int | None, epoch: int, keys: list[str]
+) -> int:
     """The extra and changed rows of ``diff`` the brake counts (see the module docstring).
 
     Reads the keys the store changed after the sink's newest marker, which

@@ -4,7 +4,7 @@ The expected rows are sorted by the first key column and cut into ranges of
 about equal size; the bounds are values of that column, so both sides put a row
 in the same range (``width_bucket`` in SQL, ``searchsorted`` here). For every
 range the database computes (rows, sum of row checksums) from the values it
-holds (``reconcile.checksum``); the same figures are computed here from the
+holds (``reconcile.core.checksum``); the same figures are computed here from the
 expected rows. A range whose figures differ is cut again (``fanout`` parts)
 while it holds more than ``leaf_rows`` expected rows and can be cut; the ranges
 left are pulled and diffed by row hash like full mode, so the counts are the
@@ -43,8 +43,8 @@ import numpy.typing as npt
 import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
 import pyarrow.compute as pc  # type: ignore[import-untyped, unused-ignore]
 
-from reconcile.checksum import row_checksums
-from reconcile.recovery.target import KeyRange, SinkSnapshot
+from reconcile.core.checksum import row_checksums
+from reconcile.core.target import KeyRange, SinkSnapshot
 
 __all__ = [
     "FULL_SHARE",

@@ -1,7 +1,7 @@
 """The pure diff: expected state against a sink's rows, by key and row hash.
 
 No I/O: both sides arrive as Arrow tables of the key columns and ``_row_hash``
-(the canonical row hash of the value columns, see ``reconcile.hashing``). The
+(the canonical row hash of the value columns, see ``reconcile.core.hashing``). The
 result says which keys the sink lacks (missing), holds but should not (extra),
 and holds with other values (changed).
 """
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
 import pyarrow.compute as pc  # type: ignore[import-untyped, unused-ignore]
 
-from reconcile.contract import InvalidInputError
+from reconcile.core.contract import InvalidInputError
 
 __all__ = ["HASH", "Diff", "diff_tables"]
 

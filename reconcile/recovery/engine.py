@@ -14,7 +14,7 @@ steps run on the Postgres fast path and on any SQLAlchemy database:
    marker moved), pull again.
 
 The modes' work is in ``finding.py``. Each step is named for an interruption
-(``reconcile.interrupts``): SIGINT or SIGTERM in "the pull", "the bucket
+(``reconcile.core.interrupts``): SIGINT or SIGTERM in "the pull", "the bucket
 search", "the diff" or "the repair transaction" of a table says so.
 """
 
@@ -22,20 +22,20 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
 
 import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
 
-from reconcile import hooks, interrupts
-from reconcile.contract import InvalidInputError, MassChangeError, RetryableError
+from reconcile.core import hooks, interrupts
+from reconcile.core.conform import check_columns
+from reconcile.core.contract import InvalidInputError, MassChangeError, RetryableError
+from reconcile.core.expected import ExpectedStore
+from reconcile.core.target import Progress, RecoveryTarget, Repair, SinkSnapshot
 from reconcile.recovery.brake import Brake, BrakeReading, counted_changes, refusal
 from reconcile.recovery.buckets import BucketLimits
-from reconcile.recovery.conform import check_columns
 from reconcile.recovery.finding import Found, check_step, find_buckets, find_full, find_scoped
 from reconcile.recovery.modes import Mode, choose_mode
 from reconcile.recovery.report import ReconcileReport
 from reconcile.recovery.source import ExpectedSource, semi
-from reconcile.recovery.target import Progress, RecoveryTarget, Repair, SinkSnapshot
 
 __all__ = ["PULLED", "ExpectedSource", "reconcile_table"]
 
@@ -50,7 +50,7 @@ PULLED = hooks.declare("recovery.pulled")
 
 def reconcile_table(
     target: RecoveryTarget,
-    store: Any,
+    store: ExpectedStore,
     *,
     mode: Mode = Mode.AUTO,
     after_crash: bool = False,
@@ -114,7 +114,9 @@ def reconcile_table(
     for _attempt in range(_MAX_ATTEMPTS):
         # The store's newest epoch, read again on each attempt: an epoch that
         # committed meanwhile was recorded in the store first.
-        epoch = store.last_epoch() if target_epoch is None else target_epoch
+        current = store.last_epoch() if target_epoch is None else target_epoch
+        # The store held epoch ``last`` above, and its newest epoch only moves on.
+        epoch = last if current is None else current
         with target.snapshot(schema, keys) as snap:
             newest = snap.newest_epoch
             chosen, why = choose_mode(
@@ -210,7 +212,7 @@ def reconcile_table(
     )
 
 
-def _weigh(found: Found, snap: SinkSnapshot, mode: Mode, store: Any, newest: int | None,
+def _weigh(found: Found, snap: SinkSnapshot, mode: Mode, store: ExpectedStore, newest: int | None,
            epoch: int, keys: list[str], brake: Brake) -> BrakeReading:  # fmt: skip
     """What the brake counts in ``found``, and the table's rows when anything counts.
 
@@ -228,7 +230,7 @@ def _repair(source: ExpectedSource, found: Found, epoch: int, newest: int | None
             keys: list[str], mode: Mode) -> Repair:  # fmt: skip
     diff = found.diff
     wanted = pa.concat_tables([diff.missing, diff.changed])
-    names = source.store.user_schema.names
+    names = source.schema.names
     # The expected rows the diff compared carry the values when they were read
     # with them (scoped mode reads only its keys): no second read of the store.
     has_values = set(names) <= set(found.expected.column_names)

@@ -10,7 +10,7 @@ these functions do the mode's work on that snapshot:
   their rows.
 
 Each pull and each diff is a step named for an interruption
-(``reconcile.interrupts``): SIGINT or SIGTERM there says "the pull of
+(``reconcile.core.interrupts``): SIGINT or SIGTERM there says "the pull of
 public.orders", and a signal whose exception a library swallowed on its way
 up is raised again when the next step begins.
 """
@@ -26,15 +26,16 @@ from typing import Any
 import numpy as np
 import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
 
-from reconcile import hooks, interrupts
-from reconcile.contract import InvalidInputError, StoreIntegrityError
+from reconcile.core import hooks, interrupts
+from reconcile.core.conform import conform, hash_pulled
+from reconcile.core.contract import InvalidInputError, StoreIntegrityError
+from reconcile.core.target import Progress, SinkSnapshot
 from reconcile.recovery.buckets import (
     BucketLimits,
     find_differing_ranges,
     search_from_summary,
     sort_expected,
 )
-from reconcile.recovery.conform import conform, hash_pulled
 from reconcile.recovery.diff import HASH, Diff, diff_tables
 from reconcile.recovery.source import ExpectedSource
 from reconcile.recovery.summary import (
@@ -44,7 +45,6 @@ from reconcile.recovery.summary import (
     rebalance,
     save_summary,
 )
-from reconcile.recovery.target import Progress, SinkSnapshot
 
 __all__ = [
     "DIFFING",
@@ -147,7 +147,7 @@ def find_buckets(
 
     def read(spans: list[tuple[Any, Any]]) -> pa.Table:
         if not spans:  # nothing differs: no need to read the store at all
-            fields = [store.user_schema.field(c) for c in schema.names]
+            fields = [schema.field(c) for c in schema.names]
             return pa.schema([*fields, pa.field(HASH, pa.int64())]).empty_table()
         table: pa.Table = store.snapshot(epoch, columns=names, ranges=spans)
         return table
@@ -190,7 +190,7 @@ def find_buckets(
                 ),
             )
     if search.dearer is not None:
-        nothing = pa.schema([store.user_schema.field(k) for k in keys]).empty_table()
+        nothing = pa.schema([schema.field(k) for k in keys]).empty_table()
         return Found(Diff(nothing, nothing, nothing), nothing, 0, search.compared,
                       search.differing, search.dearer)  # fmt: skip
     raw = None

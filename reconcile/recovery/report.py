@@ -6,7 +6,7 @@ import json
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from reconcile.contract import MassChangeError, StoreIntegrityError, StoreLostRowsError
+from reconcile.core.contract import MassChangeError, StoreIntegrityError, StoreLostRowsError
 
 __all__ = ["ReconcileReport", "refused_fields"]
 

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
 import pyarrow.compute as pc  # type: ignore[import-untyped, unused-ignore]
 
-from reconcile.contract import InvalidInputError, StoreIntegrityError
+from reconcile.core.contract import InvalidInputError, StoreIntegrityError
+from reconcile.core.expected import ExpectedStore
 from reconcile.recovery.diff import HASH
 
 __all__ = ["ExpectedSource", "semi"]
@@ -20,12 +19,18 @@ class ExpectedSource:
     """The expected state of one table at the target epoch, read lazily from the store.
 
     Args:
-        store: an ``ExpectedStateStore`` (its public API: ``snapshot``,
-            ``changed_keys``, ``last_epoch``, ``user_schema``, ``key_columns``).
+        store: the store table (``reconcile.core.expected.ExpectedStore``).
+
+    Raises:
+        InvalidInputError: the store holds no epoch of the table (no schema yet).
     """
 
-    def __init__(self, store: Any, *, values: bool = False) -> None:
+    def __init__(self, store: ExpectedStore, *, values: bool = False) -> None:
         self.store = store
+        schema = store.user_schema
+        if schema is None:
+            raise InvalidInputError(f"table {store.uri!r}: the store holds no epoch of it")
+        self.schema: pa.Schema = schema
         # A repair needs the expected values of the keys it writes: read them in
         # the same pass as the hashes (one read of the store, not two).
         self.values = values
@@ -34,7 +39,7 @@ class ExpectedSource:
     def rows(self, epoch: int) -> pa.Table:
         """Keys, values and ``_row_hash`` of every expected row at ``epoch``."""
         if epoch not in self._full:
-            names = [*self.store.user_schema.names, HASH]
+            names = [*self.schema.names, HASH]
             self._full[epoch] = self.store.snapshot(epoch, columns=names)
         return self._full[epoch]
 
@@ -56,7 +61,7 @@ class ExpectedSource:
         later epochs the store did not change: a run that was reverted) are
         looked up in a snapshot, which reads the base.
         """
-        names = [*self.store.user_schema.names, HASH] if self.values else [*keys, HASH]
+        names = [*self.schema.names, HASH] if self.values else [*keys, HASH]
         try:
             newest = self.store.newest_changes(since, epoch, names)
         except StoreIntegrityError:

@@ -44,8 +44,9 @@ import pyarrow.parquet as pq  # type: ignore[import-untyped, unused-ignore]
 from expected_state.delta_files import filesystem
 from expected_state.layout import OP_COLUMN
 from expected_state.ranges import sortable_numbers
-from reconcile.checksum import SEED, row_checksums
-from reconcile.contract import InvalidInputError, StoreIntegrityError
+from reconcile.core.checksum import SEED, row_checksums
+from reconcile.core.contract import InvalidInputError, StoreIntegrityError
+from reconcile.core.expected import ExpectedStore
 from reconcile.recovery.buckets import cut_bounds, first_position, range_figures, sort_expected
 
 __all__ = [
@@ -100,17 +101,20 @@ class BucketSummary:
         return [(int(n), int(s)) for n, s in zip(self.rows, self.sums, strict=True)]
 
 
-def _path(store: Any, columns: Sequence[tuple[str, str]]) -> tuple[Any, str]:
+def _path(store: ExpectedStore, columns: Sequence[tuple[str, str]]) -> tuple[Any, str]:
     spec = json.dumps([list(c) for c in columns]).encode()
     digest = hashlib.sha256(spec).hexdigest()[:16]
     fs, root = filesystem(store.uri)
     return fs, f"{root}/{FOLDER}/summary-{digest}.parquet"
 
 
-def save_summary(store: Any, summary: BucketSummary) -> None:
+def save_summary(store: ExpectedStore, summary: BucketSummary) -> None:
     """Keep ``summary`` next to the store table (atomically; a failure is only logged)."""
+    schema = store.user_schema
+    if schema is None:
+        return  # the store holds no epoch: a summary of it has nothing to describe
     fs, path = _path(store, summary.columns)
-    key_type = store.user_schema.field(summary.first_key).type
+    key_type = schema.field(summary.first_key).type
     table = pa.table(
         {
             "lo": pa.array([None, *summary.bounds], key_type),
@@ -140,7 +144,7 @@ def save_summary(store: Any, summary: BucketSummary) -> None:
 
 
 def load_summary(
-    store: Any, columns: Sequence[tuple[str, str]], first_key: str
+    store: ExpectedStore, columns: Sequence[tuple[str, str]], first_key: str
 ) -> BucketSummary | None:
     """The kept summary for these columns, or None (absent, unreadable, other definition)."""
     fs, path = _path(store, columns)
@@ -202,7 +206,9 @@ def _add(
             np.add.at(sums, where, (~checksums) + np.uint64(1))
 
 
-def _state_of(store: Any, keys: pa.Table, since: int, epoch: int, names: list[str]) -> pa.Table:
+def _state_of(
+    store: ExpectedStore, keys: pa.Table, since: int, epoch: int, names: list[str]
+) -> pa.Table:
     """The rows at ``epoch`` of ``keys`` (all changed after ``since``), read from the change files.
 
     A key's newest change in ``(since, epoch]`` is its state at ``epoch``; only
@@ -217,7 +223,7 @@ def _state_of(store: Any, keys: pa.Table, since: int, epoch: int, names: list[st
     return pa.concat_tables([upserts, store.snapshot(epoch, columns=names, keys=rest)])
 
 
-def bring_forward(summary: BucketSummary, store: Any, epoch: int) -> BucketSummary | None:
+def bring_forward(summary: BucketSummary, store: ExpectedStore, epoch: int) -> BucketSummary | None:
     """The summary as of ``epoch``, from the store's changes since its own epoch.
 
     Returns:

@@ -17,7 +17,7 @@ from typing import Any
 
 import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
 
-from reconcile.contract import ConfigurationError, FatalError
+from reconcile.core.contract import ConfigurationError, FatalError
 
 __all__ = ["Transform", "apply_transform", "identity", "outputs_of"]
 

@@ -41,9 +41,9 @@ from pyspark.sql.datasource import (
     WriterCommitMessage,
 )
 
-from reconcile.contract import ConfigurationError
-from reconcile.cycle import CommitCycle
-from reconcile.driver import Driver
+from reconcile.core.contract import ConfigurationError
+from reconcile.engine.cycle import CommitCycle
+from reconcile.engine.driver import Driver
 from reconcile.spark.outputs import outputs_of
 from reconcile.spark.staging import read_staged, stage_batches
 

@@ -39,20 +39,21 @@ from typing import Any
 
 import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
 
-from reconcile import hooks
-from reconcile.contract import ConfigurationError, FatalError
-from reconcile.cycle import CommitCycle
-from reconcile.staged import StagedEpoch
+from expected_state.parts import PartWriter
+from reconcile.core import hooks
+from reconcile.core.contract import ConfigurationError, FatalError
+from reconcile.core.staged import SharedStage, StagedEpoch, StageUnavailable, has_shared_stage
+from reconcile.engine.cycle import CommitCycle
 
 __all__ = [
     "COLLECT_MAX_BYTES",
     "PARTITION_STAGED",
     "VIAS",
-    "PgStagePlan",
+    "StagePlan",
     "collect_rows",
     "driver_result_limit",
     "estimated_bytes",
-    "plan_pg_stage",
+    "plan_stage",
     "read_staged",
     "remove_run_folders",
     "stage_batches",
@@ -215,40 +216,35 @@ def stage_to_files(frame: Any, folder: str, *, batch_id: int, sink: str) -> tupl
 
 
 @dataclass(frozen=True)
-class PgStagePlan:
-    """How the executors stage one Postgres sink's rows (it pickles into every task)."""
+class StagePlan:
+    """How the executors stage one sink's rows (it pickles into every task)."""
 
     sink: str
-    writer: Any  # expected_state.parts.PartWriter
-    target: Any  # sinks.postgres.connection.PgTarget (the password travels to the executors)
-    stage: tuple[str, str]
+    writer: PartWriter
+    stage: SharedStage  # the sink's staging table (its connection's password travels with it)
 
 
-def plan_pg_stage(cycle: CommitCycle, sink: str, frame: Any) -> PgStagePlan | None:
+def plan_stage(cycle: CommitCycle, sink: str, frame: Any) -> StagePlan | None:
     """The executor path for ``sink``, or None if its rows must go through the driver.
 
-    The executor path needs a Postgres sink (either mode) whose key is the
-    sink's key in the expected state, and upserts only (no ``_op`` column):
-    deletes and other sinks take the driver path. So does a sink whose
-    staging table cannot be used safely (see ``sinks.objects.open_stage``),
-    with a warning that says why.
+    The executor path needs a sink whose capabilities say ``shared_stage``
+    (Postgres, either mode) whose key is the sink's key in the expected state,
+    and upserts only (no ``_op`` column): deletes and other sinks take the
+    driver path. So does a sink whose staging table cannot be used safely
+    (see ``sinks.objects.stages.open_stage``), with a warning that says why.
 
     Raises:
         ConfigurationError: the frame has a column the target table lacks
             (naming it), or lacks a key column; nothing was staged.
     """
-    from sinks.objects import StageUnavailable
-    from sinks.postgres.client import PgSinkClient
-    from sinks.postgres.shared_stage import ensure_stage, reflect_target
-
     client: object = cycle.sinks.get(sink)
     expected = cycle.expected_state
-    if not isinstance(client, PgSinkClient) or expected is None or sink not in expected.tables:
+    if not has_shared_stage(client) or expected is None or sink not in expected.tables:
         return None
     if client.append_only or "_op" in frame.columns:
         return None
     store = expected.tables[sink]
-    table = reflect_target(client)
+    table = client.stage_target()
     if list(table.key) != list(store.key_columns):
         return None  # the sink nets by another key than the store: the driver path checks it
     unknown = [c for c in frame.columns if c not in table.columns]
@@ -258,7 +254,7 @@ def plan_pg_stage(cycle: CommitCycle, sink: str, frame: Any) -> PgStagePlan | No
             f"{table.display} does not have; nothing was staged"
         )
     try:
-        stage = ensure_stage(client, table, cycle.pipeline)
+        stage = table.open_stage(cycle.pipeline)
     except StageUnavailable as exc:
         # Planned once per query run (the caller keeps the None): said once.
         log.warning("pipeline %s: the executor path of sink %r cannot be used safely, so "
@@ -266,15 +262,13 @@ def plan_pg_stage(cycle: CommitCycle, sink: str, frame: Any) -> PgStagePlan | No
                     exc)  # fmt: skip
         return None
     writer = store.part_writer(arrow_schema(frame))
-    return PgStagePlan(sink, writer, client.target, stage)
+    return StagePlan(sink, writer, stage)
 
 
 def _stage_part(
-    plan: PgStagePlan, epoch: int, batches: Iterator[pa.RecordBatch]
+    plan: StagePlan, epoch: int, batches: Iterator[pa.RecordBatch]
 ) -> Iterator[pa.RecordBatch]:
     """``mapInArrow``'s function on the executor path: net, write the store part, COPY."""
-    from sinks.postgres.shared_stage import copy_to_stage
-
     received = list(batches)
     if not received:
         return
@@ -282,7 +276,7 @@ def _stage_part(
     task = uuid.uuid4().hex  # this attempt's: a retry or a speculative copy has its own
     path = plan.writer.write(epoch, net)
     if net.upserts.num_rows:
-        copy_to_stage(plan.target, plan.stage, epoch, task, net.upserts)
+        plan.stage.copy(epoch, task, net.upserts)
     hooks.point(PARTITION_STAGED)
     yield pa.RecordBatch.from_pydict(
         {
@@ -295,7 +289,7 @@ def _stage_part(
     )
 
 
-def stage_on_executors(frame: Any, plan: PgStagePlan, epoch: int) -> StagedEpoch:
+def stage_on_executors(frame: Any, plan: StagePlan, epoch: int) -> StagedEpoch:
     """Have the executors stage ``frame`` for ``plan``'s sink; what the commit needs of it."""
     from pyspark.sql import functions as F
 
@@ -306,7 +300,7 @@ def stage_on_executors(frame: Any, plan: PgStagePlan, epoch: int) -> StagedEpoch
         sink=plan.sink,
         epoch=epoch,
         columns=tuple(plan.writer.user_schema.names),
-        stage=plan.stage,
+        stage=plan.stage.table,
         tasks=tuple(row["task"] for row in kept),
         rows=upserted,  # every staged row is an upsert on this path
         store_files=tuple(row["path"] for row in kept if row["path"]),

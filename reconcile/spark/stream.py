@@ -69,21 +69,21 @@ from typing import Any
 import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
 from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_exponential_jitter
 
-from reconcile import hooks
-from reconcile.contract import ConfigurationError, InvalidInputError, RetryableError
-from reconcile.cycle import CommitCycle
-from reconcile.driver import Driver, DriveReport, RetryPolicy
-from reconcile.progress import EpochStatus
-from reconcile.results import CommitSucceeded
+from reconcile.core import hooks
+from reconcile.core.contract import ConfigurationError, InvalidInputError, RetryableError
+from reconcile.core.progress import EpochStatus
+from reconcile.core.results import CommitSucceeded
+from reconcile.engine.cycle import CommitCycle
+from reconcile.engine.driver import Driver, DriveReport, RetryPolicy
 from reconcile.spark.outputs import Transform, apply_transform, identity, outputs_of
 from reconcile.spark.staging import (
     COLLECT_MAX_BYTES,
     VIAS,
-    PgStagePlan,
+    StagePlan,
     collect_rows,
     driver_result_limit,
     estimated_bytes,
-    plan_pg_stage,
+    plan_stage,
     remove_run_folders,
     stage_on_executors,
     stage_to_files,
@@ -181,7 +181,7 @@ class StreamWriter:
         # (sink, the frame's schema) -> how its executors stage it (None: via
         # the driver). Planning reads the catalog and the store and creates
         # the staging table: once per query run, not once per micro-batch.
-        self._plans: dict[tuple[str, str], PgStagePlan | None] = {}
+        self._plans: dict[tuple[str, str], StagePlan | None] = {}
         # What stopped the query, as raised in this process, and its epoch (see __call__).
         self.failure: BaseException | None = None
         self.failed_epoch: int | None = None
@@ -221,7 +221,7 @@ class StreamWriter:
             query. It is kept in ``failure`` first: past ``foreachBatch``, Spark
             hands the error on as the text of a Java exception, and the typed
             error (a RejectedError with its epoch and table, a FencedError) is
-            what a caller decides from (``reconcile.decisions.classify``).
+            what a caller decides from (``reconcile.core.decisions.classify``).
         """
         try:
             self._commit(batch, batch_id)
@@ -357,23 +357,21 @@ class StreamWriter:
                             "driver; every micro-batch is staged the other ways")  # fmt: skip
         return self._may_collect
 
-    def _plan(self, cycle: CommitCycle, sink: str, frame: Any) -> PgStagePlan | None:
+    def _plan(self, cycle: CommitCycle, sink: str, frame: Any) -> StagePlan | None:
         """The executor path of ``sink`` for frames of this schema (planned on first use)."""
         key = (sink, frame.schema.json())
         if key not in self._plans:
-            self._plans[key] = plan_pg_stage(cycle, sink, frame)
+            self._plans[key] = plan_stage(cycle, sink, frame)
         return self._plans[key]
 
     def _sweep(self, pipeline: str, batch_id: int) -> None:
         """Remove staged rows of batches up to ``batch_id``: this one's, and a dead driver's."""
-        from sinks.postgres.shared_stage import sweep_stage
-
         if self._sweep_due:
             self._sweep_due = False
             planned = {plan.sink: plan for plan in self._plans.values() if plan is not None}
             for sink, plan in planned.items():
                 try:
-                    sweep_stage(plan.target, plan.stage, batch_id, "reconcile-stage-sweep")
+                    plan.stage.sweep(batch_id, "reconcile-stage-sweep")
                 except Exception as exc:  # the batch is committed; the next batch tries again
                     self._sweep_due = True
                     log.warning("pipeline %s: could not empty the staging table of %s: %s",

@@ -5,7 +5,8 @@ the driver's exported snapshot, the key ranges) pickled into it, and opens its
 own connections: pulls import the driver's snapshot and read one key range
 each, cast to the expected state's types; repairs apply their share of the
 diff in bounded transactions, each fenced and re-checked like an in-process
-repair (``sinks.postgres.repair``). See ``reconcile.spark.verify``.
+repair. The sink's backend provides the client (``sinks.base.SPARK_PULL``:
+PostgreSQL's). See ``reconcile.spark.verify``.
 """
 
 from __future__ import annotations
@@ -18,7 +19,10 @@ from typing import Any
 import numpy as np
 import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
 
-from reconcile.recovery.target import KeyRange, Repair
+from reconcile.core.conform import conform
+from reconcile.core.target import KeyRange, Repair
+from sinks import registry
+from sinks.base import SPARK_PULL
 
 __all__ = ["ACTUAL", "BAD", "HASH", "KIND", "ApplyJob", "PullJob", "SinkAt", "apply", "pull"]
 
@@ -40,9 +44,13 @@ class SinkAt:
     pipeline: str
 
     def target(self, *, write: bool) -> Any:
-        from sinks.postgres import PostgresSink
+        """The table's recovery target, from its backend's ``SPARK_PULL`` client (the task's own).
 
-        sink = PostgresSink(self.dsn, self.table, name=self.name, schema=self.schema, key=self.keys)
+        It is the backend's own kind of target: besides ``RecoveryTarget`` it
+        opens a snapshot the driver exported (``shared=``), which a task joins.
+        """
+        client = registry.capability(self.dsn, SPARK_PULL)
+        sink = client(self.dsn, self.table, name=self.name, schema=self.schema, key=self.keys)
         return sink.recovery_target(self.pipeline, None, write=write)
 
 
@@ -56,8 +64,6 @@ class PullJob:
 
 def pull(job: PullJob, ids: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     """On an executor: pull the ranges whose numbers arrive, conformed to the store's types."""
-    from reconcile.recovery.conform import conform
-
     target = job.sink.target(write=False)
     try:
         with target.snapshot(

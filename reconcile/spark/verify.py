@@ -44,11 +44,16 @@ from typing import Any
 
 import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
 
-from reconcile import contract, hooks, interrupts
-from reconcile.contract import InvalidInputError, MassChangeError, validate_name
+from expected_state.spark_state import read_state
+from expected_state.store import ExpectedStateStore
+from reconcile.core import contract, hooks, interrupts
+from reconcile.core.conform import _UNCONVERTIBLE, check_columns
+from reconcile.core.contract import InvalidInputError, MassChangeError, validate_name
+from reconcile.core.expected import ExpectedStore
+from reconcile.core.target import KeyRange
 from reconcile.recovery.brake import Brake, BrakeReading, refusal
 from reconcile.recovery.report import ReconcileReport
-from reconcile.recovery.target import KeyRange
+from reconcile.spark.hashing import row_hash_column
 from reconcile.spark.tasks import ACTUAL, BAD, HASH, KIND, ApplyJob, PullJob, SinkAt
 from reconcile.spark.tasks import apply as apply_task
 from reconcile.spark.tasks import pull as pull_task
@@ -115,7 +120,7 @@ class _JobResult:
 def _run_job(
     spark: Any,
     pull: PullJob,
-    store: Any,
+    store: ExpectedStore,
     epoch: int,
     newest: int | None,
     *,
@@ -127,10 +132,6 @@ def _run_job(
     """The Spark side: pull, hash, join, count, and (not ``dry_run``) apply from executors."""
     from pyspark.sql import functions as F
     from pyspark.sql.pandas.types import from_arrow_schema
-
-    from expected_state.spark_state import read_state
-    from reconcile.hashing_spark import row_hash_column
-    from reconcile.recovery.conform import _UNCONVERTIBLE
 
     schema, keys = pull.store_schema, list(pull.sink.keys or ())
     pulled_schema = from_arrow_schema(
@@ -264,8 +265,6 @@ def spark_recover(
             than the brake allows; nothing was written.
         ConfigurationError: the database cannot be reached (the password redacted).
     """
-    from expected_state.store import ExpectedStateStore
-    from reconcile.recovery.conform import check_columns
 
     started = time.monotonic()
     validate_name("pipeline", pipeline)

@@ -26,7 +26,10 @@ from typing import Any
 
 import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
 
+import reconcile.spark.staging  # noqa: F401  (imported for the executors: see _import_staging)
 from reconcile.spark.outputs import Transform, apply_transform
+from sinks import registry
+from sinks.base import SHARED_STAGE
 
 __all__ = ["WARM_EVERY_S", "warm_up"]
 
@@ -37,10 +40,8 @@ _NOTHING = "warmed long"
 
 def _import_staging(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     """On an executor: import what staging a partition needs; read the input, yield nothing."""
-    import expected_state.parts  # noqa: F401
-    import reconcile.spark.staging  # noqa: F401
-    import sinks.postgres.shared_stage  # noqa: F401
-
+    # The staging code: ours, the store's, and the backends' shared stages.
+    registry.preload(SHARED_STAGE)
     for _ in batches:
         pass
     return iter(())

@@ -28,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from reconcile.faults import Fault
+from reconcile.engine.faults import Fault
 from reconcile.testing.contract import CONTRACT_CHECKS, ContractCheckError, expect
 from reconcile.testing.harness import SinkHarness, epoch_problems, rows_for
 from reconcile.testing.matrix import MATRIX, run_row

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from reconcile.contract import (
+from reconcile.core.contract import (
     Fatal,
     MarkerMismatchError,
     Ok,
@@ -19,7 +19,7 @@ from reconcile.contract import (
     SinkTxnId,
     WriterIdentity,
 )
-from reconcile.sink import bind_writer, has_durable_prepare
+from reconcile.core.sink import bind_writer, has_durable_prepare
 from reconcile.testing.harness import ChaosRow, SinkHarness, rows_for
 
 __all__ = ["CONTRACT_CHECKS", "ContractCheckError", "expect"]

@@ -6,8 +6,8 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from reconcile.contract import SinkTxnId
-from reconcile.sink import TwoPhaseSink
+from reconcile.core.contract import SinkTxnId
+from reconcile.core.sink import TwoPhaseSink
 
 # Rows used by the contract and chaos suites: a unique key and a value.
 ChaosRow = dict[str, Any]  # {"k": str, "v": int}

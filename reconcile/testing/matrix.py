@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from reconcile.faults import Fault, FaultKind, FaultPlan
+from reconcile.engine.faults import Fault, FaultKind, FaultPlan
 from reconcile.testing.contract import expect
 from reconcile.testing.harness import SinkHarness
 from reconcile.testing.scenario import Scenario

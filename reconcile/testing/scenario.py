@@ -6,14 +6,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from reconcile.contract import OK, Fatal, FatalError, SinkTxnId, WriterIdentity
-from reconcile.cycle import CommitCycle, CommitSucceeded, RecoveryReport
-from reconcile.driver import DriveReport, RetryPolicy, drive
-from reconcile.expected import ExpectedState
-from reconcile.faults import FaultPlan, FaultySink
-from reconcile.progress import EpochStatus, ProgressLog
-from reconcile.progress_file import FileProgressLog
-from reconcile.sink import bind_writer
+from reconcile.core.contract import OK, Fatal, FatalError, SinkTxnId, WriterIdentity
+from reconcile.core.progress import EpochStatus, ProgressLog
+from reconcile.core.sink import bind_writer
+from reconcile.engine.cycle import CommitCycle, CommitSucceeded, RecoveryReport
+from reconcile.engine.driver import DriveReport, RetryPolicy, drive
+from reconcile.engine.expected import ExpectedState
+from reconcile.engine.faults import FaultPlan, FaultySink
+from reconcile.engine.progress_file import FileProgressLog
 from reconcile.testing.harness import SinkHarness, epoch_problems, rows_for
 
 PIPELINE = "chaos"

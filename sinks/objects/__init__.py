@@ -15,6 +15,10 @@ The objects (``declared.py`` holds each one's DDL and expected definition):
 - the generic SQL sink's ``reconcile_sql_*`` tables and its temp table
   (``sql_state.py``).
 
+Nothing is imported here: the SQL sink uses ``sql_state`` without psycopg, and
+the Postgres objects need psycopg (the ``postgres`` extra). Import each from
+its module.
+
 The rule (``postgres.py``, ``stages.py``, ``epoch_column.py``; the catalog in ``catalog.py``):
 
 - Created schema-qualified, never found through the search_path; temp tables
@@ -45,24 +49,3 @@ refusal then says how to move them.
 The SQL sink's tables are declared here, but no catalog check applies to them:
 that sink speaks any database SQLAlchemy speaks (see ``sql_state.py``).
 """
-
-from __future__ import annotations
-
-from .declared import ENGINE_SCHEMA, MAX_COLUMNS
-from .epoch_column import add_epoch_column
-from .postgres import create_tables, locate_state_schema, open_lease_table, open_state_schema
-from .stages import StageUnavailable, create_session_stage, open_stage, session_stage
-
-__all__ = [
-    "ENGINE_SCHEMA",
-    "MAX_COLUMNS",
-    "StageUnavailable",
-    "add_epoch_column",
-    "create_session_stage",
-    "create_tables",
-    "locate_state_schema",
-    "open_lease_table",
-    "open_stage",
-    "open_state_schema",
-    "session_stage",
-]

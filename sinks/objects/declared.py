@@ -12,7 +12,7 @@ import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from reconcile.staged import STAGE_EPOCH_COLUMN, STAGE_TASK_COLUMN
+from reconcile.core.staged import STAGE_EPOCH_COLUMN, STAGE_TASK_COLUMN
 
 __all__ = [
     "ADD_EPOCH_COLUMN",
@@ -174,7 +174,7 @@ CREATE TABLE {table} (
 
 STATE_TABLES = (MARKERS, FENCES, REPAIRS)
 
-# A pipeline's leadership lease (reconcile.ha.lease): one row per pipeline.
+# A pipeline's leadership lease (sinks.postgres.lease): one row per pipeline.
 LEASES = TableDecl(
     "reconcile_leases",
     """

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 from psycopg import errors, sql
 
-from reconcile.contract import ConfigurationError
+from reconcile.core.contract import ConfigurationError
 
 from .declared import ADD_EPOCH_COLUMN, CREATE_EPOCH_INDEX, EPOCH_COLUMN, epoch_index_name
 

@@ -19,7 +19,7 @@ from typing import Any
 import psycopg
 from psycopg import errors, sql
 
-from reconcile.contract import ConfigurationError
+from reconcile.core.contract import ConfigurationError
 
 from .catalog import (
     relation_exists,

@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 from psycopg import errors, sql
 
-from reconcile.contract import ConfigurationError
-from reconcile.staged import STAGE_EPOCH_COLUMN, STAGE_TASK_COLUMN
+from reconcile.core.contract import ConfigurationError
+from reconcile.core.staged import STAGE_EPOCH_COLUMN, STAGE_TASK_COLUMN, StageUnavailable
 
 from .catalog import (
     relation_exists,
@@ -43,10 +43,6 @@ if TYPE_CHECKING:  # sinks.postgres imports this package: no import of it at run
     from sinks.postgres.schema import TableSchema
 
 __all__ = ["StageUnavailable", "create_session_stage", "open_stage", "session_stage"]
-
-
-class StageUnavailable(ConfigurationError):
-    """The executors' staging table cannot be used safely; the driver path still can."""
 
 
 def open_stage(

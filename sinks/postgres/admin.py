@@ -15,8 +15,8 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from reconcile.contract import ConfigurationError
-from reconcile.progress import EpochStatus, ProgressState
+from reconcile.core.contract import ConfigurationError
+from reconcile.core.progress import EpochStatus, ProgressState
 
 from .connection import PgTarget, connect_failure
 from .health import find_state_schemas, list_prepared, prune_markers, settle_prepared

@@ -21,8 +21,8 @@ import pyarrow.compute as pc  # type: ignore[import-untyped, unused-ignore]
 import pyarrow.csv as pacsv  # type: ignore[import-untyped, unused-ignore]
 from psycopg import errors, sql
 
-from reconcile import hooks
-from sinks.objects import create_session_stage, session_stage
+from reconcile.core import hooks
+from sinks.objects.stages import create_session_stage, session_stage
 
 from .arrow_batch import arrow_row_bytes
 from .schema import EPOCH_COLUMN, TableSchema, direct_copy_blockers

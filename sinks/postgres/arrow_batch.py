@@ -8,7 +8,7 @@ import numpy as np
 import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
 import pyarrow.compute as pc  # type: ignore[import-untyped, unused-ignore]
 
-from reconcile.decimals import DecimalFitError, check_decimal_array
+from reconcile.core.decimals import DecimalFitError, check_decimal_array
 
 from . import values
 from .schema import TableSchema
@@ -107,7 +107,7 @@ def validate_arrow(
             what = "key" if name in schema.key else "NOT NULL"
             raise check.error(f"NULL in {what} column (Arrow row {first})", name, None)
         if col.kind == "numeric" and not pa.types.is_null(typ):
-            # The shared decimal rule (see reconcile/decimals.py), vectorized;
+            # The shared decimal rule (see reconcile/core/decimals.py), vectorized;
             # the exact decimals are what COPY and unnest() then send.
             try:
                 exact = check_decimal_array(table.column(name), *col.numeric_bounds)

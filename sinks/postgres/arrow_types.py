@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
 
-from reconcile.decimals import arrow_decimal_type
+from reconcile.core.decimals import arrow_decimal_type
 
 from .schema import EPOCH_COLUMN, Column, TableSchema
 

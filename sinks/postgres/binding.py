@@ -15,8 +15,8 @@ from typing import Any
 import psycopg
 from psycopg import errors
 
-from reconcile.contract import ConfigurationError, ReconcileError, RetryableError
-from sinks.objects import add_epoch_column
+from reconcile.core.contract import ConfigurationError, ReconcileError, RetryableError
+from sinks.objects.epoch_column import add_epoch_column
 
 from .connection import PgTarget, connect_failure
 from .markers import Fence, StateTables

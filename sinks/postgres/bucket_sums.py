@@ -17,9 +17,9 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 from psycopg import sql
 
-from reconcile.checksum import row_checksum_sql, server_check_sql
-from reconcile.contract import InvalidInputError
-from reconcile.recovery.target import KeyRange
+from reconcile.core.contract import InvalidInputError
+from reconcile.core.target import KeyRange
+from sinks.postgres.checksum_sql import row_checksum_sql, server_check_sql
 
 from .heavy import Cancellable
 from .ranges import RANGE_KINDS, Params, literal, ranges_sql, split_by_bounds
@@ -75,7 +75,7 @@ class PgBucketSums:
         return self._conn
 
     def check(self) -> None:
-        """Refuse buckets mode where its checksums cannot match ``reconcile.checksum``'s.
+        """Refuse buckets mode where its checksums cannot match ``reconcile.core.checksum``'s.
 
         Raises:
             InvalidInputError: a type that is not checksummed, a first key column
@@ -103,7 +103,8 @@ class PgBucketSums:
         if list(got or []) != [v for _, v in want]:
             raise InvalidInputError(
                 f"table {snap.table.display}: this server's hashtextextended() gives other "
-                "values than reconcile.checksum (a big-endian server?); use mode full or scoped"
+                "values than reconcile.core.checksum (a big-endian server?); "
+                "use mode full or scoped"
             )
 
     def range_bounds(self, parts: int) -> list[Any]:

@@ -10,8 +10,8 @@ import psycopg
 import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
 from psycopg import errors
 
-from reconcile import hooks
-from reconcile.contract import (
+from reconcile.core import hooks
+from reconcile.core.contract import (
     ConfigurationError,
     Fatal,
     FencedError,
@@ -23,8 +23,9 @@ from reconcile.contract import (
     WriterIdentity,
     validate_name,
 )
-from reconcile.sink import SinkCapabilities
-from sinks.objects import open_state_schema
+from reconcile.core.sink import SinkCapabilities
+from reconcile.core.target import RecoveryTarget
+from sinks.objects.postgres import open_state_schema
 
 from .arrow_types import target_arrow_schema
 from .binding import claim_scope, connect_checked, open_target, startup_failure
@@ -33,6 +34,7 @@ from .markers import Fence, StateTables
 from .ownership import Scope, check_fence
 from .schema import TableSchema
 from .session import Session, SessionSlot, classify_failure, describe_failure
+from .shared_stage import PgStageTarget, reflect_target
 
 __all__ = ["FENCE_CHECKED", "PgSinkClient"]
 
@@ -93,16 +95,25 @@ class PgSinkClient:
         """Durable prepare in prepared mode; ``_epoch`` once the target is known to have it.
 
         Pullable and with bucket checksums: ``recovery_target`` pulls the table
-        with COPY into Arrow and has the server checksum key ranges.
+        with COPY into Arrow and has the server checksum key ranges. With a
+        shared stage: ``stage_target`` gives Spark's executors a staging
+        table of the sink's own, which the epoch's transaction reads.
         """
         return SinkCapabilities(
             durable_prepare=self.durable_prepare,
             epoch_column=self._schema is not None and self._schema.has_epoch_column,
             pullable=True,
             bucket_checksums=True,
+            shared_stage=True,
         )
 
-    def recovery_target(self, pipeline: str, generation: int | None, *, write: bool) -> Any:
+    def stage_target(self) -> PgStageTarget:
+        """The target as the executors' staging path plans it (read without binding)."""
+        return PgStageTarget(self, reflect_target(self))
+
+    def recovery_target(
+        self, pipeline: str, generation: int | None, *, write: bool
+    ) -> RecoveryTarget:
         """This sink's table as a pull-and-diff target (``reconcile.recovery``).
 
         Args:

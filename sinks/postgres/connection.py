@@ -10,8 +10,8 @@ from urllib.parse import quote
 import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from reconcile.contract import ConfigurationError, ReconcileError, RetryableError
-from reconcile.logs import scrub
+from reconcile.core.contract import ConfigurationError, ReconcileError, RetryableError
+from reconcile.core.logs import scrub
 
 __all__ = ["SECRET_PARAMS", "PgTarget", "connect_failure", "redact_text"]
 

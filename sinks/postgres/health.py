@@ -24,8 +24,8 @@ from typing import Any
 import psycopg
 from psycopg import errors, sql
 
-from reconcile.contract import FatalError, SinkTxnId, TxnIdParseError
-from reconcile.progress import EpochStatus, ProgressState
+from reconcile.core.contract import FatalError, SinkTxnId, TxnIdParseError
+from reconcile.core.progress import EpochStatus, ProgressState
 
 from .markers import FENCES_TABLE, MARKERS_TABLE, StateTables
 

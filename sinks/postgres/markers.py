@@ -9,8 +9,8 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from sinks.objects import create_tables
 from sinks.objects.declared import FENCES, MARKERS, REPAIRS, STATE_TABLES
+from sinks.objects.postgres import create_tables
 
 __all__ = [
     "FENCES_TABLE",
@@ -118,7 +118,7 @@ class StateTables:
     def create(self, conn: psycopg.Connection[Any], tables: tuple[str, ...] | None = None) -> None:
         """Create the tables (default: all) if missing (autocommit), unchecked.
 
-        The sink's start-up goes through ``sinks.objects.open_state_schema``,
+        The sink's start-up goes through ``sinks.objects.postgres.open_state_schema``,
         which creates and checks them.
         """
         chosen = [t for t in STATE_TABLES if tables is None or t.name in tables]

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from psycopg import sql
 
-from reconcile.contract import MarkerMismatchError
+from reconcile.core.contract import MarkerMismatchError
 
 from .markers import FENCES_TABLE, MARKERS_TABLE, Fence, Marker, StateTables
 

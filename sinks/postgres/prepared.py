@@ -9,8 +9,8 @@ from typing import Any
 import psycopg
 from psycopg import errors, sql
 
-from reconcile import hooks
-from reconcile.contract import (
+from reconcile.core import hooks
+from reconcile.core.contract import (
     OK,
     ConfigurationError,
     Fatal,

@@ -18,10 +18,10 @@ from typing import Any
 import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
 from psycopg import sql
 
-from reconcile.checksum import checksum_kind
-from reconcile.contract import ConfigurationError, InvalidInputError, RetryableError
-from reconcile.recovery.conform import SinkColumn, wants_text
-from reconcile.recovery.target import KeyRange, Progress
+from reconcile.core.checksum import checksum_kind
+from reconcile.core.conform import SinkColumn, wants_text
+from reconcile.core.contract import ConfigurationError, InvalidInputError, RetryableError
+from reconcile.core.target import KeyRange, Progress
 from sinks.objects.declared import CREATE_EPOCH_INDEX, epoch_index_name
 
 from .bucket_sums import PgBucketSums

@@ -30,7 +30,7 @@ from typing import Any
 
 from psycopg import sql
 
-from reconcile.recovery.target import KeyRange
+from reconcile.core.target import KeyRange
 
 __all__ = [
     "RANGE_KINDS",

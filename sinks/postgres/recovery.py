@@ -12,10 +12,10 @@ from contextlib import contextmanager
 
 import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
 
-from reconcile.contract import ConfigurationError
-from reconcile.recovery.conform import SinkColumn
-from reconcile.recovery.target import Repair
-from sinks.objects import ENGINE_SCHEMA
+from reconcile.core.conform import SinkColumn
+from reconcile.core.contract import ConfigurationError
+from reconcile.core.target import Repair
+from sinks.objects.declared import ENGINE_SCHEMA
 
 from .binding import connect_checked
 from .client import PgSinkClient

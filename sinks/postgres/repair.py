@@ -20,7 +20,7 @@ The transaction, in order:
 A repair killed anywhere before its COMMIT leaves nothing: it is one
 transaction. Run again, it pulls again and finishes.
 
-SIGINT or SIGTERM (``reconcile.interrupts``) before the COMMIT rolls the
+SIGINT or SIGTERM (``reconcile.core.interrupts``) before the COMMIT rolls the
 transaction back; a statement they interrupt is cancelled on the server
 (psycopg cancels the statement it waits for on a KeyboardInterrupt, which
 the interruption is). The COMMIT is the commit point: once it is sent, an
@@ -37,8 +37,8 @@ import psycopg
 import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
 from psycopg import sql
 
-from reconcile import hooks, interrupts
-from reconcile.contract import (
+from reconcile.core import hooks, interrupts
+from reconcile.core.contract import (
     Change,
     Fatal,
     FencedError,
@@ -46,7 +46,7 @@ from reconcile.contract import (
     RetryableError,
     SinkTxnId,
 )
-from reconcile.recovery.target import Repair
+from reconcile.core.target import Repair
 
 from .apply import apply_with_copy
 from .client import PgSinkClient

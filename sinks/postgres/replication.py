@@ -40,7 +40,7 @@ from typing import Any
 import psycopg
 from psycopg import errors
 
-from reconcile.contract import OutcomeUnknownError
+from reconcile.core.contract import OutcomeUnknownError
 
 from .markers import SYNC_COMMIT_AT_LEAST_ON
 

@@ -17,9 +17,9 @@ from typing import Any
 import psycopg
 from psycopg import errors, sql
 
-from reconcile import hooks
-from reconcile.contract import ConfigurationError, OutcomeUnknownError, SinkTxnId
-from reconcile.metrics import record_ambiguous_commit
+from reconcile.core import hooks
+from reconcile.core.contract import ConfigurationError, OutcomeUnknownError, SinkTxnId
+from reconcile.core.metrics import record_ambiguous_commit
 
 from .connection import PgTarget, connect_failure
 from .markers import StateTables

@@ -10,8 +10,8 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from reconcile.contract import ConfigurationError
-from reconcile.keys import check_sql_keys
+from reconcile.core.contract import ConfigurationError
+from reconcile.core.keys import check_sql_keys
 
 __all__ = ["EPOCH_COLUMN", "Column", "TableSchema", "direct_copy_blockers", "reflect_table"]
 

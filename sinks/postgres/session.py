@@ -9,7 +9,7 @@ from typing import Any
 
 import psycopg
 
-from reconcile.contract import (
+from reconcile.core.contract import (
     Fatal,
     FatalError,
     RejectedError,
@@ -18,7 +18,7 @@ from reconcile.contract import (
     SinkOutcome,
     SinkTxnId,
 )
-from reconcile.decisions import is_rejection_sqlstate
+from reconcile.core.decisions import is_rejection_sqlstate
 
 from .connection import PgTarget
 from .heavy import DEFAULT_STATEMENT_TIMEOUT_MS, settings_sql
@@ -164,7 +164,7 @@ def classify_failure(
     """Sort a failure that rolled the txn back: a rejection is fatal, the rest may pass on retry.
 
     A definite rejection by the server (the SQLSTATE classes of
-    ``reconcile.decisions.REJECTING_SQLSTATE``: data 22, integrity 23, access
+    ``reconcile.core.decisions.REJECTING_SQLSTATE``: data 22, integrity 23, access
     and privilege 42, check option 44, cardinality 21, program limits 54)
     fails again on a retry of the same epoch: Fatal with a RejectedError
     that names the epoch, the table and the constraint or column the server

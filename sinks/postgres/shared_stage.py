@@ -45,6 +45,7 @@ Why this is safe:
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -52,9 +53,9 @@ import psycopg
 import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
 from psycopg import sql
 
-from reconcile.contract import FatalError, RetryableError
-from reconcile.staged import STAGE_EPOCH_COLUMN, STAGE_TASK_COLUMN, StagedEpoch
-from sinks.objects import open_stage
+from reconcile.core.contract import FatalError, RetryableError
+from reconcile.core.staged import STAGE_EPOCH_COLUMN, STAGE_TASK_COLUMN, StagedEpoch
+from sinks.objects.stages import open_stage
 
 from .apply import _copy_arrow, _target_columns, _upsert_tail
 from .connection import PgTarget
@@ -64,12 +65,65 @@ if TYPE_CHECKING:
     from .client import PgSinkClient
 
 __all__ = [
+    "PgSharedStage",
+    "PgStageTarget",
     "apply_staged",
     "copy_to_stage",
     "ensure_stage",
     "reflect_target",
     "sweep_stage",
 ]
+
+
+@dataclass(frozen=True)
+class PgSharedStage:
+    """The staging table of one (pipeline, sink, target), as the executors' tasks carry it.
+
+    It pickles into every task: the target holds the password, which never
+    shows in its repr.
+    """
+
+    target: PgTarget = field(repr=False)
+    table: tuple[str, str]
+
+    def copy(self, epoch: int, task: str, rows: pa.Table) -> None:
+        """On an executor: COPY a task attempt's rows into the staging table, and commit."""
+        copy_to_stage(self.target, self.table, epoch, task, rows)
+
+    def sweep(self, through_epoch: int, application_name: str) -> int:
+        """Delete the staging rows of epochs up to ``through_epoch`` (done, or abandoned)."""
+        return sweep_stage(self.target, self.table, through_epoch, application_name)
+
+
+@dataclass(frozen=True)
+class PgStageTarget:
+    """A Postgres sink's target as the streaming writer plans its executor path."""
+
+    client: PgSinkClient = field(repr=False)
+    schema: TableSchema
+
+    @property
+    def display(self) -> str:
+        """The table's name in messages."""
+        return self.schema.display
+
+    @property
+    def key(self) -> tuple[str, ...]:
+        """Its key columns."""
+        return tuple(self.schema.key)
+
+    @property
+    def columns(self) -> tuple[str, ...]:
+        """Its column names."""
+        return tuple(self.schema.columns)
+
+    def open_stage(self, pipeline: str) -> PgSharedStage:
+        """The staging table of (``pipeline``, the sink, this table), created and checked.
+
+        Raises:
+            StageUnavailable: it cannot be used safely (the message says why).
+        """
+        return PgSharedStage(self.client.target, ensure_stage(self.client, self.schema, pipeline))
 
 
 def reflect_target(client: Any) -> TableSchema:

@@ -10,8 +10,8 @@ from typing import Any
 import psycopg
 from psycopg import errors
 
-from reconcile import hooks
-from reconcile.contract import (
+from reconcile.core import hooks
+from reconcile.core.contract import (
     OK,
     ConfigurationError,
     Fatal,

@@ -8,8 +8,8 @@ from typing import Any
 
 import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
 
-from reconcile.contract import Change, InvalidInputError
-from reconcile.staged import StagedEpoch
+from reconcile.core.contract import Change, InvalidInputError
+from reconcile.core.staged import StagedEpoch
 
 from .arrow_batch import hashable_key, shown_key, validate_arrow
 from .schema import EPOCH_COLUMN, TableSchema

@@ -11,8 +11,8 @@ from typing import Any
 import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
 from psycopg.types.json import Json, Jsonb
 
-from reconcile.contract import InvalidInputError
-from reconcile.decimals import DecimalFitError, check_decimal
+from reconcile.core.contract import InvalidInputError
+from reconcile.core.decimals import DecimalFitError, check_decimal
 
 from .schema import Column, TableSchema
 

@@ -32,7 +32,7 @@ from typing import Any
 import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
 import sqlalchemy as sa
 
-from reconcile.decimals import arrow_decimal_type
+from reconcile.core.decimals import arrow_decimal_type
 
 __all__ = ["arrow_type", "table_arrow_schema"]
 

@@ -20,15 +20,15 @@ import numpy as np
 import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
 import sqlalchemy as sa
 
-from reconcile.contract import (
+from reconcile.core.conform import UNCONVERTIBLE, SinkColumn
+from reconcile.core.contract import (
     Change,
     FencedError,
     InvalidInputError,
     MarkerMismatchError,
     RetryableError,
 )
-from reconcile.recovery.conform import UNCONVERTIBLE, SinkColumn
-from reconcile.recovery.target import KeyRange, Progress, Repair
+from reconcile.core.target import KeyRange, Progress, Repair
 from sinks.objects.sql_state import create_scope_keys
 
 from .sink import EPOCH_COLUMN, SqlSink, write_rows

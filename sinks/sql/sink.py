@@ -20,7 +20,7 @@ from typing import Any
 import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
 import sqlalchemy as sa
 
-from reconcile.contract import (
+from reconcile.core.contract import (
     OK,
     Change,
     ConfigurationError,
@@ -34,10 +34,10 @@ from reconcile.contract import (
     WriterIdentity,
     validate_name,
 )
-from reconcile.decisions import is_rejection_sqlstate
-from reconcile.keys import float_key_error
-from reconcile.logs import scrub
-from reconcile.sink import SinkCapabilities
+from reconcile.core.decisions import is_rejection_sqlstate
+from reconcile.core.keys import float_key_error
+from reconcile.core.logs import scrub
+from reconcile.core.sink import SinkCapabilities
 from sinks.objects.sql_state import create_sql_state
 
 from .arrow_types import table_arrow_schema

@@ -19,7 +19,7 @@ import os
 import sys
 from pathlib import Path
 
-from reconcile.faults import Fault, FaultKind, FaultPlan
+from reconcile.engine.faults import Fault, FaultKind, FaultPlan
 from reconcile.testing.harness import SinkHarness
 from reconcile.testing.scenario import Scenario
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from reconcile.tpch_demo.events import EventLog
+from reconcile.demo.tpch.events import EventLog
 from tests.demo_checks import (
     REPO,
     assert_sinks_exact,

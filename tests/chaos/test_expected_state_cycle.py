@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from reconcile import hooks
-from reconcile.cycle import DECIDED, RECORDED
-from reconcile.faults import Fault, SimulatedCrash
+from reconcile.core import hooks
+from reconcile.engine.cycle import DECIDED, RECORDED
+from reconcile.engine.faults import Fault, SimulatedCrash
 from reconcile.testing.harness import SinkHarness
 from reconcile.testing.matrix import EPOCHS, MATRIX, run_row
 from reconcile.testing.scenario import SINKS, Scenario
@@ -110,8 +110,8 @@ def test_a_refused_decision_reverts_what_was_recorded(
     # The outputs are recorded, then the decision is refused (definitely): the
     # epoch is aborted, and the store must not keep the aborted run's changes,
     # or the next run of the epoch would be taken as recorded already.
-    from reconcile.contract import RetryableError
-    from reconcile.results import CommitAborted
+    from reconcile.core.contract import RetryableError
+    from reconcile.core.results import CommitAborted
 
     scenario = Scenario(memory_harness, tmp_path / "state", expected_root=tmp_path / "expected")
     cycle = scenario.build()
@@ -141,9 +141,9 @@ def test_a_stranded_txn_the_log_no_longer_knows_is_rolled_back_and_the_sink_diff
     import psycopg
 
     from reconcile import CommitCycle, CommitSucceeded
-    from reconcile.contract import OK, SinkTxnId, WriterIdentity
-    from reconcile.progress import EpochStatus
-    from reconcile.sink import bind_writer
+    from reconcile.core.contract import OK, SinkTxnId, WriterIdentity
+    from reconcile.core.progress import EpochStatus
+    from reconcile.core.sink import bind_writer
     from reconcile.testing.scenario import PIPELINE, rows_for
 
     harness = postgres_prepared_harness

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from reconcile.contract import (
+from reconcile.core.contract import (
     OK,
     Fatal,
     FencedError,
@@ -14,10 +14,10 @@ from reconcile.contract import (
     SinkTxnId,
     WriterIdentity,
 )
-from reconcile.cycle import CommitCycle, CommitFatal, CommitSucceeded
-from reconcile.faults import Fault, FaultKind, FaultPlan
-from reconcile.progress import EpochStatus
-from reconcile.progress_file import FileProgressLog
+from reconcile.core.progress import EpochStatus
+from reconcile.engine.cycle import CommitCycle, CommitFatal, CommitSucceeded
+from reconcile.engine.faults import Fault, FaultKind, FaultPlan
+from reconcile.engine.progress_file import FileProgressLog
 from reconcile.testing.harness import SinkHarness, epoch_problems, rows_for
 from reconcile.testing.matrix import MATRIX, run_row
 from reconcile.testing.scenario import PIPELINE, SINKS, Scenario

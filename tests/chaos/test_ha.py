@@ -17,7 +17,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from reconcile.tpch_demo.failover import FailoverOptions, run_failovers
+from reconcile.demo.tpch.failover import FailoverOptions, run_failovers
 from tests.demo_checks import assert_sinks_exact
 from tests.fix_pg import markers_table
 

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
-from reconcile.faults import CYCLE_POINTS, SINK_OPERATIONS, Fault, FaultKind, FaultPlan
+from reconcile.engine.faults import CYCLE_POINTS, SINK_OPERATIONS, Fault, FaultKind, FaultPlan
 from reconcile.testing.harness import SinkHarness
 from reconcile.testing.scenario import SINKS, Scenario
 from tests.fix_chaos import record

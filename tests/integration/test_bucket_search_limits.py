@@ -19,7 +19,7 @@ from reconcile.recovery.buckets import BucketLimits
 from reconcile.recovery.engine import reconcile_table
 from reconcile.recovery.modes import Mode
 from reconcile.recovery.report import ReconcileReport
-from sinks.postgres import PostgresSink
+from sinks.postgres.sink import PostgresSink
 from tests.recovery_setup import SIMPLE_SCHEMA, Setup, make_setup
 
 pytestmark = pytest.mark.integration

@@ -23,8 +23,8 @@ from hypothesis import strategies as st
 
 from expected_state.store import ExpectedStateStore
 from reconcile import recover
-from reconcile.checksum import row_checksums
-from reconcile.contract import Change
+from reconcile.core.checksum import row_checksums
+from reconcile.core.contract import Change
 from reconcile.recovery.buckets import cut_bounds, sort_expected
 from reconcile.recovery.summary import (
     FOLDER,

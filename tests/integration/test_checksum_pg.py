@@ -20,7 +20,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from psycopg import sql
 
-from reconcile.checksum import SEED, row_checksum_sql, row_checksums, row_text_sql, server_check_sql
+from reconcile.core.checksum import SEED, row_checksums
+from sinks.postgres.checksum_sql import row_checksum_sql, row_text_sql, server_check_sql
 from tests.unit.test_checksum import FIELD_VECTORS, HASH_VECTORS
 
 pytestmark = pytest.mark.integration

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from reconcile.cli import main
-from reconcile.demo import audit
+from reconcile.demo.files import audit
 
 pytestmark = pytest.mark.integration
 

@@ -17,8 +17,8 @@ import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from reconcile import CommitCycle, CommitSucceeded
-from reconcile.expected import ExpectedState
-from sinks.postgres import postgres_sink
+from reconcile.engine.expected import ExpectedState
+from sinks.postgres.factory import postgres_sink
 from tests.cli_run import cli
 from tests.fix_pg import PASSWORD, PASSWORD_USER
 
@@ -186,8 +186,8 @@ def test_watch_repairs_drift_in_the_recent_epochs_and_exports_it(
 def test_watch_checks_exactly_the_keys_of_the_newest_n_epochs(pipeline: dict[str, Any]) -> None:
     # With 12 epochs, --epochs 3 covers epochs 9, 10 and 11: a row of epoch 9
     # is inside, a row of epoch 8 just outside; --epochs 4 takes both.
-    from reconcile.cli_config import check_table
-    from reconcile.config import load_config
+    from reconcile.cli.config import load_config
+    from reconcile.cli.watch import check_table
 
     dsn, config = pipeline["dsn"], pipeline["config"]
     execute(dsn, "UPDATE shop.order_lines SET qty = -1 WHERE id IN (85, 95)")  # epochs 8, 9

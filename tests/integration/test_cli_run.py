@@ -33,9 +33,9 @@ from deltalake import DeltaTable
 from psycopg import sql
 
 from expected_state.progress_log import StoreProgressLog, progress_fence_id
-from reconcile.cli_run import call_app
-from reconcile.config import PipelineConfig, load_config
-from reconcile.contract import ConfigurationError
+from reconcile.cli.config import PipelineConfig, load_config
+from reconcile.cli.run import call_app
+from reconcile.core.contract import ConfigurationError
 from tests.cli_run import REPO
 from tests.fix_pg import PASSWORD, markers_table
 from tests.integration.test_cli_config import password_dsn

@@ -15,12 +15,12 @@ import psycopg
 import pytest
 
 from reconcile.cli import main
-from reconcile.contract import SinkTxnId
-from reconcile.cycle import CommitCycle, CommitSucceeded
-from reconcile.expected import ExpectedState
-from reconcile.progress import EpochStatus
-from reconcile.progress_file import FileProgressLog
-from sinks.postgres import postgres_sink
+from reconcile.core.contract import SinkTxnId
+from reconcile.core.progress import EpochStatus
+from reconcile.engine.cycle import CommitCycle, CommitSucceeded
+from reconcile.engine.expected import ExpectedState
+from reconcile.engine.progress_file import FileProgressLog
+from sinks.postgres.factory import postgres_sink
 from tests.cli_run import cli
 from tests.fix_pg import markers_table
 

@@ -2,7 +2,7 @@
 
 An epoch that one of them takes and the other refuses would leave the sink
 holding what the expected state does not (or the reverse): both apply the
-rule of ``reconcile.decimals`` before anything is written.
+rule of ``reconcile.core.decimals`` before anything is written.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import pyarrow as pa
 import pytest
 
 from expected_state.store import ExpectedStateStore
-from reconcile.contract import OK, Change, InvalidInputError, SinkTxnId
-from sinks.postgres import postgres_sink
+from reconcile.core.contract import OK, Change, InvalidInputError, SinkTxnId
+from sinks.postgres.factory import postgres_sink
 
 pytestmark = pytest.mark.integration
 

@@ -17,10 +17,10 @@ from deltalake import DeltaTable
 from expected_state.delta_commit import BEFORE_WRITE
 from expected_state.fencing import fence_app_id
 from expected_state.store import APPLY_CHECKED, APPLY_TABLE_MISSING, ExpectedStateStore
-from reconcile import hooks
-from reconcile.contract import OK, Change, FencedError, SinkTxnId
+from reconcile.core import hooks
+from reconcile.core.contract import OK, Change, FencedError, SinkTxnId
 from reconcile.testing.harness import rows_for
-from sinks.delta import COMMIT_CHECKED, DeltaSink
+from sinks.delta.sink import COMMIT_CHECKED, DeltaSink
 from tests.fix_delta import DeltaHarness
 
 pytestmark = pytest.mark.integration

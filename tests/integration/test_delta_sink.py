@@ -14,7 +14,7 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
-from reconcile.contract import (
+from reconcile.core.contract import (
     OK,
     Fatal,
     FatalError,
@@ -25,7 +25,7 @@ from reconcile.contract import (
 )
 from reconcile.testing.harness import rows_for
 from sinks.base import TwoPhaseSink
-from sinks.delta import DeltaSink
+from sinks.delta.sink import DeltaSink
 from tests.fix_delta import DeltaHarness
 
 pytestmark = pytest.mark.integration
@@ -144,9 +144,9 @@ def test_out_of_order_commit_is_fatal_not_silently_ok(tmp_path: Path) -> None:
 
 CRASH_WORKER = """
     import os, sys, time
-    import sinks.delta as delta_module
-    from reconcile.contract import SinkTxnId
-    from sinks.delta import DeltaSink
+    import sinks.delta.sink as delta_module
+    from reconcile.core.contract import SinkTxnId
+    from sinks.delta.sink import DeltaSink
     from reconcile.testing.harness import rows_for
 
     sink = DeltaSink("out", sys.argv[1])

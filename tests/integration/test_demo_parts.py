@@ -10,13 +10,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from reconcile.contract import ConfigurationError
+from reconcile.core.contract import ConfigurationError
+from reconcile.demo.tpch import supervisor
+from reconcile.demo.tpch.data import Feed, generate
+from reconcile.demo.tpch.summary import Summary
+from reconcile.demo.tpch.supervisor import Options, _check_run, prepare_tables, run_settings
 from reconcile.spark.outputs import apply_transform
 from reconcile.testing.pg_proxy import FaultProxy
-from reconcile.tpch_demo import supervisor
-from reconcile.tpch_demo.data import Feed, generate
-from reconcile.tpch_demo.summary import Summary
-from reconcile.tpch_demo.supervisor import Options, _check_run, prepare_tables, run_settings
 from tests.fix_pg import PgServer
 
 pytestmark = [pytest.mark.integration]

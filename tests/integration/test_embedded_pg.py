@@ -5,7 +5,7 @@ from __future__ import annotations
 import psycopg
 import pytest
 
-from reconcile.embedded_pg import start_server
+from reconcile.demo.embedded_pg import start_server
 
 pytestmark = pytest.mark.integration
 

@@ -15,9 +15,9 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from reconcile.contract import ConfigurationError
-from reconcile.cycle import CommitCycle, CommitSucceeded
-from reconcile.expected import ExpectedState
+from reconcile.core.contract import ConfigurationError
+from reconcile.engine.cycle import CommitCycle, CommitSucceeded
+from reconcile.engine.expected import ExpectedState
 from sinks.objects.declared import (
     ENGINE_SCHEMA,
     LEASES,
@@ -25,7 +25,7 @@ from sinks.objects.declared import (
     STATE_TABLES,
     epoch_index_name,
 )
-from sinks.postgres import postgres_sink
+from sinks.postgres.factory import postgres_sink
 from tests.cotenants import Tenants, lease_of, make_tenants, rows, stage_epoch
 from tests.fix_pg import PgServer
 
@@ -69,7 +69,7 @@ NOTE_DDL = (
 
 def test_every_object_a_run_creates_is_a_declared_one(tenants: Tenants, tmp_path: Path) -> None:
     """An event trigger notes each object created while the engine's surfaces run, as its role."""
-    from reconcile.contract import Change
+    from reconcile.core.contract import Change
     from reconcile.recovery import recover
 
     t = tenants

@@ -14,11 +14,11 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from reconcile.contract import ConfigurationError, RetryableError
-from reconcile.cycle import CommitSucceeded
-from sinks.objects import StageUnavailable
+from reconcile.core.contract import ConfigurationError, RetryableError
+from reconcile.engine.cycle import CommitSucceeded
 from sinks.objects.declared import stage_name
-from sinks.postgres import postgres_sink
+from sinks.objects.stages import StageUnavailable
+from sinks.postgres.factory import postgres_sink
 from sinks.postgres.shared_stage import ensure_stage, reflect_target, sweep_stage
 from tests.cotenants import Tenants, lease_of, make_tenants, rows, stage_epoch, staged_cycle
 from tests.fix_pg import PgServer

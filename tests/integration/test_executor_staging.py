@@ -25,11 +25,11 @@ from expected_state.delta_files import write_data_file
 from expected_state.layout import change_file_name
 from expected_state.store import ExpectedStateStore
 from reconcile import CommitCycle
-from reconcile.contract import InvalidInputError
-from reconcile.expected import ExpectedState
-from reconcile.results import CommitFatal, CommitSucceeded
-from reconcile.staged import StagedEpoch
-from sinks.postgres import postgres_sink
+from reconcile.core.contract import InvalidInputError
+from reconcile.core.results import CommitFatal, CommitSucceeded
+from reconcile.core.staged import StagedEpoch
+from reconcile.engine.expected import ExpectedState
+from sinks.postgres.factory import postgres_sink
 from sinks.postgres.shared_stage import copy_to_stage, ensure_stage, reflect_target
 
 pytestmark = [pytest.mark.integration]

@@ -20,13 +20,13 @@ from expected_state.delta_commit import commit_files, write_data_file
 from expected_state.epochs import EpochLog
 from expected_state.fencing import fence_app_id
 from expected_state.store import ExpectedStateStore
-from reconcile.contract import (
+from reconcile.core.contract import (
     Change,
     EpochOrderError,
     FencedError,
     InvalidInputError,
 )
-from reconcile.hashing import row_hash_arrow
+from reconcile.core.hashing import row_hash_arrow
 
 pytestmark = pytest.mark.integration
 
@@ -254,7 +254,7 @@ CRASH_WORKER = """
     import sys, time
     import expected_state.store as store_module
     from expected_state.store import ExpectedStateStore
-    from reconcile.contract import Change
+    from reconcile.core.contract import Change
 
     def hang(*args, **kwargs):
         print("FILES-WRITTEN", flush=True)  # the data files are on disk; commit not begun
@@ -294,7 +294,7 @@ def test_kill_9_between_file_writes_and_commit_leaves_nothing_visible(tmp_path: 
 CONCURRENT_WORKER = """
     import json, sys
     from expected_state.store import ExpectedStateStore
-    from reconcile.contract import Change, RetryableError
+    from reconcile.core.contract import Change, RetryableError
 
     store = ExpectedStateStore(sys.argv[1], "pipe", "orders", ["k"])
     outcomes = {"applied": 0, "noop": 0, "retries": 0}

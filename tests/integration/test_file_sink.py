@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 
-import reconcile.durable
-import sinks.file_layout
-import sinks.files
-from reconcile.contract import Fatal, FencedError, Ok, SinkTxnId
-from sinks.file_layout import read_fences
-from sinks.files import FENCE_WRITE, FileSink
+import reconcile.core.durable
+import sinks.files.layout
+import sinks.files.sink
+from reconcile.core.contract import Fatal, FencedError, Ok, SinkTxnId
+from sinks.files.layout import read_fences
+from sinks.files.sink import FENCE_WRITE, FileSink
 
 pytestmark = pytest.mark.integration
 
@@ -38,8 +38,8 @@ def prepare(sink: FileSink, t: SinkTxnId) -> object:
 
 WRITER = """
     import sys
-    from reconcile.contract import SinkTxnId
-    from sinks.files import FileSink
+    from reconcile.core.contract import SinkTxnId
+    from sinks.files.sink import FileSink
 
     sink = FileSink("orders", sys.argv[1])
     txn = SinkTxnId("shop", "orders", int(sys.argv[2]), int(sys.argv[3]))
@@ -155,7 +155,7 @@ def test_new_folders_and_files_are_made_durable_in_their_parents(
     def record(path: str | os.PathLike[str]) -> None:
         synced.append(Path(path))
 
-    for module in (reconcile.durable, sinks.file_layout, sinks.files):
+    for module in (reconcile.core.durable, sinks.files.layout, sinks.files.sink):
         monkeypatch.setattr(module, "fsync_path", record)
     root = tmp_path / "deep" / "root"
     sink = FileSink("orders", root)

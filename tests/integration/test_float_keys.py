@@ -14,9 +14,9 @@ import pytest
 import sqlalchemy as sa
 
 from expected_state.store import ExpectedStateStore
-from reconcile.contract import Change, ConfigurationError, InvalidInputError
-from sinks.postgres import PostgresSink
-from sinks.sql import SqlSink
+from reconcile.core.contract import Change, ConfigurationError, InvalidInputError
+from sinks.postgres.sink import PostgresSink
+from sinks.sql.sink import SqlSink
 
 pytestmark = pytest.mark.integration
 

@@ -9,8 +9,9 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from reconcile.contract import ConfigurationError, RetryableError
-from reconcile.ha.lease import PgLease, wait_s
+from reconcile.core.contract import ConfigurationError, RetryableError
+from reconcile.core.lease import wait_s
+from sinks.postgres.lease import PgLease
 
 
 def test_one_holder_then_the_other_after_expiry(pg_db: str) -> None:

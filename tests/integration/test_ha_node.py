@@ -32,13 +32,14 @@ from deltalake import DeltaTable
 from psycopg import sql
 
 from expected_state.progress_log import StoreProgressLog, progress_fence_id
-from reconcile.contract import FatalError, RejectedError
-from reconcile.cycle import CommitCycle
-from reconcile.expected import ExpectedState
-from reconcile.ha import HaNode, PgLease
+from reconcile.core.contract import FatalError, RejectedError
+from reconcile.core.metrics import InMemoryMetrics
+from reconcile.engine.cycle import CommitCycle
+from reconcile.engine.expected import ExpectedState
+from reconcile.ha import HaNode
 from reconcile.ha.leading import QUERY_FAILURES, Heartbeat
-from reconcile.metrics import InMemoryMetrics
-from sinks.postgres import postgres_sink
+from sinks.postgres.factory import postgres_sink
+from sinks.postgres.lease import PgLease
 from tests.fix_pg import markers_table
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]

@@ -19,11 +19,11 @@ import pytest
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from reconcile.contract import ConfigurationError, RetryableError
-from reconcile.cycle import CommitCycle
-from reconcile.expected import ExpectedState
+from reconcile.core.contract import ConfigurationError, RetryableError
+from reconcile.engine.cycle import CommitCycle
+from reconcile.engine.expected import ExpectedState
 from reconcile.ha.takeover import fence_sinks, terminate_old_sessions
-from sinks.postgres import postgres_sink
+from sinks.postgres.factory import postgres_sink
 from sinks.postgres.health import find_state_schemas
 from sinks.postgres.markers import FENCES_TABLE
 

@@ -14,9 +14,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from reconcile.contract import InvalidInputError
-from reconcile.hashing import row_hash_arrow
-from reconcile.hashing_spark import row_hash_column, row_hash_sql
+from reconcile.core.contract import InvalidInputError
+from reconcile.core.hashing import row_hash_arrow
+from reconcile.spark.hashing import row_hash_column, row_hash_sql
 from tests.unit.test_hashing import EXPECTED, MOVE, MULTI, SINGLE, VECTORS
 
 pytestmark = [pytest.mark.spark, pytest.mark.integration]

@@ -29,9 +29,9 @@ from typing import Any
 import psycopg
 import pytest
 
-from reconcile.contract import ReconcileError
-from sinks.postgres import PostgresSink
+from reconcile.core.contract import ReconcileError
 from sinks.postgres.heavy import CANCEL_WAIT_S
+from sinks.postgres.sink import PostgresSink
 from tests.fix_pg import PgServer
 from tests.recovery_setup import SIMPLE_DDL, SIMPLE_SCHEMA, Setup, make_setup
 

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from reconcile.contract import (
+from reconcile.core.contract import (
     ConfigurationError,
     Fatal,
     FatalError,
@@ -33,9 +33,9 @@ from reconcile.contract import (
     SinkTxnId,
     WriterIdentity,
 )
-from reconcile.cycle import CommitCycle, CommitSucceeded
-from reconcile.progress_file import FileProgressLog
-from sinks.http import HttpSink
+from reconcile.engine.cycle import CommitCycle, CommitSucceeded
+from reconcile.engine.progress_file import FileProgressLog
+from sinks.http.sink import HttpSink
 from tests.http_receiver import ReceiverServer
 
 pytestmark = pytest.mark.integration

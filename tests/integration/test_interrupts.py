@@ -1,6 +1,6 @@
 """SIGINT and SIGTERM sent to ``reconcile verify``, ``repair`` and ``watch`` as real processes.
 
-Each command is held at a named point (``RECONCILE_HOLD_AT``, ``reconcile.hooks``)
+Each command is held at a named point (``RECONCILE_HOLD_AT``, ``reconcile.core.hooks``)
 or in a server statement that waits for a lock the test holds, and signalled
 there with ``os.kill``. Then, from outside the process:
 

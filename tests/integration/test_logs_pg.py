@@ -17,9 +17,9 @@ import psycopg
 import pytest
 
 from reconcile import CommitCycle, CommitSucceeded
-from reconcile.config import load_config
-from reconcile.logs import configure
-from sinks.postgres import postgres_sink
+from reconcile.cli.config import load_config
+from reconcile.core.logs import configure
+from sinks.postgres.factory import postgres_sink
 from tests.fix_pg import PASSWORD, PASSWORD_USER, PgServer
 
 pytestmark = pytest.mark.integration

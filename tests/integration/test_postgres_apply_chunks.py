@@ -13,9 +13,11 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 import pytest
 
-from reconcile.contract import OK, Change, Fatal, SinkOutcome, SinkTxnId
-from sinks.postgres import PostgresSink, PreparedPostgresSink, apply, values
+from reconcile.core.contract import OK, Change, Fatal, SinkOutcome, SinkTxnId
+from sinks.postgres import apply, values
 from sinks.postgres.apply import ChunkLimits
+from sinks.postgres.prepared import PreparedPostgresSink
+from sinks.postgres.sink import PostgresSink
 from tests.fix_pg import PgServer
 
 pytestmark = pytest.mark.integration

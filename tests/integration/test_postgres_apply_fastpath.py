@@ -18,10 +18,11 @@ import pyarrow as pa
 import pytest
 from psycopg import sql
 
-from reconcile.contract import OK, Fatal, RejectedError, SinkOutcome, SinkTxnId
-from sinks.postgres import PostgresSink, PreparedPostgresSink
+from reconcile.core.contract import OK, Fatal, RejectedError, SinkOutcome, SinkTxnId
 from sinks.postgres.apply import apply_with_copy
+from sinks.postgres.prepared import PreparedPostgresSink
 from sinks.postgres.schema import reflect_table
+from sinks.postgres.sink import PostgresSink
 from sinks.postgres.staging import EpochBatch, validate_batch
 from tests.fix_pg import PgServer, markers_table
 
@@ -367,7 +368,7 @@ def test_triggers_take_the_fast_path_only_when_the_user_opts_in(
 def test_no_ddl_can_change_the_table_between_the_catalog_read_and_the_copy(
     pg_db: str,
 ) -> None:
-    from reconcile import hooks
+    from reconcile.core import hooks
     from sinks.postgres.apply import DIRECT_COPY_CHECKED
 
     with psycopg.connect(pg_db, autocommit=True) as conn:

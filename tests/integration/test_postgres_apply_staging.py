@@ -8,10 +8,10 @@ import pyarrow as pa
 import pytest
 from psycopg import sql
 
-from reconcile.contract import OK, Change, SinkTxnId
+from reconcile.core.contract import OK, Change, SinkTxnId
 from sinks.objects.declared import session_stage_name
-from sinks.postgres import PostgresSink
 from sinks.postgres.schema import TableSchema, reflect_table
+from sinks.postgres.sink import PostgresSink
 from tests.fix_pg import PgServer, markers_table
 
 pytestmark = pytest.mark.integration

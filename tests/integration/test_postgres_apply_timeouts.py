@@ -10,11 +10,12 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from reconcile import hooks
-from reconcile.cycle import CommitCycle, CommitSucceeded
-from reconcile.progress import MARK_CHECKED
-from reconcile.progress_file import FileProgressLog
-from sinks.postgres import PostgresSink, session
+from reconcile.core import hooks
+from reconcile.core.progress import MARK_CHECKED
+from reconcile.engine.cycle import CommitCycle, CommitSucceeded
+from reconcile.engine.progress_file import FileProgressLog
+from sinks.postgres import session
+from sinks.postgres.sink import PostgresSink
 from tests.fix_pg import PgServer
 
 pytestmark = pytest.mark.integration

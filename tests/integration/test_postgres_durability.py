@@ -9,9 +9,9 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from reconcile.cycle import CommitCycle, CommitSucceeded
-from reconcile.progress_file import FileProgressLog
-from sinks.postgres import postgres_sink
+from reconcile.engine.cycle import CommitCycle, CommitSucceeded
+from reconcile.engine.progress_file import FileProgressLog
+from sinks.postgres.factory import postgres_sink
 from tests.fix_pg import PgServer
 
 pytestmark = pytest.mark.integration

@@ -10,10 +10,10 @@ from typing import Any
 import psycopg
 import pytest
 
-from reconcile.contract import OK, Retryable, SinkOutcome, SinkTxnId
+from reconcile.core.contract import OK, Retryable, SinkOutcome, SinkTxnId
 from reconcile.testing.pg_proxy import DROP_AFTER_COMMIT, DROP_BEFORE_COMMIT, FaultProxy
-from sinks.postgres import PostgresSink
 from sinks.postgres.resolve import Evidence, Resolution
+from sinks.postgres.sink import PostgresSink
 from tests.fix_pg import PgServer
 
 pytestmark = [pytest.mark.integration, pytest.mark.chaos]

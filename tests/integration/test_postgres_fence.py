@@ -9,10 +9,10 @@ from typing import Any
 import psycopg
 import pytest
 
-from reconcile import hooks
-from reconcile.contract import OK, Fatal, FencedError, SinkTxnId, WriterIdentity
-from sinks.postgres import postgres_sink
+from reconcile.core import hooks
+from reconcile.core.contract import OK, Fatal, FencedError, SinkTxnId, WriterIdentity
 from sinks.postgres.client import FENCE_CHECKED
+from sinks.postgres.factory import postgres_sink
 
 pytestmark = pytest.mark.integration
 

@@ -12,12 +12,12 @@ import pytest
 from psycopg import sql
 
 from reconcile.cli import main
-from reconcile.contract import OK, MarkerMismatchError, SinkTxnId
-from reconcile.cycle import CommitCycle, CommitSucceeded
-from reconcile.faults import Fault, FaultKind, FaultPlan, SimulatedCrash
-from reconcile.progress import EpochStatus
-from reconcile.progress_file import FileProgressLog
-from sinks.postgres import postgres_sink
+from reconcile.core.contract import OK, MarkerMismatchError, SinkTxnId
+from reconcile.core.progress import EpochStatus
+from reconcile.engine.cycle import CommitCycle, CommitSucceeded
+from reconcile.engine.faults import Fault, FaultKind, FaultPlan, SimulatedCrash
+from reconcile.engine.progress_file import FileProgressLog
+from sinks.postgres.factory import postgres_sink
 
 pytestmark = pytest.mark.integration
 

@@ -10,7 +10,7 @@ import psycopg
 import pytest
 
 from reconcile import CommitCycle, CommitSucceeded
-from sinks.postgres import postgres_sink
+from sinks.postgres.factory import postgres_sink
 
 pytestmark = pytest.mark.integration
 

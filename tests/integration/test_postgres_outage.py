@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from reconcile.driver import drive
-from reconcile.results import CommitResult, CommitSucceeded
+from reconcile.core.results import CommitResult, CommitSucceeded
+from reconcile.engine.driver import drive
 from reconcile.testing.scenario import Scenario
 from tests.fix_pg import PgServer, PostgresHarness
 

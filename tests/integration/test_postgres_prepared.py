@@ -8,9 +8,10 @@ from typing import Any
 import psycopg
 import pytest
 
-from reconcile.contract import OK, ConfigurationError, Fatal, SinkTxnId
+from reconcile.core.contract import OK, ConfigurationError, Fatal, SinkTxnId
 from reconcile.testing.pg_proxy import DROP_AFTER_COMMIT, DROP_BEFORE_COMMIT, FaultProxy
-from sinks.postgres import PreparedPostgresSink, postgres_sink
+from sinks.postgres.factory import postgres_sink
+from sinks.postgres.prepared import PreparedPostgresSink
 from sinks.postgres.resolve import Evidence, Resolution
 from tests.fix_pg import PgServer
 
@@ -206,7 +207,7 @@ def test_prepared_epoch_survives_kill9_of_the_postmaster(durable_pg_server: PgSe
 def test_every_row_form_without_epoch_column(pg_server: PgServer, db: str, mode: str) -> None:
     import pyarrow as pa
 
-    from reconcile.contract import Change
+    from reconcile.core.contract import Change
 
     dsn = pg_server.dsn(db)
     with psycopg.connect(dsn, autocommit=True) as conn:

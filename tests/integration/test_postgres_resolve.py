@@ -9,8 +9,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from reconcile.contract import MarkerMismatchError, OutcomeUnknownError, SinkTxnId
-from reconcile.embedded_pg import as_postgres, pg_bindir, run_checked
+from reconcile.core.contract import MarkerMismatchError, OutcomeUnknownError, SinkTxnId
+from reconcile.demo.embedded_pg import as_postgres, pg_bindir, run_checked
 from sinks.postgres.connection import PgTarget
 from sinks.postgres.markers import StateTables
 from sinks.postgres.ownership import Scope

@@ -11,7 +11,7 @@ import pyarrow as pa
 import pytest
 from psycopg import sql
 
-from reconcile.contract import (
+from reconcile.core.contract import (
     OK,
     Change,
     ConfigurationError,
@@ -20,9 +20,10 @@ from reconcile.contract import (
     Retryable,
     SinkTxnId,
 )
-from reconcile.ids import change_id
+from reconcile.core.ids import change_id
 from sinks.base import TwoPhaseSink
-from sinks.postgres import PgTarget, PostgresSink
+from sinks.postgres.connection import PgTarget
+from sinks.postgres.sink import PostgresSink
 from tests.fix_pg import PASSWORD, PASSWORD_USER, PgServer
 
 pytestmark = pytest.mark.integration
@@ -328,7 +329,7 @@ def test_large_arrow_epoch_direct_copy_and_its_fallback(
 
 
 def test_eager_takeover_fences_the_old_writer_before_the_new_one_writes(orders: str) -> None:
-    from reconcile.contract import FencedError
+    from reconcile.core.contract import FencedError
 
     old = PostgresSink(orders, "orders", name="orders", pipeline=PIPE)
     run_epoch(old, txn(1, generation=1), [{"k": "a", "v": 1}])

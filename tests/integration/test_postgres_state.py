@@ -14,8 +14,8 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from reconcile import hooks
-from reconcile.contract import (
+from reconcile.core import hooks
+from reconcile.core.contract import (
     OK,
     ConfigurationError,
     Fatal,
@@ -24,10 +24,10 @@ from reconcile.contract import (
     SinkTxnId,
     WriterIdentity,
 )
-from reconcile.cycle import CommitCycle, CommitFatal, CommitSucceeded
-from reconcile.progress_file import FileProgressLog, read_progress
-from sinks.postgres import postgres_sink
+from reconcile.engine.cycle import CommitCycle, CommitFatal, CommitSucceeded
+from reconcile.engine.progress_file import FileProgressLog, read_progress
 from sinks.postgres.client import FENCE_CHECKED
+from sinks.postgres.factory import postgres_sink
 from tests.fix_pg import PASSWORD, PASSWORD_USER, PgServer
 
 pytestmark = pytest.mark.integration

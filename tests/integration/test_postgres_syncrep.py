@@ -15,13 +15,14 @@ from typing import Any
 import psycopg
 import pytest
 
-from reconcile import hooks
-from reconcile.contract import OK, OutcomeUnknownError, SinkTxnId, WriterIdentity
-from reconcile.cycle import CommitCycle, CommitFatal, CommitSucceeded
-from reconcile.progress import EpochStatus
-from reconcile.progress_file import FileProgressLog
+from reconcile.core import hooks
+from reconcile.core.contract import OK, OutcomeUnknownError, SinkTxnId, WriterIdentity
+from reconcile.core.progress import EpochStatus
+from reconcile.engine.cycle import CommitCycle, CommitFatal, CommitSucceeded
+from reconcile.engine.progress_file import FileProgressLog
 from reconcile.testing.pg_proxy import CUT_AFTER_COMMIT_SENT, FaultProxy
-from sinks.postgres import PgTarget, PostgresSink, postgres_sink
+from sinks.postgres.connection import PgTarget
+from sinks.postgres.factory import postgres_sink
 from sinks.postgres.markers import StateTables
 from sinks.postgres.ownership import Scope
 from sinks.postgres.replication import confirm_replicated
@@ -33,6 +34,7 @@ from sinks.postgres.resolve import (
     backend_identity,
     resolve_commit,
 )
+from sinks.postgres.sink import PostgresSink
 from tests.fix_pg import PgServer, PgStandby
 
 pytestmark = [pytest.mark.integration, pytest.mark.chaos]

@@ -11,8 +11,9 @@ import psycopg
 import pyarrow as pa
 import pytest
 
-from reconcile.contract import OK, Change, ConfigurationError, Fatal, SinkTxnId
-from sinks.postgres import PostgresSink, PreparedPostgresSink
+from reconcile.core.contract import OK, Change, ConfigurationError, Fatal, SinkTxnId
+from sinks.postgres.prepared import PreparedPostgresSink
+from sinks.postgres.sink import PostgresSink
 
 pytestmark = pytest.mark.integration
 
@@ -214,7 +215,7 @@ def test_a_value_that_would_be_rounded_is_refused_naming_the_declared_type(
 ) -> None:
     # PostgreSQL rounds Decimal('1.005') into numeric(10,2) to 1.01 without a
     # word; the expected state refuses it. The sink refuses it too, before
-    # anything is written, by the same rule (reconcile/decimals.py).
+    # anything is written, by the same rule (reconcile/core/decimals.py).
     sink = mode(items, "items", name="items", pipeline=PIPE)
     for epoch, (case, rows, value) in enumerate(MISFITS):
         txn = SinkTxnId(PIPE, "items", epoch, 0)
@@ -307,8 +308,8 @@ def test_declared_precision_and_scale_are_read_from_the_catalog(pg_db: str) -> N
 
 def test_a_typo_in_one_rows_column_names_the_misspelt_column(pg_db: str) -> None:
     # A new user's typo in row 2 was reported against the correct column 'amount'.
-    from reconcile.contract import SinkTxnId
-    from sinks.postgres import postgres_sink
+    from reconcile.core.contract import SinkTxnId
+    from sinks.postgres.factory import postgres_sink
 
     with psycopg.connect(pg_db, autocommit=True) as conn:
         conn.execute("CREATE TABLE pay (id int PRIMARY KEY, amount int)")

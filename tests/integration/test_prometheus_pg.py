@@ -15,9 +15,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from reconcile import CommitCycle, CommitSucceeded
-from reconcile.prometheus import PrometheusMetrics
+from reconcile.cli.prometheus import PrometheusMetrics
 from reconcile.testing.pg_proxy import DROP_AFTER_COMMIT, DROP_BEFORE_COMMIT, FaultProxy
-from sinks.postgres import postgres_sink
+from sinks.postgres.factory import postgres_sink
 from tests.fix_pg import PgServer
 
 pytestmark = [pytest.mark.integration, pytest.mark.chaos]

@@ -17,10 +17,10 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from reconcile import CommitCycle, CommitFatal, CommitResult, RetryPolicy, drive
-from reconcile.faults import Fault, FaultKind, FaultPlan
-from reconcile.prometheus import PrometheusMetrics
-from sinks.file_layout import read_header
-from sinks.files import FileSink
+from reconcile.cli.prometheus import PrometheusMetrics
+from reconcile.engine.faults import Fault, FaultKind, FaultPlan
+from sinks.files.layout import read_header
+from sinks.files.sink import FileSink
 
 pytestmark = pytest.mark.integration
 

@@ -32,11 +32,11 @@ import pyarrow as pa
 import pytest
 from psycopg import sql
 
-from reconcile.recovery.target import KeyRange
-from sinks.postgres import PostgresSink
+from reconcile.core.target import KeyRange
 from sinks.postgres.bucket_sums import psycopg_query
 from sinks.postgres.pull import PgSnapshot
 from sinks.postgres.ranges import Params, pieces_of, ranges_sql
+from sinks.postgres.sink import PostgresSink
 from tests.fix_pg import PgServer
 
 pytestmark = pytest.mark.integration

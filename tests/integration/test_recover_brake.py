@@ -14,12 +14,12 @@ from pathlib import Path
 import pytest
 
 from reconcile import recover
-from reconcile.contract import Change, ConfigurationError, MassChangeError
-from reconcile.cycle import CommitCycle
-from reconcile.expected import ExpectedState
+from reconcile.core.contract import Change, ConfigurationError, MassChangeError
+from reconcile.core.progress import EpochStatus
+from reconcile.engine.cycle import CommitCycle
+from reconcile.engine.expected import ExpectedState
 from reconcile.ha.takeover import recover_sinks
-from reconcile.progress import EpochStatus
-from sinks.postgres import postgres_sink
+from sinks.postgres.factory import postgres_sink
 from tests.cli_run import cli
 from tests.recovery_setup import (
     SIMPLE_DDL,

@@ -110,7 +110,7 @@ def test_a_store_path_that_does_not_exist_is_named_as_such(simple: Setup, tmp_pa
 
 
 def test_an_unreachable_server_is_not_promised_a_retry(tmp_path: Path) -> None:
-    from reconcile.embedded_pg import free_port
+    from reconcile.demo.embedded_pg import free_port
 
     dsn = f"host=127.0.0.1 port={free_port()} dbname=shop user=app password={PASSWORD}"
     out = cli("verify", "--pg", dsn, "--store", str(tmp_path), "--pipeline", "shop",

@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from reconcile import Mode, hooks, recover
-from reconcile.contract import InvalidInputError, RetryableError
+from reconcile import Mode, recover
+from reconcile.core import hooks
+from reconcile.core.contract import InvalidInputError, RetryableError
 from reconcile.recovery.engine import PULLED
 from sinks.postgres.repair import REPAIR_APPLIED
 from tests.recovery_setup import (

@@ -20,8 +20,8 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from reconcile import recover, recover_sink
-from reconcile.contract import FencedError, WriterIdentity
-from sinks.postgres import postgres_sink
+from reconcile.core.contract import FencedError, WriterIdentity
+from sinks.postgres.factory import postgres_sink
 from tests.fix_pg import PgServer
 from tests.recovery_setup import (
     TYPES_DDL,

@@ -17,9 +17,9 @@ import sqlalchemy as sa
 
 from expected_state.store import ExpectedStateStore
 from reconcile import CommitCycle, CommitSucceeded, InvalidInputError, recover
-from reconcile.contract import Change, MassChangeError, SinkTxnId
+from reconcile.core.contract import Change, MassChangeError, SinkTxnId
 from reconcile.testing import check_sink
-from sinks.sql import SqlSink
+from sinks.sql.sink import SqlSink
 from tests.fix_pg import PgServer
 
 pytestmark = pytest.mark.integration

@@ -20,7 +20,7 @@ import pytest
 from deltalake import DeltaTable
 
 from reconcile import recover
-from reconcile.contract import StoreLostRowsError
+from reconcile.core.contract import StoreLostRowsError
 from tests.cli_run import cli
 from tests.recovery_setup import SIMPLE_DDL, SIMPLE_SCHEMA, Setup, make_setup, sink_rows
 

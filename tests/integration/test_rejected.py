@@ -16,12 +16,19 @@ import pytest
 from psycopg import sql
 
 from reconcile import CommitCycle, drive
-from reconcile.contract import OK, Fatal, InvalidInputError, RejectedError, SinkOutcome, SinkTxnId
-from reconcile.decisions import is_terminal
-from reconcile.driver import RetryPolicy
-from reconcile.progress_file import FileProgressLog
-from sinks.postgres import postgres_sink
-from sinks.sql import SqlSink
+from reconcile.core.contract import (
+    OK,
+    Fatal,
+    InvalidInputError,
+    RejectedError,
+    SinkOutcome,
+    SinkTxnId,
+)
+from reconcile.core.decisions import is_terminal
+from reconcile.engine.driver import RetryPolicy
+from reconcile.engine.progress_file import FileProgressLog
+from sinks.postgres.factory import postgres_sink
+from sinks.sql.sink import SqlSink
 from tests.fix_pg import PgServer, markers_table
 
 pytestmark = pytest.mark.integration
@@ -160,7 +167,7 @@ def test_a_repair_the_database_refuses_is_a_rejection_not_a_retry(
 
     from expected_state.store import ExpectedStateStore
     from reconcile import recover
-    from reconcile.contract import Change
+    from reconcile.core.contract import Change
 
     with psycopg.connect(pg_db, autocommit=True) as conn:
         conn.execute(

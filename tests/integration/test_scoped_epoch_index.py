@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from reconcile import recover
-from reconcile.cli_recover import summary
+from reconcile.cli.recover import summary
 from tests.recovery_setup import SIMPLE_DDL, SIMPLE_SCHEMA, expected_rows, make_setup, sink_rows
 
 pytestmark = pytest.mark.integration

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from reconcile.contract import (
+from reconcile.core.contract import (
     ConfigurationError,
     Fatal,
     MarkerMismatchError,
@@ -25,8 +25,8 @@ from reconcile.contract import (
     SinkTxnId,
     WriterIdentity,
 )
-from reconcile.cycle import CommitCycle, CommitFatal, CommitResult, CommitSucceeded
-from reconcile.progress_file import FileProgressLog
+from reconcile.engine.cycle import CommitCycle, CommitFatal, CommitResult, CommitSucceeded
+from reconcile.engine.progress_file import FileProgressLog
 from reconcile.testing.harness import SinkHarness
 from sinks.base import bind_writer
 from tests.fix_sinks import HttpHarness, MemoryHarness

@@ -17,9 +17,9 @@ from pyspark.sql import functions as F
 
 from expected_state.delta_commit import DataFile, commit_files
 from expected_state.spark_bridge import delta_jars_available, read_delta, write_delta
-from reconcile.contract import InvalidInputError
-from reconcile.hashing import row_hash_arrow
-from reconcile.hashing_spark import row_hash_column
+from reconcile.core.contract import InvalidInputError
+from reconcile.core.hashing import row_hash_arrow
+from reconcile.spark.hashing import row_hash_column
 
 pytestmark = [pytest.mark.spark, pytest.mark.integration]
 

@@ -9,7 +9,7 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 
-from reconcile import cli
+from reconcile.cli import command as cli
 from tests.recovery_setup import SIMPLE_DDL, SIMPLE_SCHEMA, expected_rows, make_setup, sink_rows
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]

@@ -312,11 +312,12 @@ def test_an_ambiguous_commit_in_a_micro_batch_is_settled_by_the_database(
     """Micro-batch 1's COMMIT loses its connection (before or after the server got it)."""
     from pyspark.sql import functions as F
 
-    from reconcile import CommitCycle, hooks
-    from reconcile.expected import ExpectedState
+    from reconcile import CommitCycle
+    from reconcile.core import hooks
+    from reconcile.engine.expected import ExpectedState
     from reconcile.spark.stream import BATCH_STAGED, write_stream
     from reconcile.testing.pg_proxy import FaultProxy
-    from sinks.postgres import postgres_sink
+    from sinks.postgres.factory import postgres_sink
     from tests.spark_stream_pipeline import SCHEMA, TABLES
 
     make_inbox(tmp_path)

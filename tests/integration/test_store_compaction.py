@@ -17,8 +17,8 @@ from deltalake import DeltaTable
 from expected_state.compaction import COMPACT_WRITTEN
 from expected_state.delta_commit import BEFORE_WRITE
 from expected_state.store import APPLY_CHECKED, ExpectedStateStore
-from reconcile import hooks
-from reconcile.contract import Change, FencedError, InvalidInputError, RetryableError
+from reconcile.core import hooks
+from reconcile.core.contract import Change, FencedError, InvalidInputError, RetryableError
 
 pytestmark = pytest.mark.integration
 

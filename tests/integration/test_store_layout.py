@@ -13,7 +13,7 @@ from deltalake import DeltaTable, write_deltalake
 
 from expected_state.merge import resolve
 from expected_state.store import ExpectedStateStore
-from reconcile.contract import Change, InvalidInputError, StoreLostRowsError
+from reconcile.core.contract import Change, InvalidInputError, StoreLostRowsError
 
 pytestmark = pytest.mark.integration
 

@@ -21,8 +21,8 @@ from hypothesis import strategies as st
 
 from expected_state.merge import resolve
 from expected_state.store import ExpectedStateStore
-from reconcile.contract import InvalidInputError
-from reconcile.hashing import row_hash_arrow
+from reconcile.core.contract import InvalidInputError
+from reconcile.core.hashing import row_hash_arrow
 
 pytestmark = pytest.mark.integration
 

@@ -16,9 +16,9 @@ from expected_state.delta_commit import BEFORE_WRITE
 from expected_state.epoch_rows import APPEND_CHECKED, EPOCHS_TABLE
 from expected_state.epochs import EpochLog
 from expected_state.progress_log import StoreProgressLog, progress_fence_id
-from reconcile import hooks
-from reconcile.contract import FatalError, FencedError
-from reconcile.progress import EpochStatus
+from reconcile.core import hooks
+from reconcile.core.contract import FatalError, FencedError
+from reconcile.core.progress import EpochStatus
 
 pytestmark = pytest.mark.integration
 

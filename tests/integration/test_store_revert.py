@@ -14,8 +14,8 @@ from deltalake import DeltaTable
 from expected_state.fencing import fence_app_id
 from expected_state.reverting import REVERT_CHECKED
 from expected_state.store import ExpectedStateStore
-from reconcile import hooks
-from reconcile.contract import Change, EpochOrderError, FencedError, InvalidInputError
+from reconcile.core import hooks
+from reconcile.core.contract import Change, EpochOrderError, FencedError, InvalidInputError
 
 pytestmark = pytest.mark.integration
 

@@ -22,12 +22,12 @@ from deltalake import DeltaTable
 
 from expected_state.store import ExpectedStateStore
 from reconcile import CommitCycle, CommitFatal, CommitSucceeded, drive
-from reconcile.contract import Change, ConfigurationError, InvalidInputError, RetryableError
-from reconcile.expected import ExpectedState
+from reconcile.core.contract import Change, ConfigurationError, InvalidInputError, RetryableError
+from reconcile.engine.expected import ExpectedState
 from reconcile.recovery.api import recover
-from sinks.memory import MemorySink, MemoryStore
-from sinks.postgres import postgres_sink
-from sinks.sql import SqlSink
+from sinks.memory.sink import MemorySink, MemoryStore
+from sinks.postgres.factory import postgres_sink
+from sinks.sql.sink import SqlSink
 
 pytestmark = pytest.mark.integration
 

@@ -14,7 +14,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from expected_state.store import ExpectedStateStore
-from reconcile.contract import Change
+from reconcile.core.contract import Change
 from reconcile.recovery.source import ExpectedSource
 
 

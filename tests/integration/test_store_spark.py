@@ -10,7 +10,7 @@ import pytest
 
 from expected_state.spark_state import read_state
 from expected_state.store import ExpectedStateStore
-from reconcile.contract import Change
+from reconcile.core.contract import Change
 
 pytestmark = [pytest.mark.spark, pytest.mark.integration]
 

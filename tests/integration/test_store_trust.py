@@ -20,7 +20,7 @@ import expected_state.trust as trust
 from expected_state.integrity import LogEntry
 from expected_state.layout import StoreFile
 from expected_state.store import ExpectedStateStore
-from reconcile.contract import Change, StoreIntegrityError, StoreLostRowsError
+from reconcile.core.contract import Change, StoreIntegrityError, StoreLostRowsError
 
 pytestmark = pytest.mark.integration
 

@@ -60,9 +60,9 @@ def _run(
 ) -> list[Any]:
     """Stream ``root/inbox`` into table ``events`` (expected state keyed by id); the history."""
     from reconcile import CommitCycle
-    from reconcile.expected import ExpectedState
+    from reconcile.engine.expected import ExpectedState
     from reconcile.spark.stream import write_stream
-    from sinks.postgres import postgres_sink
+    from sinks.postgres.factory import postgres_sink
 
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(table.encode())

@@ -16,8 +16,8 @@ import random
 import pytest
 from psycopg import sql
 
+from reconcile.core.target import KeyRange
 from reconcile.recovery.buckets import FULL_SHARE, dearer_than_full
-from reconcile.recovery.target import KeyRange
 from sinks.postgres.ranges import (
     Params,
     RangeOrder,

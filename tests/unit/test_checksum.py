@@ -15,14 +15,14 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from reconcile.checksum import (
+from reconcile.core.checksum import (
     SEED,
     pg_hash_bytes,
     pg_hash_text_arrow,
     row_checksums,
     row_text_arrow,
 )
-from reconcile.contract import InvalidInputError
+from reconcile.core.contract import InvalidInputError
 
 # hashtextextended(text COLLATE "C", SEED) as PostgreSQL 15 returned it (signed int8).
 HASH_VECTORS: list[tuple[str, int]] = [

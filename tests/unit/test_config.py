@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from reconcile.config import ConfigFileError, load_config
-from reconcile.contract import ConfigurationError
-from sinks.postgres import PgTarget
+from reconcile.cli.config import ConfigFileError, load_config
+from reconcile.core.contract import ConfigurationError
+from sinks.postgres.connection import PgTarget
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "reconcile.toml"

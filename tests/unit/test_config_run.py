@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from reconcile.config import RunSettings, load_config
+from reconcile.cli.config import RunSettings, load_config
 from tests.unit.test_config import ENV, EXAMPLE, MINIMAL, SECRET, load_error, write
 
 RUN = """

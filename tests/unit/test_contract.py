@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from reconcile.contract import (
+from reconcile.core.contract import (
     OK,
     Change,
     ConfigurationError,
@@ -28,7 +28,7 @@ from reconcile.contract import (
     UnknownSinkError,
     validate_name,
 )
-from reconcile.ids import change_id
+from reconcile.core.ids import change_id
 from sinks.base import check_outcome
 
 names = st.from_regex(r"[A-Za-z0-9_]{1,63}", fullmatch=True)
@@ -149,7 +149,7 @@ def test_change_id_sorts_by_epoch() -> None:
 
 
 def test_capabilities_are_a_value_with_a_fallback_for_older_sinks() -> None:
-    from reconcile.sink import SinkCapabilities, capabilities_of
+    from reconcile.core.sink import SinkCapabilities, capabilities_of
 
     class Declared:
         capabilities = SinkCapabilities(durable_prepare=False, pullable=True)

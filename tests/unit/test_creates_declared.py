@@ -35,11 +35,11 @@ ADDS = re.compile(r"^\s*ALTER\s+TABLE\b.*\bADD\s+(?:COLUMN|CONSTRAINT)\b", re.IG
 EXCEPTIONS = {
     # The demo's own target tables: the user's tables in the demo, which the
     # engine writes as a sink writes any target; not objects of the engine.
-    ("reconcile/tpch_demo/data.py", "CREATE TABLE IF NOT EXISTS public.demo_lineitem ("),
-    ("reconcile/tpch_demo/data.py", "CREATE TABLE IF NOT EXISTS public.demo_customer_revenue ("),
+    ("reconcile/demo/tpch/data.py", "CREATE TABLE IF NOT EXISTS public.demo_lineitem ("),
+    ("reconcile/demo/tpch/data.py", "CREATE TABLE IF NOT EXISTS public.demo_customer_revenue ("),
     # The embedded server's databases: a server the engine starts for itself
     # (demo, benchmarks, tests), never a user's.
-    ("reconcile/embedded_pg.py", "CREATE DATABASE {} TEMPLATE template0 STRATEGY file_copy"),
+    ("reconcile/demo/embedded_pg.py", "CREATE DATABASE {} TEMPLATE template0 STRATEGY file_copy"),
     # Not a statement: the name delta-rs gives a table's creating commit in its
     # commitInfo, which the store's audit compares with.
     ("expected_state/integrity.py", "CREATE TABLE"),

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from reconcile.contract import (
+from reconcile.core.contract import (
     OK,
     ConfigurationError,
     ContractViolationError,
@@ -22,13 +22,13 @@ from reconcile.contract import (
     SinkTxnId,
     UnknownSinkError,
 )
-from reconcile.cycle import CommitAborted, CommitCycle, CommitSucceeded
-from reconcile.faults import Fault, FaultKind, FaultPlan
-from reconcile.metrics import InMemoryMetrics
-from reconcile.progress import EpochStatus, MemoryProgressLog
-from reconcile.sink import SinkCapabilities
+from reconcile.core.metrics import InMemoryMetrics
+from reconcile.core.progress import EpochStatus, MemoryProgressLog
+from reconcile.core.sink import SinkCapabilities
+from reconcile.engine.cycle import CommitAborted, CommitCycle, CommitSucceeded
+from reconcile.engine.faults import Fault, FaultKind, FaultPlan
 from reconcile.testing.harness import rows_for
-from sinks.memory import MemorySink, MemoryStore
+from sinks.memory.sink import MemorySink, MemoryStore
 
 
 class RecordingSink(MemorySink):
@@ -101,7 +101,7 @@ def test_replay_of_committed_epoch_is_a_no_op() -> None:
 def test_aborted_epoch_leaves_nothing_and_retries() -> None:
     store = MemoryStore()
     plan = FaultPlan([Fault("sink.b.prepare", FaultKind.RETRYABLE)])
-    from reconcile.faults import FaultySink
+    from reconcile.engine.faults import FaultySink
 
     cycle = CommitCycle(
         "pipe",
@@ -251,7 +251,7 @@ def test_a_sink_without_durable_prepare_gets_the_epoch_replayed_after_a_crash() 
     store = MemoryStore()
     progress = MemoryProgressLog()
     plan = FaultPlan([Fault("cycle.commit_progress", FaultKind.CRASH, when="after")])
-    from reconcile.faults import FaultySink, SimulatedCrash
+    from reconcile.engine.faults import FaultySink, SimulatedCrash
 
     doomed = CommitCycle(
         "pipe", [FaultySink(VolatileSink("v", store), plan)], progress, faults=plan

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from reconcile.decimals import (
+from reconcile.core.decimals import (
     DecimalFitError,
     arrow_decimal_type,
     check_decimal,

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from reconcile.contract import (
+from reconcile.core.contract import (
     ConfigurationError,
     Fatal,
     FatalError,
@@ -20,15 +20,15 @@ from reconcile.contract import (
     SinkTxnId,
     WriterIdentity,
 )
-from reconcile.cycle import CommitCycle
-from reconcile.decisions import Settle, decide_stranded, is_terminal
-from reconcile.driver import Driver, RetryPolicy, drive
-from reconcile.faults import Fault, FaultKind, FaultPlan
-from reconcile.metrics import InMemoryMetrics
-from reconcile.progress import EpochStatus, MemoryProgressLog
-from reconcile.results import CommitFatal
-from reconcile.sink import SinkCapabilities
-from sinks.memory import MemorySink, MemoryStore
+from reconcile.core.decisions import Settle, decide_stranded, is_terminal
+from reconcile.core.metrics import InMemoryMetrics
+from reconcile.core.progress import EpochStatus, MemoryProgressLog
+from reconcile.core.results import CommitFatal
+from reconcile.core.sink import SinkCapabilities
+from reconcile.engine.cycle import CommitCycle
+from reconcile.engine.driver import Driver, RetryPolicy, drive
+from reconcile.engine.faults import Fault, FaultKind, FaultPlan
+from sinks.memory.sink import MemorySink, MemoryStore
 
 FAST = RetryPolicy(give_up_after_s=5.0, initial_s=0.0, max_s=0.0, jitter_s=0.0)
 

@@ -6,7 +6,7 @@ import pickle
 
 import pytest
 
-from reconcile.contract import (
+from reconcile.core.contract import (
     ConfigurationError,
     ContractViolationError,
     EpochOrderError,
@@ -17,8 +17,7 @@ from reconcile.contract import (
     RejectedError,
     RetryableError,
 )
-from reconcile.cycle import CommitCycle
-from reconcile.decisions import (
+from reconcile.core.decisions import (
     REJECTING_SQLSTATE,
     Failure,
     classify,
@@ -26,9 +25,11 @@ from reconcile.decisions import (
     is_terminal,
     rejection_of,
 )
-from reconcile.ha import HaNode, PgLease
+from reconcile.engine.cycle import CommitCycle
+from reconcile.ha import HaNode
 from reconcile.ha.leading import AfterFailure, QueryFailures
 from reconcile.ha.takeover import LeadershipLostError
+from sinks.postgres.lease import PgLease
 
 
 def rejected() -> RejectedError:

@@ -15,9 +15,9 @@ import xxhash
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from reconcile.contract import InvalidInputError
-from reconcile.hashing import null_mask_words, row_hash_arrow
-from reconcile.hashing_scalar import row_hash
+from reconcile.core.contract import InvalidInputError
+from reconcile.core.hashing import null_mask_words, row_hash_arrow
+from reconcile.core.hashing_scalar import row_hash
 
 UTC = dt.UTC
 
@@ -92,7 +92,7 @@ MOVE: list[tuple[str, tuple[Any, ...]]] = [
 ]
 
 # Computed once by row_hash_arrow, row_hash and Spark 4.2.0's xxhash64 (through
-# reconcile.hashing_spark.row_hash_column on the same rows read from Parquet), which
+# reconcile.spark.hashing.row_hash_column on the same rows read from Parquet), which
 # agreed on every one; tests/integration/test_hashing_spark.py re-checks Spark.
 EXPECTED: dict[str, int] = {
     "bool_true": -4698198733687874474,

@@ -1,4 +1,4 @@
-"""``reconcile.interrupts``: real signals sent to this process, and what the one line says."""
+"""``reconcile.core.interrupts``: real signals sent to this process, and what the one line says."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from reconcile import interrupts
-from reconcile.interrupts import Guard, Interrupted, Written
+from reconcile.core import interrupts
+from reconcile.core.interrupts import Guard, Interrupted, Written
 from tests.cli_run import REPO
 
 
@@ -160,7 +160,7 @@ def test_stopping_sets_the_event_instead_of_raising() -> None:
 SECOND = textwrap.dedent(
     """
     import os, signal, time
-    from reconcile import interrupts
+    from reconcile.core import interrupts
 
     with interrupts.Guard():
         try:

@@ -12,14 +12,14 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-import reconcile.logs
+import reconcile.core.logs
 from reconcile import CommitCycle, CommitSucceeded, MemoryProgressLog, RetryPolicy, drive
-from reconcile.contract import SinkOutcome, SinkTxnId
-from reconcile.faults import Fault, FaultKind, FaultPlan
-from reconcile.logs import ContextFilter, JsonFormatter, configure, context, current
-from reconcile.results import log_result
-from reconcile.staged import StagedEpoch
-from sinks.memory import MemorySink, MemoryStore
+from reconcile.core.contract import SinkOutcome, SinkTxnId
+from reconcile.core.logs import ContextFilter, JsonFormatter, configure, context, current
+from reconcile.core.results import log_result
+from reconcile.core.staged import StagedEpoch
+from reconcile.engine.faults import Fault, FaultKind, FaultPlan
+from sinks.memory.sink import MemorySink, MemoryStore
 
 sink_log = logging.getLogger("reconcile.sinks.test")
 
@@ -71,7 +71,7 @@ def test_a_cycles_epoch_line_and_a_sinks_commit_line_carry_their_fields() -> Non
     assert commit_line["txn"] == "shop-orders-0-g1"
     start_line = next(r for r in records if "started as generation" in str(r["message"]))
     assert start_line["pipeline"] == "shop" and "epoch" not in start_line
-    assert reconcile.logs.current() == {}  # nothing leaks out of the cycle
+    assert reconcile.core.logs.current() == {}  # nothing leaks out of the cycle
 
 
 def test_a_drive_retry_line_names_pipeline_and_epoch(
@@ -127,7 +127,7 @@ def test_passwords_never_reach_a_line() -> None:
     ]
     for message in messages:
         record = logging.LogRecord("reconcile", logging.ERROR, "f", 1, message, (), None)
-        for formatter in (JsonFormatter(), reconcile.logs.TextFormatter()):
+        for formatter in (JsonFormatter(), reconcile.core.logs.TextFormatter()):
             assert secret not in formatter.format(record), (formatter, message)
     try:
         raise RuntimeError(f"postgresql://u:{secret}@h/db")

@@ -8,9 +8,8 @@ import threading
 import pytest
 
 from reconcile import CommitCycle, CommitFatal, CommitSucceeded, MemoryProgressLog
-from reconcile.contract import Fatal, SinkOutcome, SinkTxnId
-from reconcile.faults import Fault, FaultKind, FaultPlan
-from reconcile.metrics import (
+from reconcile.core.contract import Fatal, SinkOutcome, SinkTxnId
+from reconcile.core.metrics import (
     InMemoryMetrics,
     NullMetrics,
     activate,
@@ -20,8 +19,9 @@ from reconcile.metrics import (
     timed,
     with_labels,
 )
+from reconcile.engine.faults import Fault, FaultKind, FaultPlan
 from reconcile.recovery.report import ReconcileReport
-from sinks.memory import MemorySink, MemoryStore
+from sinks.memory.sink import MemorySink, MemoryStore
 
 
 def test_counters_keep_their_old_keys_and_gain_labels() -> None:
@@ -134,7 +134,7 @@ def test_a_cycle_reports_outcomes_gauges_and_recovery_by_pipeline() -> None:
 def test_a_sink_retry_is_counted_by_sink() -> None:
     metrics = InMemoryMetrics()
     plan = FaultPlan([Fault("sink.b.commit", FaultKind.RETRYABLE)])
-    from reconcile.faults import FaultySink
+    from reconcile.engine.faults import FaultySink
 
     store = MemoryStore()
     sinks = [MemorySink("a", store), FaultySink(MemorySink("b", store), plan)]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from reconcile.prometheus import PrometheusMetrics
+from reconcile.cli.prometheus import PrometheusMetrics
 
 ROOT = Path(__file__).resolve().parents[2]
 OPERATIONS = ROOT / "docs" / "operations.md"

@@ -11,12 +11,12 @@ from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
 
 from reconcile import CommitCycle, MemoryProgressLog
-from reconcile.config import MetricsSettings, load_config
-from reconcile.contract import ConfigurationError
-from reconcile.faults import Fault, FaultKind, FaultPlan, FaultySink
-from reconcile.metrics import record_ambiguous_commit, record_drift
-from reconcile.prometheus import HttpExporter, PrometheusMetrics, TextfileExporter, export
-from sinks.memory import MemorySink, MemoryStore
+from reconcile.cli.config import MetricsSettings, load_config
+from reconcile.cli.prometheus import HttpExporter, PrometheusMetrics, TextfileExporter, export
+from reconcile.core.contract import ConfigurationError
+from reconcile.core.metrics import record_ambiguous_commit, record_drift
+from reconcile.engine.faults import Fault, FaultKind, FaultPlan, FaultySink
+from sinks.memory.sink import MemorySink, MemoryStore
 
 
 def samples(metrics: PrometheusMetrics) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

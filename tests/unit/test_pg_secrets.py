@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from reconcile.contract import ConfigurationError
-from sinks.postgres import PgTarget, postgres_sink, redact_text
+from reconcile.core.contract import ConfigurationError
+from sinks.postgres.connection import PgTarget, redact_text
+from sinks.postgres.factory import postgres_sink
 from sinks.registry import open_sink, redact_uri
-from sinks.sql import SqlSink
-from sinks.sql.sink import redact_url
+from sinks.sql.sink import SqlSink, redact_url
 
 # A password whose literal text contains a percent escape: '%41' is NOT 'A'.
 LITERAL = "S3cr%41et"

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from reconcile.contract import FatalError, FencedError
-from reconcile.progress import EpochStatus, MemoryProgressLog, ProgressLog
-from reconcile.progress_file import FileProgressLog
+from reconcile.core.contract import FatalError, FencedError
+from reconcile.core.progress import EpochStatus, MemoryProgressLog, ProgressLog
+from reconcile.engine.progress_file import FileProgressLog
 
 D, C, F, A = (
     EpochStatus.DECIDED,
@@ -128,8 +128,8 @@ def test_a_zombie_cannot_truncate(tmp_path: Path) -> None:
 def test_takeover_inside_the_fence_window_is_caught_under_the_lock(tmp_path: Path) -> None:
     # The zombie checks its generation, then a newer writer claims one, then the
     # zombie appends: the re-check under the flock must refuse the write.
-    from reconcile import hooks
-    from reconcile.progress import MARK_CHECKED
+    from reconcile.core import hooks
+    from reconcile.core.progress import MARK_CHECKED
 
     zombie = FileProgressLog(tmp_path, "pipe")
     gen = zombie.claim_generation()
@@ -145,7 +145,7 @@ def test_takeover_inside_the_fence_window_is_caught_under_the_lock(tmp_path: Pat
 
 
 def test_log_identity_is_fixed_at_creation(tmp_path: Path) -> None:
-    from reconcile.progress_file import read_progress
+    from reconcile.engine.progress_file import read_progress
 
     first = FileProgressLog(tmp_path, "pipe")
     assert FileProgressLog(tmp_path, "pipe").log_id == first.log_id
@@ -155,8 +155,8 @@ def test_log_identity_is_fixed_at_creation(tmp_path: Path) -> None:
 
 
 def test_read_progress_writes_nothing(tmp_path: Path) -> None:
-    from reconcile.contract import ConfigurationError
-    from reconcile.progress_file import read_progress
+    from reconcile.core.contract import ConfigurationError
+    from reconcile.engine.progress_file import read_progress
 
     with pytest.raises(ConfigurationError, match="no progress log for pipeline 'pipe'"):
         read_progress(tmp_path, "pipe")

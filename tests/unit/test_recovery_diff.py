@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from reconcile.contract import InvalidInputError
+from reconcile.core.contract import InvalidInputError
 from reconcile.recovery import Mode, choose_mode, diff_tables
 
 

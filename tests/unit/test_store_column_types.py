@@ -16,7 +16,7 @@ from expected_state.column_types import (
     infer_user_schema,
     widen_inferred,
 )
-from reconcile.contract import Change, ConfigurationError, InvalidInputError
+from reconcile.core.contract import Change, ConfigurationError, InvalidInputError
 from sinks.sql.arrow_types import arrow_type, table_arrow_schema
 
 D = pa.decimal128

@@ -14,7 +14,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from reconcile.contract import FatalError
+from reconcile.core.contract import FatalError
 from reconcile.spark.outputs import outputs_of
 from reconcile.spark.staging import read_staged, stage_batches
 

@@ -1,0 +1,86 @@
+"""Sink clients and commit cycles from a config file's sink tables.
+
+The config-driven commands share these: ``verify`` / ``repair`` / ``watch``
+(``reconcile.cli.watch``) split a table's ``schema.name`` with
+:func:`split_table`; ``reconcile run`` (``reconcile.cli.run``) writes through
+:func:`cycle_builder`, which makes a pipeline's ``CommitCycle`` over fresh
+sink clients (each from its backend, through ``sinks.registry``) with an
+expected state keyed as the file says.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from reconcile.cli.config import PipelineConfig, SinkTableConfig
+from reconcile.cli.config_run import provides
+from reconcile.core.contract import ConfigurationError
+from reconcile.core.metrics import Metrics
+from reconcile.core.sink import TwoPhaseSink
+from reconcile.engine.cycle import CommitCycle
+from reconcile.engine.expected import ExpectedState
+from sinks import registry
+from sinks.base import TABLE_SINK
+
+__all__ = ["check_writable", "cycle_builder", "split_table", "table_sink_of"]
+
+
+def split_table(table: str) -> tuple[str | None, str]:
+    """``schema.name`` -> (schema, name); ``name`` -> (None, name)."""
+    schema, dot, name = table.partition(".")
+    return (schema, name) if dot else (None, table)
+
+
+def check_writable(pipeline: PipelineConfig, file: object = None) -> None:
+    """Refuse a sink table that ``reconcile run`` has no writing sink for.
+
+    Raises:
+        ConfigurationError: a sink whose backend ``reconcile run`` cannot
+            write (only PostgreSQL's provides it: the Spark staging and the
+            lease need it); the message names the config ``file`` (when
+            given), the pipeline, the sink and its key.
+    """
+    for sink in pipeline.sinks:
+        if not provides(sink.connection, TABLE_SINK):
+            raise ConfigurationError(
+                ("" if file is None else f"{file}: ")
+                + f"pipelines.{pipeline.name}.sinks.{sink.name}.{sink.connection.kind}: "
+                f"{sink.connection}: reconcile run writes Postgres sinks only (a libpq dsn, or "
+                "a postgresql+driver:// url); verify and repair do read this one"
+            )
+
+
+def table_sink_of(sink: SinkTableConfig) -> TwoPhaseSink:
+    """The writing sink of the table, from its backend, in its ``write_mode``, keyed by ``keys``."""
+    dsn = sink.connection.get_secret_value()
+    schema, table = split_table(sink.table)
+    table_sink = registry.capability(dsn, TABLE_SINK)
+    built: TwoPhaseSink = table_sink(
+        dsn,
+        table,
+        mode=sink.write_mode,
+        name=sink.name,
+        schema=schema,
+        key=list(sink.keys),
+    )
+    return built
+
+
+def cycle_builder(
+    pipeline: PipelineConfig, *, metrics: Metrics | None = None, file: object = None
+) -> Callable[[], CommitCycle]:
+    """A ``build()`` for ``write_stream`` and ``HaNode``: a new cycle over new sink clients.
+
+    The cycle's expected state is the pipeline's store, every sink keyed by
+    its ``keys``; its epochs table is the progress log (shared by every
+    instance that runs the pipeline).
+    """
+    check_writable(pipeline, file)
+
+    def build() -> CommitCycle:
+        keys = {sink.name: list(sink.keys) for sink in pipeline.sinks}
+        expected = ExpectedState(pipeline.store, pipeline.name, keys)
+        sinks = [table_sink_of(sink) for sink in pipeline.sinks]
+        return CommitCycle(pipeline.name, sinks, expected_state=expected, metrics=metrics)
+
+    return build

@@ -1,0 +1,192 @@
+"""What recovery needs from a sink's system: a consistent snapshot to pull from, and an apply.
+
+The engine (``reconcile.recovery.engine``) is written against these protocols;
+``sinks.postgres.recovery`` implements them for PostgreSQL (COPY into Arrow,
+checksums in the database) and ``sinks.sql`` for any database SQLAlchemy speaks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from typing import Any, Protocol, TypeGuard
+
+import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
+
+from reconcile.core.conform import SinkColumn
+from reconcile.core.sink import capabilities_of
+
+__all__ = [
+    "KeyRange",
+    "Progress",
+    "PullableSink",
+    "RecoveryTarget",
+    "Repair",
+    "SinkSnapshot",
+    "is_pullable",
+]
+
+# Called with (rows pulled so far, the table's estimated size or None).
+Progress = Callable[[int, int | None], None]
+
+
+@dataclass(frozen=True)
+class KeyRange:
+    """Rows whose first key column is in ``[lo, hi)``; None is unbounded on that side."""
+
+    lo: Any = None
+    hi: Any = None
+
+
+class SinkSnapshot(Protocol):
+    """One consistent view of the sink table and its newest marker (REPEATABLE READ)."""
+
+    @property
+    def newest_epoch(self) -> int | None:
+        """The newest epoch whose marker the sink holds for (pipeline, sink); None: none."""
+        ...
+
+    @property
+    def warnings(self) -> list[str]:
+        """What the pulls found worth an operator's attention (e.g. a missing index)."""
+        ...
+
+    @property
+    def narrow_ranges(self) -> bool:
+        """A key range's rows are read through an index, at a cost that follows them.
+
+        Without one, every range query scans the table, so buckets mode does
+        not cut differing ranges further (each level would cost a scan).
+        """
+        ...
+
+    def pull_all(self, progress: Progress | None) -> pa.Table:
+        """Every row, the expected state's columns (the sink's own types)."""
+        ...
+
+    def pull_keys(self, keys: pa.Table, newer_than: int) -> pa.Table:
+        """The rows whose key is in ``keys``, and the rows whose ``_epoch`` is > ``newer_than``."""
+        ...
+
+    def count_rows(self) -> int:
+        """The rows the table holds in this snapshot (what the mass-change brake weighs)."""
+        ...
+
+    def check_buckets(self) -> None:
+        """Raise InvalidInputError if buckets mode cannot run on this table (naming why)."""
+        ...
+
+    def bucket_sums(
+        self, bounds: list[Any], within: Sequence[KeyRange]
+    ) -> dict[int, tuple[int, int]]:
+        """Per bucket of the first key column: (rows, sum of row checksums mod 2**64).
+
+        Bucket ``i`` holds the rows in any of the (disjoint) ranges ``within``
+        with ``bounds[i-1] <= key < bounds[i]`` (``width_bucket`` numbering: 0
+        below the first bound). One query, however many ranges, whose text and
+        cost do not grow with their number (the ranges are data).
+        """
+        ...
+
+    def pull_ranges(self, ranges: Sequence[KeyRange]) -> pa.Table:
+        """The rows whose first key column is in one of the (disjoint) ranges, in one query.
+
+        The query's text must not grow with the number of ranges (they are data).
+        """
+        ...
+
+
+@dataclass
+class Repair:
+    """What to write: the expected rows to upsert, the keys to delete, and the marker.
+
+    Attributes:
+        upserts: expected rows (keys and values) for the missing and changed keys.
+        deletes: key columns of the rows the sink must not hold.
+        target_epoch: the epoch whose expected state the sink is brought to.
+        seen_newest: the sink's newest marker epoch in the pulled snapshot; the
+            apply re-checks it under the fence lock and gives up (None) if it moved.
+        counts: missing, extra and changed, recorded with the repair.
+        mode: the mode that found the difference.
+    """
+
+    upserts: pa.Table
+    deletes: pa.Table
+    target_epoch: int
+    seen_newest: int | None
+    counts: dict[str, int] = field(default_factory=dict)
+    mode: str = ""
+
+
+class RecoveryTarget(Protocol):
+    """A sink table recovery can pull from and repair."""
+
+    @property
+    def display(self) -> str:
+        """The table's name in messages (``schema.table``)."""
+        ...
+
+    @property
+    def epoch_column(self) -> bool:
+        """Rows carry ``_epoch`` (scoped mode can run)."""
+        ...
+
+    @property
+    def bucket_checksums(self) -> bool:
+        """The database computes bucket checksums (buckets mode can run)."""
+        ...
+
+    def columns(self) -> dict[str, SinkColumn]:
+        """The sink table's columns (reflected), by name."""
+        ...
+
+    def key_columns(self) -> list[str]:
+        """The sink table's key (its primary key, or the key it was given)."""
+        ...
+
+    def snapshot(self, schema: pa.Schema, keys: list[str]) -> AbstractContextManager[SinkSnapshot]:
+        """Open a consistent snapshot for pulling the expected state's columns."""
+        ...
+
+    def apply(self, repair: Repair) -> int | None:
+        """Apply the repair in ONE transaction with its marker.
+
+        Returns:
+            Rows written or deleted; None if the sink's newest marker moved since
+            the snapshot (nothing was written: pull again).
+        """
+        ...
+
+
+class PullableSink(Protocol):
+    """A sink client whose table recovery can pull from (``capabilities.pullable``).
+
+    What ``recover`` gets from the registry and what ``start()`` hands to
+    ``recover_sink``; ``sinks.postgres`` and ``sinks.sql`` implement it.
+    """
+
+    @property
+    def name(self) -> str:
+        """The sink's name, as its markers name it."""
+        ...
+
+    @property
+    def pipeline(self) -> str | None:
+        """The pipeline of the writer it is bound to; None while unbound."""
+        ...
+
+    def recovery_target(
+        self, pipeline: str, generation: int | None, *, write: bool
+    ) -> RecoveryTarget:
+        """The sink's table as a pull-and-diff target, repairing as ``generation``'s writer."""
+        ...
+
+    def close(self) -> None:
+        """Close the client's connections."""
+        ...
+
+
+def is_pullable(sink: object) -> TypeGuard[PullableSink]:
+    """Whether ``sink`` declares that its rows can be pulled (``capabilities.pullable``)."""
+    return capabilities_of(sink).pullable

@@ -1,0 +1,336 @@
+"""The expected state of a pipeline's sink tables, as the commit cycle records and replays it.
+
+One :class:`ExpectedStateStore` per sink that has one (a sink table with key
+columns), all under one store root, plus the store's progress log (its epochs
+table), which then is the pipeline's progress log: no separate progress file.
+
+The cycle records each epoch's outputs here at the commit point, then writes
+the decision; see ``CommitCycle`` for the order and what recovery does with it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import Any
+
+import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
+
+from expected_state.changes import EpochChanges
+from expected_state.column_types import check_store_types
+from expected_state.progress_log import StoreProgressLog
+from expected_state.store import ExpectedStateStore
+from reconcile.core.contract import (
+    Change,
+    ConfigurationError,
+    InvalidInputError,
+    ReconcileError,
+    validate_name,
+)
+from reconcile.core.staged import StagedEpoch
+
+__all__ = ["ExpectedState", "ReplayRows", "as_changes", "replay_rows"]
+
+OP_COLUMN = "_op"
+
+log = logging.getLogger("reconcile.expected")
+
+
+def as_changes(sink: str, rows: Iterable[Any]) -> list[Change] | pa.Table:
+    """A sink's outputs as store changes: dicts are upserts, Changes stay, Arrow gets ``_op``.
+
+    Raises:
+        InvalidInputError: an item that is no row, naming the sink and its index.
+    """
+    if isinstance(rows, pa.Table):
+        if OP_COLUMN in rows.column_names:
+            return rows
+        return rows.append_column(OP_COLUMN, pa.array(["upsert"] * rows.num_rows, pa.string()))
+    changes: list[Change] = []
+    for index, item in enumerate(rows):
+        if isinstance(item, Change):
+            changes.append(item)
+        elif isinstance(item, Mapping):
+            changes.append(Change("upsert", item))
+        else:
+            raise InvalidInputError(
+                f"sink {sink!r}: output {index} is a {type(item).__name__}, not a row (a dict), "
+                "a Change or an Arrow table; nothing was written",
+                sink=sink,
+            )
+    return changes
+
+
+class ExpectedState:
+    """The expected state of one pipeline: a store table per keyed sink, and the progress log.
+
+    Args:
+        root: the store root (a local path or a URI deltalake understands).
+        pipeline: the pipeline's name.
+        keys: sink name -> its key columns. Sinks not listed have no expected
+            state (they are not pulled and diffed; an epoch they lack after a
+            crash is replayed from the outputs, as without a store).
+        schemas: sink name -> the store table's schema (keys and values, Arrow
+            types), optional. See below.
+
+    Where each store table's column types come from (they are fixed once the
+    table exists: the row hash depends on them):
+
+    - ``schemas=``, if given for the sink, is taken as it is; a value that does
+      not fit it is refused when the epoch is staged;
+    - else an existing store table keeps its schema; ``CommitCycle.start()``
+      refuses one that cannot hold every value the sink's table can (a store
+      ``decimal128(5,2)`` for a sink ``numeric(12,2)``), naming the column and
+      both types, rather than letting a later epoch fail;
+    - else, for a sink with a table (Postgres, SQL, Delta: their
+      ``arrow_schema()``), the sink table's types, which ``start()`` reads when
+      it binds the sinks: ``numeric(12,2)`` is stored as ``decimal128(12,2)``
+      whatever the first epoch's values. The columns are those the first epoch
+      gives (a column left to its default in the sink is not in the store); an
+      epoch without rows before any with rows takes every column the sink types;
+    - else (a sink without a table: memory, files, HTTP) the types are inferred
+      from the first epoch's values, widened for later ones: a decimal keeps
+      its scale and gets 38 digits (``Decimal("123.45")`` becomes
+      ``decimal128(38,2)``). Inference is kept for these sinks, rather than
+      requiring ``schemas=``, because such a sink holds whatever it is given:
+      there is no declared column type the store could disagree with, only
+      later values that could outgrow a guess, which the widening covers. A
+      value with more decimal places than the first epoch's is refused when
+      staged, naming both types; give ``schemas=`` to fix the scale.
+
+    ``expected_state.column_types`` has the rules.
+    """
+
+    def __init__(
+        self,
+        root: str,
+        pipeline: str,
+        keys: Mapping[str, Sequence[str]],
+        *,
+        schemas: Mapping[str, pa.Schema] | None = None,
+    ) -> None:
+
+        self.root = str(root)
+        self.pipeline = validate_name("pipeline", pipeline)
+        if not keys:
+            raise ConfigurationError(
+                f"pipeline {pipeline!r}: an expected state needs the key columns of at least "
+                "one sink (keys={'<sink>': ['<column>', ...]})"
+            )
+        self.keys = {validate_name("sink", s): list(k) for s, k in keys.items()}
+        self.schemas = dict(schemas or {})
+        unknown = sorted(set(self.schemas) - set(self.keys))
+        if unknown:
+            raise ConfigurationError(
+                f"pipeline {pipeline!r}: schemas= names {unknown}, which have no key columns "
+                f"in keys= ({sorted(self.keys)})"
+            )
+        # The sink tables' column types, as start() reads them (sink name -> schema).
+        self.sink_types: dict[str, pa.Schema] = {}
+        self.progress = StoreProgressLog(self.root, pipeline)
+        self.tables: dict[str, ExpectedStateStore] = {}
+        # An epoch's outputs as each table's changes, converted when it was staged.
+        self._staged: dict[str, tuple[int, EpochChanges]] = {}
+        self._open(generation=0)
+
+    def _open(self, *, generation: int) -> None:
+
+        self.tables = {
+            sink: ExpectedStateStore(
+                self.root,
+                self.pipeline,
+                sink,
+                key_columns,
+                schema=self.schemas.get(sink),
+                generation=generation,
+                column_types=self.sink_types.get(sink),
+            )
+            for sink, key_columns in self.keys.items()
+        }
+
+    def check_sinks(self, sinks: Iterable[str]) -> None:
+        """Every keyed name must be a sink of the pipeline (a typo would record nothing)."""
+        unknown = sorted(set(self.keys) - set(sinks))
+        if unknown:
+            raise ConfigurationError(
+                f"pipeline {self.pipeline!r}: expected state for {unknown}, which are not its "
+                f"sinks ({sorted(sinks)})"
+            )
+
+    def take_sink_types(self, sinks: Mapping[str, object]) -> None:
+        """Learn each keyed sink's column types from its table (after the sinks are bound).
+
+        A sink says them with ``arrow_schema()`` (an Arrow schema, or None when
+        it has no table); a sink without the method has none. A new store table
+        takes them; an existing one (without ``schemas=``) is checked against
+        them. Idempotent.
+
+        Raises:
+            ConfigurationError: an existing store table with a column that
+                cannot hold every value of the sink's column, naming it and
+                both types (a later epoch would otherwise be refused midway).
+            ReconcileError: from a sink's ``arrow_schema()``.
+        """
+
+        for name, store in self.tables.items():
+            reader = getattr(sinks.get(name), "arrow_schema", None)
+            types = reader() if reader is not None else None
+            if types is None:
+                continue
+            if not isinstance(types, pa.Schema):
+                raise ConfigurationError(
+                    f"sink {name!r}: arrow_schema() returned {type(types).__name__}, "
+                    "not a pyarrow.Schema or None"
+                )
+            self.sink_types[name] = types
+            store.column_types = types
+            if name not in self.schemas and store.user_schema is not None:
+                check_store_types(store.user_schema, types, table=store.uri, sink=name)
+
+    def stage(self, epoch: int, outputs: Mapping[str, Iterable[Any]]) -> None:
+        """Convert ``epoch``'s outputs to each table's schema, before anything is decided.
+
+        The cycle calls this in its stage step, before any sink stages: a value
+        the store cannot hold (a decimal wider than its column, say) stops the
+        epoch there, before the store commit and before any sink's prepare, not
+        at the commit point. ``record`` then writes what was converted here.
+        Rows that Spark executors staged (a ``StagedEpoch``) were converted by
+        the executors.
+
+        Raises:
+            InvalidInputError: naming the sink, the epoch, the column, the value
+                and both types (the store's, and the sink column's where known);
+                nothing was written.
+        """
+        self._staged = {}
+        for sink, store in self.tables.items():
+            rows = outputs.get(sink, ())
+            if isinstance(rows, StagedEpoch):
+                continue
+            try:
+                net = store.normalize(as_changes(sink, rows))
+            except InvalidInputError as err:
+                details = {**err.details, "sink": sink, "epoch": epoch}
+                raise type(err)(f"sink {sink!r}, epoch {epoch}: {err.message}", **details) from None
+            self._staged[sink] = (epoch, net)
+
+    def discard_staged(self) -> None:
+        """Forget what ``stage`` converted (the epoch was aborted)."""
+        self._staged = {}
+
+    def claim(self, generation: int) -> None:
+        """Write as ``generation`` from now on, fencing older writers in every table.
+
+        A table that does not exist yet is claimed by its first ``apply``.
+        """
+        self._open(generation=generation)
+        for store in self.tables.values():
+            if store.user_schema is not None:
+                store.claim()
+
+    def record(self, epoch: int, outputs: Mapping[str, Iterable[Any]]) -> None:
+        """Record ``epoch``'s outputs in every table (idempotent: a recorded epoch is kept).
+
+        Raises:
+            InvalidInputError, FencedError, RetryableError, OutcomeUnknownError:
+                from the store (see ExpectedStateStore.apply).
+        """
+        staged, self._staged = self._staged, {}
+        for sink, store in self.tables.items():
+            rows = outputs.get(sink, ())
+            if isinstance(rows, StagedEpoch):
+                # Executors wrote the change files: add them, read nothing.
+                store.apply_parts(epoch, rows.store_files, upserted=rows.upserted,
+                                  deleted=rows.deleted, allow_gap=True)  # fmt: skip
+            elif sink in staged and staged[sink][0] == epoch:
+                store.apply(epoch, staged[sink][1], allow_gap=True)  # converted by stage()
+            else:
+                store.apply(epoch, as_changes(sink, rows), allow_gap=True)
+
+    def revert_undecided(self, decided: int | None) -> list[tuple[str, int]]:
+        """Undo what ``record`` wrote for an epoch past ``decided`` (never decided).
+
+        Epochs run in order and one at a time, so only each table's newest
+        epoch can be undecided. Returns the (sink, epoch) pairs reverted.
+        """
+        reverted = []
+        for sink, store in self.tables.items():
+            last = store.last_epoch()
+            if last is not None and (decided is None or last > decided):
+                store.revert(last)
+                reverted.append((sink, last))
+        return reverted
+
+    def maintain(self, verified_epoch: int) -> dict[str, dict[str, Any]]:
+        """The store's housekeeping that is due, table by table (between epochs).
+
+        Merge-on-read keeps an epoch's cost in proportion to its own rows only
+        if the change files and the Delta log are folded and pruned now and
+        then (``ExpectedStateStore.maintain``: cheap when nothing is due). The
+        change files from ``verified_epoch`` on are kept, which scoped recovery
+        and bucket summaries read. A failure is logged, never raised: the epoch
+        it follows is committed in every sink, and the next call tries again.
+        """
+        done: dict[str, dict[str, Any]] = {}
+        for sink, store in self.tables.items():
+            if store.user_schema is None:
+                continue
+            try:
+                done[sink] = store.maintain(keep_from_epoch=verified_epoch)
+            except ReconcileError as exc:
+                log.warning("pipeline %s: housekeeping of the expected state of %s deferred: %s",
+                            self.pipeline, sink, exc)  # fmt: skip
+        return done
+
+    def changes_of(self, sink: str, epoch: int) -> pa.Table:
+        """The changes recorded for ``sink`` in ``epoch`` (what its sink must receive)."""
+        return self.tables[sink].changes_of(epoch)
+
+
+def replay_rows(changes: pa.Table, keys: Sequence[str]) -> list[Any]:
+    """Recorded changes as rows a sink stages: upserts as dicts, deletes as Changes."""
+    ops = changes.column(OP_COLUMN).to_pylist()
+    data = changes.drop_columns([OP_COLUMN]).to_pylist()
+    rows: list[Any] = []
+    for op, row in zip(ops, data, strict=True):
+        if op == "delete":
+            rows.append(Change("delete", {k: row[k] for k in keys}))
+        else:
+            rows.append(row)
+    return rows
+
+
+class ReplayRows(Mapping[str, Iterable[Any]]):
+    """What a sink is given when an epoch past the commit point must be written again.
+
+    For a sink with an expected state: the changes RECORDED for the epoch (the
+    run that reached the decision), read only when a sink needs them. For the
+    others: the outputs at hand, if any (a recomputed run; they have no record).
+    """
+
+    def __init__(
+        self,
+        expected: ExpectedState | None,
+        epoch: int,
+        outputs: Mapping[str, Iterable[Any]] | None,
+    ) -> None:
+        self.expected, self.epoch, self.outputs = expected, epoch, outputs
+        self._names = set(outputs or {}) | set(expected.tables if expected else {})
+
+    # A sink missing from a plain outputs mapping has an empty batch; here a
+    # sink with neither a record nor outputs at hand has nothing to replay.
+    strict = True
+
+    def __getitem__(self, sink: str) -> Iterable[Any]:
+        if self.expected is not None and sink in self.expected.tables:
+            store = self.expected.tables[sink]
+            return replay_rows(store.changes_of(self.epoch), store.key_columns)
+        if self.outputs is None:
+            raise KeyError(sink)
+        return self.outputs.get(sink, ())
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(sorted(self._names))
+
+    def __len__(self) -> int:
+        return len(self._names)

@@ -1,0 +1,438 @@
+"""Delta Lake two-phase-commit sink: prepare writes Parquet, commit adds it in one Delta commit."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import uuid
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
+import pyarrow.parquet as pq  # type: ignore[import-untyped, unused-ignore]
+from deltalake import DeltaTable
+from deltalake.exceptions import TableNotFoundError
+
+from expected_state.delta_commit import DataFile, commit_files, write_data_file
+from expected_state.fencing import fence_app_id
+from reconcile.core import hooks
+from reconcile.core.contract import (
+    OK,
+    Fatal,
+    FencedError,
+    InvalidInputError,
+    Retryable,
+    RetryableError,
+    SinkOutcome,
+    SinkTxnId,
+    TxnIdParseError,
+    WriterIdentity,
+    validate_name,
+)
+from reconcile.core.durable import write_atomically
+from reconcile.core.sink import SinkCapabilities
+from sinks.base import local_path
+from sinks.delta.manifest import FILES_DIR as _FILES
+from sinks.delta.manifest import PREPARED_DIR as _PREPARED
+from sinks.delta.manifest import (
+    check_own_folder,
+    commit_metadata,
+    commit_owner_outcome,
+    manifest_as_dict,
+    manifest_body,
+    read_manifest,
+    refuse_bad_manifest,
+)
+from sinks.delta.manifest import key_name as _key_name
+from sinks.delta.rows import EPOCH_COLUMN, data_schema_is_empty, rows_to_arrow, state_schema
+from sinks.ownership import WriterBinding, foreign_prepare
+
+__all__ = ["COMMIT_CHECKED", "EPOCH_COLUMN", "DeltaSink", "open_uri"]
+
+# Between commit()'s reading of the table (token, order) and its Delta commit.
+COMMIT_CHECKED = hooks.declare("delta_sink.commit.checked")
+
+# sinks/delta/manifest.py owns where manifests and prepared data files live
+# (_PREPARED, _FILES), how they are named (_key_name), and the checks every
+# manifest passes before a path in it is deleted or committed.
+
+_FILE_GENERATION = re.compile(r"part-g(\d+)-")
+
+
+class DeltaSink:
+    """A TwoPhaseSink writing a Delta table at ``<root>/<name>`` through delta-rs.
+
+    - ``stage`` buffers rows in memory (dicts; ``_epoch`` is added);
+    - ``prepare`` writes and fsyncs one Parquet file under ``_txn_files/<key>/``
+      and then, atomically (write, fsync, rename), the manifest
+      ``_prepared/<key>.json``: the manifest's presence is what "prepared" means;
+    - ``commit`` adds the manifest's files in ONE Delta commit carrying
+      ``Transaction("<pipeline>/<sink>", epoch)`` and the writer's generation
+      token, then deletes the manifest;
+    - ``abort`` deletes the manifest, then the files;
+    - ``recover`` lists manifests (and orphan file directories) of epochs that
+      no commit references.
+
+    The table is append-only: a replayed epoch is recognised by its token and
+    never added twice.
+
+    ``bind(writer)`` records the writer's progress log id in each manifest and
+    in each commit's metadata (``reconcile.log_id``); an epoch whose commit
+    was made for another log (or by an unbound sink) is a Fatal
+    MarkerMismatchError, never OK. Unbound, the sink is its own writer and
+    records no log id. Every manifest is checked before it is used
+    (sinks/delta/manifest.py): only the sink's own files inside the table
+    root are ever deleted or committed.
+    """
+
+    capabilities = SinkCapabilities(durable_prepare=True, epoch_column=True)
+
+    def __init__(
+        self, name: str, root: str | os.PathLike[str], *, schema: pa.Schema | None = None
+    ) -> None:
+        """Build a sink client on the table ``<root>/<name>``.
+
+        Args:
+            name: the sink name ([A-Za-z0-9_]).
+            root: the directory holding the sink's table (local filesystem).
+            schema: the row schema without ``_epoch``; default: the table's, or
+                inferred from the first staged rows.
+        """
+        self._name = validate_name("sink", name)
+        self.directory = Path(root) / name
+        self.uri = str(self.directory)
+        self._schema = schema
+        self._staged: dict[tuple[str, str, int], list[Any]] = {}
+        self._binding = WriterBinding(f"Delta sink {self._name!r}")
+
+    @property
+    def name(self) -> str:
+        """The sink's name."""
+        return self._name
+
+    def arrow_schema(self) -> pa.Schema | None:
+        """The rows' types (``schema=``, else the table's) without ``_epoch``; None before both."""
+        schema = self._schema or state_schema(self._table())
+        return None if schema is None else pa.schema([f for f in schema if f.name != EPOCH_COLUMN])
+
+    def bind(self, writer: WriterIdentity) -> None:
+        """Serve ``writer`` (idempotent); see :class:`sinks.ownership.WriterBinding`."""
+        self._binding.bind(writer)
+
+    # ------------------------------------------------------------------ contract
+
+    def stage(self, txn_id: SinkTxnId, rows: Iterable[Any]) -> SinkOutcome:
+        """Buffer ``rows`` for ``txn_id`` in memory (replacing an earlier staging)."""
+        batch = list(rows)
+        for i, row in enumerate(batch):
+            if not isinstance(row, dict):
+                return Fatal(
+                    f"sink {self._name!r}, {txn_id}: row {i} is {type(row).__name__}, not a "
+                    "dict; nothing was staged"
+                )
+        self._staged[txn_id.key] = batch
+        return OK
+
+    @refuse_bad_manifest
+    def prepare(self, txn_id: SinkTxnId) -> SinkOutcome:
+        """Write the staged rows as fsynced Parquet plus a manifest; invisible until commit."""
+        table = self._table()
+        fenced = self._fenced(table, txn_id)
+        if fenced is not None:
+            return fenced
+        if table is not None and self._is_committed(table, txn_id):
+            self._staged.pop(txn_id.key, None)
+            foreign = self._foreign_commit(table, txn_id, "prepare")
+            if foreign is not None:
+                return foreign
+            return OK  # this epoch is already in the table
+        rows = self._staged.get(txn_id.key)
+        if rows is None:
+            if self._read_manifest(txn_id) is not None:
+                return OK  # prepared before (perhaps by a process that died)
+            return Retryable(f"sink {self._name!r}, {txn_id}: nothing staged in this process")
+        try:
+            data = rows_to_arrow(
+                rows, txn_id.epoch, stored=state_schema(table), declared=self._schema, uri=self.uri
+            )
+        except InvalidInputError as exc:
+            return Fatal(f"sink {self._name!r}, {txn_id}: {exc}", exc)
+        try:
+            self._claim_generation(table, txn_id, data.schema)
+        except FencedError as exc:
+            return Fatal.of(exc)
+        except RetryableError as exc:
+            fenced = self._fenced(self._table(), txn_id)
+            return fenced if fenced is not None else Retryable.of(exc)
+        old = self._read_manifest(txn_id)
+        if old is not None and SinkTxnId.from_string(old["txn"]).generation > txn_id.generation:
+            return Fatal(f"sink {self._name!r}, {txn_id}: fenced, a newer writer prepared it")
+        key = _key_name(txn_id)
+        files: list[DataFile] = []
+        try:
+            if data.num_rows:
+                rel = f"{_FILES}/{key}/part-g{txn_id.generation}-{uuid.uuid4().hex}.parquet"
+                files.append(write_data_file(self.uri, rel, data))
+            self._write_manifest(txn_id, files)
+        except OSError as exc:
+            return Retryable(f"sink {self._name!r}, {txn_id}: prepare failed: {exc}")
+        # Re-prepare replaces the content: drop the files of the previous manifest.
+        if old is not None:
+            for f in old["files"]:
+                if f["path"] not in {n.path for n in files}:
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(self.directory / f["path"])
+        del self._staged[txn_id.key]
+        return OK
+
+    @refuse_bad_manifest
+    def commit(self, txn_id: SinkTxnId) -> SinkOutcome:
+        """Add the prepared files in ONE Delta commit, tagged with the txn's epoch."""
+        table = self._table()
+        if table is not None and self._is_committed(table, txn_id):
+            # Committed before (the ack was lost, a replay, or a recovering
+            # writer settling a stale writer's leftover): only tidy up.
+            # (The epoch's data files live under _txn_files/ too: keep them.)
+            foreign = self._foreign_commit(table, txn_id, "commit")
+            if foreign is not None:
+                return foreign
+            self._remove_manifest(txn_id)
+            return OK
+        last = None if table is None else table.transaction_version(self._app_id(txn_id))
+        if last is not None and last > txn_id.epoch:
+            # The token is a high-water mark: recording an older epoch after a newer
+            # one would move it backwards and make the newer one look uncommitted.
+            return Fatal(
+                f"sink {self._name!r}, {txn_id}: epoch {txn_id.epoch} is older than committed "
+                f"epoch {last}; committing it would reorder epochs; nothing was written"
+            )
+        manifest = self._read_manifest(txn_id)
+        if manifest is None:
+            fenced = self._fenced(table, txn_id)  # a zombie's txn was discarded by the taker
+            if fenced is not None:  # (a Fatal is falsy: never `fenced or ...`)
+                return fenced
+            return Fatal(f"sink {self._name!r}, {txn_id}: commit of a txn that was never prepared")
+        files = [DataFile(**{**f, "partition_values": {}}) for f in manifest["files"]]
+        for f in files:
+            if not (self.directory / f.path).exists():
+                return Fatal(
+                    f"sink {self._name!r}, {txn_id}: prepared file {f.path!r} is missing; "
+                    "nothing was written"
+                )
+        if manifest.get("log_id") != self._binding.log_id:
+            return foreign_prepare(
+                f"Delta sink {self._name!r}",
+                txn_id,
+                found_log=manifest.get("log_id"),
+                log_id=self._binding.log_id,
+                location=str(self._manifest_path(txn_id)),
+            )
+        # The schema comes from the prepared file itself; commit_files then checks
+        # it against the table's, naming any column that does not match.
+        schema = pq.read_schema(self.directory / files[0].path) if files else None
+        schema = schema or state_schema(table)
+        if schema is None:
+            # An empty epoch before the table exists: there is nothing to make
+            # visible, and no schema to create the table with; done.
+            self._remove_manifest(txn_id)
+            return OK
+        hooks.point(COMMIT_CHECKED)
+        try:
+            # The fence is checked on `table`, the snapshot whose token said the
+            # epoch is not in yet, and the commit is based on that same snapshot
+            # and carries the fence: a takeover that commits after it conflicts,
+            # so a zombie can neither write after it nor lower the fence.
+            commit_files(
+                self.uri,
+                files,
+                schema,
+                app_id=self._app_id(txn_id),
+                version=txn_id.epoch,
+                fence=(self._fence_id(txn_id), txn_id.generation),
+                custom_metadata=commit_metadata(txn_id, self._binding.log_id),
+                table_name=self.uri,
+                table=table,
+            )
+        except FencedError as exc:
+            return Fatal.of(exc)
+        except InvalidInputError as exc:
+            return Fatal(f"sink {self._name!r}, {txn_id}: {exc}", exc)
+        except RetryableError as exc:
+            return Retryable.of(exc)
+        # OutcomeUnknownError propagates: the contract says an escaping exception
+        # means "outcome unknown", and the next commit() resolves it by the token.
+        self._remove_manifest(txn_id)
+        return OK
+
+    @refuse_bad_manifest
+    def abort(self, txn_id: SinkTxnId) -> SinkOutcome:
+        """Delete the staged rows, the manifest and the prepared files of ``txn_id``."""
+        self._staged.pop(txn_id.key, None)
+        table = self._table()
+        if table is not None and self._is_committed(table, txn_id):
+            self._remove_manifest(txn_id)
+            return Fatal(f"sink {self._name!r}, {txn_id}: abort of a committed txn; data stays")
+        # A stale writer's abort must not discard a newer writer's prepared batch
+        # of the same epoch (the manifest and files are keyed by epoch only).
+        manifest = self._read_manifest(txn_id)
+        if manifest is not None:
+            holder = SinkTxnId.from_string(manifest["txn"])
+            if holder.generation > txn_id.generation:
+                return OK  # nothing of this txn is prepared
+        # Manifest first: once it is gone the txn is no longer prepared, and a crash
+        # before the files are deleted leaves an orphan directory that recover()
+        # still reports, so a later abort finishes the job.
+        self._remove_manifest(txn_id)
+        folder = self.directory / _FILES / _key_name(txn_id)
+        check_own_folder(self.directory, folder)
+        for path in folder.glob("part-g*.parquet") if folder.exists() else []:
+            # Files are named part-g<generation>-...: leave a newer writer's
+            # files alone (it may be between its file writes and its manifest).
+            match = _FILE_GENERATION.match(path.name)
+            if match is None or int(match[1]) <= txn_id.generation:
+                path.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            folder.rmdir()  # only once empty
+        return OK
+
+    def recover(self) -> Sequence[SinkTxnId]:
+        """Txns prepared (manifest or leftover files) whose epoch no commit references."""
+        table = self._table()
+        found: dict[str, SinkTxnId] = {}
+        prepared_dir = self.directory / _PREPARED
+        for path in sorted(prepared_dir.glob("*.json")) if prepared_dir.exists() else []:
+            # Manifests are renamed into place whole: one that fails its checks
+            # was changed by someone else, and is reported, never skipped.
+            manifest = read_manifest(self.directory, path.stem)
+            if manifest is not None:
+                found[_key_name(manifest.txn)] = manifest.txn
+        files_dir = self.directory / _FILES
+        for path in sorted(files_dir.iterdir()) if files_dir.exists() else []:
+            if path.name not in found:
+                with contextlib.suppress(TxnIdParseError):
+                    found[path.name] = SinkTxnId.from_string(f"{path.name}-g0")
+        stranded = []
+        for txn in found.values():
+            if table is not None and self._is_committed(table, txn):
+                self._remove_manifest(txn)  # committed: a leftover manifest only
+                continue
+            stranded.append(txn)
+        return sorted(stranded)
+
+    # ----------------------------------------------------------------- internals
+
+    def _table(self) -> DeltaTable | None:
+        try:
+            return DeltaTable(self.uri)
+        except TableNotFoundError:
+            return None
+
+    def _app_id(self, txn_id: SinkTxnId) -> str:
+        return f"{txn_id.pipeline}/{txn_id.sink}"
+
+    def _fence_id(self, txn_id: SinkTxnId) -> str:
+        return fence_app_id(txn_id.pipeline, txn_id.sink)
+
+    def _fenced(self, table: DeltaTable | None, txn_id: SinkTxnId) -> SinkOutcome | None:
+        """Fatal if a newer generation has committed to this table."""
+        if table is None:
+            return None
+        newest = table.transaction_version(self._fence_id(txn_id))
+        if newest is not None and newest > txn_id.generation:
+            return Fatal.of(
+                FencedError(
+                    f"sink {self._name!r}, {txn_id}: fenced, generation {newest} has taken "
+                    "over; nothing was written",
+                    generation=txn_id.generation,
+                    fence=newest,
+                )
+            )
+        return None
+
+    def _claim_generation(
+        self, table: DeltaTable | None, txn_id: SinkTxnId, schema: pa.Schema
+    ) -> None:
+        """Record a newer generation in the log before preparing, to fence older writers.
+
+        A newer writer's prepare must already shut out a zombie, not only its
+        commit: the generation token goes in with an empty Delta commit (no data),
+        once per generation. Racing claims conflict on the shared token in delta-rs,
+        so the loser re-checks the fence.
+        """
+        recorded = None if table is None else table.transaction_version(self._fence_id(txn_id))
+        if recorded is not None and recorded >= txn_id.generation:
+            return
+        if table is None and data_schema_is_empty(schema):
+            return  # nothing to create the table with yet; the commit records it
+        target = state_schema(table) if table is not None else schema
+        commit_files(
+            self.uri,
+            [],
+            target,
+            app_id=self._fence_id(txn_id),
+            version=txn_id.generation,
+            fence=(self._fence_id(txn_id), txn_id.generation),  # never lowers the fence
+            table_name=self.uri,
+            table=table,
+        )
+
+    def _is_committed(self, table: DeltaTable, txn_id: SinkTxnId) -> bool:
+        """Whether this exact epoch's commit is in the log (not just a newer one)."""
+        last = table.transaction_version(self._app_id(txn_id))
+        if last is None or last < txn_id.epoch:
+            return False
+        if last == txn_id.epoch:
+            return True
+        # An older epoch than the high-water mark: look for its own commit.
+        app_id = self._app_id(txn_id)
+        return any(
+            c.get("reconcile.app_id") == app_id and c.get("reconcile.version") == txn_id.epoch
+            for c in table.history()
+        )
+
+    def _manifest_path(self, txn_id: SinkTxnId) -> Path:
+        return self.directory / _PREPARED / f"{_key_name(txn_id)}.json"
+
+    def _read_manifest(self, txn_id: SinkTxnId) -> dict[str, Any] | None:
+        """The checked manifest of ``txn_id``'s epoch as a dict (txn, files, log_id).
+
+        Raises:
+            BadManifestError: a path that is not one of the sink's own files, or garbage.
+        """
+        manifest = read_manifest(self.directory, _key_name(txn_id))
+        return None if manifest is None else manifest_as_dict(manifest)
+
+    def _write_manifest(self, txn_id: SinkTxnId, files: list[DataFile]) -> None:
+        """Write the manifest atomically: temp file, fsync, rename, fsync the directory."""
+        final = self._manifest_path(txn_id)
+        final.parent.mkdir(parents=True, exist_ok=True)
+        write_atomically(final, manifest_body(txn_id, files, self._binding.log_id))
+
+    def _foreign_commit(
+        self, table: DeltaTable, txn_id: SinkTxnId, where: str
+    ) -> SinkOutcome | None:
+        """None if ``txn_id``'s committed epoch was committed for this writer's log, else Fatal."""
+        return commit_owner_outcome(
+            table,
+            self._app_id(txn_id),
+            txn_id,
+            where,
+            sink=self._name,
+            uri=self.uri,
+            log_id=self._binding.log_id,
+        )
+
+    def _remove_manifest(self, txn_id: SinkTxnId) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self._manifest_path(txn_id).unlink()
+
+
+def open_uri(name: str, uri: str) -> DeltaSink:
+    """The sink of ``delta:///path``: its table at ``<path>/<name>``.
+
+    Raises:
+        ConfigurationError: the URI names a remote host.
+    """
+    return DeltaSink(name, local_path(name, uri))
