@@ -19,7 +19,7 @@ import pyarrow.compute as pc  # type: ignore[import-untyped, unused-ignore]
 from deltalake import DeltaTable
 from deltalake.exceptions import TableNotFoundError
 
-from expected_state.delta_commit import commit_files
+from expected_state.delta_commit import BasedOn, DeltaCommit, commit_files
 from expected_state.delta_files import read_data_files
 from expected_state.delta_log import EPOCHS_LOG_MARGIN, prune_log
 from expected_state.epoch_rows import EPOCHS_SCHEMA, EPOCHS_TABLE, PIPELINE_STREAM, EpochRows
@@ -171,16 +171,14 @@ class StoreProgressLog:
             assert table is not None
             new = self._state.generation + 1
             try:
-                result = commit_files(
-                    self.uri,
-                    [],
-                    EPOCHS_SCHEMA,
+                claim = DeltaCommit(
+                    table_uri=self.uri,
+                    schema=EPOCHS_SCHEMA,
                     app_id=self._rows.fence_id,
                     version=new,
                     fence=(self._rows.fence_id, new),
-                    table_name=self.uri,
-                    table=table,
                 )
+                result = commit_files(claim, BasedOn(table))
             except RetryableError:
                 continue  # a concurrent commit of this pipeline: read again, claim again
             if result.committed:

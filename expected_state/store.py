@@ -18,7 +18,14 @@ from deltalake.exceptions import TableNotFoundError
 
 from expected_state.changes import EpochChanges, change_rows, normalize_changes
 from expected_state.compaction import Compaction
-from expected_state.delta_commit import DataFile, commit_files, make_durable, write_data_file
+from expected_state.delta_commit import (
+    BasedOn,
+    DataFile,
+    DeltaCommit,
+    commit_files,
+    make_durable,
+    write_data_file,
+)
 from expected_state.epochs import EpochLog
 from expected_state.fencing import (
     check_generation,
@@ -235,9 +242,14 @@ class ExpectedStateStore(Trusting, Reading, Reverting, Compaction, Housekeeping,
         if table.transaction_version(self._fence) != self.generation:
             assert self._schema is not None
             # Fenced on the snapshot the claim commits on: a claim never lowers the fence.
-            commit_files(self.uri, [], self._stored_schema(self._schema), app_id=self._fence,
-                         version=self.generation, fence=(self._fence, self.generation),
-                         table_name=self.uri, table=table)  # fmt: skip
+            claim = DeltaCommit(
+                table_uri=self.uri,
+                schema=self._stored_schema(self._schema),
+                app_id=self._fence,
+                version=self.generation,
+                fence=(self._fence, self.generation),
+            )
+            commit_files(claim, BasedOn(table))
         self.epochs.claim()
 
     # -- writing ---------------------------------------------------------------
@@ -387,21 +399,20 @@ class ExpectedStateStore(Trusting, Reading, Reverting, Compaction, Housekeeping,
                 # The snapshot the token, order and fence were read from is the one
                 # the commit is based on: a commit by another writer (a takeover, a
                 # replay of this epoch) after it makes delta-rs reject ours.
-                result = commit_files(
-                    self.uri,
-                    adds,
-                    schema,
+                recording = DeltaCommit(
+                    table_uri=self.uri,
+                    schema=schema,
                     app_id=self.app_id,
                     version=epoch,
+                    add=adds,
                     fence=(self._fence, self.generation),
                     custom_metadata=metadata,
                     # apply() wrote its file from `schema` here; files from
                     # elsewhere (executors) are checked: delta-rs does not.
                     check_schema=check_schema,
-                    token_checked=True,  # read by _already_applied from this very snapshot
-                    table_name=self.uri,
-                    table=table,
                 )
+                # token_checked: read by _already_applied from this very snapshot.
+                result = commit_files(recording, BasedOn(table, token_checked=True))
             except RetryableError:
                 if attempt == _COMMIT_ATTEMPTS - 1:
                     raise

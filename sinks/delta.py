@@ -15,7 +15,13 @@ import pyarrow.parquet as pq  # type: ignore[import-untyped, unused-ignore]
 from deltalake import DeltaTable
 from deltalake.exceptions import TableNotFoundError
 
-from expected_state.delta_commit import DataFile, commit_files, write_data_file
+from expected_state.delta_commit import (
+    BasedOn,
+    DataFile,
+    DeltaCommit,
+    commit_files,
+    write_data_file,
+)
 from expected_state.fencing import fence_app_id
 from reconcile import hooks
 from reconcile.contract import (
@@ -243,17 +249,16 @@ class DeltaSink:
             # epoch is not in yet, and the commit is based on that same snapshot
             # and carries the fence: a takeover that commits after it conflicts,
             # so a zombie can neither write after it nor lower the fence.
-            commit_files(
-                self.uri,
-                files,
-                schema,
+            commit = DeltaCommit(
+                table_uri=self.uri,
+                schema=schema,
                 app_id=self._app_id(txn_id),
                 version=txn_id.epoch,
+                add=files,
                 fence=(self._fence_id(txn_id), txn_id.generation),
                 custom_metadata=commit_metadata(txn_id, self._binding.log_id),
-                table_name=self.uri,
-                table=table,
             )
+            commit_files(commit, None if table is None else BasedOn(table))
         except FencedError as exc:
             return Fatal.of(exc)
         except InvalidInputError as exc:
@@ -366,16 +371,14 @@ class DeltaSink:
         if table is None and data_schema_is_empty(schema):
             return  # nothing to create the table with yet; the commit records it
         target = state_schema(table) if table is not None else schema
-        commit_files(
-            self.uri,
-            [],
-            target,
+        claim = DeltaCommit(
+            table_uri=self.uri,
+            schema=target,
             app_id=self._fence_id(txn_id),
             version=txn_id.generation,
             fence=(self._fence_id(txn_id), txn_id.generation),  # never lowers the fence
-            table_name=self.uri,
-            table=table,
         )
+        commit_files(claim, None if table is None else BasedOn(table))
 
     def _is_committed(self, table: DeltaTable, txn_id: SinkTxnId) -> bool:
         """Whether this exact epoch's commit is in the log (not just a newer one)."""

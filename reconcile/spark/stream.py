@@ -64,7 +64,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Unpack
 
 import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
 from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_exponential_jitter
@@ -75,6 +75,7 @@ from reconcile.cycle import CommitCycle
 from reconcile.driver import Driver, DriveReport, RetryPolicy
 from reconcile.progress import EpochStatus
 from reconcile.results import CommitSucceeded
+from reconcile.spark.options import StreamKeywords, StreamOptions
 from reconcile.spark.outputs import Transform, apply_transform, identity, outputs_of
 from reconcile.spark.staging import (
     COLLECT_MAX_BYTES,
@@ -90,8 +91,8 @@ from reconcile.spark.staging import (
 )
 
 __all__ = [
-    "COLLECT_MAX_BYTES", "VIAS", "BatchStats", "StreamWriter", "apply_transform", "outputs_of",
-    "write_stream",
+    "COLLECT_MAX_BYTES", "VIAS", "BatchStats", "StreamOptions", "StreamWriter", "apply_transform",
+    "outputs_of", "start_query", "write_stream",
 ]  # fmt: skip
 
 log = logging.getLogger("reconcile.spark.stream")
@@ -389,36 +390,21 @@ def write_stream(
     df: Any,
     build: Callable[[], CommitCycle],
     *,
-    checkpoint: str | os.PathLike[str],
-    staging: str | os.PathLike[str],
-    outputs: Mapping[str, Transform] | None = None,
-    trigger: Mapping[str, Any] | None = None,
-    query_name: str | None = None,
-    retry: RetryPolicy | None = None,
-    via: str = "auto",
-    collect_max_bytes: int = COLLECT_MAX_BYTES,
     started: tuple[CommitCycle, Iterable[int]] | None = None,
+    **options: Unpack[StreamKeywords],
 ) -> Any:
     """Start a streaming query that writes ``df`` exactly once through ``build()``'s cycle.
 
     Args:
         df: a streaming DataFrame.
         build: makes the pipeline's CommitCycle (sinks, and an expected state).
-        checkpoint: Spark's checkpoint folder; restart the query with the same
-            one (and the same ``build``) to resume.
-        staging: where executors stage rows (see ``StreamWriter``).
-        outputs: sink name -> transform of the micro-batch; default: the batch
-            itself into every sink.
-        trigger: ``DataStreamWriter.trigger`` keyword arguments, e.g.
-            ``{"processingTime": "1 second"}`` or ``{"availableNow": True}``;
-            default: the next micro-batch as soon as the last one is done.
-        query_name: the query's name in Spark's UI and metrics.
-        via, collect_max_bytes: how each micro-batch's rows are staged (see
-            ``StreamWriter``).
         started: (a cycle built by ``build`` and started, its start report's
             ``replay_needed``): the writer goes on with it instead of starting
             one at the first micro-batch (a standby that took over started it
             to fence the old main and converge the sinks first).
+        **options: the keywords of :class:`~reconcile.spark.options.StreamOptions`:
+            ``checkpoint`` and ``staging`` (required), ``outputs``, ``trigger``,
+            ``query_name``, ``retry``, ``via``, ``collect_max_bytes``.
 
     Returns:
         The started ``StreamingQuery``; its ``reconcile_writer`` attribute is
@@ -427,20 +413,33 @@ def write_stream(
     Raises:
         InvalidInputError: ``df`` is not a streaming DataFrame.
     """
+    return start_query(df, build, StreamOptions(**options), started=started)
+
+
+def start_query(
+    df: Any,
+    build: Callable[[], CommitCycle],
+    options: StreamOptions,
+    *,
+    started: tuple[CommitCycle, Iterable[int]] | None = None,
+) -> Any:
+    """``write_stream`` with its options as one value (what ``HaNode`` calls)."""
     if not getattr(df, "isStreaming", False):
         raise InvalidInputError(
             "write_stream() takes a streaming DataFrame (spark.readStream...); for a batch "
             "DataFrame, run its epochs with reconcile.drive"
         )
-    writer = StreamWriter(build, outputs, staging=staging, retry=retry, via=via,
-                          collect_max_bytes=collect_max_bytes)  # fmt: skip
+    limit = COLLECT_MAX_BYTES if options.collect_max_bytes is None else options.collect_max_bytes
+    writer = StreamWriter(build, options.outputs, staging=options.staging, retry=options.retry,
+                          via=options.via, collect_max_bytes=limit)  # fmt: skip
     if started is not None:
         writer.driver.adopt(*started)
-    stream = df.writeStream.foreachBatch(writer).option("checkpointLocation", os.fspath(checkpoint))
-    if trigger:
-        stream = stream.trigger(**trigger)
-    if query_name:
-        stream = stream.queryName(query_name)
+    checkpoint = os.fspath(options.checkpoint)
+    stream = df.writeStream.foreachBatch(writer).option("checkpointLocation", checkpoint)
+    if options.trigger:
+        stream = stream.trigger(**options.trigger)
+    if options.query_name:
+        stream = stream.queryName(options.query_name)
     query = stream.start()
     query.reconcile_writer = writer
     return query

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
-from typing import Any
+from typing import Any, Unpack
 
 import psycopg
 import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
@@ -30,6 +29,7 @@ from .arrow_types import target_arrow_schema
 from .binding import claim_scope, connect_checked, open_target, startup_failure
 from .connection import PgTarget, connect_failure
 from .markers import Fence, StateTables
+from .options import PostgresKeywords, PostgresOptions
 from .ownership import Scope, check_fence
 from .schema import TableSchema
 from .session import Session, SessionSlot, classify_failure, describe_failure
@@ -54,36 +54,8 @@ class PgSinkClient:
         pipeline: optional: ``bind()`` (called by ``CommitCycle.start()``)
             supplies it; if given, it must equal the bound pipeline. A sink
             used directly without ``pipeline`` accepts txns of any pipeline.
-        schema: the target's schema; default the session's current schema.
-        key: key columns; default the primary key.
-        append_only: the target is keyed by a stable change id and written with
-            ON CONFLICT DO NOTHING; deletes are refused.
-        state_schema: schema of the engine's tables (markers, fences, repairs,
-            the executors' staging tables); default the dedicated schema
-            ``reconcile`` (created when missing), or the target's schema where
-            an older version put the markers (see ``sinks.objects``).
-        state_owner: another role trusted to own the state tables and their
-            schema; by default only the sink's own role is.
-        create_epoch_column: add an ``_epoch bigint`` column to the target if
-            missing (the sink fills ``_epoch`` whenever the column exists).
-        statement_timeout_ms: per-statement timeout of the sink's sessions. None:
-            the server's (database's, role's) non-zero setting, else 15 min; 0 disables.
-        lock_timeout_ms: lock wait limit of the sink's sessions. None: the
-            server's non-zero setting, else 60 s; 0 disables.
-        idle_in_transaction_timeout_ms: how long an epoch txn may sit open and
-            idle (transactional mode, while other sinks prepare). None: the
-            server's non-zero setting, else 5 min; 0 disables. Past it the server
-            ends the txn and the epoch is replayed, exactly once.
-        direct_copy_triggers: let a large Arrow epoch be COPied straight into a
-            table that has triggers (COPY fires row triggers, but not statement
-            triggers of INSERT ... ON CONFLICT as the normal path does).
-        resolve_timeout_s: how long an ambiguous COMMIT is resolved for
-            (reconnecting while the server restarts, waiting for synchronous
-            standbys) before OutcomeUnknownError.
-        commit_timeout_s: client-side limit of a COMMIT (statement_timeout does
-            not cover a synchronous-replication wait); None waits forever.
-        prepared_warn_after_s: at start-up, warn about the pipeline's prepared
-            txns older than this (prepared mode).
+        **options: the keywords of :class:`~sinks.postgres.options.PostgresOptions`
+            (schema, key, append_only, timeouts, ...), kept as ``options``.
     """
 
     durable_prepare = False  # overridden by the prepared mode
@@ -124,19 +96,7 @@ class PgSinkClient:
         *,
         name: str,
         pipeline: str | None = None,
-        schema: str | None = None,
-        key: Sequence[str] | None = None,
-        append_only: bool = False,
-        state_schema: str | None = None,
-        state_owner: str | None = None,
-        create_epoch_column: bool = False,
-        statement_timeout_ms: int | None = None,
-        lock_timeout_ms: int | None = None,
-        idle_in_transaction_timeout_ms: int | None = None,
-        direct_copy_triggers: bool = False,
-        resolve_timeout_s: float = 30.0,
-        commit_timeout_s: float | None = 60.0,
-        prepared_warn_after_s: float = 3600.0,
+        **options: Unpack[PostgresKeywords],
     ) -> None:
         self._name = validate_name("sink", name)
         self.pipeline = None if pipeline is None else validate_name("pipeline", pipeline)
@@ -144,29 +104,23 @@ class PgSinkClient:
         if not isinstance(table, str) or not table:
             raise ConfigurationError(f"postgres sink {name!r}: table must be a non-empty str")
         self.table = table
-        self.schema_name = schema
-        self.key = tuple(key) if key is not None else None
-        self.append_only = append_only
-        self.state_schema = state_schema
-        self.state_owner = state_owner
-        self.create_epoch_column = create_epoch_column
-        self.statement_timeout_ms = statement_timeout_ms
-        self.lock_timeout_ms = lock_timeout_ms
-        self.direct_copy_triggers = direct_copy_triggers
-        self.resolve_timeout_s = resolve_timeout_s
-        self.commit_timeout_s = commit_timeout_s
-        self.prepared_warn_after_s = prepared_warn_after_s
+        self.options = PostgresOptions(**options)
         self._writer: WriterIdentity | None = None
         self._schema: TableSchema | None = None
         self._state: StateTables | None = None
         self._sessions = SessionSlot(
             self.target,
             self.application_name,
-            statement_timeout=statement_timeout_ms,
-            lock_timeout=lock_timeout_ms,
-            idle_in_transaction_session_timeout=idle_in_transaction_timeout_ms,
+            statement_timeout=self.options.statement_timeout_ms,
+            lock_timeout=self.options.lock_timeout_ms,
+            idle_in_transaction_session_timeout=self.options.idle_in_transaction_timeout_ms,
         )
         self._ensured: set[str] = set()  # pipelines whose fence row is claimed
+
+    @property
+    def append_only(self) -> bool:
+        """The target is keyed by a stable change id; deletes are refused (``options``)."""
+        return self.options.append_only
 
     # -- identity -----------------------------------------------------------
 
@@ -274,18 +228,18 @@ class PgSinkClient:
                 schema = open_target(
                     conn,
                     what=what,
-                    schema_name=self.schema_name,
+                    schema_name=self.options.schema,
                     table=self.table,
-                    key=self.key,
-                    append_only=self.append_only,
-                    create_epoch_column=self.create_epoch_column,
+                    key=self.options.key_columns,
+                    append_only=self.options.append_only,
+                    create_epoch_column=self.options.create_epoch_column,
                 )
                 state = StateTables(
                     open_state_schema(
                         conn,
-                        explicit_schema=self.state_schema,
+                        explicit_schema=self.options.state_schema,
                         target_schema=schema.schema,
-                        state_owner=self.state_owner,
+                        state_owner=self.options.state_owner,
                         what=what,
                     )
                 )

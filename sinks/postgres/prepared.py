@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Unpack
 
 import psycopg
 from psycopg import errors, sql
@@ -29,8 +29,10 @@ from reconcile.contract import (
 
 from .apply import apply_with_arrays
 from .client import FENCE_CHECKED
+from .connection import PgTarget
 from .health import warn_old_prepared
 from .markers import MARKERS_TABLE, SYNC_COMMIT_AT_LEAST_ON
+from .options import PostgresKeywords
 from .ownership import check_marker
 from .replication import confirm_replicated, watched
 from .resolve import InFlightTxn, Resolution, resolve_commit
@@ -65,8 +67,16 @@ class PreparedPostgresSink(PostgresSink):
     mode = "prepared"
     durable_prepare = True  # PREPARE TRANSACTION survives crashes and restarts
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(
+        self,
+        dsn: str | PgTarget,
+        table: str,
+        *,
+        name: str,
+        pipeline: str | None = None,
+        **options: Unpack[PostgresKeywords],
+    ) -> None:
+        super().__init__(dsn, table, name=name, pipeline=pipeline, **options)
         self._inflight: dict[tuple[str, str, int], str] = {}  # key -> xid of the prepared txn
 
     def _check_server(self, conn: psycopg.Connection[Any]) -> None:
@@ -83,7 +93,7 @@ class PreparedPostgresSink(PostgresSink):
     def _after_start_up(self, conn: psycopg.Connection[Any], pipeline: str) -> None:
         # recover() lists only this sink's txns; a renamed or removed sink's
         # stay prepared (and pin VACUUM) until someone ends them: say so.
-        warn_old_prepared(conn, pipeline, self.prepared_warn_after_s, self._what())
+        warn_old_prepared(conn, pipeline, self.options.prepared_warn_after_s, self._what())
 
     # -- helpers ----------------------------------------------------------------
 
@@ -113,7 +123,7 @@ class PreparedPostgresSink(PostgresSink):
                 # The prepared txn's own SET LOCAL is gone: the level of this
                 # session applies to its commit record.
                 conn.execute("SELECT " + SYNC_COMMIT_AT_LEAST_ON.format(local="false"))
-            with watched(conn, self.commit_timeout_s) as seen:
+            with watched(conn, self.options.commit_timeout_s) as seen:
                 conn.execute(sql.SQL(verb + " {}").format(sql.Literal(str(txn_id))))
             return seen.unconfirmed
         finally:
@@ -178,7 +188,10 @@ class PreparedPostgresSink(PostgresSink):
                     conn.rollback()
                     self._release(session)
                     return self._not_staged(txn_id)
-                if start.fence_generation != txn_id.generation and self.lock_timeout_ms is None:
+                if (
+                    start.fence_generation != txn_id.generation
+                    and self.options.lock_timeout_ms is None
+                ):
                     # A takeover waits for the older generation's prepared
                     # txns, which only recover() + commit/abort can end.
                     cur.execute(f"SET LOCAL lock_timeout = {_TAKEOVER_LOCK_TIMEOUT_MS}")
@@ -203,7 +216,7 @@ class PreparedPostgresSink(PostgresSink):
                     txn_id.generation,
                     batch.row_count,
                 )
-                with watched(conn, self.commit_timeout_s) as seen:
+                with watched(conn, self.options.commit_timeout_s) as seen:
                     cur.execute(sql.SQL("PREPARE TRANSACTION {}").format(sql.Literal(str(txn_id))))
         except MarkerMismatchError as err:
             self._rollback_quietly(session)
@@ -284,7 +297,7 @@ class PreparedPostgresSink(PostgresSink):
                 found = self._marker_outcome(conn, txn_id, "commit")
                 if isinstance(found, Ok):
                     # In on the primary; reported only once the standbys hold it.
-                    confirm_replicated(conn, timeout_s=self.resolve_timeout_s, what=what)
+                    confirm_replicated(conn, timeout_s=self.options.resolve_timeout_s, what=what)
                 conn.rollback()
                 self._release(session)
                 if found is not None:
@@ -296,7 +309,7 @@ class PreparedPostgresSink(PostgresSink):
                     "(no marker): it was rolled back; replay the epoch"
                 )
             if self._finish(conn, "COMMIT PREPARED", target):
-                confirm_replicated(conn, timeout_s=self.resolve_timeout_s, what=what)
+                confirm_replicated(conn, timeout_s=self.options.resolve_timeout_s, what=what)
         except (ConfigurationError, RetryableError, MarkerMismatchError) as err:
             self._rollback_quietly(session)
             return self._outcome(err)
@@ -312,7 +325,7 @@ class PreparedPostgresSink(PostgresSink):
                     state,
                     InFlightTxn(txn_id, xid, session.backend, str(target)),
                     scope=self._scope(txn_id.pipeline),
-                    timeout=self.resolve_timeout_s,
+                    timeout=self.options.resolve_timeout_s,
                     app=self.application_name,
                 )
             except MarkerMismatchError as mismatch:

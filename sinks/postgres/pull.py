@@ -13,6 +13,7 @@ import logging
 import re
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
+from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
@@ -38,7 +39,7 @@ from .ranges import (
 )
 from .schema import EPOCH_COLUMN, TableSchema
 
-__all__ = ["PgSnapshot", "sink_columns"]
+__all__ = ["MarkerSource", "PgSnapshot", "sink_columns"]
 
 log = logging.getLogger("reconcile.recovery")
 
@@ -70,6 +71,21 @@ def sink_columns(table: TableSchema) -> dict[str, SinkColumn]:
     }
 
 
+@dataclass(frozen=True, slots=True)
+class MarkerSource:
+    """Whose markers a snapshot reads its newest epoch from.
+
+    Attributes:
+        schema: the schema of ``reconcile_commits`` (None: no markers yet).
+        pipeline: whose markers to read.
+        sink: the sink's name in the markers.
+    """
+
+    schema: str | None
+    pipeline: str
+    sink: str
+
+
 def _adbc_error(target: PgTarget, err: Exception, what: str) -> Exception:
     text = target.redact(f"{what} on {target.describe()}: {err}").strip()
     if "Failed to connect" in str(err) or "connection" in str(err).lower():
@@ -89,9 +105,7 @@ class PgSnapshot:
         table: the reflected target.
         schema: the expected state's user schema (the columns pulled, in order).
         keys: the key columns.
-        marker_schema: the schema of ``reconcile_commits`` (None: no markers yet).
-        pipeline: whose markers to read.
-        sink: the sink's name in the markers.
+        markers: whose markers give the snapshot's newest epoch.
         shared: a snapshot another session exported (``export()``): this one
             sees exactly what that one sees (parallel pulls of one state).
         application_name: the pull session's name in ``pg_stat_activity``
@@ -106,18 +120,16 @@ class PgSnapshot:
         table: TableSchema,
         schema: pa.Schema,
         keys: list[str],
-        marker_schema: str | None,
-        pipeline: str,
-        sink: str,
+        markers: MarkerSource,
+        *,
         shared: str | None = None,
         application_name: str | None = None,
-        *,
         statement_timeout_ms: int | None = None,
     ) -> None:
         if shared is not None and not _SNAPSHOT_ID.fullmatch(shared):
             raise InvalidInputError(f"not an exported snapshot id: {shared!r}")
         self.target, self.table, self.schema, self.keys = target, table, schema, keys
-        self.marker_schema, self.pipeline, self.sink = marker_schema, pipeline, sink
+        self.markers = markers
         self.shared = shared
         self.application_name = application_name
         self.statement_timeout_ms = statement_timeout_ms
@@ -205,12 +217,13 @@ class PgSnapshot:
         return composed.as_string(None)
 
     def _newest_marker(self) -> int | None:
-        if self.marker_schema is None:
+        markers = self.markers
+        if markers.schema is None:
             return None
         query = sql.SQL("SELECT max(epoch) FROM {} WHERE pipeline = $1 AND sink = $2").format(
-            sql.Identifier(self.marker_schema, MARKERS_TABLE)
+            sql.Identifier(markers.schema, MARKERS_TABLE)
         )
-        row = self.run(self._text(query), (self.pipeline, self.sink)).fetchone()
+        row = self.run(self._text(query), (markers.pipeline, markers.sink)).fetchone()
         return None if row is None or row[0] is None else int(row[0])
 
     # -- what is selected ---------------------------------------------------

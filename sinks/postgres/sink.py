@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Unpack
 
 import psycopg
 from psycopg import errors
@@ -28,7 +28,9 @@ from reconcile.contract import (
 
 from .apply import apply_with_copy
 from .client import FENCE_CHECKED, PgSinkClient
+from .connection import PgTarget
 from .markers import MARKERS_TABLE
+from .options import PostgresKeywords
 from .ownership import check_marker
 from .replication import confirm_replicated, watched
 from .resolve import InFlightTxn, Resolution, Resolved, resolve_commit
@@ -78,8 +80,16 @@ class PostgresSink(PgSinkClient):
     # The open epoch txn dies with its connection: see sinks.base.has_durable_prepare.
     durable_prepare = False
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(
+        self,
+        dsn: str | PgTarget,
+        table: str,
+        *,
+        name: str,
+        pipeline: str | None = None,
+        **options: Unpack[PostgresKeywords],
+    ) -> None:
+        super().__init__(dsn, table, name=name, pipeline=pipeline, **options)
         self._staged: dict[Key, EpochBatch] = {}
         self._open: dict[Key, _OpenTxn] = {}
         # The last ambiguous COMMIT's resolution and what decided it (diagnostics).
@@ -218,7 +228,7 @@ class PostgresSink(PgSinkClient):
                         batch,
                         txn_id.epoch,
                         append_only=self.append_only,
-                        direct_copy_triggers=self.direct_copy_triggers,
+                        direct_copy_triggers=self.options.direct_copy_triggers,
                     )
                 state.insert_marker(
                     cur,
@@ -266,7 +276,7 @@ class PostgresSink(PgSinkClient):
         session = txn.session
         what = f"postgres sink {self._name!r}: COMMIT of {txn_id} (xid {txn.xid})"
         try:
-            with watched(session.conn, self.commit_timeout_s) as seen:
+            with watched(session.conn, self.options.commit_timeout_s) as seen:
                 session.conn.commit()
             hooks.point(COMMIT_RETURNED)
         except psycopg.Error as err:
@@ -289,7 +299,7 @@ class PostgresSink(PgSinkClient):
                     self._state,
                     InFlightTxn(txn_id, txn.xid, session.backend),
                     scope=self._scope(txn_id.pipeline),
-                    timeout=self.resolve_timeout_s,
+                    timeout=self.options.resolve_timeout_s,
                     app=self.application_name,
                 )
             except MarkerMismatchError as mismatch:
@@ -305,7 +315,9 @@ class PostgresSink(PgSinkClient):
                 if seen.unconfirmed:
                     # The COMMIT came back after a cancel or with a WARNING: its
                     # wait for the synchronous standbys may have been cut short.
-                    confirm_replicated(session.conn, timeout_s=self.resolve_timeout_s, what=what)
+                    confirm_replicated(
+                        session.conn, timeout_s=self.options.resolve_timeout_s, what=what
+                    )
             finally:
                 self._release(session)
         log.info(
@@ -334,7 +346,7 @@ class PostgresSink(PgSinkClient):
                     # In on the primary; reported only once the standbys hold it.
                     confirm_replicated(
                         c,
-                        timeout_s=self.resolve_timeout_s,
+                        timeout_s=self.options.resolve_timeout_s,
                         what=f"postgres sink {self._name!r}: commit of {txn_id}",
                     )
         except (ConfigurationError, RetryableError, MarkerMismatchError) as err:
