@@ -17,12 +17,14 @@ from deltalake import DeltaTable
 from deltalake.exceptions import TableNotFoundError
 
 from expected_state.changes import EpochChanges, change_rows, normalize_changes
+from expected_state.column_types import infer_user_schema
 from expected_state.compaction import Compaction
 from expected_state.delta_commit import (
     BasedOn,
     DataFile,
     DeltaCommit,
     commit_files,
+    describe_data_file,
     make_durable,
     write_data_file,
 )
@@ -41,7 +43,7 @@ from expected_state.layout import (
     stored_schema,
     user_schema_of,
 )
-from expected_state.parts import Parts
+from expected_state.parts import PartWriter
 from expected_state.reading import Reading
 from expected_state.reverting import Reverting
 from expected_state.trust import Trusting
@@ -94,7 +96,7 @@ class ApplyResult:
     deleted: int = 0
 
 
-class ExpectedStateStore(Trusting, Reading, Reverting, Compaction, Housekeeping, Parts):
+class ExpectedStateStore(Trusting, Reading, Reverting, Compaction, Housekeeping):
     """The expected state of one sink table of one pipeline, as a merge-on-read Delta table.
 
     Layout under ``root``: ``<root>/<pipeline>/<sink>/`` is the Delta table
@@ -357,6 +359,76 @@ class ExpectedStateStore(Trusting, Reading, Reverting, Compaction, Housekeeping,
             table, epoch, adds, schema, upserted=net.upserts.num_rows,
             deleted=net.deletes.num_rows, allow_gap=allow_gap,
         )  # fmt: skip
+
+    def part_writer(self, user_schema: pa.Schema) -> PartWriter:
+        """The writer executors record an epoch's parts with; creates the table if it has no epoch.
+
+        Args:
+            user_schema: the columns the executors will write (keys first);
+                checked against the table's when it has one.
+
+        Raises:
+            InvalidInputError: a column missing or of another type than the
+                table's (naming it); nothing was written.
+        """
+        table = self._delta()
+        if table is None or self._schema is None:
+            # As apply() infers a first epoch's schema: keys first, the sink's
+            # types where it has them, else the frame's, widened.
+            schema = self._schema or infer_user_schema(
+                user_schema, self.key_columns, self.column_types, table=self.uri
+            )
+            self._create(schema)
+        assert self._schema is not None
+        writer = PartWriter(self.uri, tuple(self.key_columns), self._schema, self.column_types)
+        writer.net(user_schema.empty_table())  # the same check a part makes, before any runs
+        return writer
+
+    def apply_parts(
+        self,
+        epoch: int,
+        paths: Sequence[str],
+        *,
+        upserted: int,
+        deleted: int,
+        allow_gap: bool = False,
+    ) -> ApplyResult:
+        """Record ``epoch`` as the change files executors wrote, in ONE tokened commit.
+
+        Args:
+            epoch: the epoch.
+            paths: the files (relative to the table root) of the task attempts
+                Spark kept; written by :class:`PartWriter` for this epoch.
+            upserted, deleted: their net changes, as the tasks counted them.
+            allow_gap: as for ``apply``.
+
+        Raises:
+            EpochOrderError, FencedError, RetryableError, OutcomeUnknownError: as ``apply``.
+            InvalidInputError: the table does not exist (``part_writer`` creates
+                it), or a file is not of the table's schema (naming it).
+        """
+        table = self._delta()
+        if table is None or self._schema is None:
+            raise InvalidInputError(
+                f"table {self.uri!r}: no store table to add epoch {epoch}'s files to "
+                "(part_writer() creates it before executors write); nothing was written",
+                table=self.uri,
+                epoch=epoch,
+            )
+        if self._already_applied(table, epoch, allow_gap=allow_gap):
+            return ApplyResult(epoch, applied=False, table_version=None)
+        check_recorded_generation(self._tokens(table)[1], self.generation, table_name=self.uri)
+        adds = [describe_data_file(self.uri, p) for p in paths]
+        return self._commit_epoch(
+            table,
+            epoch,
+            adds,
+            stored_schema(self._schema, self.key_columns),
+            upserted=upserted,
+            deleted=deleted,
+            allow_gap=allow_gap,
+            check_schema=True,
+        )
 
     def _commit_epoch(
         self,

@@ -116,6 +116,10 @@ class PgSinkClient:
             idle_in_transaction_session_timeout=self.options.idle_in_transaction_timeout_ms,
         )
         self._ensured: set[str] = set()  # pipelines whose fence row is claimed
+        self._init_mode()
+
+    def _init_mode(self) -> None:
+        """The mode's own state (each mode's class adds to it; none here)."""
 
     @property
     def append_only(self) -> bool:

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Unpack
+from typing import Any
 
 import psycopg
 from psycopg import errors
@@ -25,20 +25,20 @@ from reconcile.contract import (
     SinkOutcome,
     SinkTxnId,
 )
+from sinks.open_txn import OpenTxnSink
 
 from .apply import apply_with_copy
 from .client import FENCE_CHECKED, PgSinkClient
-from .connection import PgTarget
-from .markers import MARKERS_TABLE
-from .options import PostgresKeywords
+from .markers import MARKERS_TABLE, EpochStart
 from .ownership import check_marker
 from .replication import confirm_replicated, watched
 from .resolve import InFlightTxn, Resolution, Resolved, resolve_commit
+from .schema import TableSchema
 from .session import Session
 from .shared_stage import apply_staged
 from .staging import EpochBatch, ValidatedBatch, validate_batch
 
-__all__ = ["PostgresSink"]
+__all__ = ["EpochTxn", "PostgresSink"]
 
 log = logging.getLogger("reconcile.sinks.postgres")
 
@@ -46,19 +46,16 @@ log = logging.getLogger("reconcile.sinks.postgres")
 # leaves a committed epoch whose sink never acknowledged it).
 COMMIT_RETURNED = hooks.declare("pg.commit.returned")
 
-Key = tuple[str, str, int]
+
+@dataclass(frozen=True)
+class EpochTxn:
+    """An epoch txn that prepare() wrote: its session, and the xid it recorded."""
+
+    session: Session
+    xid: str
 
 
-@dataclass
-class _OpenTxn:
-    """An epoch txn that prepare() left open, waiting for commit()."""
-
-    txn_id: SinkTxnId
-    session: Session | None  # None: the epoch was already committed (marker found)
-    xid: str = ""
-
-
-class PostgresSink(PgSinkClient):
+class PostgresSink(PgSinkClient, OpenTxnSink[EpochTxn, EpochBatch]):
     """Exactly-once sink into one PostgreSQL table, one transaction per epoch.
 
     ``prepare`` runs BEGIN, records ``pg_current_xact_id()`` and the backend
@@ -80,25 +77,14 @@ class PostgresSink(PgSinkClient):
     # The open epoch txn dies with its connection: see sinks.base.has_durable_prepare.
     durable_prepare = False
 
-    def __init__(
-        self,
-        dsn: str | PgTarget,
-        table: str,
-        *,
-        name: str,
-        pipeline: str | None = None,
-        **options: Unpack[PostgresKeywords],
-    ) -> None:
-        super().__init__(dsn, table, name=name, pipeline=pipeline, **options)
-        self._staged: dict[Key, EpochBatch] = {}
-        self._open: dict[Key, _OpenTxn] = {}
+    def _init_mode(self) -> None:
+        OpenTxnSink.__init__(self)
         # The last ambiguous COMMIT's resolution and what decided it (diagnostics).
         self.last_resolution: Resolved | None = None
 
     def close(self) -> None:
         """Roll back open epochs and close connections."""
-        for key in list(self._open):
-            self._discard_open(key)
+        self._discard_all()
         super().close()
 
     def __enter__(self) -> PostgresSink:
@@ -171,31 +157,47 @@ class PostgresSink(PgSinkClient):
         return OK if mismatch is None else Fatal.of(mismatch)
 
     def prepare(self, txn_id: SinkTxnId) -> SinkOutcome:
-        """Open the epoch txn: xid, fence, bulk apply, marker. It stays open until commit."""
+        """Write the epoch in one txn: xid, fence, bulk apply, marker.
+
+        Transactional mode leaves the txn open until commit; prepared mode
+        PREPAREs it (see ``_epoch_txn``).
+        """
         if (bad := self._check_txn(txn_id)) is not None:
             return bad
-        if txn_id.key in self._open:
-            # Preparing a prepared epoch replaces it: roll back, then redo.
-            self._discard_open(txn_id.key)
-        if self._open:
-            other = next(iter(self._open.values())).txn_id
-            return Fatal(
-                f"postgres sink {self._name!r} (transactional mode) holds one open epoch txn; "
-                f"commit or abort {other} before preparing {txn_id}"
-            )
+        if (refused := self._before_epoch_txn(txn_id)) is not None:
+            return refused
         got = self._prepare_inputs(txn_id)
         if not isinstance(got, tuple):
             return got
-        batch, session = got
+        return self._epoch_txn(txn_id, *got)
+
+    # -- the epoch transaction: one body for both modes --------------------------
+
+    # FOR SHARE when several epochs may be prepared at once (prepared mode); a
+    # takeover's UPDATE of the fence row waits for them all the same.
+    _share_fence = False
+
+    def _epoch_txn(
+        self, txn_id: SinkTxnId, batch: ValidatedBatch | None, session: Session
+    ) -> SinkOutcome:
+        """Write the epoch in one txn: xid, fence, rows, marker; the mode ends it (``_end``).
+
+        The steps each mode fills in: ``_clear_epoch`` (what is left of an
+        earlier attempt), ``_before_fence``, ``_apply`` (the rows when they were
+        not staged on the executors), ``_end`` (leave the txn open, or PREPARE
+        it) and ``_keep`` (what the mode records of the outcome).
+        """
         conn = session.conn
         state, schema = self._state, self._schema
         assert state is not None and schema is not None
         scope = self._scope(txn_id.pipeline)
         try:
             self._ensure_pipeline(session, txn_id.pipeline)
+            if (refused := self._clear_epoch(session, txn_id)) is not None:
+                return refused
             with conn.cursor() as cur:
                 start = state.start_epoch(
-                    cur, txn_id.pipeline, self._name, txn_id.epoch, share=False
+                    cur, txn_id.pipeline, self._name, txn_id.epoch, share=self._share_fence
                 )
                 if start.marker is not None:
                     # Already committed: by this writer before a crash (a replay
@@ -206,12 +208,12 @@ class PostgresSink(PgSinkClient):
                     mismatch = check_marker(start.marker, scope, state, where="prepare")
                     if mismatch is not None:
                         return Fatal.of(mismatch)
-                    self._open[txn_id.key] = _OpenTxn(txn_id, None)
-                    return OK
+                    return self._keep(txn_id, None)
                 if batch is None:
                     conn.rollback()
                     self._release(session)
                     return self._not_staged(txn_id)
+                self._before_fence(cur, txn_id, start)
                 fenced = self._check_fence(cur, txn_id, start.fence)
                 if fenced is not None:
                     conn.rollback()
@@ -222,14 +224,7 @@ class PostgresSink(PgSinkClient):
                     apply_staged(cur, schema, batch.staged, batch.columns, txn_id.epoch,
                                  append_only=self.append_only)  # fmt: skip
                 else:
-                    apply_with_copy(
-                        cur,
-                        schema,
-                        batch,
-                        txn_id.epoch,
-                        append_only=self.append_only,
-                        direct_copy_triggers=self.options.direct_copy_triggers,
-                    )
+                    self._apply(cur, schema, batch, txn_id.epoch)
                 state.insert_marker(
                     cur,
                     txn_id.key,
@@ -238,41 +233,89 @@ class PostgresSink(PgSinkClient):
                     txn_id.generation,
                     batch.row_count,
                 )
-        except MarkerMismatchError as err:
+                unconfirmed = self._end(cur, txn_id)
+        except FatalError as err:
+            # A marker of another state, or staged rows that went missing (re-stage
+            # the batch): the typed cause stops the pipeline.
             self._rollback_quietly(session)
             return Fatal.of(err)
-        except FatalError as err:  # staged rows that went missing: re-stage the batch
-            self._rollback_quietly(session)
-            return Fatal(str(err))
         except errors.UniqueViolation as err:
             self._rollback_quietly(session)
             if err.diag.table_name == MARKERS_TABLE:
                 # Another writer committed this epoch while we applied it.
                 outcome = self._committed_by_other(txn_id)
-                if isinstance(outcome, Ok):
-                    self._open[txn_id.key] = _OpenTxn(txn_id, None)
-                return outcome
+                return self._keep(txn_id, None) if isinstance(outcome, Ok) else outcome
             return self._classify("prepare", txn_id, err)
         except psycopg.Error as err:
             # The txn was rolled back (or its connection is gone): nothing of
-            # the epoch is in, whatever failed.
+            # the epoch is in, whatever failed. (In prepared mode, a PREPARE
+            # TRANSACTION that lost its reply may be prepared after all:
+            # recover() lists it, and a retried prepare replaces it.)
             self._rollback_quietly(session)
             return self._classify("prepare", txn_id, err)
-        self._open[txn_id.key] = _OpenTxn(txn_id, session, start.xid)
+        return self._keep(txn_id, EpochTxn(session, start.xid), unconfirmed=unconfirmed)
+
+    def _before_epoch_txn(self, txn_id: SinkTxnId) -> SinkOutcome | None:
+        """Before a session is taken: this client holds one open epoch txn at a time."""
+        if txn_id.key in self._open:
+            # Preparing a prepared epoch replaces it: roll back, then redo.
+            self._discard(txn_id.key)
+        if self._open:
+            other = next(iter(self._open.values())).txn_id
+            return Fatal(
+                f"postgres sink {self._name!r} (transactional mode) holds one open epoch txn; "
+                f"commit or abort {other} before preparing {txn_id}"
+            )
+        return None
+
+    def _clear_epoch(self, session: Session, txn_id: SinkTxnId) -> SinkOutcome | None:
+        """What is left of an earlier attempt of the epoch (none: it died with its txn)."""
+        return None
+
+    def _before_fence(self, cur: psycopg.Cursor[Any], txn_id: SinkTxnId, start: EpochStart) -> None:
+        """Session settings for the fence check (none in transactional mode)."""
+
+    def _apply(
+        self, cur: psycopg.Cursor[Any], schema: TableSchema, batch: ValidatedBatch, epoch: int
+    ) -> None:
+        """The batch's rows: COPY into temp tables, then upserts and deletes in bulk."""
+        apply_with_copy(
+            cur,
+            schema,
+            batch,
+            epoch,
+            append_only=self.append_only,
+            direct_copy_triggers=self.options.direct_copy_triggers,
+        )
+
+    def _end(self, cur: psycopg.Cursor[Any], txn_id: SinkTxnId) -> bool:
+        """The txn stays open until commit(); nothing is left unconfirmed."""
+        return False
+
+    def _keep(
+        self, txn_id: SinkTxnId, txn: EpochTxn | None, *, unconfirmed: bool = False
+    ) -> SinkOutcome:
+        """Hold the open txn for commit(); None: the epoch is in already (its marker)."""
+        if txn is None:
+            self._hold_committed(txn_id)
+        else:
+            self._hold(txn_id, txn)
         return OK
 
-    def commit(self, txn_id: SinkTxnId) -> SinkOutcome:
+    # -- the steps of the open-transaction lifecycle (sinks.open_txn) -----------
+
+    _marker_unreadable = (psycopg.Error, ReconcileError)
+
+    def _sink_label(self) -> str:
+        return f"postgres sink {self._name!r}"
+
+    def _commit_open(self, txn_id: SinkTxnId, txn: EpochTxn) -> SinkOutcome:
         """COMMIT the open epoch txn; resolve a COMMIT without reply from the database.
 
         Raises:
             OutcomeUnknownError: neither pg_xact_status nor the marker settles
                 it, or the synchronous standbys do not confirm it in time.
         """
-        if (bad := self._check_txn(txn_id)) is not None:
-            return bad
-        txn = self._open.pop(txn_id.key, None)
-        if txn is None or txn.session is None:
-            return self._settle_by_marker(txn_id)
         session = txn.session
         what = f"postgres sink {self._name!r}: COMMIT of {txn_id} (xid {txn.xid})"
         try:
@@ -292,19 +335,9 @@ class PostgresSink(PgSinkClient):
                 return self._classify("COMMIT", txn_id, err)
             # Anything else (no reply, a broken connection, a timeout): the
             # outcome is asked from the database; see resolve.py.
-            assert self._state is not None
-            try:
-                resolved = resolve_commit(
-                    self.target,
-                    self._state,
-                    InFlightTxn(txn_id, txn.xid, session.backend),
-                    scope=self._scope(txn_id.pipeline),
-                    timeout=self.options.resolve_timeout_s,
-                    app=self.application_name,
-                )
-            except MarkerMismatchError as mismatch:
-                return Fatal.of(mismatch)
-            self.last_resolution = resolved
+            resolved = self._resolve(InFlightTxn(txn_id, txn.xid, session.backend))
+            if isinstance(resolved, Fatal):
+                return resolved
             if resolved.resolution is not Resolution.COMMITTED:
                 return Retryable(
                     f"{what} did not take effect ({resolved.decided_by.value}: "
@@ -315,9 +348,8 @@ class PostgresSink(PgSinkClient):
                 if seen.unconfirmed:
                     # The COMMIT came back after a cancel or with a WARNING: its
                     # wait for the synchronous standbys may have been cut short.
-                    confirm_replicated(
-                        session.conn, timeout_s=self.options.resolve_timeout_s, what=what
-                    )
+                    timeout = self.options.resolve_timeout_s
+                    confirm_replicated(session.conn, timeout_s=timeout, what=what)
             finally:
                 self._release(session)
         log.info(
@@ -328,8 +360,28 @@ class PostgresSink(PgSinkClient):
             txn.xid,
             extra={"xid": txn.xid},
         )
-        self._staged.pop(txn_id.key, None)
         return OK
+
+    def _resolve(self, inflight: InFlightTxn) -> Resolved | Fatal:
+        """Ask the database what became of a COMMIT without a definite answer (``resolve.py``).
+
+        Fatal when the marker found belongs to another state; the resolution
+        is kept in ``last_resolution``.
+        """
+        assert self._state is not None
+        try:
+            resolved = resolve_commit(
+                self.target,
+                self._state,
+                inflight,
+                scope=self._scope(inflight.txn_id.pipeline),
+                timeout=self.options.resolve_timeout_s,
+                app=self.application_name,
+            )
+        except MarkerMismatchError as mismatch:
+            return Fatal.of(mismatch)
+        self.last_resolution = resolved
+        return resolved
 
     def _settle_by_marker(self, txn_id: SinkTxnId) -> SinkOutcome:
         """commit() without an open txn: the marker says whether the epoch is in."""
@@ -354,7 +406,6 @@ class PostgresSink(PgSinkClient):
         except psycopg.Error as err:
             return self._connect_outcome("commit", txn_id, err)
         if marker is not None:
-            self._staged.pop(txn_id.key, None)
             return OK
         return Fatal(
             f"postgres sink {self._name!r} (transactional mode): {txn_id} is not prepared in this "
@@ -362,39 +413,15 @@ class PostgresSink(PgSinkClient):
             "replay the epoch (prepare again)"
         )
 
-    def abort(self, txn_id: SinkTxnId) -> SinkOutcome:
-        """Roll back the open epoch txn and drop the staged rows. OK if there is none."""
-        if (bad := self._check_txn(txn_id)) is not None:
-            return bad
-        had_open = txn_id.key in self._open
-        self._discard_open(txn_id.key)
-        self._staged.pop(txn_id.key, None)
-        if had_open:
-            return OK
-        try:
-            self.setup()
-            assert self._state is not None
-            with self.target.connect(autocommit=True, application_name=self.application_name) as c:
-                marker = self._state.find_marker(c, txn_id.pipeline, self._name, txn_id.epoch)
-        except (psycopg.Error, ReconcileError):
-            # Nothing of this epoch is open in this process, and an epoch
-            # txn never outlives its process: there is nothing to discard.
-            return OK
+    def _read_marker(self, txn_id: SinkTxnId) -> SinkOutcome | None:
+        self.setup()
+        assert self._state is not None
+        with self.target.connect(autocommit=True, application_name=self.application_name) as c:
+            marker = self._state.find_marker(c, txn_id.pipeline, self._name, txn_id.epoch)
         if marker is None:
-            return OK
+            return None
         mismatch = check_marker(marker, self._scope(txn_id.pipeline), self._state, where="abort")
-        if mismatch is not None:
-            return Fatal.of(mismatch)
-        return Fatal(
-            f"postgres sink {self._name!r}: abort of {txn_id}, an epoch that is "
-            "already committed; committed data stays"
-        )
+        return OK if mismatch is None else Fatal.of(mismatch)
 
-    def recover(self) -> Sequence[SinkTxnId]:
-        """Always []: in transactional mode an open epoch txn never outlives its connection."""
-        return []
-
-    def _discard_open(self, key: Key) -> None:
-        txn = self._open.pop(key, None)
-        if txn is not None and txn.session is not None:
-            self._rollback_quietly(txn.session)
+    def _roll_back(self, held: EpochTxn) -> None:
+        self._rollback_quietly(held.session)
