@@ -13,7 +13,6 @@ from reconcile import hooks
 from reconcile.contract import (
     ConfigurationError,
     Fatal,
-    FencedError,
     ReconcileError,
     Retryable,
     RetryableError,
@@ -28,9 +27,10 @@ from sinks.objects import open_state_schema
 from .arrow_types import target_arrow_schema
 from .binding import claim_scope, connect_checked, open_target, startup_failure
 from .connection import PgTarget, connect_failure
+from .fencing import check_epoch_fence, claim_fence_row, take_over
 from .markers import Fence, StateTables
 from .options import PostgresKeywords, PostgresOptions
-from .ownership import Scope, check_fence
+from .ownership import Scope
 from .schema import TableSchema
 from .session import Session, SessionSlot, classify_failure, describe_failure
 
@@ -316,16 +316,7 @@ class PgSinkClient:
         if pipeline in self._ensured:
             return
         assert self._state is not None
-        session.conn.autocommit = True
-        try:
-            fence = self._state.ensure(
-                session.conn, pipeline, self._name, self._scope(pipeline).log_id
-            )
-        finally:
-            session.conn.autocommit = False
-        mismatch = check_fence(fence, self._scope(pipeline), self._state)
-        if mismatch is not None:
-            raise mismatch
+        claim_fence_row(session.conn, self._state, self._scope(pipeline))
         self._ensured.add(pipeline)
 
     def _check_fence(
@@ -333,28 +324,7 @@ class PgSinkClient:
     ) -> Fatal | None:
         """Reject a stale writer (or another state) inside the txn; take over if we are newer."""
         assert self._state is not None
-        scope = self._scope(txn_id.pipeline)
-        if fence is not None and (mismatch := check_fence(fence, scope, self._state)):
-            return Fatal.of(mismatch)
-        if fence is not None and fence.generation == txn_id.generation:
-            return None
-        if fence is None or fence.generation < txn_id.generation:
-            fence = self._state.raise_fence(
-                cur, txn_id.pipeline, self._name, txn_id.generation, scope.log_id
-            )
-            if fence is not None and (mismatch := check_fence(fence, scope, self._state)):
-                return Fatal.of(mismatch)
-            if fence is not None and fence.generation == txn_id.generation:
-                return None
-        return Fatal.of(
-            FencedError(
-                f"postgres sink {self._name!r}: writer generation {txn_id.generation} is "
-                f"fenced off by generation {fence.generation if fence else None} for epoch "
-                f"{txn_id.epoch}; nothing was written (a newer writer has taken over)",
-                generation=txn_id.generation,
-                fence=fence.generation if fence else None,
-            )
-        )
+        return check_epoch_fence(cur, self._state, self._scope(txn_id.pipeline), txn_id, fence)
 
     def fence(self, pipeline: str, generation: int, *, lock_timeout_ms: int = 5000) -> None:
         """Take over eagerly: raise the fence to ``generation`` now, not at the next epoch.
@@ -372,23 +342,8 @@ class PgSinkClient:
         self.setup()
         assert self._state is not None
         validate_name("pipeline", pipeline)
-        scope = self._scope(pipeline)
         with self.target.connect(autocommit=False, application_name=self.application_name) as c:
-            c.execute("SELECT set_config('lock_timeout', %s, true)", (str(int(lock_timeout_ms)),))
-            with c.cursor() as cur:
-                current = self._state.raise_fence(
-                    cur, pipeline, self._name, generation, scope.log_id
-                )
-            c.commit()
-        if current is not None and (mismatch := check_fence(current, scope, self._state)):
-            raise mismatch
-        if current is None or current.generation != generation:
-            raise FencedError(
-                f"postgres sink {self._name!r}: cannot take over with generation {generation}: "
-                f"the fence is already at generation {current.generation if current else None}",
-                generation=generation,
-                fence=current.generation if current else None,
-            )
+            take_over(c, self._state, self._scope(pipeline), generation, lock_timeout_ms)
 
     # -- errors ---------------------------------------------------------------
 

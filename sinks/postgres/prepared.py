@@ -26,6 +26,7 @@ from reconcile.contract import (
 )
 
 from .apply import apply_with_arrays
+from .epoch_txn import EpochTxn
 from .health import warn_old_prepared
 from .markers import SYNC_COMMIT_AT_LEAST_ON, EpochStart
 from .ownership import check_marker
@@ -33,7 +34,7 @@ from .replication import confirm_replicated, watched
 from .resolve import InFlightTxn, Resolution
 from .schema import TableSchema
 from .session import Session
-from .sink import EpochTxn, PostgresSink
+from .sink import PostgresSink
 from .staging import ValidatedBatch
 
 __all__ = ["PreparedPostgresSink"]

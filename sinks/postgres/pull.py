@@ -21,7 +21,6 @@ from psycopg import sql
 
 from reconcile.checksum import checksum_kind
 from reconcile.contract import ConfigurationError, InvalidInputError, RetryableError
-from reconcile.recovery.conform import SinkColumn, wants_text
 from reconcile.recovery.target import KeyRange, Progress
 from sinks.objects.declared import CREATE_EPOCH_INDEX, epoch_index_name
 
@@ -29,6 +28,7 @@ from .bucket_sums import PgBucketSums
 from .connection import PgTarget
 from .heavy import DEFAULT_STATEMENT_TIMEOUT_MS, Cancellable, settings_sql
 from .markers import MARKERS_TABLE
+from .pull_columns import select_list, sink_columns
 from .ranges import (
     Params,
     RangeOrder,
@@ -39,36 +39,12 @@ from .ranges import (
 )
 from .schema import EPOCH_COLUMN, TableSchema
 
-__all__ = ["MarkerSource", "PgSnapshot", "sink_columns"]
+__all__ = ["MarkerSource", "PgSnapshot"]
 
 log = logging.getLogger("reconcile.recovery")
 
-_KINDS = {
-    "int2": "int",
-    "int4": "int",
-    "int8": "int",
-    "numeric": "numeric",
-    "float8": "float8",
-    "float4": "float4",
-    "bool": "bool",
-    "text": "text",
-    "varchar": "text",
-    "uuid": "uuid",
-    "date": "date",
-    "timestamp": "timestamp",
-    "timestamptz": "timestamptz",
-    "bytea": "bytes",
-}
 # What pg_export_snapshot() returns: hex words joined by dashes.
 _SNAPSHOT_ID = re.compile(r"[0-9A-Fa-f]+(-[0-9A-Fa-f]+){1,3}")
-
-
-def sink_columns(table: TableSchema) -> dict[str, SinkColumn]:
-    """The target's columns as recovery sees them (kind by pg_type.typname)."""
-    return {
-        name: SinkColumn(name, _KINDS.get(col.typname, "other"), col.sql_type)
-        for name, col in table.columns.items()
-    }
 
 
 @dataclass(frozen=True, slots=True)
@@ -229,21 +205,7 @@ class PgSnapshot:
     # -- what is selected ---------------------------------------------------
 
     def _select_list(self) -> sql.Composable:
-        parts: list[sql.Composable] = []
-        for field in self.schema:
-            column = self.columns[field.name]
-            ident = sql.Identifier("t", field.name)
-            if wants_text(column.kind, field.type):
-                parts.append(sql.SQL("{}::text AS {}").format(ident, sql.Identifier(field.name)))
-            elif column.kind == "uuid":  # a 16-byte binary in the expected state
-                parts.append(
-                    sql.SQL("pg_catalog.uuid_send({}) AS {}").format(
-                        ident, sql.Identifier(field.name)
-                    )
-                )
-            else:
-                parts.append(ident)
-        return sql.SQL(", ").join(parts)
+        return select_list(self.schema, self.columns)
 
     def _fetch(self, query: sql.Composable, parameters: Any = None,
                progress: Progress | None = None, total: int | None = None) -> pa.Table:  # fmt: skip

@@ -20,7 +20,8 @@ from sinks.objects import ENGINE_SCHEMA
 from .binding import connect_checked
 from .client import PgSinkClient
 from .markers import MARKERS_TABLE, REPAIRS_TABLE
-from .pull import MarkerSource, PgSnapshot, sink_columns
+from .pull import MarkerSource, PgSnapshot
+from .pull_columns import sink_columns
 from .repair import apply_repair
 from .schema import TableSchema, reflect_table
 

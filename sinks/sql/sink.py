@@ -28,7 +28,6 @@ from reconcile.contract import (
     FencedError,
     MarkerMismatchError,
     Ok,
-    RejectedError,
     Retryable,
     SinkOutcome,
     SinkTxnId,
@@ -37,39 +36,18 @@ from reconcile.contract import (
 )
 from reconcile.decisions import is_rejection_sqlstate
 from reconcile.keys import float_key_error
-from reconcile.logs import scrub
 from reconcile.sink import SinkCapabilities
 from sinks.objects.sql_state import create_sql_state
 from sinks.open_txn import OpenTxnSink
 
 from .arrow_types import table_arrow_schema
+from .errors import describe_error, redact_url, rejection, sqlstate_of
+from .rows import EPOCH_COLUMN, write_rows
 from .state import SqlState
 
 __all__ = ["EPOCH_COLUMN", "SqlSink"]
 
 log = logging.getLogger("reconcile.sinks.sql")
-
-EPOCH_COLUMN = "_epoch"
-
-
-def redact_url(url: str) -> str:
-    """The URL with its password hidden (for every message)."""
-    try:
-        parsed = sa.make_url(url)
-    except sa.exc.ArgumentError:
-        return "<unparsable URL>"
-    if "@" in (parsed.host or ""):
-        # The user info was cut at its first '@': the rest of a password with an
-        # unencoded '@' became the host. Nothing of it is shown.
-        return f"{parsed.drivername}://<user info with an unencoded '@'>"
-    return parsed.render_as_string(hide_password=True)
-
-
-def _sqlstate(err: BaseException) -> str:
-    """The SQLSTATE a DB-API error carries (psycopg: ``sqlstate``, psycopg2: ``pgcode``), or ""."""
-    orig = getattr(err, "orig", None)
-    state = getattr(orig, "sqlstate", None) or getattr(orig, "pgcode", None)
-    return state if isinstance(state, str) else ""
 
 
 @dataclass(frozen=True)
@@ -130,7 +108,7 @@ class SqlSink(OpenTxnSink[SqlTxn, list[Any]]):
         try:
             self.engine = sa.create_engine(parsed)
         except (sa.exc.ArgumentError, ImportError) as err:
-            raise ConfigurationError(self._error_of(name, url, "cannot use the URL", err)) from None
+            raise ConfigurationError(describe_error(name, url, "cannot use the URL", err)) from None
         self.state = SqlState(state_schema)
         self._writer: WriterIdentity | None = None
         self._target: sa.Table | None = None
@@ -158,35 +136,12 @@ class SqlSink(OpenTxnSink[SqlTxn, list[Any]]):
         )
 
     def _error(self, what: str, err: BaseException) -> str:
-        return self._error_of(self._name, self.url, what, err)
-
-    def _redact(self, text: str) -> str:
-        password = sa.make_url(self.url).password
-        return scrub(text.replace(str(password), "***") if password else text)
-
-    @staticmethod
-    def _error_of(name: str, url: str, what: str, err: BaseException) -> str:
-        text = f"sql sink {name!r} ({redact_url(url)}): {what}: {err}"
-        password = sa.make_url(url).password
-        return scrub(text.replace(str(password), "***") if password else text)
+        return describe_error(self._name, self.url, what, err)
 
     def _rejected(self, txn_id: SinkTxnId, err: sa.exc.StatementError) -> Fatal:
-        """The database refused the epoch's rows (a constraint, a value, a privilege): stop.
-
-        SQLAlchemy's IntegrityError and DataError are the DB-API's, whatever
-        the driver; a driver that gives a SQLSTATE (psycopg, and the
-        constraint and column with it) gets it named, as the Postgres sink does.
-        """
-        orig = getattr(err, "orig", None)
-        diag = getattr(orig, "diag", None)
-        said = str(orig if orig is not None else err).strip().splitlines()
-        reason = self._redact(said[0] if said else type(err).__name__)
+        """The database refused the epoch's rows (a constraint, a value, a privilege): stop."""
         table = f"{self.schema_name}.{self.table_name}" if self.schema_name else self.table_name
-        rejected = RejectedError.of(
-            epoch=txn_id.epoch, table=table, sqlstate=_sqlstate(err), reason=reason,
-            sink=self._name, constraint=getattr(diag, "constraint_name", None),
-            column=getattr(diag, "column_name", None),
-        )  # fmt: skip
+        rejected = rejection(err, epoch=txn_id.epoch, table=table, sink=self._name, url=self.url)
         return Fatal(self._error(f"prepare({txn_id}) refused; nothing was written", err), rejected)
 
     def target(self) -> sa.Table:
@@ -363,7 +318,7 @@ class SqlSink(OpenTxnSink[SqlTxn, list[Any]]):
         except (sa.exc.DataError, sa.exc.StatementError) as err:
             txn.rollback()
             conn.close()
-            if isinstance(err, sa.exc.DataError) or is_rejection_sqlstate(_sqlstate(err)):
+            if isinstance(err, sa.exc.DataError) or is_rejection_sqlstate(sqlstate_of(err)):
                 return self._rejected(txn_id, err)
             if isinstance(err, sa.exc.OperationalError):
                 return Retryable(self._error(f"prepare({txn_id}); nothing was written", err))
@@ -427,34 +382,3 @@ class SqlSink(OpenTxnSink[SqlTxn, list[Any]]):
         from .recovery import SqlRecoveryTarget
 
         return SqlRecoveryTarget(self, pipeline, generation, write=write)
-
-
-def write_rows(
-    conn: sa.Connection, table: sa.Table, keys: list[str], items: Sequence[Any], epoch: int
-) -> int:
-    """Apply upserts and deletes: each key deleted, then the upserted rows inserted.
-
-    Returns the rows upserted plus the keys deleted.
-    """
-    upserts: dict[tuple[Any, ...], dict[str, Any]] = {}
-    deletes: dict[tuple[Any, ...], dict[str, Any]] = {}
-    for item in items:
-        row, op = (item.row, item.op) if isinstance(item, Change) else (item, "upsert")
-        key = tuple(row[k] for k in keys)
-        if op == "delete":
-            upserts.pop(key, None)
-            deletes[key] = {f"k_{k}": row[k] for k in keys}
-        else:
-            deletes.pop(key, None)
-            upserts[key] = dict(row)
-    match = sa.and_(*(table.c[k] == sa.bindparam(f"k_{k}") for k in keys))
-    gone = list(deletes.values()) + [{f"k_{k}": r[k] for k in keys} for r in upserts.values()]
-    if gone:
-        conn.execute(table.delete().where(match), gone)
-    if upserts:
-        rows = list(upserts.values())
-        if EPOCH_COLUMN in table.c:
-            for row in rows:
-                row[EPOCH_COLUMN] = epoch
-        conn.execute(table.insert(), rows)
-    return len(upserts) + len(deletes)

@@ -8,7 +8,7 @@ from reconcile.contract import ConfigurationError
 from sinks.postgres import PgTarget, postgres_sink, redact_text
 from sinks.registry import open_sink, redact_uri
 from sinks.sql import SqlSink
-from sinks.sql.sink import redact_url
+from sinks.sql.errors import redact_url
 
 # A password whose literal text contains a percent escape: '%41' is NOT 'A'.
 LITERAL = "S3cr%41et"
