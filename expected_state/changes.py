@@ -11,6 +11,7 @@ import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
 import pyarrow.compute as pc  # type: ignore[import-untyped, unused-ignore]
 
 from expected_state.column_types import infer_user_schema, sql_type, type_names
+from expected_state.merge import last_per_key
 from reconcile.core.contract import Change, InvalidInputError
 from reconcile.core.decimals import DecimalFitError, check_decimal, check_decimal_array
 from reconcile.core.hashing import row_hash_arrow
@@ -126,18 +127,6 @@ def _conform(
             column=extra[0],
         )
     return pa.table(columns, schema=schema)
-
-
-def _last_per_key(data: pa.Table, keys: Sequence[str]) -> pa.Table:
-    """Keep the last row of every key (the order of the input decides)."""
-    if data.num_rows <= 1:
-        return data
-    if len(keys) == 1 and pc.count_distinct(data.column(keys[0])).as_py() == data.num_rows:
-        return data  # the common case: no key repeats, nothing to drop
-    indexed = data.append_column("_seq", pa.array(np.arange(data.num_rows, dtype=np.int64)))
-    last = indexed.group_by(list(keys), use_threads=False).aggregate([("_seq", "max")])
-    order = pc.sort_indices(last.column("_seq_max"))
-    return data.take(pc.take(last.column("_seq_max"), order))
 
 
 def _from_change_objects(
@@ -325,7 +314,7 @@ def normalize_changes(
                 table=table,
             )
     key_schema = pa.schema([schema.field(k) for k in keys])
-    net = _last_per_key(data, keys)
+    net = last_per_key(data, keys)
     net_ops = net.column(OP_COLUMN)
     upsert_rows = net.filter(pc.equal(net_ops, "upsert"))
     if upsert_rows.num_rows == 0 and not isinstance(changes, pa.Table):

@@ -19,7 +19,13 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
 from deltalake import DeltaTable
 
-from expected_state.delta_commit import DataFile, commit_files, write_data_file
+from expected_state.delta_commit import (
+    BasedOn,
+    DataFile,
+    DeltaCommit,
+    commit_files,
+    write_data_file,
+)
 from expected_state.delta_files import read_data_files
 from expected_state.fencing import check_generation
 from expected_state.layout import StoreFile, base_file_name, merged_file_name, stored_schema
@@ -247,21 +253,19 @@ class Compaction:
                     table=self.uri,
                 )
             try:
-                commit_files(
-                    self.uri,
-                    added,
-                    stored_schema(self._schema, self.key_columns),
+                compaction = DeltaCommit(
+                    table_uri=self.uri,
+                    schema=stored_schema(self._schema, self.key_columns),
                     app_id=self._fence,
                     version=self.generation,
+                    add=added,
                     remove=[DataFile(f.path, f.size, 0, "", 0) for f in replaced],
                     fence=(self._fence, self.generation),
                     custom_metadata={marker: through, "reconcile.generation": self.generation},
-                    check_schema=False,  # written from the stored schema here
-                    table_name=self.uri,
-                    table=table,
-                    landed=landed,
                     data_change=False,  # the same state, by merge-on-read, at every epoch
+                    check_schema=False,  # written from the stored schema here
                 )
+                commit_files(compaction, BasedOn(table, landed=landed))
                 return
             except RetryableError:
                 # An apply landed between our check and our commit (both carry the

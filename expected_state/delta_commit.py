@@ -34,8 +34,10 @@ from reconcile.core.durable import fsync_path
 __all__ = [
     "BEFORE_WRITE",
     "DEFAULT_COMMIT_RETRIES",
+    "BasedOn",
     "CommitResult",
     "DataFile",
+    "DeltaCommit",
     "check_fence",
     "check_file_schema",
     "commit_files",
@@ -118,30 +120,90 @@ def check_fence(table: DeltaTable, fence: tuple[str, int], *, table_name: str) -
         )
 
 
-def commit_files(
-    table_uri: str,
-    files: Sequence[DataFile],
-    schema: pa.Schema,
-    *,
-    app_id: str,
-    version: int,
-    remove: Sequence[DataFile] = (),
-    fence: tuple[str, int] | None = None,
-    partition_by: Sequence[str] = (),
-    custom_metadata: Mapping[str, Any] | None = None,
-    check_schema: bool = True,
-    max_retries: int = DEFAULT_COMMIT_RETRIES,
-    table_name: str | None = None,
-    table: DeltaTable | None = None,
-    token_checked: bool = False,
-    landed: Callable[[], bool] | None = None,
-    data_change: bool = True,
-) -> CommitResult:
-    """Add ``files`` (and remove ``remove``) in ONE Delta commit tagged (app_id, version).
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DeltaCommit:
+    """One Delta commit, described before it is made: its files, its token, its fence.
+
+    Attributes:
+        table_uri: the Delta table's root (path or URI).
+        schema: the table's Arrow schema (used to create it and to check files).
+        app_id: the idempotency token's application id.
+        version: the idempotency token's version (an epoch), >= 0 (-1 only for
+            a commit whose replay check is the caller's, see :class:`BasedOn`).
+        add: Parquet files already written under the root.
+        remove: files of the current snapshot to remove in the same commit.
+        fence: ``(fence app id, generation)`` of the writer: checked on the commit's
+            snapshot (FencedError if a newer generation is recorded) and recorded in
+            the commit. Two commits carrying the same app id conflict in delta-rs, so
+            the shared fence token also serialises one writer's read-modify-write commits.
+        custom_metadata: extra commitInfo fields (JSON-serialisable).
+        data_change: the Delta ``dataChange`` flag of every add and remove; False for
+            a commit that rearranges rows without changing what they mean.
+        partition_by: partition columns, for a table created here.
+        check_schema: read each added file's footer and compare it to ``schema``.
+        max_retries: bound on delta-rs' conflict retries.
+        table_name: how errors name the table (default: the URI).
+    """
+
+    table_uri: str
+    schema: pa.Schema
+    app_id: str
+    version: int
+    add: Sequence[DataFile] = ()
+    remove: Sequence[DataFile] = ()
+    fence: tuple[str, int] | None = None
+    custom_metadata: Mapping[str, Any] | None = None
+    data_change: bool = True
+    partition_by: Sequence[str] = ()
+    check_schema: bool = True
+    max_retries: int = DEFAULT_COMMIT_RETRIES
+    table_name: str | None = None
+
+    @property
+    def name(self) -> str:
+        """The table as errors name it."""
+        return self.table_name or self.table_uri
+
+
+@dataclass(frozen=True, slots=True)
+class BasedOn:
+    """The snapshot a commit is based on, and how the caller checked its replay on it.
+
+    The snapshot is the one the caller made its own checks on: delta-rs' conflict
+    check then rejects the commit if anything that matters landed after it. It is
+    not necessarily brought up to date after the commit: refresh it
+    (``update_incremental``) before reusing it.
+
+    The replay check (is this commit's token recorded already?) is one of three:
+
+    * neither field set: :func:`commit_files` reads ``transaction_version(app_id)``
+      on ``table``;
+    * ``token_checked``: the caller has just read it from ``table`` and found it
+      below the commit's version, so it is not read again;
+    * ``landed``: for a commit whose token alone cannot say whether it landed (a
+      token moved back by a revert, a fence-only commit such as a compaction or a
+      blind append of status rows): the caller made its own replay check on
+      ``table``, and after a failed commit ``landed()`` (reading the log afresh)
+      says whether this commit is in. It allows version -1 (a token moved back
+      before the first epoch).
+
+    Attributes:
+        table: the snapshot.
+        token_checked: the token was read from ``table`` by the caller.
+        landed: the caller's own check that the commit is in.
+    """
+
+    table: DeltaTable
+    token_checked: bool = False
+    landed: Callable[[], bool] | None = None
+
+
+def commit_files(commit: DeltaCommit, based_on: BasedOn | None = None) -> CommitResult:
+    """Make ``commit``: add its files (and remove its ``remove``) in ONE Delta commit.
 
     Every check is made on the snapshot the commit is based on, never on
     another one: the token (delta-rs does not reject a replayed app
-    transaction), and the writer's ``fence``. The fence generation is recorded
+    transaction), and the writer's fence. The fence generation is recorded
     in the same commit, so a takeover that commits after that snapshot carries
     the same app id and makes delta-rs' conflict check fail this commit: a
     stale writer can neither write after a takeover nor lower the fence. The
@@ -152,36 +214,10 @@ def commit_files(
     fsynced here before this returns, so a recorded epoch survives a power loss.
 
     Args:
-        table_uri: the Delta table's root (path or URI).
-        files: Parquet files already written under the root.
-        schema: the table's Arrow schema (used to create it and to check files).
-        app_id: idempotency token's application id.
-        version: idempotency token's version (an epoch), >= 0.
-        remove: files of the current snapshot to remove in the same commit.
-        fence: ``(fence app id, generation)`` of the writer: checked on the commit's
-            snapshot (FencedError if a newer generation is recorded) and recorded in
-            the commit. Two commits carrying the same app id conflict in delta-rs, so
-            the shared fence token also serialises one writer's read-modify-write commits.
-        partition_by: partition columns, for a table created here.
-        custom_metadata: extra commitInfo fields (JSON-serialisable).
-        check_schema: read each file's footer and compare it to ``schema``.
-        max_retries: bound on delta-rs' conflict retries.
-        table_name: how errors name the table (default: the URI).
-        table: the snapshot to base the commit on: the one the caller made its own
-            checks on. delta-rs' conflict check then rejects the commit if anything
-            that matters landed after it. It is not necessarily brought up to date
-            after the commit: refresh it (``update_incremental``) before reusing it.
-        token_checked: the caller has just read ``transaction_version(app_id)`` from
-            ``table`` and found it below ``version``; skips re-reading it. Ignored
-            when ``table`` is None (a new snapshot is opened here).
-        landed: for a commit whose token alone cannot say whether it landed (a token
-            moved back by a revert, a fence-only commit such as a compaction or a
-            blind append of status rows): the caller has made its own replay check
-            on ``table``, and after a failed commit ``landed()`` (reading the log
-            afresh) says whether this commit is in. It replaces the token check,
-            and allows ``version`` -1 (a token moved back before the first epoch).
-        data_change: the Delta ``dataChange`` flag of every add and remove; False for
-            a commit that rearranges rows without changing what they mean.
+        commit: what to commit (see :class:`DeltaCommit`).
+        based_on: the snapshot to base the commit on, and how its replay was
+            checked (see :class:`BasedOn`); None opens (or creates) the table here
+            and reads the token on that new snapshot.
 
     Returns:
         Whether this call committed, and the table version holding the token.
@@ -194,7 +230,8 @@ def commit_files(
         OutcomeUnknownError: the commit failed in a way that may have left it
             recorded, and re-reading the log to find out failed too.
     """
-    name = table_name or table_uri
+    name, version, fence = commit.name, commit.version, commit.fence
+    landed = None if based_on is None else based_on.landed
     lowest = -1 if landed is not None else 0
     if isinstance(version, bool) or not isinstance(version, int) or version < lowest:
         raise InvalidInputError(
@@ -203,54 +240,66 @@ def commit_files(
             table=name,
             value=repr(version),
         )
-    if check_schema and files:
-        check_file_schema(table_uri, files, schema, table=name)
-    if table is None:
-        table = _open_or_create(table_uri, schema, partition_by)
-        token_checked = False  # the caller's reading, if any, was of another snapshot
-    token_checked = token_checked or landed is not None
+    if commit.check_schema and commit.add:
+        check_file_schema(commit.table_uri, commit.add, commit.schema, table=name)
+    if based_on is None:
+        table = _open_or_create(commit.table_uri, commit.schema, commit.partition_by)
+        token_checked = False
+    else:
+        table = based_on.table
+        token_checked = based_on.token_checked or landed is not None
     if fence is not None:
         check_fence(table, fence, table_name=name)
-    already = None if token_checked else table.transaction_version(app_id)
+    already = None if token_checked else table.transaction_version(commit.app_id)
     if already is not None and already >= version:
         # Replay of a recorded (or superseded) token: the files of this attempt
         # are orphans that vacuum removes; committing them would duplicate rows.
         return CommitResult(committed=False, table_version=None)
-    now = int(time.time() * 1000)
-    actions: list[Any] = [f.to_add_action(data_change=data_change) for f in files]
-    actions += [
-        RemoveAction(
-            path=f.path,
-            data_change=data_change,
-            deletion_timestamp=now,
-            size=f.size,
-            partition_values=dict(f.partition_values),
-        )
-        for f in remove
-    ]
-    metadata = {"reconcile.app_id": app_id, "reconcile.version": version}
-    metadata.update(custom_metadata or {})
-    tokens = [Transaction(app_id=app_id, version=version)]
-    if fence is not None and fence[0] != app_id:
-        tokens.append(Transaction(app_id=fence[0], version=fence[1]))
-    properties = CommitProperties(
-        custom_metadata=metadata, max_commit_retries=max_retries, app_transactions=tokens
-    )
     base = table.version()
     hooks.point(BEFORE_WRITE)
     try:
         table.create_write_transaction(
-            actions,
+            _actions(commit),
             mode="append",
-            schema=schema,
-            partition_by=list(partition_by) or None,
-            commit_properties=properties,
+            schema=commit.schema,
+            partition_by=list(commit.partition_by) or None,
+            commit_properties=_properties(commit),
         )
     except (CommitFailedError, DeltaError, OSError) as exc:
-        return _resolve_failed_commit(table_uri, name, app_id, version, fence, exc, landed)
-    version = _committed_version(table, table_uri, base)
-    make_durable(table_uri, base + 1, version)
+        return _resolve_failed_commit(commit, exc, landed)
+    version = _committed_version(table, commit.table_uri, base)
+    make_durable(commit.table_uri, base + 1, version)
     return CommitResult(committed=True, table_version=version)
+
+
+def _actions(commit: DeltaCommit) -> list[Any]:
+    """The commit's add and remove actions."""
+    now = int(time.time() * 1000)
+    actions: list[Any] = [f.to_add_action(data_change=commit.data_change) for f in commit.add]
+    actions += [
+        RemoveAction(
+            path=f.path,
+            data_change=commit.data_change,
+            deletion_timestamp=now,
+            size=f.size,
+            partition_values=dict(f.partition_values),
+        )
+        for f in commit.remove
+    ]
+    return actions
+
+
+def _properties(commit: DeltaCommit) -> CommitProperties:
+    """The commitInfo fields and the app transactions: the token, and the fence."""
+    app_id, version, fence = commit.app_id, commit.version, commit.fence
+    metadata = {"reconcile.app_id": app_id, "reconcile.version": version}
+    metadata.update(commit.custom_metadata or {})
+    tokens = [Transaction(app_id=app_id, version=version)]
+    if fence is not None and fence[0] != app_id:
+        tokens.append(Transaction(app_id=fence[0], version=fence[1]))
+    return CommitProperties(
+        custom_metadata=metadata, max_commit_retries=commit.max_retries, app_transactions=tokens
+    )
 
 
 def _committed_version(table: DeltaTable, table_uri: str, base: int) -> int:
@@ -298,13 +347,7 @@ def make_durable(table_uri: str, first: int, last: int) -> None:
 
 
 def _resolve_failed_commit(
-    table_uri: str,
-    name: str,
-    app_id: str,
-    version: int,
-    fence: tuple[str, int] | None,
-    exc: Exception,
-    landed: Callable[[], bool] | None = None,
+    commit: DeltaCommit, exc: Exception, landed: Callable[[], bool] | None
 ) -> CommitResult:
     """Decide what a failed commit means by re-reading the log, never by guessing.
 
@@ -321,8 +364,9 @@ def _resolve_failed_commit(
         one atomic put-if-absent, so absent means not written (RetryableError);
       * the log cannot be re-read: we cannot tell (OutcomeUnknownError).
     """
+    name, app_id, version, fence = commit.name, commit.app_id, commit.version, commit.fence
     try:
-        fresh = DeltaTable(table_uri)
+        fresh = DeltaTable(commit.table_uri)
         now = fresh.transaction_version(app_id)
         done = landed() if landed is not None else now is not None and now >= version
     except Exception as reread:  # any failure to re-read means "unknown"

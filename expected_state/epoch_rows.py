@@ -29,7 +29,14 @@ import pyarrow.compute as pc  # type: ignore[import-untyped, unused-ignore]
 from deltalake import DeltaTable
 from deltalake.exceptions import TableNotFoundError
 
-from expected_state.delta_commit import DataFile, commit_files, make_durable, write_data_file
+from expected_state.delta_commit import (
+    BasedOn,
+    DataFile,
+    DeltaCommit,
+    commit_files,
+    make_durable,
+    write_data_file,
+)
 from expected_state.delta_files import read_data_files
 from reconcile.core import hooks
 from reconcile.core.contract import InvalidInputError
@@ -268,19 +275,17 @@ class EpochRows:
 
         hooks.point(APPEND_CHECKED)
         based_on = table.version()
-        result = commit_files(
-            self.uri,
-            [data_file],
-            EPOCHS_SCHEMA,
+        rows_commit = DeltaCommit(
+            table_uri=self.uri,
+            schema=EPOCHS_SCHEMA,
             app_id=self.fence_id,
             version=generation,
+            add=[data_file],
             remove=list(remove),
             fence=(self.fence_id, generation),  # checked on `table`, the commit's snapshot
             check_schema=False,  # written from EPOCHS_SCHEMA just above
-            table_name=self.uri,
-            table=table,
-            landed=landed or file_is_live,
         )
+        result = commit_files(rows_commit, BasedOn(table, landed=landed or file_is_live))
         if not result.committed:
             return None
         if result.table_version == based_on + 1:

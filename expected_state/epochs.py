@@ -8,7 +8,7 @@ from datetime import datetime
 
 from deltalake import DeltaTable
 
-from expected_state.delta_commit import commit_files
+from expected_state.delta_commit import BasedOn, DeltaCommit, commit_files
 from expected_state.epoch_rows import EPOCHS_SCHEMA, EPOCHS_TABLE, EpochRows
 from expected_state.fencing import check_generation, fence_app_id, validate_generation
 from reconcile.core.contract import InvalidInputError, validate_name
@@ -169,16 +169,14 @@ class EpochLog:
         check_generation(table, self._fence, self.generation, table_name=self.uri)
         if table.transaction_version(self._fence) == self.generation:
             return
-        commit_files(
-            self.uri,
-            [],
-            EPOCHS_SCHEMA,
+        claim = DeltaCommit(
+            table_uri=self.uri,
+            schema=EPOCHS_SCHEMA,
             app_id=self._fence,
             version=self.generation,
             fence=(self._fence, self.generation),  # a claim never lowers the fence
-            table_name=self.uri,
-            table=table,
         )
+        commit_files(claim, BasedOn(table))
 
     def compact(self) -> bool:
         """Rewrite this log's rows as one file holding the newest row of each epoch.

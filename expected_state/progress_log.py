@@ -19,7 +19,7 @@ import pyarrow.compute as pc  # type: ignore[import-untyped, unused-ignore]
 from deltalake import DeltaTable
 from deltalake.exceptions import TableNotFoundError
 
-from expected_state.delta_commit import commit_files
+from expected_state.delta_commit import BasedOn, DeltaCommit, commit_files
 from expected_state.delta_files import read_data_files
 from expected_state.delta_log import EPOCHS_LOG_MARGIN, prune_log
 from expected_state.epoch_rows import EPOCHS_SCHEMA, EPOCHS_TABLE, PIPELINE_STREAM, EpochRows
@@ -29,7 +29,7 @@ from reconcile.core.contract import (
     RetryableError,
     validate_name,
 )
-from reconcile.core.progress import EpochStatus, ProgressState
+from reconcile.core.progress import EpochStatus, ProgressState, StateBackedLog
 
 __all__ = ["StoreProgressLog", "progress_fence_id", "read_store_progress", "store_pipelines"]
 
@@ -68,7 +68,7 @@ def _row(entry: Mapping[str, Any], generation: int) -> dict[str, Any]:
     return {"epoch": entry["epoch"], "status": status, "generation": entry.get("gen", generation)}
 
 
-class StoreProgressLog:
+class StoreProgressLog(StateBackedLog):
     """A pipeline's progress log in the expected-state store (the ``ProgressLog`` protocol).
 
     * ``log_id`` is the epochs table's Delta identity (``metaData.id``, a UUID
@@ -85,6 +85,10 @@ class StoreProgressLog:
       next FINALIZED mark rewrites it as one file, keeping the newest
       ``keep_epochs`` finalized epochs and every epoch not finalized yet (older
       ones read as UNKNOWN afterwards).
+
+    What every log backend shares (the reads, ``claim_generation`` and
+    ``truncate`` over ``_append``) comes from ``StateBackedLog``; this class
+    keeps the state in step with the Delta table and appends to it.
     """
 
     def __init__(
@@ -116,11 +120,16 @@ class StoreProgressLog:
         self._rows = EpochRows(self.root, pipeline, PIPELINE_STREAM, progress_fence_id(pipeline))
         self.uri = self._rows.uri
         self._state = ProgressState()
+        # The snapshot the state was last brought up to: what StateBackedLog's
+        # checks were made on, and so what its _append commits on.
+        self._snapshot: DeltaTable | None = None
 
     # -- reading ---------------------------------------------------------------
 
-    def _refresh(self, *, create: bool = False) -> DeltaTable | None:
+    def _table(self, *, create: bool = False) -> DeltaTable | None:
+        """Bring the state up to the table's newest snapshot, and return that snapshot."""
         table, rows = self._rows.refresh(create=create)
+        self._snapshot = table
         if table is None:
             return None
         for row in rows.to_pylist():  # only the rows new since the last refresh, in order
@@ -132,27 +141,16 @@ class StoreProgressLog:
             self._state.log_id = str(table.metadata().id)
         return table
 
+    def _refresh(self) -> None:
+        """Pick up what other writers appended (StateBackedLog's reads call it)."""
+        self._table()
+
     @property
     def log_id(self) -> str:
         """The log's identity: the epochs table's Delta id, fixed when it was created."""
-        self._refresh(create=True)
+        self._table(create=True)
         assert self._state.log_id is not None
         return self._state.log_id
-
-    def status(self, epoch: int) -> EpochStatus | None:
-        """The epoch's status; None if never recorded, UNKNOWN if compacted away."""
-        self._refresh()
-        return self._state.status_of(epoch)
-
-    def last_committed(self) -> int | None:
-        """The newest epoch that reached COMMITTED (or FINALIZED), if any."""
-        self._refresh()
-        return self._state.last_committed
-
-    def epochs_in(self, status: EpochStatus) -> list[int]:
-        """Every epoch currently in ``status``, ascending."""
-        self._refresh()
-        return self._state.epochs_in(status)
 
     def committed_by(self, epoch: int) -> int | None:
         """The generation that passed ``epoch``'s commit point, if known."""
@@ -161,31 +159,48 @@ class StoreProgressLog:
 
     def read_state(self) -> ProgressState | None:
         """The log as it stands, read without creating anything (None: no epochs table)."""
-        return self._state if self._refresh() is not None else None
+        return self._state if self._table() is not None else None
 
     # -- writing ---------------------------------------------------------------
 
-    def claim_generation(self) -> int:
+    def _append(self, entry: dict[str, Any]) -> dict[str, Any]:
+        """Persist one entry for StateBackedLog: a generation claim, or a status row.
+
+        A status row (a truncation's horizon) is committed on the snapshot the
+        caller's checks were made on, with the fence token of its generation.
+
+        Raises:
+            FencedError: a newer generation holds the log; nothing was written.
+            RetryableError: lost to concurrent writers; nothing was written.
+        """
+        if entry["t"] == "gen":
+            return {"t": "gen", "gen": self._claim()}
+        table = self._snapshot or self._table(create=True)
+        assert table is not None
+        generation = int(entry["gen"])
+        if self._rows.append(table, [_row(entry, generation)], generation=generation) is not None:
+            self._state.apply(entry)
+        return entry
+
+    def _claim(self) -> int:
         """Start a new writer generation and fence every older one. Returns it.
 
         Raises:
             RetryableError: lost to concurrent claims too often; nothing was claimed.
         """
         for _ in range(_CLAIM_ATTEMPTS):
-            table = self._refresh(create=True)
+            table = self._table(create=True)
             assert table is not None
             new = self._state.generation + 1
             try:
-                result = commit_files(
-                    self.uri,
-                    [],
-                    EPOCHS_SCHEMA,
+                claim = DeltaCommit(
+                    table_uri=self.uri,
+                    schema=EPOCHS_SCHEMA,
                     app_id=self._rows.fence_id,
                     version=new,
                     fence=(self._rows.fence_id, new),
-                    table_name=self.uri,
-                    table=table,
                 )
+                result = commit_files(claim, BasedOn(table))
             except RetryableError:
                 continue  # a concurrent commit of this pipeline: read again, claim again
             if result.committed:
@@ -224,7 +239,7 @@ class StoreProgressLog:
             RetryableError: lost to concurrent writers; nothing was written.
         """
         moves = [(epoch, EpochStatus(status)) for epoch, status in moves]
-        table = self._refresh(create=True)
+        table = self._table(create=True)
         assert table is not None
         self._state.check_generation(generation)
         # Check the moves one after another on a scratch state holding only the
@@ -246,7 +261,7 @@ class StoreProgressLog:
             return
 
         def landed() -> bool:
-            self._refresh()
+            self._table()
             return all(self._state.status_of(e) is s for e, s in wanted.items())
 
         rows = [_row(e, generation) for e in entries]
@@ -277,7 +292,7 @@ class StoreProgressLog:
             FencedError: ``generation`` is not the newest; nothing was written.
             RetryableError: lost to a concurrent compaction of the table; nothing was written.
         """
-        table = self._refresh()
+        table = self._table()
         if table is None:
             return False
         self._state.check_generation(generation)

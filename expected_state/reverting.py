@@ -7,7 +7,7 @@ from collections.abc import Callable
 import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
 from deltalake import DeltaTable
 
-from expected_state.delta_commit import DataFile, commit_files
+from expected_state.delta_commit import BasedOn, DataFile, DeltaCommit, commit_files
 from expected_state.fencing import check_generation
 from expected_state.reading import base_through, live_files
 from reconcile.core import hooks
@@ -110,10 +110,9 @@ class Reverting:
 
             hooks.point(REVERT_CHECKED)
             try:
-                result = commit_files(
-                    self.uri,
-                    [],
-                    self._stored_schema(self._schema),
+                revert = DeltaCommit(
+                    table_uri=self.uri,
+                    schema=self._stored_schema(self._schema),
                     app_id=self.app_id,
                     version=previous,  # the token moves back: the epoch may run again
                     remove=[DataFile(f.path, f.size, 0, "", 0) for f in mine],
@@ -122,10 +121,8 @@ class Reverting:
                         "reconcile.reverted": epoch,
                         "reconcile.generation": self.generation,
                     },
-                    table_name=self.uri,
-                    table=table,
-                    landed=landed,
                 )
+                result = commit_files(revert, BasedOn(table, landed=landed))
             except RetryableError:
                 if attempt == _COMMIT_ATTEMPTS - 1:
                     raise

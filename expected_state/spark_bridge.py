@@ -34,6 +34,7 @@ from deltalake.exceptions import TableNotFoundError
 
 from expected_state.delta_commit import (
     DataFile,
+    DeltaCommit,
     check_file_schema,
     commit_files,
     describe_data_file,
@@ -285,16 +286,17 @@ def write_delta(
         check_file_schema(root, files, data_schema, table=name)
         if before_commit is not None:
             before_commit(files)
-        result = commit_files(
-            root,
-            files,
-            schema,
+        commit = DeltaCommit(
+            table_uri=root,
+            schema=schema,
             app_id=app_id,
             version=version,
+            add=files,
             partition_by=partitions,
             check_schema=False,
             table_name=name,
         )
+        result = commit_files(commit)
     except OutcomeUnknownError:
         raise  # the commit may reference the files: keep them
     except BaseException:

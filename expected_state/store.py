@@ -14,29 +14,31 @@ from typing import Any
 
 import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
 from deltalake import DeltaTable
-from deltalake.exceptions import TableNotFoundError
 
 from expected_state.changes import EpochChanges, change_rows, normalize_changes
+from expected_state.column_types import infer_user_schema
 from expected_state.compaction import Compaction
-from expected_state.delta_commit import DataFile, commit_files, make_durable, write_data_file
-from expected_state.epochs import EpochLog
+from expected_state.delta_commit import (
+    BasedOn,
+    DataFile,
+    DeltaCommit,
+    commit_files,
+    describe_data_file,
+    write_data_file,
+)
 from expected_state.fencing import (
     check_generation,
     check_recorded_generation,
-    fence_app_id,
-    validate_generation,
 )
 from expected_state.housekeeping import Housekeeping
 from expected_state.layout import (
-    TABLE_CONFIG,
     change_file_name,
-    check_stored_schema,
     stored_schema,
-    user_schema_of,
 )
-from expected_state.parts import Parts
+from expected_state.parts import PartWriter
 from expected_state.reading import Reading
 from expected_state.reverting import Reverting
+from expected_state.store_table import StoreTable
 from expected_state.trust import Trusting
 from reconcile.core import hooks
 from reconcile.core.contract import (
@@ -44,9 +46,7 @@ from reconcile.core.contract import (
     EpochOrderError,
     InvalidInputError,
     RetryableError,
-    validate_name,
 )
-from reconcile.core.keys import check_arrow_keys
 
 __all__ = [
     "APPLY_CHECKED",
@@ -87,7 +87,7 @@ class ApplyResult:
     deleted: int = 0
 
 
-class ExpectedStateStore(Trusting, Reading, Reverting, Compaction, Housekeeping, Parts):
+class ExpectedStateStore(StoreTable, Trusting, Reading, Reverting, Compaction, Housekeeping):
     """The expected state of one sink table of one pipeline, as a merge-on-read Delta table.
 
     Layout under ``root``: ``<root>/<pipeline>/<sink>/`` is the Delta table
@@ -96,156 +96,12 @@ class ExpectedStateStore(Trusting, Reading, Reverting, Compaction, Housekeeping,
     epochs table (:class:`EpochLog`, :class:`~expected_state.progress_log.StoreProgressLog`).
     Each epoch is ONE Delta commit carrying ``Transaction("<pipeline>/<sink>",
     epoch)`` and ``Transaction("<pipeline>/<sink>#generation", generation)``.
+
+    Opening, the schema, the tokens and ``claim`` are :class:`StoreTable`'s;
+    recording epochs (``apply``, ``apply_parts``) is here.
     """
 
-    def __init__(
-        self,
-        root: str,
-        pipeline: str,
-        sink: str,
-        key_columns: Sequence[str],
-        *,
-        schema: pa.Schema | None = None,
-        generation: int = 0,
-        column_types: pa.Schema | None = None,
-    ) -> None:
-        """Open (lazily) the store table of ``pipeline``/``sink``.
-
-        Args:
-            root: the store root, a local path or a URI deltalake understands.
-            pipeline: pipeline name ([A-Za-z0-9_]).
-            sink: sink table name ([A-Za-z0-9_]).
-            key_columns: the key columns, in order.
-            schema: the user schema (keys + values); default: the existing table's,
-                or inferred from the first epoch's upserts.
-            generation: this writer's fencing generation; call :meth:`claim` to take over.
-            column_types: the sink table's column types, which a schema inferred
-                from the first epoch takes (``expected_state.column_types``).
-
-        Raises:
-            ConfigurationError: a bad name.
-            InvalidInputError: no key columns, or keys not in ``schema``.
-        """
-        self.root = str(root).rstrip("/")
-        self.pipeline = validate_name("pipeline", pipeline)
-        self.sink = validate_name("sink", sink)
-        self.uri = f"{self.root}/{pipeline}/{sink}"
-        self.app_id = f"{pipeline}/{sink}"
-        self.key_columns = list(key_columns)
-        if not self.key_columns:
-            raise InvalidInputError(f"table {self.uri!r}: at least one key column is needed")
-        self.generation = validate_generation(generation)
-        self.epochs = EpochLog(self.root, pipeline, sink, generation=generation)
-        self._fence = fence_app_id(pipeline, sink)
-        self._table: DeltaTable | None = None
-        self._schema: pa.Schema | None = schema
-        self.column_types = column_types
-        self._versions: dict[int, int] = {}
-        self._epoch_files: dict[int, list[str]] = {}
-        self._versions_upto = -1
-        self._history_from = 0
-        # (version, epoch token, fence) of this object's last apply() commit.
-        self._known: tuple[int, int, int] | None = None
-        # What was checked before rows were trusted (expected_state.trust).
-        self._log_audit = None
-        self._sound_files: set[str] = set()
-        if schema is not None:
-            missing = [k for k in self.key_columns if k not in schema.names]
-            if missing:
-                raise InvalidInputError(
-                    f"table {self.uri!r}: key column {missing[0]!r} is not in the schema "
-                    f"{schema.names}",
-                    table=self.uri,
-                    column=missing[0],
-                )
-            check_arrow_keys(f"table {self.uri!r}", schema, self.key_columns)
-
-    # -- opening ---------------------------------------------------------------
-
-    def _delta(self, *, refresh: bool = True) -> DeltaTable | None:
-        """The state table at its newest version (cached, updated incrementally)."""
-        if self._table is None:
-            try:
-                table = DeltaTable(self.uri)
-            except TableNotFoundError:
-                return None
-            stored = pa.schema(table.schema().to_arrow())
-            check_stored_schema(stored, table=self.uri)
-            self._table = table
-            if self._schema is None:
-                self._schema = user_schema_of(stored)
-        elif refresh:
-            self._table.update_incremental()
-        return self._table
-
-    @property
-    def user_schema(self) -> pa.Schema | None:
-        """Key and value columns, as stored (None before the first epoch)."""
-        self._delta()
-        return self._schema
-
-    def _stored_schema(self, user: pa.Schema) -> pa.Schema:
-        return stored_schema(user, self.key_columns)
-
-    def _create(self, user: pa.Schema) -> DeltaTable:
-        """Create the table if absent (``ignore``: a concurrent creator wins harmlessly)."""
-        # The first epoch may be what gives the schema: its key types are
-        # checked here, before anything is written.
-        check_arrow_keys(f"table {self.uri!r}", user, self.key_columns)
-        DeltaTable.create(
-            self.uri, self._stored_schema(user), mode="ignore", configuration=TABLE_CONFIG
-        )
-        make_durable(self.uri, 0, 0)
-        table = self._delta()
-        assert table is not None
-        return table
-
-    def _tokens(self, table: DeltaTable) -> tuple[int | None, int | None]:
-        """The epoch token and the fence on ``table``'s snapshot.
-
-        When the snapshot is the version of this object's own last apply() commit,
-        both are known (that commit wrote them), and reading them back, a log
-        replay in delta-rs, is skipped. Any other version is read.
-        """
-        known = self._known
-        if known is not None and known[0] == table.version():
-            return known[1], known[2]
-        return table.transaction_version(self.app_id), table.transaction_version(self._fence)
-
-    def _token(self, table: DeltaTable) -> int | None:
-        """The newest applied epoch on ``table``'s snapshot (a revert of the first: -1, None)."""
-        token = self._tokens(table)[0]
-        return None if token is None or token < 0 else token
-
-    def claim(self) -> None:
-        """Take over as the writer: record this generation in the state and epochs tables.
-
-        Raises:
-            FencedError: a newer generation has already taken over.
-        """
-        table = self._delta()
-        if table is None:
-            if self._schema is None:
-                raise InvalidInputError(
-                    f"table {self.uri!r}: claim() before the first epoch needs schema=",
-                    table=self.uri,
-                )
-            table = self._create(self._schema)
-        check_generation(table, self._fence, self.generation, table_name=self.uri)
-        if table.transaction_version(self._fence) != self.generation:
-            assert self._schema is not None
-            # Fenced on the snapshot the claim commits on: a claim never lowers the fence.
-            commit_files(self.uri, [], self._stored_schema(self._schema), app_id=self._fence,
-                         version=self.generation, fence=(self._fence, self.generation),
-                         table_name=self.uri, table=table)  # fmt: skip
-        self.epochs.claim()
-
     # -- writing ---------------------------------------------------------------
-
-    def last_epoch(self) -> int | None:
-        """The newest epoch applied (from the state table's own log), or None."""
-        table = self._delta()
-        return None if table is None else self._token(table)
 
     def normalize(self, changes: Iterable[Change] | pa.Table) -> EpochChanges:
         """An epoch's changes checked and converted to this table's schema, as ``apply`` would.
@@ -346,6 +202,76 @@ class ExpectedStateStore(Trusting, Reading, Reverting, Compaction, Housekeeping,
             deleted=net.deletes.num_rows, allow_gap=allow_gap,
         )  # fmt: skip
 
+    def part_writer(self, user_schema: pa.Schema) -> PartWriter:
+        """The writer executors record an epoch's parts with; creates the table if it has no epoch.
+
+        Args:
+            user_schema: the columns the executors will write (keys first);
+                checked against the table's when it has one.
+
+        Raises:
+            InvalidInputError: a column missing or of another type than the
+                table's (naming it); nothing was written.
+        """
+        table = self._delta()
+        if table is None or self._schema is None:
+            # As apply() infers a first epoch's schema: keys first, the sink's
+            # types where it has them, else the frame's, widened.
+            schema = self._schema or infer_user_schema(
+                user_schema, self.key_columns, self.column_types, table=self.uri
+            )
+            self._create(schema)
+        assert self._schema is not None
+        writer = PartWriter(self.uri, tuple(self.key_columns), self._schema, self.column_types)
+        writer.net(user_schema.empty_table())  # the same check a part makes, before any runs
+        return writer
+
+    def apply_parts(
+        self,
+        epoch: int,
+        paths: Sequence[str],
+        *,
+        upserted: int,
+        deleted: int,
+        allow_gap: bool = False,
+    ) -> ApplyResult:
+        """Record ``epoch`` as the change files executors wrote, in ONE tokened commit.
+
+        Args:
+            epoch: the epoch.
+            paths: the files (relative to the table root) of the task attempts
+                Spark kept; written by :class:`PartWriter` for this epoch.
+            upserted, deleted: their net changes, as the tasks counted them.
+            allow_gap: as for ``apply``.
+
+        Raises:
+            EpochOrderError, FencedError, RetryableError, OutcomeUnknownError: as ``apply``.
+            InvalidInputError: the table does not exist (``part_writer`` creates
+                it), or a file is not of the table's schema (naming it).
+        """
+        table = self._delta()
+        if table is None or self._schema is None:
+            raise InvalidInputError(
+                f"table {self.uri!r}: no store table to add epoch {epoch}'s files to "
+                "(part_writer() creates it before executors write); nothing was written",
+                table=self.uri,
+                epoch=epoch,
+            )
+        if self._already_applied(table, epoch, allow_gap=allow_gap):
+            return ApplyResult(epoch, applied=False, table_version=None)
+        check_recorded_generation(self._tokens(table)[1], self.generation, table_name=self.uri)
+        adds = [describe_data_file(self.uri, p) for p in paths]
+        return self._commit_epoch(
+            table,
+            epoch,
+            adds,
+            stored_schema(self._schema, self.key_columns),
+            upserted=upserted,
+            deleted=deleted,
+            allow_gap=allow_gap,
+            check_schema=True,
+        )
+
     def _commit_epoch(
         self,
         table: DeltaTable,
@@ -387,21 +313,20 @@ class ExpectedStateStore(Trusting, Reading, Reverting, Compaction, Housekeeping,
                 # The snapshot the token, order and fence were read from is the one
                 # the commit is based on: a commit by another writer (a takeover, a
                 # replay of this epoch) after it makes delta-rs reject ours.
-                result = commit_files(
-                    self.uri,
-                    adds,
-                    schema,
+                recording = DeltaCommit(
+                    table_uri=self.uri,
+                    schema=schema,
                     app_id=self.app_id,
                     version=epoch,
+                    add=adds,
                     fence=(self._fence, self.generation),
                     custom_metadata=metadata,
                     # apply() wrote its file from `schema` here; files from
                     # elsewhere (executors) are checked: delta-rs does not.
                     check_schema=check_schema,
-                    token_checked=True,  # read by _already_applied from this very snapshot
-                    table_name=self.uri,
-                    table=table,
                 )
+                # token_checked: read by _already_applied from this very snapshot.
+                result = commit_files(recording, BasedOn(table, token_checked=True))
             except RetryableError:
                 if attempt == _COMMIT_ATTEMPTS - 1:
                     raise
@@ -457,6 +382,3 @@ class ExpectedStateStore(Trusting, Reading, Reverting, Compaction, Housekeeping,
                 last_epoch=last,
             )
         return False
-
-    def _describe(self) -> dict[str, Any]:
-        return {"uri": self.uri, "pipeline": self.pipeline, "sink": self.sink}

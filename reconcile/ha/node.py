@@ -33,15 +33,16 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Unpack
 
 from reconcile.core.contract import ConfigurationError, FencedError, RetryableError
 from reconcile.core.decisions import Failure, classify
 from reconcile.core.lease import Lease, wait_s
-from reconcile.core.metrics import Metrics, with_labels
+from reconcile.core.metrics import with_labels
 from reconcile.engine.cycle import CommitCycle
 from reconcile.ha.leading import Heartbeat, QueryFailures, Role, Tenure
+from reconcile.ha.options import HaKeywords, HaOptions
 from reconcile.ha.takeover import (
     LeadershipLostError,
     fence_sinks,
@@ -50,7 +51,7 @@ from reconcile.ha.takeover import (
     terminate_old_sessions,
 )
 from reconcile.ha.warming import StandbyWarmUp
-from reconcile.spark.stream import write_stream
+from reconcile.spark.stream import start_query
 
 __all__ = ["HaNode", "Role", "Tenure"]
 
@@ -64,22 +65,10 @@ class HaNode:
         df: the streaming DataFrame (the same one each time the query starts).
         build: makes the pipeline's CommitCycle over fresh sink clients.
         lease: the pipeline's lease (``Lease``).
-        checkpoint, staging, outputs, trigger, query_name, via,
-        collect_max_bytes, retry: as for
-            ``reconcile.spark.write_stream``; the checkpoint is shared with
-            the other instance.
-        role: "main" or "standby".
-        metrics: where leadership is reported: ``ha.leader`` (1 while this
-            instance leads), ``ha.generation``, ``ha.tenure``,
-            ``ha.following_epoch``, ``ha.takeovers``, ``ha.step_downs``
-            (label ``reason``) and ``ha.takeover`` (seconds from taking the
-            lease to the first epoch committed), ``ha.warm`` (seconds a
-            standby's warm-up took).
-        on_event: called with (event, fields) at each change of role, and
-            with "ready" once a standby has warmed its Spark.
-        warm: whether a standby warms its Spark while it waits
-            (``reconcile.spark.warm``: each transform is run on an empty
-            batch; transforms must not have side effects).
+        **options: the keywords of :class:`~reconcile.ha.options.HaOptions`: the
+            streaming query's (``checkpoint`` and ``staging`` required, as for
+            ``reconcile.spark.write_stream``; the checkpoint is shared with the
+            other instance), and ``role``, ``metrics``, ``on_event``, ``warm``.
     """
 
     def __init__(
@@ -88,33 +77,17 @@ class HaNode:
         build: Callable[[], CommitCycle],
         *,
         lease: Lease,
-        checkpoint: str,
-        staging: str,
-        role: Role | str = Role.MAIN,
-        outputs: Mapping[str, Any] | None = None,
-        trigger: Mapping[str, Any] | None = None,
-        query_name: str | None = None,
-        via: str = "auto",
-        collect_max_bytes: int | None = None,
-        retry: Any = None,
-        metrics: Metrics | None = None,
-        on_event: Callable[[str, dict[str, Any]], None] | None = None,
-        warm: bool = True,
+        **options: Unpack[HaKeywords],
     ) -> None:
+        self.options = HaOptions(**options)
         try:
-            self.role = Role(role)
+            self.role = Role(self.options.role)
         except ValueError:
+            role = self.options.role
             raise ConfigurationError(f"role must be 'main' or 'standby', got {role!r}") from None
         self.df, self.lease = df, lease
         self.build = guard_claims(build, lease)
-        self.stream_args: dict[str, Any] = {
-            "checkpoint": checkpoint, "staging": staging, "outputs": outputs,
-            "trigger": trigger, "query_name": query_name, "via": via, "retry": retry,
-        }  # fmt: skip
-        if collect_max_bytes is not None:
-            self.stream_args["collect_max_bytes"] = collect_max_bytes
-        self.metrics = with_labels(metrics, pipeline=lease.pipeline)
-        self.on_event = on_event
+        self.metrics = with_labels(self.options.metrics, pipeline=lease.pipeline)
         self.poll_s = lease.term_s / 4
         self.tenures: list[Tenure] = []
         self.query: Any = None
@@ -128,9 +101,8 @@ class HaNode:
         self._handed: tuple[CommitCycle, list[int]] | None = None
         self.failure: BaseException | None = None  # what stopped the node, raised by run()
         self._rest_until = 0.0  # time.monotonic(): no new try for the lease before this
-        self.warm = warm
         self.ready = False  # warmed once: a takeover's first batch runs warm
-        self._warm_up = StandbyWarmUp(df, outputs, lease.pipeline, self._warmed)
+        self._warm_up = StandbyWarmUp(df, self.options.outputs, lease.pipeline, self._warmed)
 
     # -- state -------------------------------------------------------------------
 
@@ -208,7 +180,7 @@ class HaNode:
                 self.metrics.set("ha.following_epoch", self.following_epoch)
         except Exception as exc:  # following is for show: never a reason to stop
             log.warning("pipeline %s: cannot read the store: %r", self.lease.pipeline, exc)
-        if self.warm and self._follower is not None:
+        if self.options.warm and self._follower is not None:
             self._warm_up.poke(list(self._follower.sinks), self.following_epoch)
         stop.wait(max(wait, 0.01))
 
@@ -267,10 +239,7 @@ class HaNode:
                     sessions_ended=now.sessions_ended, steps=now.steps)  # fmt: skip
 
     def _start_query(self, cycle: CommitCycle, replay_needed: Any) -> None:
-
-        self.query = write_stream(
-            self.df, self.build, started=(cycle, replay_needed), **self.stream_args
-        )
+        self.query = start_query(self.df, self.build, self.options, started=(cycle, replay_needed))
         if self.tenures:
             self.tenures[-1].started_s = time.time()
 
@@ -417,5 +386,5 @@ class HaNode:
 
     def _event(self, event: str, **fields: Any) -> None:
         log.info("pipeline %s: %s %s", self.lease.pipeline, event, fields)
-        if self.on_event is not None:
-            self.on_event(event, fields)
+        if self.options.on_event is not None:
+            self.options.on_event(event, fields)

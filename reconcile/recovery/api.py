@@ -18,32 +18,22 @@ database, the generic backend does (SQLAlchemy Core, ``sinks.sql``).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Unpack
 
 from expected_state.store import ExpectedStateStore
 from reconcile.core import interrupts
 from reconcile.core.contract import ConfigurationError, validate_name
 from reconcile.core.expected import ExpectedStore
-from reconcile.core.target import Progress, PullableSink, RecoveryTarget, is_pullable
-from reconcile.recovery.brake import DEFAULT_MAX_CHANGE_FRACTION, Brake
+from reconcile.core.target import PullableSink, RecoveryTarget, is_pullable
+from reconcile.recovery.brake import DEFAULT_MAX_CHANGE_FRACTION
 from reconcile.recovery.engine import reconcile_table
 from reconcile.recovery.modes import Mode
+from reconcile.recovery.options import RecoverKeywords, RecoverOptions
 from reconcile.recovery.report import ReconcileReport
 from sinks import registry
 from sinks.base import PULLABLE
 
 __all__ = ["recover", "recover_sink"]
-
-
-def _mode(mode: Mode | str) -> Mode:
-    if isinstance(mode, Mode):
-        return mode
-    try:
-        return Mode(str(mode).lower())
-    except ValueError:
-        raise ConfigurationError(
-            f"recover: mode must be one of {[m.value for m in Mode]}, got {mode!r}"
-        ) from None
 
 
 def _store(root: str, pipeline: str, table: str, keys: Sequence[str]) -> ExpectedStore:
@@ -73,23 +63,7 @@ def _target(
 
 
 def recover(
-    dsn: str,
-    store: str,
-    pipeline: str,
-    table: str,
-    *,
-    mode: Mode | str = Mode.AUTO,
-    dry_run: bool = False,
-    after_crash: bool = False,
-    target_epoch: int | None = None,
-    keys: Sequence[str] | None = None,
-    schema: str | None = None,
-    fast_path: bool = True,
-    progress: Progress | None = None,
-    sink: str | None = None,
-    since_epoch: int | None = None,
-    max_change_fraction: float = DEFAULT_MAX_CHANGE_FRACTION,
-    allow_mass_change: bool = False,
+    dsn: str, store: str, pipeline: str, table: str, **options: Unpack[RecoverKeywords]
 ) -> ReconcileReport:
     """Bring a sink table to its expected state: pull, hash, diff, apply only the difference.
 
@@ -107,28 +81,10 @@ def recover(
         pipeline: the pipeline's name.
         table: the sink table (its store table, and its sink name in the
             markers, have the same name). Call once per table.
-        mode: "full", "scoped", "buckets" or "auto" (see ``Mode``).
-        dry_run: only report; write nothing.
-        after_crash: recovery after a restart (auto then prefers scoped).
-        target_epoch: the epoch to bring the sink to; default the store's newest.
-        keys: the key columns; default the sink table's primary key.
-        schema: the sink table's schema; default the connection's current one.
-        fast_path: PostgreSQL through COPY and ADBC (default); False goes
-            through SQLAlchemy like any other database.
-        progress: called with (rows pulled, estimated total) during a full pull.
-        sink: the sink's name, which names its store table and its markers,
-            when it differs from ``table`` (a config file's sink ``lines``
-            writing table ``order_lines``); default ``table``.
-        since_epoch: scoped mode checks the keys changed after this epoch
-            (and the sink rows of later epochs) instead of after the sink's
-            newest marker: a scheduled check of the recent epochs.
-        max_change_fraction: the mass-change brake: the most of the table
-            (rows it holds) a repair may delete or change, 0 to 1 (default
-            0.1); the rows of epochs the sink has no marker for do not count
-            (``reconcile/recovery/brake.py`` defines it exactly).
-        allow_mass_change: lift the brake for this repair (after checking the
-            difference: the brake is what stops a damaged store from emptying
-            a healthy table).
+        **options: the keywords of :class:`~reconcile.recovery.options.RecoverOptions`:
+            ``mode``, ``dry_run``, ``after_crash``, ``target_epoch``, ``keys``,
+            ``schema``, ``fast_path``, ``progress``, ``sink``, ``since_epoch``,
+            ``max_change_fraction``, ``allow_mass_change``.
 
     Returns:
         What was pulled, compared, found and applied.
@@ -143,32 +99,33 @@ def recover(
         MassChangeError: the repair would delete or change more than
             ``max_change_fraction`` of the table; nothing was written.
         ConfigurationError: the database cannot be reached with these settings
-            (the password is redacted), the table is missing or has no key.
+            (the password is redacted), the table is missing or has no key, a
+            mode or a ``max_change_fraction`` that is not one.
         RetryableError: the database is unreachable now, or epochs kept
             committing during every attempt.
     """
+    recovery = RecoverOptions(**options)
     validate_name("pipeline", pipeline)
-    chosen = _mode(mode)
-    brake = Brake(max_change_fraction, allow_mass_change)  # checked before connecting
-    name = validate_name("sink", sink if sink is not None else table)
-    client, target = _target(dsn, pipeline, table, write=not dry_run, fast_path=fast_path,
-                             schema=schema, keys=keys, name=name)  # fmt: skip
+    recovery.chosen_mode()
+    recovery.brake()  # checked before connecting
+    name = validate_name("sink", recovery.sink if recovery.sink is not None else table)
+    client, target = _target(
+        dsn,
+        pipeline,
+        table,
+        write=not recovery.dry_run,
+        fast_path=recovery.fast_path,
+        schema=recovery.schema,
+        keys=recovery.keys,
+        name=name,
+    )
     # An interruption names the table (schema-qualified once the engine knows it).
-    step = interrupts.step("the verify" if dry_run else "the repair", table=table)
+    step = interrupts.step("the verify" if recovery.dry_run else "the repair", table=table)
     try:
         with step:
+            keys = recovery.keys
             key_columns = list(keys) if keys is not None else target.key_columns()
-            return reconcile_table(
-                target,
-                _store(store, pipeline, name, key_columns),
-                mode=chosen,
-                after_crash=after_crash,
-                target_epoch=target_epoch,
-                dry_run=dry_run,
-                progress=progress,
-                since_epoch=since_epoch,
-                brake=brake,
-            )
+            return reconcile_table(target, _store(store, pipeline, name, key_columns), recovery)
     finally:
         client.close()
 
@@ -216,13 +173,12 @@ def recover_sink(
         )
     pipeline = sink.pipeline or store.pipeline
     target = sink.recovery_target(pipeline, generation, write=not dry_run)
+    options = RecoverOptions(
+        mode=mode,
+        after_crash=after_crash,
+        dry_run=dry_run,
+        target_epoch=target_epoch,
+        max_change_fraction=max_change_fraction,  # never lifted here: see above
+    )
     with interrupts.step("the recovery", table=sink.name or store.sink):
-        return reconcile_table(
-            target,
-            store,
-            mode=_mode(mode),
-            after_crash=after_crash,
-            target_epoch=target_epoch,
-            dry_run=dry_run,
-            brake=Brake(max_change_fraction),
-        )
+        return reconcile_table(target, store, options)

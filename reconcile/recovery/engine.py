@@ -29,11 +29,12 @@ from reconcile.core import hooks, interrupts
 from reconcile.core.conform import check_columns
 from reconcile.core.contract import InvalidInputError, MassChangeError, RetryableError
 from reconcile.core.expected import ExpectedStore
-from reconcile.core.target import Progress, RecoveryTarget, Repair, SinkSnapshot
+from reconcile.core.target import RecoveryTarget, Repair, SinkSnapshot
 from reconcile.recovery.brake import Brake, BrakeReading, counted_changes, refusal
 from reconcile.recovery.buckets import BucketLimits
 from reconcile.recovery.finding import Found, check_step, find_buckets, find_full, find_scoped
 from reconcile.recovery.modes import Mode, choose_mode
+from reconcile.recovery.options import RecoverOptions
 from reconcile.recovery.report import ReconcileReport
 from reconcile.recovery.source import ExpectedSource, semi
 
@@ -51,31 +52,26 @@ PULLED = hooks.declare("recovery.pulled")
 def reconcile_table(
     target: RecoveryTarget,
     store: ExpectedStore,
+    options: RecoverOptions | None = None,
     *,
-    mode: Mode = Mode.AUTO,
-    after_crash: bool = False,
-    target_epoch: int | None = None,
-    dry_run: bool = False,
-    progress: Progress | None = None,
     bucket_options: BucketLimits | None = None,
-    since_epoch: int | None = None,
-    brake: Brake | None = None,
 ) -> ReconcileReport:
     """Bring one sink table to the expected state (or, ``dry_run``, only measure the drift).
 
     Args:
         target: the sink table (see ``target.py``).
         store: its expected-state store table.
-        mode: full, scoped, buckets, or auto (chosen by ``choose_mode``).
-        after_crash: recovery after a restart (auto then prefers scoped).
-        target_epoch: the epoch to compare with; default the store's newest.
-        dry_run: report without writing.
-        progress: called as rows are pulled (full mode).
+        options: how (``RecoverOptions``; what it says of the target, its keys,
+            schema and sink name, was used to open ``target``): the mode (full,
+            scoped, buckets, or auto, chosen by ``choose_mode``), ``after_crash``
+            (auto then prefers scoped), the target epoch (default the store's
+            newest), ``dry_run`` (report without writing), ``progress`` (called
+            as rows are pulled, full mode), ``since_epoch`` (scoped mode's start,
+            when earlier than the sink's newest marker: a scheduled check of the
+            recent epochs) and the mass-change brake (``brake.py``; default 10 %,
+            not lifted). Default: ``RecoverOptions()``.
         bucket_options: how far buckets mode cuts, and when full mode costs
             less (``BucketLimits``).
-        since_epoch: scoped mode's start, when earlier than the sink's newest
-            marker (a scheduled check of the recent epochs).
-        brake: the mass-change brake (``brake.py``); default 10 %, not lifted.
 
     Returns:
         The report: what was pulled and compared, what differed, what was applied.
@@ -89,10 +85,15 @@ def reconcile_table(
             nothing was pulled or written.
         MassChangeError: the repair would delete or change more of the table
             than the brake allows; nothing was written.
+        ConfigurationError: a mode or a brake fraction that is not one.
         RetryableError: epochs kept committing during every attempt.
     """
+    options = options or RecoverOptions()
+    mode, brake = options.chosen_mode(), options.brake()
+    after_crash, target_epoch, dry_run = options.after_crash, options.target_epoch, options.dry_run
+    progress, since_epoch = options.progress, options.since_epoch
     started = time.monotonic()
-    brake = brake or Brake()
+
     # Before anything is pulled: the store's commits must be the engine's. The
     # files each read uses are checked as they are read (their footers).
     store.audit()

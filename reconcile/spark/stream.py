@@ -62,36 +62,25 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
-from typing import Any
-
-import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
-from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_exponential_jitter
+from typing import Any, Unpack
 
 from reconcile.core import hooks
-from reconcile.core.contract import ConfigurationError, InvalidInputError, RetryableError
+from reconcile.core.contract import ConfigurationError, InvalidInputError
 from reconcile.core.progress import EpochStatus
 from reconcile.core.results import CommitSucceeded
 from reconcile.engine.cycle import CommitCycle
 from reconcile.engine.driver import Driver, DriveReport, RetryPolicy
+from reconcile.spark.batch_stage import BatchStager, BatchStats
+from reconcile.spark.options import StreamKeywords, StreamOptions
 from reconcile.spark.outputs import Transform, apply_transform, identity, outputs_of
 from reconcile.spark.staging import (
     COLLECT_MAX_BYTES,
     VIAS,
-    StagePlan,
-    collect_rows,
-    driver_result_limit,
-    estimated_bytes,
-    plan_stage,
-    remove_run_folders,
-    stage_on_executors,
-    stage_to_files,
 )
 
 __all__ = [
-    "COLLECT_MAX_BYTES", "VIAS", "BatchStats", "StreamWriter", "apply_transform", "outputs_of",
-    "write_stream",
+    "COLLECT_MAX_BYTES", "VIAS", "BatchStats", "StreamOptions", "StreamWriter", "apply_transform",
+    "outputs_of", "start_query", "write_stream",
 ]  # fmt: skip
 
 log = logging.getLogger("reconcile.spark.stream")
@@ -103,21 +92,6 @@ BATCH_COMMITTED = hooks.declare("stream.batch_committed")
 
 # Batches ``StreamWriter.history`` keeps: as many as Spark's recentProgress.
 HISTORY = 100
-
-
-@dataclass
-class BatchStats:
-    """What the writer did for one micro-batch (the newest is ``StreamWriter.last``)."""
-
-    batch_id: int
-    rows: dict[str, int] = field(default_factory=dict)  # sink -> rows staged
-    files: dict[str, int] = field(default_factory=dict)  # sink -> files staged
-    # sink -> "collect", "executors", "driver", or "arrow" (the transform's own rows)
-    via: dict[str, str] = field(default_factory=dict)
-    input_bytes: int | None = None  # Spark's estimate of the batch's input (via="auto")
-    replayed: bool = False  # the epoch was already in every sink: nothing was staged
-    stage_ms: float | None = None  # the executors' (or the driver's) staging of every sink
-    commit_ms: float | None = None  # the commit cycle: store, sinks, markers (retries included)
 
 
 class StreamWriter:
@@ -163,25 +137,11 @@ class StreamWriter:
         via: str = "auto",
         collect_max_bytes: int = COLLECT_MAX_BYTES,
     ) -> None:
-        if via not in VIAS:
-            raise ConfigurationError(f"via must be one of {list(VIAS)}, got {via!r}")
-        if collect_max_bytes < 0:
-            raise ConfigurationError(f"collect_max_bytes must be >= 0, got {collect_max_bytes}")
         self.outputs = dict(outputs) if outputs is not None else None
         self.staging = os.path.abspath(os.fspath(staging))
         self.driver = Driver(build, retry=retry)
-        self.via = via
-        self.collect_max_bytes = collect_max_bytes
-        self._may_collect: bool | None = None  # via="auto": decided at the first batch
-        self._unsized = False  # a batch without a size estimate was reported
-        # Staging-table rows may exist: a dead driver's (before the first
-        # batch) or a batch staged on the executors since the last sweep.
-        self._sweep_due = True
+        self.stager = BatchStager(self.staging, via, collect_max_bytes, self.driver.policy)
         self.history: deque[BatchStats] = deque(maxlen=HISTORY)  # the newest batches, oldest first
-        # (sink, the frame's schema) -> how its executors stage it (None: via
-        # the driver). Planning reads the catalog and the store and creates
-        # the staging table: once per query run, not once per micro-batch.
-        self._plans: dict[tuple[str, str], StagePlan | None] = {}
         # What stopped the query, as raised in this process, and its epoch (see __call__).
         self.failure: BaseException | None = None
         self.failed_epoch: int | None = None
@@ -244,7 +204,7 @@ class StreamWriter:
         )
         try:
             began = time.perf_counter()
-            staged = self._stage_retrying(cycle, batch, batch_id, transforms, run_folder, stats)
+            staged = self.stager.stage(cycle, batch, batch_id, transforms, run_folder, stats)
             staged_at = time.perf_counter()
             stats.stage_ms = round((staged_at - began) * 1000, 1)
             hooks.point(BATCH_STAGED)
@@ -259,124 +219,7 @@ class StreamWriter:
             # staging table stay until a batch commits: run() may still have
             # been mid-commit, and only the next success proves it is done.)
             shutil.rmtree(run_folder, ignore_errors=True)
-        self._sweep(cycle.pipeline, batch_id)
-
-    def _stage(
-        self,
-        cycle: CommitCycle,
-        batch: Any,
-        batch_id: int,
-        transforms: Mapping[str, Transform],
-        run_folder: str,
-        stats: BatchStats,
-    ) -> dict[str, Any]:
-        """Stage every sink's rows (collected, on the executors, or in files): what the cycle gets.
-
-        The sinks' Spark jobs are submitted from one thread each, so that they
-        run side by side: a micro-batch's staging costs its slowest sink, not
-        the sum (Spark schedules concurrent jobs of one session; nothing is
-        recorded or committed until every sink's rows are staged).
-        """
-        collect = False
-        if self.via == "auto" and self._collects(batch):
-            stats.input_bytes = estimated_bytes(batch)
-            if stats.input_bytes is None and not self._unsized:
-                self._unsized = True  # said once: auto would otherwise never collect, silently
-                log.warning("pipeline %s: Spark gives no size estimate of micro-batch %d; "
-                            "via='auto' stages such batches on the executors",
-                            cycle.pipeline, batch_id)  # fmt: skip
-            collect = stats.input_bytes is not None and stats.input_bytes <= self.collect_max_bytes
-
-        def stage_one(sink: str, transform: Transform) -> tuple[Any, int, int, str]:
-            frame = apply_transform(transform, batch, batch_id, sink=sink)
-            if isinstance(frame, pa.Table):  # rows the transform made on the driver
-                return frame, frame.num_rows, 0, "arrow"
-            # Planned whichever way the batch goes: the target is checked from
-            # the first batch on, and its staging table is known, so that a
-            # dead driver's staged rows are swept even if every batch of this
-            # run is collected.
-            plan = self._plan(cycle, sink, frame) if self.via != "driver" else None
-            if collect:
-                collected = collect_rows(frame, batch_id=batch_id, sink=sink)
-                if collected is not None:
-                    return collected, collected.num_rows, 0, "collect"
-            if plan is not None:
-                self._sweep_due = True
-                parts = stage_on_executors(frame, plan, batch_id)
-                return parts, parts.rows, len(parts.store_files), "executors"
-            folder = os.path.join(run_folder, sink)
-            table, files = stage_to_files(frame, folder, batch_id=batch_id, sink=sink)
-            return table, table.num_rows, files, "driver"
-
-        if len(transforms) == 1:
-            done = {sink: stage_one(sink, t) for sink, t in transforms.items()}
-        else:
-            with ThreadPoolExecutor(len(transforms), thread_name_prefix="stage") as pool:
-                futures = {sink: pool.submit(stage_one, sink, t) for sink, t in transforms.items()}
-                done = {sink: future.result() for sink, future in futures.items()}
-        staged: dict[str, Any] = {}
-        for sink, (rows, count, files, via) in done.items():
-            staged[sink] = rows
-            stats.rows[sink], stats.files[sink], stats.via[sink] = count, files, via
-        return staged
-
-    def _stage_retrying(self, cycle: CommitCycle, *args: Any) -> Any:
-        """``_stage``, again after a transient failure, as ``drive`` runs an epoch again.
-
-        Staging writes nothing any epoch reads until the commit cycle takes it
-        (files of this run, staging-table rows of this run's task attempts), so
-        running it again is safe; a server restarting or a dropped connection
-        while the staging table is checked must not fail the query.
-        """
-        policy = self.driver.policy
-        retrying = Retrying(
-            retry=retry_if_exception_type(RetryableError),
-            stop=stop_after_delay(policy.give_up_after_s),
-            wait=wait_exponential_jitter(
-                multiplier=policy.initial_s, max=policy.max_s, jitter=policy.jitter_s
-            ),
-            before_sleep=lambda state: log.warning(
-                "pipeline %s: staging micro-batch %s again (attempt %d): %s",
-                cycle.pipeline,
-                args[1],
-                state.attempt_number,
-                state.outcome.exception() if state.outcome else None,
-            ),
-            reraise=True,
-        )
-        return retrying(self._stage, cycle, *args)
-
-    def _collects(self, batch: Any) -> bool:
-        """Whether ``via="auto"`` may collect at all (once per writer; says why not, once)."""
-        if self._may_collect is None:
-            limit = driver_result_limit(batch.sparkSession)
-            self._may_collect = limit > 0
-            if not self._may_collect:
-                log.warning("spark.driver.maxResultSize is 0 (no limit): via='auto' collects "
-                            "nothing, since nothing would stop a collect that outgrows the "
-                            "driver; every micro-batch is staged the other ways")  # fmt: skip
-        return self._may_collect
-
-    def _plan(self, cycle: CommitCycle, sink: str, frame: Any) -> StagePlan | None:
-        """The executor path of ``sink`` for frames of this schema (planned on first use)."""
-        key = (sink, frame.schema.json())
-        if key not in self._plans:
-            self._plans[key] = plan_stage(cycle, sink, frame)
-        return self._plans[key]
-
-    def _sweep(self, pipeline: str, batch_id: int) -> None:
-        """Remove staged rows of batches up to ``batch_id``: this one's, and a dead driver's."""
-        if self._sweep_due:
-            self._sweep_due = False
-            planned = {plan.sink: plan for plan in self._plans.values() if plan is not None}
-            for sink, plan in planned.items():
-                try:
-                    plan.stage.sweep(batch_id, "reconcile-stage-sweep")
-                except Exception as exc:  # the batch is committed; the next batch tries again
-                    self._sweep_due = True
-                    log.warning("pipeline %s: could not empty the staging table of %s: %s",
-                                pipeline, sink, exc)  # fmt: skip
-        remove_run_folders(os.path.join(self.staging, pipeline), batch_id)
+        self.stager.sweep(cycle.pipeline, batch_id)
 
     def close(self) -> None:
         """Close the cycle's sinks (the query has stopped)."""
@@ -387,36 +230,21 @@ def write_stream(
     df: Any,
     build: Callable[[], CommitCycle],
     *,
-    checkpoint: str | os.PathLike[str],
-    staging: str | os.PathLike[str],
-    outputs: Mapping[str, Transform] | None = None,
-    trigger: Mapping[str, Any] | None = None,
-    query_name: str | None = None,
-    retry: RetryPolicy | None = None,
-    via: str = "auto",
-    collect_max_bytes: int = COLLECT_MAX_BYTES,
     started: tuple[CommitCycle, Iterable[int]] | None = None,
+    **options: Unpack[StreamKeywords],
 ) -> Any:
     """Start a streaming query that writes ``df`` exactly once through ``build()``'s cycle.
 
     Args:
         df: a streaming DataFrame.
         build: makes the pipeline's CommitCycle (sinks, and an expected state).
-        checkpoint: Spark's checkpoint folder; restart the query with the same
-            one (and the same ``build``) to resume.
-        staging: where executors stage rows (see ``StreamWriter``).
-        outputs: sink name -> transform of the micro-batch; default: the batch
-            itself into every sink.
-        trigger: ``DataStreamWriter.trigger`` keyword arguments, e.g.
-            ``{"processingTime": "1 second"}`` or ``{"availableNow": True}``;
-            default: the next micro-batch as soon as the last one is done.
-        query_name: the query's name in Spark's UI and metrics.
-        via, collect_max_bytes: how each micro-batch's rows are staged (see
-            ``StreamWriter``).
         started: (a cycle built by ``build`` and started, its start report's
             ``replay_needed``): the writer goes on with it instead of starting
             one at the first micro-batch (a standby that took over started it
             to fence the old main and converge the sinks first).
+        **options: the keywords of :class:`~reconcile.spark.options.StreamOptions`:
+            ``checkpoint`` and ``staging`` (required), ``outputs``, ``trigger``,
+            ``query_name``, ``retry``, ``via``, ``collect_max_bytes``.
 
     Returns:
         The started ``StreamingQuery``; its ``reconcile_writer`` attribute is
@@ -425,20 +253,33 @@ def write_stream(
     Raises:
         InvalidInputError: ``df`` is not a streaming DataFrame.
     """
+    return start_query(df, build, StreamOptions(**options), started=started)
+
+
+def start_query(
+    df: Any,
+    build: Callable[[], CommitCycle],
+    options: StreamOptions,
+    *,
+    started: tuple[CommitCycle, Iterable[int]] | None = None,
+) -> Any:
+    """``write_stream`` with its options as one value (what ``HaNode`` calls)."""
     if not getattr(df, "isStreaming", False):
         raise InvalidInputError(
             "write_stream() takes a streaming DataFrame (spark.readStream...); for a batch "
             "DataFrame, run its epochs with reconcile.drive"
         )
-    writer = StreamWriter(build, outputs, staging=staging, retry=retry, via=via,
-                          collect_max_bytes=collect_max_bytes)  # fmt: skip
+    limit = COLLECT_MAX_BYTES if options.collect_max_bytes is None else options.collect_max_bytes
+    writer = StreamWriter(build, options.outputs, staging=options.staging, retry=options.retry,
+                          via=options.via, collect_max_bytes=limit)  # fmt: skip
     if started is not None:
         writer.driver.adopt(*started)
-    stream = df.writeStream.foreachBatch(writer).option("checkpointLocation", os.fspath(checkpoint))
-    if trigger:
-        stream = stream.trigger(**trigger)
-    if query_name:
-        stream = stream.queryName(query_name)
+    checkpoint = os.fspath(options.checkpoint)
+    stream = df.writeStream.foreachBatch(writer).option("checkpointLocation", checkpoint)
+    if options.trigger:
+        stream = stream.trigger(**options.trigger)
+    if options.query_name:
+        stream = stream.queryName(options.query_name)
     query = stream.start()
     query.reconcile_writer = writer
     return query

@@ -37,10 +37,9 @@ from __future__ import annotations
 import logging
 import re
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import pairwise
-from typing import Any
+from typing import Any, Unpack
 
 import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
 
@@ -54,6 +53,7 @@ from reconcile.core.target import KeyRange
 from reconcile.recovery.brake import Brake, BrakeReading, refusal
 from reconcile.recovery.report import ReconcileReport
 from reconcile.spark.hashing import row_hash_column
+from reconcile.spark.options import SparkRecoverKeywords, SparkRecoverOptions
 from reconcile.spark.tasks import ACTUAL, BAD, HASH, KIND, ApplyJob, PullJob, SinkAt
 from reconcile.spark.tasks import apply as apply_task
 from reconcile.spark.tasks import pull as pull_task
@@ -123,17 +123,14 @@ def _run_job(
     store: ExpectedStore,
     epoch: int,
     newest: int | None,
-    *,
-    dry_run: bool,
-    batch_rows: int,
-    samples: int,
-    brake: Brake,
+    options: SparkRecoverOptions,
 ) -> _JobResult:
     """The Spark side: pull, hash, join, count, and (not ``dry_run``) apply from executors."""
     from pyspark.sql import functions as F
     from pyspark.sql.pandas.types import from_arrow_schema
 
     schema, keys = pull.store_schema, list(pull.sink.keys or ())
+    dry_run, samples, brake = options.dry_run, options.samples, options.brake or Brake()
     pulled_schema = from_arrow_schema(
         schema.append(pa.field(BAD, pa.bool_())), prefer_timestamp_ntz=True
     )
@@ -192,7 +189,7 @@ def _run_job(
                 sink_rows=result.brake.table_rows,
                 **{k: counted.get(k, 0) for k in ("missing", "extra", "changed")},
             )
-        job = ApplyJob(pull.sink, schema, epoch, newest, batch_rows)
+        job = ApplyJob(pull.sink, schema, epoch, newest, options.batch_rows)
         work = diff.join(expected.select(*schema.names), keys, "left").repartition(
             len(pull.ranges), *keys
         )
@@ -225,15 +222,7 @@ def spark_recover(
     store: str,
     pipeline: str,
     table: str,
-    *,
-    sink: str | None = None,
-    keys: Sequence[str] | None = None,
-    schema: str | None = None,
-    dry_run: bool = True,
-    partitions: int | None = None,
-    batch_rows: int = 50_000,
-    samples: int = 5,
-    brake: Brake | None = None,
+    **options: Unpack[SparkRecoverKeywords],
 ) -> SparkReport:
     """Verify (or repair) a PostgreSQL sink table against its expected state, on Spark.
 
@@ -243,14 +232,9 @@ def spark_recover(
         store: the expected-state store root (every executor reads it).
         pipeline: the pipeline's name.
         table: the sink table (``name`` or ``schema.name``).
-        sink: the sink's name (its store table and markers); default the table's name.
-        keys: the key columns; default the table's primary key.
-        schema: the table's schema, if not in ``table``.
-        dry_run: only report (the default, ``verify``); False repairs.
-        partitions: key ranges pulled in parallel; default Spark's default parallelism.
-        batch_rows: rows per repair transaction.
-        samples: keys shown per kind of difference.
-        brake: the mass-change brake (``reconcile.recovery.brake``); default 10 %.
+        **options: the keywords of :class:`~reconcile.spark.options.SparkRecoverOptions`:
+            ``sink``, ``keys``, ``schema``, ``dry_run`` (True: the default, a
+            verify), ``partitions``, ``batch_rows``, ``samples``, ``brake``.
 
     Returns:
         The counts, with ``mode`` "full" and what the job did.
@@ -266,13 +250,15 @@ def spark_recover(
         ConfigurationError: the database cannot be reached (the password redacted).
     """
 
+    request = SparkRecoverOptions(**options)
+    keys, dry_run = request.keys, request.dry_run
     started = time.monotonic()
     validate_name("pipeline", pipeline)
-    table_schema, table_name = _split(table, schema)
-    name = validate_name("sink", sink if sink is not None else table_name)
-    if batch_rows < 1:
-        raise InvalidInputError(f"batch_rows must be >= 1, got {batch_rows}")
-    parts = int(partitions or spark.sparkContext.defaultParallelism)
+    table_schema, table_name = _split(table, request.schema)
+    name = validate_name("sink", request.sink if request.sink is not None else table_name)
+    if request.batch_rows < 1:
+        raise InvalidInputError(f"batch_rows must be >= 1, got {request.batch_rows}")
+    parts = int(request.partitions or spark.sparkContext.defaultParallelism)
     probe = SinkAt(dsn, table_name, table_schema, tuple(keys) if keys else None, name, pipeline)
     target = probe.target(write=False)
     try:
@@ -309,17 +295,8 @@ def spark_recover(
                 )
             expected_store.check_version(expected_store.version_of(epoch))
             try:
-                found = _run_job(
-                    spark,
-                    PullJob(job_sink, user_schema, shared, ranges),
-                    expected_store,
-                    epoch,
-                    newest,
-                    dry_run=dry_run,
-                    batch_rows=batch_rows,
-                    samples=samples,
-                    brake=brake or Brake(),
-                )
+                pull = PullJob(job_sink, user_schema, shared, ranges)
+                found = _run_job(spark, pull, expected_store, epoch, newest, request)
             except Exception as exc:
                 rebuilt = _from_executor(exc)
                 if rebuilt is exc:

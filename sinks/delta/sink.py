@@ -13,10 +13,14 @@ from typing import Any
 import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
 import pyarrow.parquet as pq  # type: ignore[import-untyped, unused-ignore]
 from deltalake import DeltaTable
-from deltalake.exceptions import TableNotFoundError
 
-from expected_state.delta_commit import DataFile, commit_files, write_data_file
-from expected_state.fencing import fence_app_id
+from expected_state.delta_commit import (
+    BasedOn,
+    DataFile,
+    DeltaCommit,
+    commit_files,
+    write_data_file,
+)
 from reconcile.core import hooks
 from reconcile.core.contract import (
     OK,
@@ -46,7 +50,15 @@ from sinks.delta.manifest import (
     refuse_bad_manifest,
 )
 from sinks.delta.manifest import key_name as _key_name
-from sinks.delta.rows import EPOCH_COLUMN, data_schema_is_empty, rows_to_arrow, state_schema
+from sinks.delta.rows import EPOCH_COLUMN, rows_to_arrow, state_schema
+from sinks.delta.tokens import (
+    claim_generation,
+    epoch_app_id,
+    fence_id,
+    fence_refusal,
+    is_committed,
+    open_table,
+)
 from sinks.ownership import WriterBinding, foreign_prepare
 
 __all__ = ["COMMIT_CHECKED", "EPOCH_COLUMN", "DeltaSink", "open_uri"]
@@ -114,7 +126,7 @@ class DeltaSink:
 
     def arrow_schema(self) -> pa.Schema | None:
         """The rows' types (``schema=``, else the table's) without ``_epoch``; None before both."""
-        schema = self._schema or state_schema(self._table())
+        schema = self._schema or state_schema(open_table(self.uri))
         return None if schema is None else pa.schema([f for f in schema if f.name != EPOCH_COLUMN])
 
     def bind(self, writer: WriterIdentity) -> None:
@@ -138,11 +150,11 @@ class DeltaSink:
     @refuse_bad_manifest
     def prepare(self, txn_id: SinkTxnId) -> SinkOutcome:
         """Write the staged rows as fsynced Parquet plus a manifest; invisible until commit."""
-        table = self._table()
-        fenced = self._fenced(table, txn_id)
+        table = open_table(self.uri)
+        fenced = fence_refusal(table, txn_id, sink=self._name)
         if fenced is not None:
             return fenced
-        if table is not None and self._is_committed(table, txn_id):
+        if table is not None and is_committed(table, txn_id):
             self._staged.pop(txn_id.key, None)
             foreign = self._foreign_commit(table, txn_id, "prepare")
             if foreign is not None:
@@ -160,11 +172,11 @@ class DeltaSink:
         except InvalidInputError as exc:
             return Fatal(f"sink {self._name!r}, {txn_id}: {exc}", exc)
         try:
-            self._claim_generation(table, txn_id, data.schema)
+            claim_generation(self.uri, table, txn_id, data.schema)
         except FencedError as exc:
             return Fatal.of(exc)
         except RetryableError as exc:
-            fenced = self._fenced(self._table(), txn_id)
+            fenced = fence_refusal(open_table(self.uri), txn_id, sink=self._name)
             return fenced if fenced is not None else Retryable.of(exc)
         old = self._read_manifest(txn_id)
         if old is not None and SinkTxnId.from_string(old["txn"]).generation > txn_id.generation:
@@ -190,8 +202,8 @@ class DeltaSink:
     @refuse_bad_manifest
     def commit(self, txn_id: SinkTxnId) -> SinkOutcome:
         """Add the prepared files in ONE Delta commit, tagged with the txn's epoch."""
-        table = self._table()
-        if table is not None and self._is_committed(table, txn_id):
+        table = open_table(self.uri)
+        if table is not None and is_committed(table, txn_id):
             # Committed before (the ack was lost, a replay, or a recovering
             # writer settling a stale writer's leftover): only tidy up.
             # (The epoch's data files live under _txn_files/ too: keep them.)
@@ -200,7 +212,7 @@ class DeltaSink:
                 return foreign
             self._remove_manifest(txn_id)
             return OK
-        last = None if table is None else table.transaction_version(self._app_id(txn_id))
+        last = None if table is None else table.transaction_version(epoch_app_id(txn_id))
         if last is not None and last > txn_id.epoch:
             # The token is a high-water mark: recording an older epoch after a newer
             # one would move it backwards and make the newer one look uncommitted.
@@ -210,7 +222,8 @@ class DeltaSink:
             )
         manifest = self._read_manifest(txn_id)
         if manifest is None:
-            fenced = self._fenced(table, txn_id)  # a zombie's txn was discarded by the taker
+            # A zombie's txn was discarded by the taker.
+            fenced = fence_refusal(table, txn_id, sink=self._name)
             if fenced is not None:  # (a Fatal is falsy: never `fenced or ...`)
                 return fenced
             return Fatal(f"sink {self._name!r}, {txn_id}: commit of a txn that was never prepared")
@@ -244,17 +257,16 @@ class DeltaSink:
             # epoch is not in yet, and the commit is based on that same snapshot
             # and carries the fence: a takeover that commits after it conflicts,
             # so a zombie can neither write after it nor lower the fence.
-            commit_files(
-                self.uri,
-                files,
-                schema,
-                app_id=self._app_id(txn_id),
+            commit = DeltaCommit(
+                table_uri=self.uri,
+                schema=schema,
+                app_id=epoch_app_id(txn_id),
                 version=txn_id.epoch,
-                fence=(self._fence_id(txn_id), txn_id.generation),
+                add=files,
+                fence=(fence_id(txn_id), txn_id.generation),
                 custom_metadata=commit_metadata(txn_id, self._binding.log_id),
-                table_name=self.uri,
-                table=table,
             )
+            commit_files(commit, None if table is None else BasedOn(table))
         except FencedError as exc:
             return Fatal.of(exc)
         except InvalidInputError as exc:
@@ -270,8 +282,8 @@ class DeltaSink:
     def abort(self, txn_id: SinkTxnId) -> SinkOutcome:
         """Delete the staged rows, the manifest and the prepared files of ``txn_id``."""
         self._staged.pop(txn_id.key, None)
-        table = self._table()
-        if table is not None and self._is_committed(table, txn_id):
+        table = open_table(self.uri)
+        if table is not None and is_committed(table, txn_id):
             self._remove_manifest(txn_id)
             return Fatal(f"sink {self._name!r}, {txn_id}: abort of a committed txn; data stays")
         # A stale writer's abort must not discard a newer writer's prepared batch
@@ -299,7 +311,7 @@ class DeltaSink:
 
     def recover(self) -> Sequence[SinkTxnId]:
         """Txns prepared (manifest or leftover files) whose epoch no commit references."""
-        table = self._table()
+        table = open_table(self.uri)
         found: dict[str, SinkTxnId] = {}
         prepared_dir = self.directory / _PREPARED
         for path in sorted(prepared_dir.glob("*.json")) if prepared_dir.exists() else []:
@@ -315,82 +327,13 @@ class DeltaSink:
                     found[path.name] = SinkTxnId.from_string(f"{path.name}-g0")
         stranded = []
         for txn in found.values():
-            if table is not None and self._is_committed(table, txn):
+            if table is not None and is_committed(table, txn):
                 self._remove_manifest(txn)  # committed: a leftover manifest only
                 continue
             stranded.append(txn)
         return sorted(stranded)
 
     # ----------------------------------------------------------------- internals
-
-    def _table(self) -> DeltaTable | None:
-        try:
-            return DeltaTable(self.uri)
-        except TableNotFoundError:
-            return None
-
-    def _app_id(self, txn_id: SinkTxnId) -> str:
-        return f"{txn_id.pipeline}/{txn_id.sink}"
-
-    def _fence_id(self, txn_id: SinkTxnId) -> str:
-        return fence_app_id(txn_id.pipeline, txn_id.sink)
-
-    def _fenced(self, table: DeltaTable | None, txn_id: SinkTxnId) -> SinkOutcome | None:
-        """Fatal if a newer generation has committed to this table."""
-        if table is None:
-            return None
-        newest = table.transaction_version(self._fence_id(txn_id))
-        if newest is not None and newest > txn_id.generation:
-            return Fatal.of(
-                FencedError(
-                    f"sink {self._name!r}, {txn_id}: fenced, generation {newest} has taken "
-                    "over; nothing was written",
-                    generation=txn_id.generation,
-                    fence=newest,
-                )
-            )
-        return None
-
-    def _claim_generation(
-        self, table: DeltaTable | None, txn_id: SinkTxnId, schema: pa.Schema
-    ) -> None:
-        """Record a newer generation in the log before preparing, to fence older writers.
-
-        A newer writer's prepare must already shut out a zombie, not only its
-        commit: the generation token goes in with an empty Delta commit (no data),
-        once per generation. Racing claims conflict on the shared token in delta-rs,
-        so the loser re-checks the fence.
-        """
-        recorded = None if table is None else table.transaction_version(self._fence_id(txn_id))
-        if recorded is not None and recorded >= txn_id.generation:
-            return
-        if table is None and data_schema_is_empty(schema):
-            return  # nothing to create the table with yet; the commit records it
-        target = state_schema(table) if table is not None else schema
-        commit_files(
-            self.uri,
-            [],
-            target,
-            app_id=self._fence_id(txn_id),
-            version=txn_id.generation,
-            fence=(self._fence_id(txn_id), txn_id.generation),  # never lowers the fence
-            table_name=self.uri,
-            table=table,
-        )
-
-    def _is_committed(self, table: DeltaTable, txn_id: SinkTxnId) -> bool:
-        """Whether this exact epoch's commit is in the log (not just a newer one)."""
-        last = table.transaction_version(self._app_id(txn_id))
-        if last is None or last < txn_id.epoch:
-            return False
-        if last == txn_id.epoch:
-            return True
-        # An older epoch than the high-water mark: look for its own commit.
-        app_id = self._app_id(txn_id)
-        return any(
-            c.get("reconcile.app_id") == app_id and c.get("reconcile.version") == txn_id.epoch
-            for c in table.history()
-        )
 
     def _manifest_path(self, txn_id: SinkTxnId) -> Path:
         return self.directory / _PREPARED / f"{_key_name(txn_id)}.json"
@@ -416,7 +359,7 @@ class DeltaSink:
         """None if ``txn_id``'s committed epoch was committed for this writer's log, else Fatal."""
         return commit_owner_outcome(
             table,
-            self._app_id(txn_id),
+            epoch_app_id(txn_id),
             txn_id,
             where,
             sink=self._name,

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
-from typing import Any
+from typing import Any, Unpack
 
 import psycopg
 import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
@@ -14,7 +13,6 @@ from reconcile.core import hooks
 from reconcile.core.contract import (
     ConfigurationError,
     Fatal,
-    FencedError,
     ReconcileError,
     Retryable,
     RetryableError,
@@ -30,8 +28,10 @@ from sinks.objects.postgres import open_state_schema
 from .arrow_types import target_arrow_schema
 from .binding import claim_scope, connect_checked, open_target, startup_failure
 from .connection import PgTarget, connect_failure
+from .fencing import check_epoch_fence, claim_fence_row, take_over
 from .markers import Fence, StateTables
-from .ownership import Scope, check_fence
+from .options import PostgresKeywords, PostgresOptions
+from .ownership import Scope
 from .schema import TableSchema
 from .session import Session, SessionSlot, classify_failure, describe_failure
 from .shared_stage import PgStageTarget, reflect_target
@@ -56,36 +56,8 @@ class PgSinkClient:
         pipeline: optional: ``bind()`` (called by ``CommitCycle.start()``)
             supplies it; if given, it must equal the bound pipeline. A sink
             used directly without ``pipeline`` accepts txns of any pipeline.
-        schema: the target's schema; default the session's current schema.
-        key: key columns; default the primary key.
-        append_only: the target is keyed by a stable change id and written with
-            ON CONFLICT DO NOTHING; deletes are refused.
-        state_schema: schema of the engine's tables (markers, fences, repairs,
-            the executors' staging tables); default the dedicated schema
-            ``reconcile`` (created when missing), or the target's schema where
-            an older version put the markers (see ``sinks.objects``).
-        state_owner: another role trusted to own the state tables and their
-            schema; by default only the sink's own role is.
-        create_epoch_column: add an ``_epoch bigint`` column to the target if
-            missing (the sink fills ``_epoch`` whenever the column exists).
-        statement_timeout_ms: per-statement timeout of the sink's sessions. None:
-            the server's (database's, role's) non-zero setting, else 15 min; 0 disables.
-        lock_timeout_ms: lock wait limit of the sink's sessions. None: the
-            server's non-zero setting, else 60 s; 0 disables.
-        idle_in_transaction_timeout_ms: how long an epoch txn may sit open and
-            idle (transactional mode, while other sinks prepare). None: the
-            server's non-zero setting, else 5 min; 0 disables. Past it the server
-            ends the txn and the epoch is replayed, exactly once.
-        direct_copy_triggers: let a large Arrow epoch be COPied straight into a
-            table that has triggers (COPY fires row triggers, but not statement
-            triggers of INSERT ... ON CONFLICT as the normal path does).
-        resolve_timeout_s: how long an ambiguous COMMIT is resolved for
-            (reconnecting while the server restarts, waiting for synchronous
-            standbys) before OutcomeUnknownError.
-        commit_timeout_s: client-side limit of a COMMIT (statement_timeout does
-            not cover a synchronous-replication wait); None waits forever.
-        prepared_warn_after_s: at start-up, warn about the pipeline's prepared
-            txns older than this (prepared mode).
+        **options: the keywords of :class:`~sinks.postgres.options.PostgresOptions`
+            (schema, key, append_only, timeouts, ...), kept as ``options``.
     """
 
     durable_prepare = False  # overridden by the prepared mode
@@ -135,19 +107,7 @@ class PgSinkClient:
         *,
         name: str,
         pipeline: str | None = None,
-        schema: str | None = None,
-        key: Sequence[str] | None = None,
-        append_only: bool = False,
-        state_schema: str | None = None,
-        state_owner: str | None = None,
-        create_epoch_column: bool = False,
-        statement_timeout_ms: int | None = None,
-        lock_timeout_ms: int | None = None,
-        idle_in_transaction_timeout_ms: int | None = None,
-        direct_copy_triggers: bool = False,
-        resolve_timeout_s: float = 30.0,
-        commit_timeout_s: float | None = 60.0,
-        prepared_warn_after_s: float = 3600.0,
+        **options: Unpack[PostgresKeywords],
     ) -> None:
         self._name = validate_name("sink", name)
         self.pipeline = None if pipeline is None else validate_name("pipeline", pipeline)
@@ -155,29 +115,27 @@ class PgSinkClient:
         if not isinstance(table, str) or not table:
             raise ConfigurationError(f"postgres sink {name!r}: table must be a non-empty str")
         self.table = table
-        self.schema_name = schema
-        self.key = tuple(key) if key is not None else None
-        self.append_only = append_only
-        self.state_schema = state_schema
-        self.state_owner = state_owner
-        self.create_epoch_column = create_epoch_column
-        self.statement_timeout_ms = statement_timeout_ms
-        self.lock_timeout_ms = lock_timeout_ms
-        self.direct_copy_triggers = direct_copy_triggers
-        self.resolve_timeout_s = resolve_timeout_s
-        self.commit_timeout_s = commit_timeout_s
-        self.prepared_warn_after_s = prepared_warn_after_s
+        self.options = PostgresOptions(**options)
         self._writer: WriterIdentity | None = None
         self._schema: TableSchema | None = None
         self._state: StateTables | None = None
         self._sessions = SessionSlot(
             self.target,
             self.application_name,
-            statement_timeout=statement_timeout_ms,
-            lock_timeout=lock_timeout_ms,
-            idle_in_transaction_session_timeout=idle_in_transaction_timeout_ms,
+            statement_timeout=self.options.statement_timeout_ms,
+            lock_timeout=self.options.lock_timeout_ms,
+            idle_in_transaction_session_timeout=self.options.idle_in_transaction_timeout_ms,
         )
         self._ensured: set[str] = set()  # pipelines whose fence row is claimed
+        self._init_mode()
+
+    def _init_mode(self) -> None:
+        """The mode's own state (each mode's class adds to it; none here)."""
+
+    @property
+    def append_only(self) -> bool:
+        """The target is keyed by a stable change id; deletes are refused (``options``)."""
+        return self.options.append_only
 
     # -- identity -----------------------------------------------------------
 
@@ -285,18 +243,18 @@ class PgSinkClient:
                 schema = open_target(
                     conn,
                     what=what,
-                    schema_name=self.schema_name,
+                    schema_name=self.options.schema,
                     table=self.table,
-                    key=self.key,
-                    append_only=self.append_only,
-                    create_epoch_column=self.create_epoch_column,
+                    key=self.options.key_columns,
+                    append_only=self.options.append_only,
+                    create_epoch_column=self.options.create_epoch_column,
                 )
                 state = StateTables(
                     open_state_schema(
                         conn,
-                        explicit_schema=self.state_schema,
+                        explicit_schema=self.options.state_schema,
                         target_schema=schema.schema,
-                        state_owner=self.state_owner,
+                        state_owner=self.options.state_owner,
                         what=what,
                     )
                 )
@@ -369,16 +327,7 @@ class PgSinkClient:
         if pipeline in self._ensured:
             return
         assert self._state is not None
-        session.conn.autocommit = True
-        try:
-            fence = self._state.ensure(
-                session.conn, pipeline, self._name, self._scope(pipeline).log_id
-            )
-        finally:
-            session.conn.autocommit = False
-        mismatch = check_fence(fence, self._scope(pipeline), self._state)
-        if mismatch is not None:
-            raise mismatch
+        claim_fence_row(session.conn, self._state, self._scope(pipeline))
         self._ensured.add(pipeline)
 
     def _check_fence(
@@ -386,28 +335,7 @@ class PgSinkClient:
     ) -> Fatal | None:
         """Reject a stale writer (or another state) inside the txn; take over if we are newer."""
         assert self._state is not None
-        scope = self._scope(txn_id.pipeline)
-        if fence is not None and (mismatch := check_fence(fence, scope, self._state)):
-            return Fatal.of(mismatch)
-        if fence is not None and fence.generation == txn_id.generation:
-            return None
-        if fence is None or fence.generation < txn_id.generation:
-            fence = self._state.raise_fence(
-                cur, txn_id.pipeline, self._name, txn_id.generation, scope.log_id
-            )
-            if fence is not None and (mismatch := check_fence(fence, scope, self._state)):
-                return Fatal.of(mismatch)
-            if fence is not None and fence.generation == txn_id.generation:
-                return None
-        return Fatal.of(
-            FencedError(
-                f"postgres sink {self._name!r}: writer generation {txn_id.generation} is "
-                f"fenced off by generation {fence.generation if fence else None} for epoch "
-                f"{txn_id.epoch}; nothing was written (a newer writer has taken over)",
-                generation=txn_id.generation,
-                fence=fence.generation if fence else None,
-            )
-        )
+        return check_epoch_fence(cur, self._state, self._scope(txn_id.pipeline), txn_id, fence)
 
     def fence(self, pipeline: str, generation: int, *, lock_timeout_ms: int = 5000) -> None:
         """Take over eagerly: raise the fence to ``generation`` now, not at the next epoch.
@@ -425,23 +353,8 @@ class PgSinkClient:
         self.setup()
         assert self._state is not None
         validate_name("pipeline", pipeline)
-        scope = self._scope(pipeline)
         with self.target.connect(autocommit=False, application_name=self.application_name) as c:
-            c.execute("SELECT set_config('lock_timeout', %s, true)", (str(int(lock_timeout_ms)),))
-            with c.cursor() as cur:
-                current = self._state.raise_fence(
-                    cur, pipeline, self._name, generation, scope.log_id
-                )
-            c.commit()
-        if current is not None and (mismatch := check_fence(current, scope, self._state)):
-            raise mismatch
-        if current is None or current.generation != generation:
-            raise FencedError(
-                f"postgres sink {self._name!r}: cannot take over with generation {generation}: "
-                f"the fence is already at generation {current.generation if current else None}",
-                generation=generation,
-                fence=current.generation if current else None,
-            )
+            take_over(c, self._state, self._scope(pipeline), generation, lock_timeout_ms)
 
     # -- errors ---------------------------------------------------------------
 

@@ -18,6 +18,9 @@ def postgres_sink(
 ) -> PostgresSink:
     """Build a Postgres sink in ``mode`` 'transactional' (default) or 'prepared'.
 
+    ``options``: ``name``, ``pipeline`` and the keywords of
+    :class:`~sinks.postgres.options.PostgresOptions`.
+
     Raises:
         ConfigurationError: for an unknown mode (and any bad option).
     """

@@ -9,12 +9,10 @@ from typing import Any
 import psycopg
 from psycopg import errors, sql
 
-from reconcile.core import hooks
 from reconcile.core.contract import (
     OK,
     ConfigurationError,
     Fatal,
-    FatalError,
     FencedError,
     MarkerMismatchError,
     Ok,
@@ -28,15 +26,16 @@ from reconcile.core.contract import (
 )
 
 from .apply import apply_with_arrays
-from .client import FENCE_CHECKED
+from .epoch_txn import EpochTxn
 from .health import warn_old_prepared
-from .markers import MARKERS_TABLE, SYNC_COMMIT_AT_LEAST_ON
+from .markers import SYNC_COMMIT_AT_LEAST_ON, EpochStart
 from .ownership import check_marker
 from .replication import confirm_replicated, watched
-from .resolve import InFlightTxn, Resolution, resolve_commit
+from .resolve import InFlightTxn, Resolution
+from .schema import TableSchema
 from .session import Session
-from .shared_stage import apply_staged
 from .sink import PostgresSink
+from .staging import ValidatedBatch
 
 __all__ = ["PreparedPostgresSink"]
 
@@ -65,8 +64,8 @@ class PreparedPostgresSink(PostgresSink):
     mode = "prepared"
     durable_prepare = True  # PREPARE TRANSACTION survives crashes and restarts
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+    def _init_mode(self) -> None:
+        super()._init_mode()
         self._inflight: dict[tuple[str, str, int], str] = {}  # key -> xid of the prepared txn
 
     def _check_server(self, conn: psycopg.Connection[Any]) -> None:
@@ -83,7 +82,7 @@ class PreparedPostgresSink(PostgresSink):
     def _after_start_up(self, conn: psycopg.Connection[Any], pipeline: str) -> None:
         # recover() lists only this sink's txns; a renamed or removed sink's
         # stay prepared (and pin VACUUM) until someone ends them: say so.
-        warn_old_prepared(conn, pipeline, self.prepared_warn_after_s, self._what())
+        warn_old_prepared(conn, pipeline, self.options.prepared_warn_after_s, self._what())
 
     # -- helpers ----------------------------------------------------------------
 
@@ -113,7 +112,7 @@ class PreparedPostgresSink(PostgresSink):
                 # The prepared txn's own SET LOCAL is gone: the level of this
                 # session applies to its commit record.
                 conn.execute("SELECT " + SYNC_COMMIT_AT_LEAST_ON.format(local="false"))
-            with watched(conn, self.commit_timeout_s) as seen:
+            with watched(conn, self.options.commit_timeout_s) as seen:
                 conn.execute(sql.SQL(verb + " {}").format(sql.Literal(str(txn_id))))
             return seen.unconfirmed
         finally:
@@ -132,100 +131,65 @@ class PreparedPostgresSink(PostgresSink):
         mismatch = check_marker(marker, self._scope(txn_id.pipeline), self._state, where=where)
         return OK if mismatch is None else Fatal.of(mismatch)
 
-    # -- the contract -------------------------------------------------------------
+    # -- the epoch transaction's steps (the body is PostgresSink._epoch_txn) ------
 
-    def prepare(self, txn_id: SinkTxnId) -> SinkOutcome:
-        """Apply the epoch and PREPARE TRANSACTION it: durable, invisible, recoverable."""
-        if (bad := self._check_txn(txn_id)) is not None:
-            return bad
-        got = self._prepare_inputs(txn_id)
-        if not isinstance(got, tuple):
-            return got
-        batch, session = got
+    _share_fence = True  # several epochs (and sinks) may be prepared at once
+
+    def _before_epoch_txn(self, txn_id: SinkTxnId) -> SinkOutcome | None:
+        """Nothing: several epochs may be prepared at once (each in its own txn)."""
+        return None
+
+    def _clear_epoch(self, session: Session, txn_id: SinkTxnId) -> SinkOutcome | None:
+        """Roll back this epoch's txn prepared by an earlier attempt; refuse a newer one's.
+
+        Preparing a prepared epoch replaces it. A prepared txn of this epoch by
+        a newer generation means that we are the zombie.
+        """
         conn = session.conn
-        state, schema = self._state, self._schema
-        assert state is not None and schema is not None
-        scope = self._scope(txn_id.pipeline)
-        try:
-            self._ensure_pipeline(session, txn_id.pipeline)
-            # Preparing a prepared epoch replaces it. A prepared txn of this
-            # epoch by a newer generation means that we are the zombie.
-            for other in self._prepared_here(conn):
-                if other.key != txn_id.key:
-                    continue
-                if other.generation > txn_id.generation:
-                    conn.rollback()
-                    self._release(session)
-                    return Fatal.of(
-                        FencedError(
-                            f"postgres sink {self.name!r}: writer generation "
-                            f"{txn_id.generation} is fenced off: {other} is prepared by a "
-                            "newer generation; nothing was written"
-                        )
-                    )
+        for other in self._prepared_here(conn):
+            if other.key != txn_id.key:
+                continue
+            if other.generation > txn_id.generation:
                 conn.rollback()
-                self._finish(conn, "ROLLBACK PREPARED", other)
-            with conn.cursor() as cur:
-                start = state.start_epoch(cur, txn_id.pipeline, self.name, txn_id.epoch, share=True)
-                if start.marker is not None:
-                    conn.rollback()
-                    self._release(session)
-                    # Already committed by this writer (commit() will find the
-                    # marker), or by another state: an error, never skipped.
-                    mismatch = check_marker(start.marker, scope, state, where="prepare")
-                    return OK if mismatch is None else Fatal.of(mismatch)
-                if batch is None:
-                    conn.rollback()
-                    self._release(session)
-                    return self._not_staged(txn_id)
-                if start.fence_generation != txn_id.generation and self.lock_timeout_ms is None:
-                    # A takeover waits for the older generation's prepared
-                    # txns, which only recover() + commit/abort can end.
-                    cur.execute(f"SET LOCAL lock_timeout = {_TAKEOVER_LOCK_TIMEOUT_MS}")
-                fenced = self._check_fence(cur, txn_id, start.fence)
-                if fenced is not None:
-                    conn.rollback()
-                    self._release(session)
-                    return fenced
-                hooks.point(FENCE_CHECKED)
-                if batch.staged is not None:
-                    apply_staged(cur, schema, batch.staged, batch.columns, txn_id.epoch,
-                                 append_only=self.append_only)  # fmt: skip
-                else:
-                    apply_with_arrays(
-                        cur, schema, batch, txn_id.epoch, append_only=self.append_only
+                self._release(session)
+                return Fatal.of(
+                    FencedError(
+                        f"postgres sink {self.name!r}: writer generation "
+                        f"{txn_id.generation} is fenced off: {other} is prepared by a "
+                        "newer generation; nothing was written"
                     )
-                state.insert_marker(
-                    cur,
-                    txn_id.key,
-                    (schema.schema, schema.table),
-                    scope.log_id,
-                    txn_id.generation,
-                    batch.row_count,
                 )
-                with watched(conn, self.commit_timeout_s) as seen:
-                    cur.execute(sql.SQL("PREPARE TRANSACTION {}").format(sql.Literal(str(txn_id))))
-        except MarkerMismatchError as err:
-            self._rollback_quietly(session)
-            return Fatal.of(err)
-        except FatalError as err:  # staged rows that went missing: re-stage the batch
-            self._rollback_quietly(session)
-            return Fatal(str(err))
-        except errors.UniqueViolation as err:
-            self._rollback_quietly(session)
-            if err.diag.table_name == MARKERS_TABLE:
-                # Committed meanwhile by another writer: OK only if it is ours.
-                return self._committed_by_other(txn_id)
-            return self._classify("prepare", txn_id, err)
-        except psycopg.Error as err:
-            # If PREPARE TRANSACTION itself lost its reply, the txn may be
-            # prepared after all: recover() lists it, and a retried prepare
-            # replaces it (see above), so Retryable is safe.
-            self._rollback_quietly(session)
-            return self._classify("prepare", txn_id, err)
-        self._inflight[txn_id.key] = start.xid
-        self._release(session)
-        if seen.unconfirmed:
+            conn.rollback()
+            self._finish(conn, "ROLLBACK PREPARED", other)
+        return None
+
+    def _before_fence(self, cur: psycopg.Cursor[Any], txn_id: SinkTxnId, start: EpochStart) -> None:
+        if start.fence_generation != txn_id.generation and self.options.lock_timeout_ms is None:
+            # A takeover waits for the older generation's prepared
+            # txns, which only recover() + commit/abort can end.
+            cur.execute(f"SET LOCAL lock_timeout = {_TAKEOVER_LOCK_TIMEOUT_MS}")
+
+    def _apply(
+        self, cur: psycopg.Cursor[Any], schema: TableSchema, batch: ValidatedBatch, epoch: int
+    ) -> None:
+        """The batch's rows by ``unnest()`` statements: no temp table in a prepared txn."""
+        apply_with_arrays(cur, schema, batch, epoch, append_only=self.append_only)
+
+    def _end(self, cur: psycopg.Cursor[Any], txn_id: SinkTxnId) -> bool:
+        """PREPARE TRANSACTION: durable, invisible, recoverable; True if not confirmed."""
+        with watched(cur.connection, self.options.commit_timeout_s) as seen:
+            cur.execute(sql.SQL("PREPARE TRANSACTION {}").format(sql.Literal(str(txn_id))))
+        return seen.unconfirmed
+
+    def _keep(
+        self, txn_id: SinkTxnId, txn: EpochTxn | None, *, unconfirmed: bool = False
+    ) -> SinkOutcome:
+        """Remember the prepared txn's xid (commit() resolves by it); the session is free."""
+        if txn is None:
+            return OK  # in already: commit() finds the marker
+        self._inflight[txn_id.key] = txn.xid
+        self._release(txn.session)
+        if unconfirmed:
             # PREPARE waited for the synchronous standbys and was cut short: the
             # prepared txn may be on the primary only. Not durable enough to
             # say OK; the cycle aborts the epoch and tries again.
@@ -234,6 +198,8 @@ class PreparedPostgresSink(PostgresSink):
                 "by the synchronous standby in time; abort and retry the epoch"
             )
         return OK
+
+    # -- the contract -------------------------------------------------------------
 
     def commit(self, txn_id: SinkTxnId) -> SinkOutcome:
         """COMMIT PREPARED; OK if the marker shows the epoch already committed.
@@ -284,7 +250,7 @@ class PreparedPostgresSink(PostgresSink):
                 found = self._marker_outcome(conn, txn_id, "commit")
                 if isinstance(found, Ok):
                     # In on the primary; reported only once the standbys hold it.
-                    confirm_replicated(conn, timeout_s=self.resolve_timeout_s, what=what)
+                    confirm_replicated(conn, timeout_s=self.options.resolve_timeout_s, what=what)
                 conn.rollback()
                 self._release(session)
                 if found is not None:
@@ -296,7 +262,7 @@ class PreparedPostgresSink(PostgresSink):
                     "(no marker): it was rolled back; replay the epoch"
                 )
             if self._finish(conn, "COMMIT PREPARED", target):
-                confirm_replicated(conn, timeout_s=self.resolve_timeout_s, what=what)
+                confirm_replicated(conn, timeout_s=self.options.resolve_timeout_s, what=what)
         except (ConfigurationError, RetryableError, MarkerMismatchError) as err:
             self._rollback_quietly(session)
             return self._outcome(err)
@@ -306,18 +272,9 @@ class PreparedPostgresSink(PostgresSink):
             xid = self._inflight.get(txn_id.key)
             if xid is None or state is None:
                 return None  # no xid known here: look at pg_prepared_xacts again
-            try:
-                resolved = resolve_commit(
-                    self.target,
-                    state,
-                    InFlightTxn(txn_id, xid, session.backend, str(target)),
-                    scope=self._scope(txn_id.pipeline),
-                    timeout=self.resolve_timeout_s,
-                    app=self.application_name,
-                )
-            except MarkerMismatchError as mismatch:
-                return Fatal.of(mismatch)
-            self.last_resolution = resolved
+            resolved = self._resolve(InFlightTxn(txn_id, xid, session.backend, str(target)))
+            if isinstance(resolved, Fatal):
+                return resolved
             if resolved.resolution is Resolution.PREPARED:
                 return None
             if resolved.resolution is Resolution.ABORTED:

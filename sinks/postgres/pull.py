@@ -13,13 +13,13 @@ import logging
 import re
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
+from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
 from psycopg import sql
 
 from reconcile.core.checksum import checksum_kind
-from reconcile.core.conform import SinkColumn, wants_text
 from reconcile.core.contract import ConfigurationError, InvalidInputError, RetryableError
 from reconcile.core.target import KeyRange, Progress
 from sinks.objects.declared import CREATE_EPOCH_INDEX, epoch_index_name
@@ -28,6 +28,7 @@ from .bucket_sums import PgBucketSums
 from .connection import PgTarget
 from .heavy import DEFAULT_STATEMENT_TIMEOUT_MS, Cancellable, settings_sql
 from .markers import MARKERS_TABLE
+from .pull_columns import select_list, sink_columns
 from .ranges import (
     Params,
     RangeOrder,
@@ -38,36 +39,27 @@ from .ranges import (
 )
 from .schema import EPOCH_COLUMN, TableSchema
 
-__all__ = ["PgSnapshot", "sink_columns"]
+__all__ = ["MarkerSource", "PgSnapshot"]
 
 log = logging.getLogger("reconcile.recovery")
 
-_KINDS = {
-    "int2": "int",
-    "int4": "int",
-    "int8": "int",
-    "numeric": "numeric",
-    "float8": "float8",
-    "float4": "float4",
-    "bool": "bool",
-    "text": "text",
-    "varchar": "text",
-    "uuid": "uuid",
-    "date": "date",
-    "timestamp": "timestamp",
-    "timestamptz": "timestamptz",
-    "bytea": "bytes",
-}
 # What pg_export_snapshot() returns: hex words joined by dashes.
 _SNAPSHOT_ID = re.compile(r"[0-9A-Fa-f]+(-[0-9A-Fa-f]+){1,3}")
 
 
-def sink_columns(table: TableSchema) -> dict[str, SinkColumn]:
-    """The target's columns as recovery sees them (kind by pg_type.typname)."""
-    return {
-        name: SinkColumn(name, _KINDS.get(col.typname, "other"), col.sql_type)
-        for name, col in table.columns.items()
-    }
+@dataclass(frozen=True, slots=True)
+class MarkerSource:
+    """Whose markers a snapshot reads its newest epoch from.
+
+    Attributes:
+        schema: the schema of ``reconcile_commits`` (None: no markers yet).
+        pipeline: whose markers to read.
+        sink: the sink's name in the markers.
+    """
+
+    schema: str | None
+    pipeline: str
+    sink: str
 
 
 def _adbc_error(target: PgTarget, err: Exception, what: str) -> Exception:
@@ -89,9 +81,7 @@ class PgSnapshot:
         table: the reflected target.
         schema: the expected state's user schema (the columns pulled, in order).
         keys: the key columns.
-        marker_schema: the schema of ``reconcile_commits`` (None: no markers yet).
-        pipeline: whose markers to read.
-        sink: the sink's name in the markers.
+        markers: whose markers give the snapshot's newest epoch.
         shared: a snapshot another session exported (``export()``): this one
             sees exactly what that one sees (parallel pulls of one state).
         application_name: the pull session's name in ``pg_stat_activity``
@@ -106,18 +96,16 @@ class PgSnapshot:
         table: TableSchema,
         schema: pa.Schema,
         keys: list[str],
-        marker_schema: str | None,
-        pipeline: str,
-        sink: str,
+        markers: MarkerSource,
+        *,
         shared: str | None = None,
         application_name: str | None = None,
-        *,
         statement_timeout_ms: int | None = None,
     ) -> None:
         if shared is not None and not _SNAPSHOT_ID.fullmatch(shared):
             raise InvalidInputError(f"not an exported snapshot id: {shared!r}")
         self.target, self.table, self.schema, self.keys = target, table, schema, keys
-        self.marker_schema, self.pipeline, self.sink = marker_schema, pipeline, sink
+        self.markers = markers
         self.shared = shared
         self.application_name = application_name
         self.statement_timeout_ms = statement_timeout_ms
@@ -205,32 +193,19 @@ class PgSnapshot:
         return composed.as_string(None)
 
     def _newest_marker(self) -> int | None:
-        if self.marker_schema is None:
+        markers = self.markers
+        if markers.schema is None:
             return None
         query = sql.SQL("SELECT max(epoch) FROM {} WHERE pipeline = $1 AND sink = $2").format(
-            sql.Identifier(self.marker_schema, MARKERS_TABLE)
+            sql.Identifier(markers.schema, MARKERS_TABLE)
         )
-        row = self.run(self._text(query), (self.pipeline, self.sink)).fetchone()
+        row = self.run(self._text(query), (markers.pipeline, markers.sink)).fetchone()
         return None if row is None or row[0] is None else int(row[0])
 
     # -- what is selected ---------------------------------------------------
 
     def _select_list(self) -> sql.Composable:
-        parts: list[sql.Composable] = []
-        for field in self.schema:
-            column = self.columns[field.name]
-            ident = sql.Identifier("t", field.name)
-            if wants_text(column.kind, field.type):
-                parts.append(sql.SQL("{}::text AS {}").format(ident, sql.Identifier(field.name)))
-            elif column.kind == "uuid":  # a 16-byte binary in the expected state
-                parts.append(
-                    sql.SQL("pg_catalog.uuid_send({}) AS {}").format(
-                        ident, sql.Identifier(field.name)
-                    )
-                )
-            else:
-                parts.append(ident)
-        return sql.SQL(", ").join(parts)
+        return select_list(self.schema, self.columns)
 
     def _fetch(self, query: sql.Composable, parameters: Any = None,
                progress: Progress | None = None, total: int | None = None) -> pa.Table:  # fmt: skip

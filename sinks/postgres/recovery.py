@@ -20,7 +20,8 @@ from sinks.objects.declared import ENGINE_SCHEMA
 from .binding import connect_checked
 from .client import PgSinkClient
 from .markers import MARKERS_TABLE, REPAIRS_TABLE
-from .pull import PgSnapshot, sink_columns
+from .pull import MarkerSource, PgSnapshot
+from .pull_columns import sink_columns
 from .repair import apply_repair
 from .schema import TableSchema, reflect_table
 
@@ -73,10 +74,12 @@ class PgRecoveryTarget:
             return self._table
         what = f"verify of postgres sink {self.sink.name!r}"
         with connect_checked(self.sink.target, what, self.sink.application_name) as conn:
-            self._table = reflect_table(conn, self.sink.schema_name, self.sink.table, self.sink.key)
+            self._table = reflect_table(
+                conn, self.sink.options.schema, self.sink.table, self.sink.options.key_columns
+            )
             candidates = (
-                [self.sink.state_schema]
-                if self.sink.state_schema
+                [self.sink.options.state_schema]
+                if self.sink.options.state_schema
                 else list(dict.fromkeys([ENGINE_SCHEMA, self._table.schema]))
             )
             for schema in candidates:
@@ -115,10 +118,15 @@ class PgRecoveryTarget:
     ) -> Iterator[PgSnapshot]:
         table = self._open()
         snap = PgSnapshot(
-            self.sink.target, table, schema, keys, self._marker_schema, self.pipeline,
-            self.sink.name, shared, application_name,
-            statement_timeout_ms=self.sink.statement_timeout_ms,
-        )  # fmt: skip
+            self.sink.target,
+            table,
+            schema,
+            keys,
+            MarkerSource(self._marker_schema, self.pipeline, self.sink.name),
+            shared=shared,
+            application_name=application_name,
+            statement_timeout_ms=self.sink.options.statement_timeout_ms,
+        )
         with snap.opened() as opened:
             yield opened
 

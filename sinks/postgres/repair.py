@@ -304,7 +304,7 @@ def _commit(sink: PgSinkClient, session: Any, pipeline: str, target: int, xid: s
     try:
         with (
             interrupts.step("the COMMIT of the repair"),
-            watched(session.conn, sink.commit_timeout_s),
+            watched(session.conn, sink.options.commit_timeout_s),
         ):
             session.conn.commit()
     except psycopg.Error as err:
@@ -326,7 +326,7 @@ def _commit(sink: PgSinkClient, session: Any, pipeline: str, target: int, xid: s
             state,
             InFlightTxn(SinkTxnId(pipeline, sink.name, target, 0), xid, session.backend),
             scope=sink._scope(pipeline),
-            timeout=sink.resolve_timeout_s,
+            timeout=sink.options.resolve_timeout_s,
             app=sink.application_name,
             evidence=ours,
         )

@@ -135,8 +135,8 @@ def reflect_target(client: Any) -> TableSchema:
     """
     try:
         with client.target.connect(autocommit=True, application_name=client.application_name) as c:
-            key = tuple(client.key) if client.key else None
-            return reflect_table(c, client.schema_name, client.table, key)
+            key = client.options.key_columns or None
+            return reflect_table(c, client.options.schema, client.table, key)
     except psycopg.OperationalError as err:
         raise _transient(client, "reading the target", err) from None
 
@@ -159,8 +159,8 @@ def ensure_stage(client: PgSinkClient, table: TableSchema, pipeline: str) -> tup
                 table,
                 pipeline=pipeline,
                 sink=client.name,
-                explicit_schema=client.state_schema,
-                state_owner=client.state_owner,
+                explicit_schema=client.options.state_schema,
+                state_owner=client.options.state_owner,
                 what=f"postgres sink {client.name!r} of pipeline {pipeline!r}",
             )
     except psycopg.OperationalError as err:

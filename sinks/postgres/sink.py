@@ -3,38 +3,33 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import psycopg
-from psycopg import errors
 
 from reconcile.core import hooks
 from reconcile.core.contract import (
     OK,
     ConfigurationError,
     Fatal,
-    FatalError,
-    InvalidInputError,
     MarkerMismatchError,
-    Ok,
     ReconcileError,
     Retryable,
     RetryableError,
     SinkOutcome,
     SinkTxnId,
 )
+from sinks.open_txn import OpenTxnSink
 
 from .apply import apply_with_copy
-from .client import FENCE_CHECKED, PgSinkClient
-from .markers import MARKERS_TABLE
+from .epoch_txn import EpochTxn, EpochTxnSink
+from .markers import EpochStart
 from .ownership import check_marker
 from .replication import confirm_replicated, watched
-from .resolve import InFlightTxn, Resolution, Resolved, resolve_commit
+from .resolve import InFlightTxn, Resolution
+from .schema import TableSchema
 from .session import Session
-from .shared_stage import apply_staged
-from .staging import EpochBatch, ValidatedBatch, validate_batch
+from .staging import EpochBatch, ValidatedBatch
 
 __all__ = ["PostgresSink"]
 
@@ -44,19 +39,8 @@ log = logging.getLogger("reconcile.sinks.postgres")
 # leaves a committed epoch whose sink never acknowledged it).
 COMMIT_RETURNED = hooks.declare("pg.commit.returned")
 
-Key = tuple[str, str, int]
 
-
-@dataclass
-class _OpenTxn:
-    """An epoch txn that prepare() left open, waiting for commit()."""
-
-    txn_id: SinkTxnId
-    session: Session | None  # None: the epoch was already committed (marker found)
-    xid: str = ""
-
-
-class PostgresSink(PgSinkClient):
+class PostgresSink(EpochTxnSink, OpenTxnSink[EpochTxn, EpochBatch]):
     """Exactly-once sink into one PostgreSQL table, one transaction per epoch.
 
     ``prepare`` runs BEGIN, records ``pg_current_xact_id()`` and the backend
@@ -78,17 +62,13 @@ class PostgresSink(PgSinkClient):
     # The open epoch txn dies with its connection: see sinks.base.has_durable_prepare.
     durable_prepare = False
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._staged: dict[Key, EpochBatch] = {}
-        self._open: dict[Key, _OpenTxn] = {}
-        # The last ambiguous COMMIT's resolution and what decided it (diagnostics).
-        self.last_resolution: Resolved | None = None
+    def _init_mode(self) -> None:
+        super()._init_mode()
+        OpenTxnSink.__init__(self)
 
     def close(self) -> None:
         """Roll back open epochs and close connections."""
-        for key in list(self._open):
-            self._discard_open(key)
+        self._discard_all()
         super().close()
 
     def __enter__(self) -> PostgresSink:
@@ -97,176 +77,73 @@ class PostgresSink(PgSinkClient):
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    # -- the contract -------------------------------------------------------
+    # -- the epoch transaction's steps (the body is EpochTxnSink._epoch_txn) ------
 
-    def stage(self, txn_id: SinkTxnId, rows: Iterable[Any]) -> SinkOutcome:
-        """Buffer rows (dicts, Changes or Arrow tables) in memory; nothing is sent."""
-        if (bad := self._check_txn(txn_id)) is not None:
-            return bad
-        # Staging again replaces the epoch's rows (a retry re-stages them).
-        batch = EpochBatch()
-        try:
-            id_column = self.setup().key[0] if self.append_only else None
-            batch.add(rows, id_column=id_column)
-            self._staged[txn_id.key] = batch
-        except (ConfigurationError, RetryableError, MarkerMismatchError) as err:
-            return self._outcome(err)
-        except InvalidInputError as err:  # typed: bad rows stop the pipeline, never retried
-            return Fatal(f"postgres sink {self._name!r}, epoch {txn_id.epoch}: {err}", err)
-        except psycopg.Error as err:
-            return Retryable(self.target.redact(f"postgres sink {self._name!r}: {err}"))
-        return OK
-
-    def _validated(self, txn_id: SinkTxnId) -> ValidatedBatch | None:
-        """The staged batch, validated; None if nothing was staged in this client."""
-        schema = self.setup()
-        batch = self._staged.get(txn_id.key)
-        if batch is None:
-            return None
-        return validate_batch(schema, batch, sink=self._name, epoch=txn_id.epoch)
-
-    def _prepare_inputs(
-        self, txn_id: SinkTxnId
-    ) -> tuple[ValidatedBatch | None, Session] | SinkOutcome:
-        """The validated staged batch and a session for prepare, or the outcome that stops it."""
-        try:
-            batch = self._validated(txn_id)
-            session = self._session()
-        except (ConfigurationError, RetryableError, MarkerMismatchError) as err:
-            return self._outcome(err)
-        except InvalidInputError as err:
-            return Fatal(self.target.redact(str(err)), err)
-        except psycopg.Error as err:
-            return self._connect_outcome("prepare", txn_id, err)
-        return batch, session
-
-    def _not_staged(self, txn_id: SinkTxnId) -> Retryable:
-        return Retryable(
-            f"postgres sink {self._name!r}: nothing staged for {txn_id} in this client "
-            "(staged rows die with their process): stage the epoch again"
-        )
-
-    def _committed_by_other(self, txn_id: SinkTxnId) -> SinkOutcome:
-        """Our marker insert met another one: OK only if that one is this writer's own."""
-        try:
-            with self.target.connect(autocommit=True, application_name=self.application_name) as c:
-                assert self._state is not None
-                marker = self._state.find_marker(c, *txn_id.key)
-        except psycopg.Error as err:
-            return Retryable(self._describe_error("prepare", txn_id, err))
-        if marker is None:  # deleted meanwhile: nothing is committed, try again
-            return Retryable(f"postgres sink {self._name!r}: {txn_id} raced a marker; retry")
-        assert self._state is not None
-        mismatch = check_marker(marker, self._scope(txn_id.pipeline), self._state, where="prepare")
-        return OK if mismatch is None else Fatal.of(mismatch)
-
-    def prepare(self, txn_id: SinkTxnId) -> SinkOutcome:
-        """Open the epoch txn: xid, fence, bulk apply, marker. It stays open until commit."""
-        if (bad := self._check_txn(txn_id)) is not None:
-            return bad
+    def _before_epoch_txn(self, txn_id: SinkTxnId) -> SinkOutcome | None:
+        """Before a session is taken: this client holds one open epoch txn at a time."""
         if txn_id.key in self._open:
             # Preparing a prepared epoch replaces it: roll back, then redo.
-            self._discard_open(txn_id.key)
+            self._discard(txn_id.key)
         if self._open:
             other = next(iter(self._open.values())).txn_id
             return Fatal(
                 f"postgres sink {self._name!r} (transactional mode) holds one open epoch txn; "
                 f"commit or abort {other} before preparing {txn_id}"
             )
-        got = self._prepare_inputs(txn_id)
-        if not isinstance(got, tuple):
-            return got
-        batch, session = got
-        conn = session.conn
-        state, schema = self._state, self._schema
-        assert state is not None and schema is not None
-        scope = self._scope(txn_id.pipeline)
-        try:
-            self._ensure_pipeline(session, txn_id.pipeline)
-            with conn.cursor() as cur:
-                start = state.start_epoch(
-                    cur, txn_id.pipeline, self._name, txn_id.epoch, share=False
-                )
-                if start.marker is not None:
-                    # Already committed: by this writer before a crash (a replay
-                    # must not write it again), or by another state, which is
-                    # an error, never an "already committed".
-                    conn.rollback()
-                    self._release(session)
-                    mismatch = check_marker(start.marker, scope, state, where="prepare")
-                    if mismatch is not None:
-                        return Fatal.of(mismatch)
-                    self._open[txn_id.key] = _OpenTxn(txn_id, None)
-                    return OK
-                if batch is None:
-                    conn.rollback()
-                    self._release(session)
-                    return self._not_staged(txn_id)
-                fenced = self._check_fence(cur, txn_id, start.fence)
-                if fenced is not None:
-                    conn.rollback()
-                    self._release(session)
-                    return fenced
-                hooks.point(FENCE_CHECKED)
-                if batch.staged is not None:
-                    apply_staged(cur, schema, batch.staged, batch.columns, txn_id.epoch,
-                                 append_only=self.append_only)  # fmt: skip
-                else:
-                    apply_with_copy(
-                        cur,
-                        schema,
-                        batch,
-                        txn_id.epoch,
-                        append_only=self.append_only,
-                        direct_copy_triggers=self.direct_copy_triggers,
-                    )
-                state.insert_marker(
-                    cur,
-                    txn_id.key,
-                    (schema.schema, schema.table),
-                    scope.log_id,
-                    txn_id.generation,
-                    batch.row_count,
-                )
-        except MarkerMismatchError as err:
-            self._rollback_quietly(session)
-            return Fatal.of(err)
-        except FatalError as err:  # staged rows that went missing: re-stage the batch
-            self._rollback_quietly(session)
-            return Fatal(str(err))
-        except errors.UniqueViolation as err:
-            self._rollback_quietly(session)
-            if err.diag.table_name == MARKERS_TABLE:
-                # Another writer committed this epoch while we applied it.
-                outcome = self._committed_by_other(txn_id)
-                if isinstance(outcome, Ok):
-                    self._open[txn_id.key] = _OpenTxn(txn_id, None)
-                return outcome
-            return self._classify("prepare", txn_id, err)
-        except psycopg.Error as err:
-            # The txn was rolled back (or its connection is gone): nothing of
-            # the epoch is in, whatever failed.
-            self._rollback_quietly(session)
-            return self._classify("prepare", txn_id, err)
-        self._open[txn_id.key] = _OpenTxn(txn_id, session, start.xid)
+        return None
+
+    def _clear_epoch(self, session: Session, txn_id: SinkTxnId) -> SinkOutcome | None:
+        """What is left of an earlier attempt of the epoch (none: it died with its txn)."""
+        return None
+
+    def _before_fence(self, cur: psycopg.Cursor[Any], txn_id: SinkTxnId, start: EpochStart) -> None:
+        """Session settings for the fence check (none in transactional mode)."""
+
+    def _apply(
+        self, cur: psycopg.Cursor[Any], schema: TableSchema, batch: ValidatedBatch, epoch: int
+    ) -> None:
+        """The batch's rows: COPY into temp tables, then upserts and deletes in bulk."""
+        apply_with_copy(
+            cur,
+            schema,
+            batch,
+            epoch,
+            append_only=self.append_only,
+            direct_copy_triggers=self.options.direct_copy_triggers,
+        )
+
+    def _end(self, cur: psycopg.Cursor[Any], txn_id: SinkTxnId) -> bool:
+        """The txn stays open until commit(); nothing is left unconfirmed."""
+        return False
+
+    def _keep(
+        self, txn_id: SinkTxnId, txn: EpochTxn | None, *, unconfirmed: bool = False
+    ) -> SinkOutcome:
+        """Hold the open txn for commit(); None: the epoch is in already (its marker)."""
+        if txn is None:
+            self._hold_committed(txn_id)
+        else:
+            self._hold(txn_id, txn)
         return OK
 
-    def commit(self, txn_id: SinkTxnId) -> SinkOutcome:
+    # -- the steps of the open-transaction lifecycle (sinks.open_txn) -----------
+
+    _marker_unreadable = (psycopg.Error, ReconcileError)
+
+    def _sink_label(self) -> str:
+        return f"postgres sink {self._name!r}"
+
+    def _commit_open(self, txn_id: SinkTxnId, txn: EpochTxn) -> SinkOutcome:
         """COMMIT the open epoch txn; resolve a COMMIT without reply from the database.
 
         Raises:
             OutcomeUnknownError: neither pg_xact_status nor the marker settles
                 it, or the synchronous standbys do not confirm it in time.
         """
-        if (bad := self._check_txn(txn_id)) is not None:
-            return bad
-        txn = self._open.pop(txn_id.key, None)
-        if txn is None or txn.session is None:
-            return self._settle_by_marker(txn_id)
         session = txn.session
         what = f"postgres sink {self._name!r}: COMMIT of {txn_id} (xid {txn.xid})"
         try:
-            with watched(session.conn, self.commit_timeout_s) as seen:
+            with watched(session.conn, self.options.commit_timeout_s) as seen:
                 session.conn.commit()
             hooks.point(COMMIT_RETURNED)
         except psycopg.Error as err:
@@ -282,19 +159,9 @@ class PostgresSink(PgSinkClient):
                 return self._classify("COMMIT", txn_id, err)
             # Anything else (no reply, a broken connection, a timeout): the
             # outcome is asked from the database; see resolve.py.
-            assert self._state is not None
-            try:
-                resolved = resolve_commit(
-                    self.target,
-                    self._state,
-                    InFlightTxn(txn_id, txn.xid, session.backend),
-                    scope=self._scope(txn_id.pipeline),
-                    timeout=self.resolve_timeout_s,
-                    app=self.application_name,
-                )
-            except MarkerMismatchError as mismatch:
-                return Fatal.of(mismatch)
-            self.last_resolution = resolved
+            resolved = self._resolve(InFlightTxn(txn_id, txn.xid, session.backend))
+            if isinstance(resolved, Fatal):
+                return resolved
             if resolved.resolution is not Resolution.COMMITTED:
                 return Retryable(
                     f"{what} did not take effect ({resolved.decided_by.value}: "
@@ -305,7 +172,8 @@ class PostgresSink(PgSinkClient):
                 if seen.unconfirmed:
                     # The COMMIT came back after a cancel or with a WARNING: its
                     # wait for the synchronous standbys may have been cut short.
-                    confirm_replicated(session.conn, timeout_s=self.resolve_timeout_s, what=what)
+                    timeout = self.options.resolve_timeout_s
+                    confirm_replicated(session.conn, timeout_s=timeout, what=what)
             finally:
                 self._release(session)
         log.info(
@@ -316,7 +184,6 @@ class PostgresSink(PgSinkClient):
             txn.xid,
             extra={"xid": txn.xid},
         )
-        self._staged.pop(txn_id.key, None)
         return OK
 
     def _settle_by_marker(self, txn_id: SinkTxnId) -> SinkOutcome:
@@ -334,7 +201,7 @@ class PostgresSink(PgSinkClient):
                     # In on the primary; reported only once the standbys hold it.
                     confirm_replicated(
                         c,
-                        timeout_s=self.resolve_timeout_s,
+                        timeout_s=self.options.resolve_timeout_s,
                         what=f"postgres sink {self._name!r}: commit of {txn_id}",
                     )
         except (ConfigurationError, RetryableError, MarkerMismatchError) as err:
@@ -342,7 +209,6 @@ class PostgresSink(PgSinkClient):
         except psycopg.Error as err:
             return self._connect_outcome("commit", txn_id, err)
         if marker is not None:
-            self._staged.pop(txn_id.key, None)
             return OK
         return Fatal(
             f"postgres sink {self._name!r} (transactional mode): {txn_id} is not prepared in this "
@@ -350,39 +216,15 @@ class PostgresSink(PgSinkClient):
             "replay the epoch (prepare again)"
         )
 
-    def abort(self, txn_id: SinkTxnId) -> SinkOutcome:
-        """Roll back the open epoch txn and drop the staged rows. OK if there is none."""
-        if (bad := self._check_txn(txn_id)) is not None:
-            return bad
-        had_open = txn_id.key in self._open
-        self._discard_open(txn_id.key)
-        self._staged.pop(txn_id.key, None)
-        if had_open:
-            return OK
-        try:
-            self.setup()
-            assert self._state is not None
-            with self.target.connect(autocommit=True, application_name=self.application_name) as c:
-                marker = self._state.find_marker(c, txn_id.pipeline, self._name, txn_id.epoch)
-        except (psycopg.Error, ReconcileError):
-            # Nothing of this epoch is open in this process, and an epoch
-            # txn never outlives its process: there is nothing to discard.
-            return OK
+    def _read_marker(self, txn_id: SinkTxnId) -> SinkOutcome | None:
+        self.setup()
+        assert self._state is not None
+        with self.target.connect(autocommit=True, application_name=self.application_name) as c:
+            marker = self._state.find_marker(c, txn_id.pipeline, self._name, txn_id.epoch)
         if marker is None:
-            return OK
+            return None
         mismatch = check_marker(marker, self._scope(txn_id.pipeline), self._state, where="abort")
-        if mismatch is not None:
-            return Fatal.of(mismatch)
-        return Fatal(
-            f"postgres sink {self._name!r}: abort of {txn_id}, an epoch that is "
-            "already committed; committed data stays"
-        )
+        return OK if mismatch is None else Fatal.of(mismatch)
 
-    def recover(self) -> Sequence[SinkTxnId]:
-        """Always []: in transactional mode an open epoch txn never outlives its connection."""
-        return []
-
-    def _discard_open(self, key: Key) -> None:
-        txn = self._open.pop(key, None)
-        if txn is not None and txn.session is not None:
-            self._rollback_quietly(txn.session)
+    def _roll_back(self, held: EpochTxn) -> None:
+        self._rollback_quietly(held.session)

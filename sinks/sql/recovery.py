@@ -31,7 +31,8 @@ from reconcile.core.contract import (
 from reconcile.core.target import KeyRange, Progress, Repair
 from sinks.objects.sql_state import create_scope_keys
 
-from .sink import EPOCH_COLUMN, SqlSink, write_rows
+from .rows import EPOCH_COLUMN, write_rows
+from .sink import SqlSink
 
 __all__ = ["SqlRecoveryTarget", "sink_kind"]
 

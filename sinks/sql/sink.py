@@ -27,7 +27,7 @@ from reconcile.core.contract import (
     Fatal,
     FencedError,
     MarkerMismatchError,
-    RejectedError,
+    Ok,
     Retryable,
     SinkOutcome,
     SinkTxnId,
@@ -36,47 +36,29 @@ from reconcile.core.contract import (
 )
 from reconcile.core.decisions import is_rejection_sqlstate
 from reconcile.core.keys import float_key_error
-from reconcile.core.logs import scrub
 from reconcile.core.sink import SinkCapabilities
 from sinks.objects.sql_state import create_sql_state
+from sinks.open_txn import OpenTxnSink
 
 from .arrow_types import table_arrow_schema
+from .errors import describe_error, redact_url, rejection, sqlstate_of
+from .rows import EPOCH_COLUMN, write_rows
 from .state import SqlState
 
 __all__ = ["EPOCH_COLUMN", "SqlSink"]
 
 log = logging.getLogger("reconcile.sinks.sql")
 
-EPOCH_COLUMN = "_epoch"
+
+@dataclass(frozen=True)
+class SqlTxn:
+    """An epoch txn that prepare() wrote and left open: its connection and transaction."""
+
+    conn: sa.Connection
+    txn: sa.Transaction
 
 
-def redact_url(url: str) -> str:
-    """The URL with its password hidden (for every message)."""
-    try:
-        parsed = sa.make_url(url)
-    except sa.exc.ArgumentError:
-        return "<unparsable URL>"
-    if "@" in (parsed.host or ""):
-        # The user info was cut at its first '@': the rest of a password with an
-        # unencoded '@' became the host. Nothing of it is shown.
-        return f"{parsed.drivername}://<user info with an unencoded '@'>"
-    return parsed.render_as_string(hide_password=True)
-
-
-def _sqlstate(err: BaseException) -> str:
-    """The SQLSTATE a DB-API error carries (psycopg: ``sqlstate``, psycopg2: ``pgcode``), or ""."""
-    orig = getattr(err, "orig", None)
-    state = getattr(orig, "sqlstate", None) or getattr(orig, "pgcode", None)
-    return state if isinstance(state, str) else ""
-
-
-@dataclass
-class _Open:
-    conn: sa.Connection | None  # None: the epoch was already committed
-    txn: sa.Transaction | None
-
-
-class SqlSink:
+class SqlSink(OpenTxnSink[SqlTxn, list[Any]]):
     """Exactly-once sink into one table of any SQLAlchemy database.
 
     The epoch's transaction stays open from ``prepare`` to ``commit``. On
@@ -126,12 +108,11 @@ class SqlSink:
         try:
             self.engine = sa.create_engine(parsed)
         except (sa.exc.ArgumentError, ImportError) as err:
-            raise ConfigurationError(self._error_of(name, url, "cannot use the URL", err)) from None
+            raise ConfigurationError(describe_error(name, url, "cannot use the URL", err)) from None
         self.state = SqlState(state_schema)
         self._writer: WriterIdentity | None = None
         self._target: sa.Table | None = None
-        self._staged: dict[tuple[str, str, int], list[Any]] = {}
-        self._open: dict[tuple[str, str, int], _Open] = {}
+        OpenTxnSink.__init__(self)
 
     # -- identity and set-up ------------------------------------------------
 
@@ -155,35 +136,12 @@ class SqlSink:
         )
 
     def _error(self, what: str, err: BaseException) -> str:
-        return self._error_of(self._name, self.url, what, err)
-
-    def _redact(self, text: str) -> str:
-        password = sa.make_url(self.url).password
-        return scrub(text.replace(str(password), "***") if password else text)
-
-    @staticmethod
-    def _error_of(name: str, url: str, what: str, err: BaseException) -> str:
-        text = f"sql sink {name!r} ({redact_url(url)}): {what}: {err}"
-        password = sa.make_url(url).password
-        return scrub(text.replace(str(password), "***") if password else text)
+        return describe_error(self._name, self.url, what, err)
 
     def _rejected(self, txn_id: SinkTxnId, err: sa.exc.StatementError) -> Fatal:
-        """The database refused the epoch's rows (a constraint, a value, a privilege): stop.
-
-        SQLAlchemy's IntegrityError and DataError are the DB-API's, whatever
-        the driver; a driver that gives a SQLSTATE (psycopg, and the
-        constraint and column with it) gets it named, as the Postgres sink does.
-        """
-        orig = getattr(err, "orig", None)
-        diag = getattr(orig, "diag", None)
-        said = str(orig if orig is not None else err).strip().splitlines()
-        reason = self._redact(said[0] if said else type(err).__name__)
+        """The database refused the epoch's rows (a constraint, a value, a privilege): stop."""
         table = f"{self.schema_name}.{self.table_name}" if self.schema_name else self.table_name
-        rejected = RejectedError.of(
-            epoch=txn_id.epoch, table=table, sqlstate=_sqlstate(err), reason=reason,
-            sink=self._name, constraint=getattr(diag, "constraint_name", None),
-            column=getattr(diag, "column_name", None),
-        )  # fmt: skip
+        rejected = rejection(err, epoch=txn_id.epoch, table=table, sink=self._name, url=self.url)
         return Fatal(self._error(f"prepare({txn_id}) refused; nothing was written", err), rejected)
 
     def target(self) -> sa.Table:
@@ -258,14 +216,14 @@ class SqlSink:
 
     # -- the contract ---------------------------------------------------------
 
-    def _check(self, txn_id: SinkTxnId) -> Fatal | None:
+    def _check_txn(self, txn_id: SinkTxnId) -> Fatal | None:
         if txn_id.sink != self._name or self.pipeline not in (None, txn_id.pipeline):
             return Fatal.of(ConfigurationError(f"sql sink {self._name!r} got txn {txn_id}"))
         return None
 
     def stage(self, txn_id: SinkTxnId, rows: Iterable[Any]) -> SinkOutcome:
         """Buffer rows: dicts (upserts), Changes, or Arrow tables."""
-        if (bad := self._check(txn_id)) is not None:
+        if (bad := self._check_txn(txn_id)) is not None:
             return bad
         if isinstance(rows, pa.Table):
             rows = rows.to_pylist()
@@ -314,9 +272,9 @@ class SqlSink:
 
     def prepare(self, txn_id: SinkTxnId) -> SinkOutcome:
         """Open the epoch's transaction: fence, rows, marker. It stays open until commit."""
-        if (bad := self._check(txn_id)) is not None:
+        if (bad := self._check_txn(txn_id)) is not None:
             return bad
-        self._discard(txn_id.key)
+        self._discard(txn_id.key)  # preparing a prepared epoch replaces it
         try:
             table = self.target()
         except ConfigurationError as err:
@@ -328,8 +286,8 @@ class SqlSink:
             if done is not None:
                 txn.rollback()
                 conn.close()
-                if isinstance(done, type(OK)):
-                    self._open[txn_id.key] = _Open(None, None)
+                if isinstance(done, Ok):
+                    self._hold_committed(txn_id)
                 return done
             staged = self._staged.get(txn_id.key)
             if staged is None:
@@ -353,87 +311,70 @@ class SqlSink:
                 with self.engine.connect() as c:
                     again = self._marker_outcome(c, txn_id)
                 if again is not None:
-                    if isinstance(again, type(OK)):
-                        self._open[txn_id.key] = _Open(None, None)
+                    if isinstance(again, Ok):
+                        self._hold_committed(txn_id)
                     return again
             return self._rejected(txn_id, err)
         except (sa.exc.DataError, sa.exc.StatementError) as err:
             txn.rollback()
             conn.close()
-            if isinstance(err, sa.exc.DataError) or is_rejection_sqlstate(_sqlstate(err)):
+            if isinstance(err, sa.exc.DataError) or is_rejection_sqlstate(sqlstate_of(err)):
                 return self._rejected(txn_id, err)
             if isinstance(err, sa.exc.OperationalError):
                 return Retryable(self._error(f"prepare({txn_id}); nothing was written", err))
             return Fatal(self._error(f"prepare({txn_id}) refused; nothing was written", err))
-        self._open[txn_id.key] = _Open(conn, txn)
+        self._hold(txn_id, SqlTxn(conn, txn))
         return OK
 
-    def commit(self, txn_id: SinkTxnId) -> SinkOutcome:
+    # -- the steps of the open-transaction lifecycle (sinks.open_txn) -----------
+
+    _marker_unreadable = (sa.exc.SQLAlchemyError,)
+
+    def _sink_label(self) -> str:
+        return f"sql sink {self._name!r}"
+
+    def _commit_open(self, txn_id: SinkTxnId, held: SqlTxn) -> SinkOutcome:
         """COMMIT the open transaction; without an answer, the marker settles it."""
-        if (bad := self._check(txn_id)) is not None:
-            return bad
-        held = self._open.pop(txn_id.key, None)
-        if held is not None and held.conn is not None and held.txn is not None:
-            try:
-                held.txn.commit()
-                self._staged.pop(txn_id.key, None)
-                return OK
-            except sa.exc.SQLAlchemyError as err:
-                log.warning("%s", self._error(f"COMMIT of {txn_id}", err))
-            finally:
-                held.conn.close()
-        # No open txn here (a restart), or a COMMIT without a definite answer:
-        # the marker, written in the same transaction, is the only evidence.
+        try:
+            held.txn.commit()
+            return OK
+        except sa.exc.SQLAlchemyError as err:
+            log.warning("%s", self._error(f"COMMIT of {txn_id}", err))
+        finally:
+            held.conn.close()
+        # A COMMIT without a definite answer: there is no transaction id to ask
+        # the database about; the marker, written in the same transaction, is
+        # the only evidence.
+        return self._settle_by_marker(txn_id)
+
+    def _settle_by_marker(self, txn_id: SinkTxnId) -> SinkOutcome:
         try:
             with self.engine.connect() as conn:
                 done = self._marker_outcome(conn, txn_id)
         except sa.exc.SQLAlchemyError as err:
             return Retryable(self._error(f"commit({txn_id}): cannot read the marker", err))
         if done is not None:
-            self._staged.pop(txn_id.key, None)
             return done
         return Fatal(
             f"sql sink {self._name!r}: {txn_id} is not open in this process and has no marker: "
             "it did not commit; replay the epoch (prepare again)"
         )
 
-    def abort(self, txn_id: SinkTxnId) -> SinkOutcome:
-        """Roll back the open transaction. Fatal for an epoch that is committed."""
-        if (bad := self._check(txn_id)) is not None:
-            return bad
-        had = txn_id.key in self._open
-        self._discard(txn_id.key)
-        self._staged.pop(txn_id.key, None)
-        if had:
-            return OK
+    def _read_marker(self, txn_id: SinkTxnId) -> SinkOutcome | None:
+        with self.engine.connect() as conn:
+            return self._marker_outcome(conn, txn_id)
+
+    def _roll_back(self, held: SqlTxn) -> None:
         try:
-            with self.engine.connect() as conn:
-                done = self._marker_outcome(conn, txn_id)
-        except sa.exc.SQLAlchemyError:
-            return OK  # nothing of it is open here, and an open txn dies with its process
-        if done is None:
-            return OK
-        if isinstance(done, Fatal):
-            return done
-        return Fatal(f"sql sink {self._name!r}: abort of {txn_id}, which is committed")
-
-    def recover(self) -> Sequence[SinkTxnId]:
-        """Always []: an open transaction never outlives its connection."""
-        return []
-
-    def _discard(self, key: tuple[str, str, int]) -> None:
-        held = self._open.pop(key, None)
-        if held is not None and held.conn is not None:
-            try:
-                if held.txn is not None:
-                    held.txn.rollback()
-            finally:
-                held.conn.close()
+            held.txn.rollback()
+        except sa.exc.SQLAlchemyError as err:
+            log.warning("%s", self._error("rollback failed; closing the connection", err))
+        finally:
+            held.conn.close()
 
     def close(self) -> None:
         """Roll back open epochs, close connections."""
-        for key in list(self._open):
-            self._discard(key)
+        self._discard_all()
         self.engine.dispose()
 
     def recovery_target(self, pipeline: str, generation: int | None, *, write: bool) -> Any:
@@ -441,34 +382,3 @@ class SqlSink:
         from .recovery import SqlRecoveryTarget
 
         return SqlRecoveryTarget(self, pipeline, generation, write=write)
-
-
-def write_rows(
-    conn: sa.Connection, table: sa.Table, keys: list[str], items: Sequence[Any], epoch: int
-) -> int:
-    """Apply upserts and deletes: each key deleted, then the upserted rows inserted.
-
-    Returns the rows upserted plus the keys deleted.
-    """
-    upserts: dict[tuple[Any, ...], dict[str, Any]] = {}
-    deletes: dict[tuple[Any, ...], dict[str, Any]] = {}
-    for item in items:
-        row, op = (item.row, item.op) if isinstance(item, Change) else (item, "upsert")
-        key = tuple(row[k] for k in keys)
-        if op == "delete":
-            upserts.pop(key, None)
-            deletes[key] = {f"k_{k}": row[k] for k in keys}
-        else:
-            deletes.pop(key, None)
-            upserts[key] = dict(row)
-    match = sa.and_(*(table.c[k] == sa.bindparam(f"k_{k}") for k in keys))
-    gone = list(deletes.values()) + [{f"k_{k}": r[k] for k in keys} for r in upserts.values()]
-    if gone:
-        conn.execute(table.delete().where(match), gone)
-    if upserts:
-        rows = list(upserts.values())
-        if EPOCH_COLUMN in table.c:
-            for row in rows:
-                row[EPOCH_COLUMN] = epoch
-        conn.execute(table.insert(), rows)
-    return len(upserts) + len(deletes)

@@ -18,6 +18,7 @@ from expected_state.store import ExpectedStateStore
 from reconcile.recovery.buckets import BucketLimits
 from reconcile.recovery.engine import reconcile_table
 from reconcile.recovery.modes import Mode
+from reconcile.recovery.options import RecoverOptions
 from reconcile.recovery.report import ReconcileReport
 from sinks.postgres.sink import PostgresSink
 from tests.recovery_setup import SIMPLE_SCHEMA, Setup, make_setup
@@ -40,7 +41,8 @@ def verify(setup: Setup, mode: Mode, limits: BucketLimits | None = None) -> Reco
     try:
         store = ExpectedStateStore(setup.root, setup.pipeline, "orders", setup.keys)
         target = sink.recovery_target(setup.pipeline, None, write=False)
-        return reconcile_table(target, store, mode=mode, dry_run=True, bucket_options=limits)
+        options = RecoverOptions(mode=mode, dry_run=True)
+        return reconcile_table(target, store, options, bucket_options=limits)
     finally:
         sink.close()
 

@@ -16,7 +16,7 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
-from expected_state.delta_commit import commit_files, write_data_file
+from expected_state.delta_commit import BasedOn, DeltaCommit, commit_files, write_data_file
 from expected_state.epochs import EpochLog
 from expected_state.fencing import fence_app_id
 from expected_state.store import ExpectedStateStore
@@ -217,21 +217,22 @@ def test_fence_holds_when_takeover_lands_between_check_and_commit(tmp_path: Path
     uri = str(tmp_path / "t")
     data = pa.table({"k": ["a"], "v": [1]})
     fence = fence_app_id("pipe", "orders")
-    commit_files(uri, [], data.schema, app_id=fence, version=1)
+    commit_files(DeltaCommit(table_uri=uri, schema=data.schema, app_id=fence, version=1))
     zombie_view = DeltaTable(uri)
-    commit_files(uri, [], data.schema, app_id=fence, version=2)  # take-over
+    takeover = DeltaCommit(table_uri=uri, schema=data.schema, app_id=fence, version=2)
+    commit_files(takeover)
     f = write_data_file(uri, "zombie.parquet", data)
     with pytest.raises(FencedError, match="generation 1 is fenced off by generation 2"):
-        commit_files(
-            uri,
-            [f],
-            data.schema,
+        zombie = DeltaCommit(
+            table_uri=uri,
+            schema=data.schema,
             app_id="pipe/orders",
             version=1,
+            add=[f],
             fence=(fence, 1),
-            table=zombie_view,
             max_retries=2,
         )
+        commit_files(zombie, BasedOn(zombie_view))
     assert DeltaTable(uri).transaction_version("pipe/orders") is None
     assert pa.table(DeltaTable(uri).to_pyarrow_table()).num_rows == 0
 
@@ -240,13 +241,16 @@ def test_commit_files_is_idempotent_and_checks_schema(tmp_path: Path) -> None:
     uri = str(tmp_path / "t")
     data = pa.table({"k": ["a", "b"], "v": [1, 2]})
     f = write_data_file(uri, "part-1.parquet", data)
-    assert commit_files(uri, [f], data.schema, app_id="x", version=1).committed
-    assert not commit_files(uri, [f], data.schema, app_id="x", version=1).committed
+    first = DeltaCommit(table_uri=uri, schema=data.schema, app_id="x", version=1, add=[f])
+    assert commit_files(first).committed
+    assert not commit_files(first).committed
     bad = write_data_file(uri, "bad.parquet", pa.table({"k": ["c"], "v": [1.5]}))
     with pytest.raises(
         InvalidInputError, match=r"column 'v' in file 'bad\.parquet' has type double"
     ):
-        commit_files(uri, [bad], data.schema, app_id="x", version=2)
+        commit_files(
+            DeltaCommit(table_uri=uri, schema=data.schema, app_id="x", version=2, add=[bad])
+        )
     assert pa.table(DeltaTable(uri).to_pyarrow_table()).num_rows == 2
 
 

@@ -15,7 +15,7 @@ import pytest
 from deltalake import DeltaTable, write_deltalake
 from pyspark.sql import functions as F
 
-from expected_state.delta_commit import DataFile, commit_files
+from expected_state.delta_commit import DataFile, DeltaCommit, commit_files
 from expected_state.spark_bridge import delta_jars_available, read_delta, write_delta
 from reconcile.core.contract import InvalidInputError
 from reconcile.core.hashing import row_hash_arrow
@@ -97,7 +97,7 @@ def test_token_recorded_while_writing_discards_staged_files(spark: Any, tmp_path
     schema = pa.schema(table.schema().to_arrow())
 
     def racer(files: Sequence[DataFile]) -> None:
-        commit_files(uri, [], schema, app_id=APP, version=2)
+        commit_files(DeltaCommit(table_uri=uri, schema=schema, app_id=APP, version=2))
 
     result = write_delta(rows_of(spark, 10, 10), uri, app_id=APP, version=2, before_commit=racer)
     assert not result.committed

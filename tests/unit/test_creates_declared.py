@@ -135,7 +135,7 @@ def test_every_sqlalchemy_create_call_is_in_one_place() -> None:
     outside = {(rel, callee) for rel, callee in calls if not rel.startswith(HOME)}
     assert {callee for _, callee in outside} <= CALL_EXCEPTIONS, sorted(outside)
     assert {rel for rel, _ in outside} <= {
-        "expected_state/store.py",
+        "expected_state/store_table.py",
         "expected_state/delta_commit.py",
         "expected_state/epoch_rows.py",
     }

@@ -8,7 +8,8 @@ from reconcile.core.contract import ConfigurationError
 from sinks.postgres.connection import PgTarget, redact_text
 from sinks.postgres.factory import postgres_sink
 from sinks.registry import open_sink, redact_uri
-from sinks.sql.sink import SqlSink, redact_url
+from sinks.sql.errors import redact_url
+from sinks.sql.sink import SqlSink
 
 # A password whose literal text contains a percent escape: '%41' is NOT 'A'.
 LITERAL = "S3cr%41et"

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from expected_state.progress_log import StoreProgressLog
 from reconcile.core.contract import FatalError, FencedError
 from reconcile.core.progress import EpochStatus, MemoryProgressLog, ProgressLog
 from reconcile.engine.progress_file import FileProgressLog
@@ -102,8 +103,9 @@ def test_torn_tail_is_dropped_on_open(tmp_path: Path) -> None:
     assert FileProgressLog(tmp_path, "pipe").status(0) is C
 
 
-def test_truncate_keeps_what_recovery_needs(tmp_path: Path) -> None:
-    log = FileProgressLog(tmp_path, "pipe")
+@pytest.mark.parametrize("kind", ["file", "store"])
+def test_truncate_keeps_what_recovery_needs(tmp_path: Path, kind: str) -> None:
+    log = _durable_log(kind, tmp_path)
     gen = log.claim_generation()
     for e in range(3):
         for s in (D, C, F):
@@ -114,15 +116,26 @@ def test_truncate_keeps_what_recovery_needs(tmp_path: Path) -> None:
     log.truncate(2, gen)
     assert log.status(1) is EpochStatus.UNKNOWN
     assert log.status(2) is F
-    assert FileProgressLog(tmp_path, "pipe").status(0) is EpochStatus.UNKNOWN
+    assert _durable_log(kind, tmp_path).status(0) is EpochStatus.UNKNOWN
 
 
-def test_a_zombie_cannot_truncate(tmp_path: Path) -> None:
-    old = FileProgressLog(tmp_path, "pipe")
+@pytest.mark.parametrize("kind", ["file", "store"])
+def test_a_zombie_cannot_truncate(tmp_path: Path, kind: str) -> None:
+    old = _durable_log(kind, tmp_path)
     gen = old.claim_generation()
-    FileProgressLog(tmp_path, "pipe").claim_generation()
+    for s in (D, C, F):
+        old.mark(0, s, gen)
+    _durable_log(kind, tmp_path).claim_generation()
     with pytest.raises(FencedError):
-        old.truncate(0, gen)
+        old.truncate(1, gen)
+    assert _durable_log(kind, tmp_path).status(0) is F  # nothing was truncated
+
+
+def _durable_log(kind: str, root: Path) -> FileProgressLog | StoreProgressLog:
+    """A new object over the same durable log: the file log, or the store's epochs table."""
+    if kind == "store":
+        return StoreProgressLog(str(root), "pipe")
+    return FileProgressLog(root, "pipe")
 
 
 def test_takeover_inside_the_fence_window_is_caught_under_the_lock(tmp_path: Path) -> None:

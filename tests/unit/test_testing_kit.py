@@ -16,9 +16,12 @@ DOC = Path(__file__).resolve().parents[2] / "docs" / "sinks.md"
 
 def _docs_namespace() -> dict[str, Any]:
     blocks = re.findall(r"```python\n(.*?)```", DOC.read_text(), flags=re.S)
+    # The blocks that define the sink and its harness, wherever the page puts them.
+    (sink,) = [b for b in blocks if "class ListSink" in b]
+    (harness,) = [b for b in blocks if "class ListHarness" in b]
     namespace: dict[str, Any] = {"__name__": "example_sinks"}
-    exec(compile(blocks[0], str(DOC), "exec"), namespace)  # ListSink
-    exec(compile(blocks[2].split("report = ")[0], str(DOC), "exec"), namespace)  # ListHarness
+    exec(compile(sink, str(DOC), "exec"), namespace)
+    exec(compile(harness.split("report = ")[0], str(DOC), "exec"), namespace)
     return namespace
 
 

@@ -1,0 +1,65 @@
+"""How the SQL sink speaks of failures: the URL without its password, the SQLSTATE, a rejection."""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+
+from reconcile.core.contract import RejectedError
+from reconcile.core.logs import scrub
+
+__all__ = ["describe_error", "redact", "redact_url", "rejection", "sqlstate_of"]
+
+
+def redact_url(url: str) -> str:
+    """The URL with its password hidden (for every message)."""
+    try:
+        parsed = sa.make_url(url)
+    except sa.exc.ArgumentError:
+        return "<unparsable URL>"
+    if "@" in (parsed.host or ""):
+        # The user info was cut at its first '@': the rest of a password with an
+        # unencoded '@' became the host. Nothing of it is shown.
+        return f"{parsed.drivername}://<user info with an unencoded '@'>"
+    return parsed.render_as_string(hide_password=True)
+
+
+def sqlstate_of(err: BaseException) -> str:
+    """The SQLSTATE a DB-API error carries (psycopg: ``sqlstate``, psycopg2: ``pgcode``), or ""."""
+    orig = getattr(err, "orig", None)
+    state = getattr(orig, "sqlstate", None) or getattr(orig, "pgcode", None)
+    return state if isinstance(state, str) else ""
+
+
+def redact(url: str, text: str) -> str:
+    """``text`` without the URL's password (and any other the scrub knows)."""
+    password = sa.make_url(url).password
+    return scrub(text.replace(str(password), "***") if password else text)
+
+
+def describe_error(name: str, url: str, what: str, err: BaseException) -> str:
+    """A failure of sink ``name``: what failed, on which URL, and why; no password in it."""
+    return redact(url, f"sql sink {name!r} ({redact_url(url)}): {what}: {err}")
+
+
+def rejection(
+    err: sa.exc.StatementError, *, epoch: int, table: str, sink: str, url: str
+) -> RejectedError:
+    """The typed cause of the database's refusal of an epoch's rows (a constraint, a value).
+
+    SQLAlchemy's IntegrityError and DataError are the DB-API's, whatever
+    the driver; a driver that gives a SQLSTATE (psycopg, and the
+    constraint and column with it) gets it named, as the Postgres sink does.
+    """
+    orig = getattr(err, "orig", None)
+    diag = getattr(orig, "diag", None)
+    said = str(orig if orig is not None else err).strip().splitlines()
+    reason = redact(url, said[0] if said else type(err).__name__)
+    return RejectedError.of(
+        epoch=epoch,
+        table=table,
+        sqlstate=sqlstate_of(err),
+        reason=reason,
+        sink=sink,
+        constraint=getattr(diag, "constraint_name", None),
+        column=getattr(diag, "column_name", None),
+    )
