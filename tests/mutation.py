@@ -11,8 +11,11 @@ Mutants live in ``tests/mutants/*.toml``, one table per mutant::
     why = "the marker check is what makes a replayed epoch a no-op (I1)"
 
 A mutant is killed when its tests fail (pytest exit code 1) or time out. The
-tests are first run once, unmutated, on the same copy: a kill only counts if
-those tests pass without the mutant. A mutant whose ``find`` text no longer
+tests are first run once, unmutated, on a copy with the same content: a kill
+only counts if those tests pass without the mutant (mutants that share their
+kill tests share that run). ``--jobs`` runs go side by side, each on a repo
+copy and a pytest temp folder of its own; a mutant is undone before its copy
+is used again. A mutant whose ``find`` text no longer
 occurs exactly once is *stale* and fails the run, like a survivor, so the
 list is kept in step with the code.
 
@@ -23,7 +26,7 @@ break one named invariant, with the tests that claim to guard it.
 
 Usage::
 
-    python -m tests.mutation [--only NAME ...] [--sample N --seed S] [--json OUT]
+    python -m tests.mutation [--only NAME ...] [--sample N --seed S] [--jobs N] [--json OUT]
 """
 
 from __future__ import annotations
