@@ -24,6 +24,18 @@ def record(plan: Any) -> None:
         CHAOS_TOTALS["faults fired"] += 1 if fault.fired else 0
 
 
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    # An xdist worker hands its totals to the controller, which prints the sum.
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:
+        workeroutput["chaos_totals"] = dict(CHAOS_TOTALS)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: Any) -> None:
+    CHAOS_TOTALS.update(getattr(node, "workeroutput", {}).get("chaos_totals", {}))
+
+
 def pytest_terminal_summary(terminalreporter: Any) -> None:
     if CHAOS_TOTALS:
         shown = ", ".join(f"{k}: {v}" for k, v in sorted(CHAOS_TOTALS.items()))

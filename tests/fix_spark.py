@@ -30,9 +30,20 @@ def build_local_session(
 
 
 @pytest.fixture(scope="session")
-def spark() -> Iterator[Any]:
-    """The shared ``local[2]`` SparkSession (UI off, Arrow on, UTC, 4 shuffle partitions)."""
-    session = build_local_session()
+def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """The shared ``local[2]`` SparkSession (UI off, Arrow on, UTC, 4 shuffle partitions).
+
+    One per pytest process: each xdist worker starts its own, with its scratch
+    space and warehouse in the worker's own temp folder (the JVM picks free
+    ports for the driver and block manager; the UI, the one fixed port, is off).
+    """
+    scratch = tmp_path_factory.mktemp("spark")
+    session = build_local_session(
+        **{
+            "spark.local.dir": str(scratch / "local"),
+            "spark.sql.warehouse.dir": str(scratch / "warehouse"),
+        }
+    )
     session.sparkContext.setLogLevel("ERROR")
     yield session
     session.stop()

@@ -11,8 +11,11 @@ Mutants live in ``tests/mutants/*.toml``, one table per mutant::
     why = "the marker check is what makes a replayed epoch a no-op (I1)"
 
 A mutant is killed when its tests fail (pytest exit code 1) or time out. The
-tests are first run once, unmutated, on the same copy: a kill only counts if
-those tests pass without the mutant. A mutant whose ``find`` text no longer
+tests are first run once, unmutated, on a copy with the same content: a kill
+only counts if those tests pass without the mutant (mutants that share their
+kill tests share that run). ``--jobs`` runs go side by side, each on a repo
+copy and a pytest temp folder of its own; a mutant is undone before its copy
+is used again. A mutant whose ``find`` text no longer
 occurs exactly once is *stale* and fails the run, like a survivor, so the
 list is kept in step with the code.
 
@@ -23,24 +26,31 @@ break one named invariant, with the tests that claim to guard it.
 
 Usage::
 
-    python -m tests.mutation [--only NAME ...] [--sample N --seed S] [--json OUT]
+    python -m tests.mutation [--only NAME ...] [--sample N --seed S] [--jobs N] [--json OUT]
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
+import concurrent.futures
+import contextlib
 import json
 import os
+import queue
 import random
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 MUTANTS_DIR = REPO / "tests" / "mutants"
@@ -128,78 +138,215 @@ def _copy_repo(target: Path) -> None:
         shutil.copy2(source, dest)
 
 
-def _pytest(copy: Path, args: list[str], marker: str, timeout: float) -> tuple[int | None, str]:
+class _Runs:
+    """The pytest runs under way, so that a failed baseline can stop them all at once."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._procs: set[subprocess.Popen[str]] = set()
+        self.stopped = False
+
+    def add(self, proc: subprocess.Popen[str]) -> bool:
+        with self._lock:
+            if self.stopped:
+                return False
+            self._procs.add(proc)
+            return True
+
+    def remove(self, proc: subprocess.Popen[str]) -> None:
+        with self._lock:
+            self._procs.discard(proc)
+
+    def stop_all(self) -> None:
+        with self._lock:
+            self.stopped = True
+            for proc in self._procs:
+                _kill_group(proc)
+
+
+def _kill_group(proc: subprocess.Popen[str]) -> None:
+    # The whole session: pytest, and the Spark JVMs and servers' clients it started.
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
+def _pytest(
+    copy: Path, args: list[str], marker: str, timeout: float, runs: _Runs
+) -> tuple[int | None, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = str(copy)
     env["PYSPARK_PYTHON"] = sys.executable
     env.pop("PYTEST_ADDOPTS", None)
-    cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "--no-header"]
+    # A temp folder of this copy's own: pytest empties its basetemp at each start,
+    # and two copies' runs must not clean up each other's.
+    cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "--no-header",
+           "-p", "no:xdist", f"--basetemp={copy.parent / (copy.name + '-tmp')}"]  # fmt: skip
     if marker:
         cmd += ["-m", marker]
+    proc = subprocess.Popen(
+        [*cmd, *args], cwd=copy, env=env, text=True, start_new_session=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    if not runs.add(proc):
+        _kill_group(proc)
+        proc.communicate()
+        return None, "stopped: another run failed"
     try:
-        done = subprocess.run(
-            [*cmd, *args], cwd=copy, env=env, capture_output=True, text=True, timeout=timeout
-        )
+        stdout, stderr = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
+        _kill_group(proc)
+        proc.communicate()
         return None, f"timed out after {timeout:.0f}s"
-    return done.returncode, done.stdout[-4000:] + done.stderr[-2000:]
+    finally:
+        runs.remove(proc)
+    return proc.returncode, stdout[-4000:] + stderr[-2000:]
 
 
 def _killers(output: str) -> list[str]:
     return re.findall(r"^(?:FAILED|ERROR) (\S+)", output, re.MULTILINE)
 
 
-def run(mutants: list[Mutant], *, timeout: float, log: bool = True) -> list[Outcome]:
-    """Run every mutant against its kill tests, on one copy of the repo."""
-    outcomes: list[Outcome] = []
+class BaselineFailed(Exception):
+    """A kill set fails without any mutant: its kills would mean nothing."""
+
+
+def _stale(m: Mutant) -> str:
+    """Why ``m`` no longer applies to the repo, or "" when its ``find`` occurs exactly once."""
+    path = REPO / m.file
+    count = path.read_text().count(m.find) if path.exists() else 0
+    return "" if count == 1 else f"`find` occurs {count} times in {m.file}"
+
+
+def _heavy(kill: tuple[str, ...]) -> bool:
+    """Whether a kill set likely starts Spark or a whole pipeline (minutes, not seconds)."""
+    return any(word in arg for arg in kill for word in ("spark", "stream", "demo", "cli_run"))
+
+
+def run(mutants: list[Mutant], *, timeout: float, jobs: int = 1, log: bool = True) -> list[Outcome]:
+    """Run every mutant against its kill tests, ``jobs`` at a time, each on a repo copy of its own.
+
+    Each distinct kill set (tests and marker) runs once unmutated first, on a
+    copy with the same content as the one its mutants will run on (each
+    mutant is undone before its copy is used again); its mutants start once
+    it has passed. Outcomes come back in the order of ``mutants``.
+
+    Raises:
+        SystemExit: a kill set fails without a mutant (the other runs are stopped).
+    """
+    outcomes: dict[str, Outcome] = {}
+    live: list[Mutant] = []
+    for m in mutants:
+        reason = _stale(m)
+        if reason:
+            outcomes[m.name] = Outcome(m, "stale", 0.0, reason)
+            if log:
+                print(f"STALE    {m.name}: {reason}", flush=True)
+        else:
+            live.append(m)
+    groups: dict[tuple[tuple[str, ...], str], list[Mutant]] = {}
+    for m in live:
+        groups.setdefault((m.kill, m.marker), []).append(m)
+    jobs = max(1, min(jobs, len(groups) or 1))
+    runs = _Runs()
     with tempfile.TemporaryDirectory(prefix="reconcile-mutants-") as tmp:
-        copy = Path(tmp) / "repo"
-        _copy_repo(copy)
-        # Baseline: every kill set must pass unmutated, or a "kill" means nothing.
-        groups: dict[tuple[tuple[str, ...], str], list[Mutant]] = {}
-        for m in mutants:
-            groups.setdefault((m.kill, m.marker), []).append(m)
-        for (kill, marker), members in groups.items():
-            start = time.monotonic()
-            code, output = _pytest(copy, list(kill), marker, timeout)
+        copies: queue.Queue[Path] = queue.Queue()
+        for i in range(jobs):
+            copy = Path(tmp) / f"repo{i}"
+            _copy_repo(copy)
+            copies.put(copy)
+
+        def baseline(kill: tuple[str, ...], marker: str, members: list[Mutant]) -> None:
+            copy = copies.get()
+            try:
+                start = time.monotonic()
+                code, output = _pytest(copy, list(kill), marker, timeout, runs)
+            finally:
+                copies.put(copy)
             if code != 0:
                 names = ", ".join(m.name for m in members)
-                raise SystemExit(
+                raise BaselineFailed(
                     f"mutation check: the kill tests {list(kill)} fail WITHOUT a mutant "
                     f"(exit {code}); fix them before checking mutants [{names}]\n{output}"
                 )
             if log:
                 took = time.monotonic() - start
                 print(f"baseline ok ({took:.0f}s): {' '.join(kill)}", flush=True)
-        for m in mutants:
+
+        def mutated(m: Mutant) -> Outcome:
+            copy = copies.get()
             target = copy / m.file
             original = target.read_text()
-            count = original.count(m.find)
-            if count != 1:
-                outcomes.append(
-                    Outcome(m, "stale", 0.0, f"`find` occurs {count} times in {m.file}")
-                )
-                if log:
-                    print(f"STALE    {m.name}: find text occurs {count} times in {m.file}")
-                continue
-            target.write_text(original.replace(m.find, m.replace))
-            start = time.monotonic()
             try:
-                code, output = _pytest(copy, list(m.kill), m.marker, timeout)
+                target.write_text(original.replace(m.find, m.replace))
+                start = time.monotonic()
+                try:
+                    code, output = _pytest(copy, list(m.kill), m.marker, timeout, runs)
+                finally:
+                    target.write_text(original)
+                seconds = time.monotonic() - start
             finally:
-                target.write_text(original)
-            seconds = time.monotonic() - start
+                copies.put(copy)
             if code is None:
                 outcome = Outcome(m, "timeout", seconds, output)
             elif code == 1:
                 outcome = Outcome(m, "killed", seconds, killers=_killers(output))
             else:
                 outcome = Outcome(m, "survived", seconds, f"pytest exit {code}\n{output}")
-            outcomes.append(outcome)
             if log:
                 shown = outcome.killers[0] if outcome.killers else outcome.detail.splitlines()[:1]
                 print(f"{outcome.status.upper():8} {m.name} ({seconds:.0f}s) {shown}", flush=True)
-    return outcomes
+            return outcome
+
+        # Kill sets that start Spark or a whole pipeline first, and ready mutants
+        # before any further baseline: the last minutes then hold only short runs.
+        todo = sorted(groups.items(), key=lambda kv: (not _heavy(kv[0][0]), -len(kv[1])))
+        ready: collections.deque[Mutant] = collections.deque()
+        in_flight: dict[concurrent.futures.Future[Any], list[Mutant]] = {}
+        failure: BaselineFailed | None = None
+        with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
+            while todo or ready or in_flight:
+                while failure is None and len(in_flight) < jobs and (ready or todo):
+                    if ready:
+                        m = ready.popleft()
+                        in_flight[pool.submit(mutated, m)] = [m]
+                    else:
+                        (kill, marker), members = todo.pop(0)
+                        in_flight[pool.submit(baseline, kill, marker, members)] = members
+                if failure is not None:
+                    todo.clear()
+                    ready.clear()
+                done, _ = concurrent.futures.wait(
+                    in_flight, return_when=concurrent.futures.FIRST_COMPLETED
+                )
+                for future in done:
+                    members = in_flight.pop(future)
+                    try:
+                        result = future.result()
+                    except BaselineFailed as err:
+                        if failure is None:
+                            failure = err
+                            runs.stop_all()
+                        continue
+                    if isinstance(result, Outcome):
+                        outcomes[result.mutant.name] = result
+                    else:  # a baseline passed: its mutants may run
+                        ready.extend(members)
+        if failure is not None:
+            raise SystemExit(str(failure))
+    return [outcomes[m.name] for m in mutants]
+
+
+def default_jobs() -> int:
+    """Runs at a time: more than the cores, since the kill tests mostly wait.
+
+    They wait on Spark's JVM starts, servers and subprocesses far more than
+    they compute; measured on 2 cores (docs/testing.md), three runs at a time
+    finished the whole check fastest. ``RECONCILE_MUTATION_JOBS`` overrides it.
+    """
+    configured = os.environ.get("RECONCILE_MUTATION_JOBS")
+    if configured:
+        return max(1, int(configured))
+    return (os.cpu_count() or 1) + 1
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -208,6 +355,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sample", type=int, default=0, help="run N mutants chosen by --seed")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds per pytest run")
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        default=default_jobs(),
+        help="pytest runs at a time, each on a repo copy of its own (default: %(default)s)",
+    )
     parser.add_argument("--json", type=Path, default=None, help="write the report here")
     parser.add_argument("--list", action="store_true", help="list the mutants and exit")
     args = parser.parse_args(argv)
@@ -225,7 +378,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.sample and args.sample < len(mutants):
         chosen = random.Random(args.seed).sample(mutants, args.sample)
         mutants = sorted(chosen, key=lambda m: m.name)
-    outcomes = run(mutants, timeout=args.timeout)
+    outcomes = run(mutants, timeout=args.timeout, jobs=args.jobs)
     bad = [o for o in outcomes if o.status in ("survived", "stale")]
     print(
         f"mutation check: {len(outcomes)} mutants, "

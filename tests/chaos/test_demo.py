@@ -25,7 +25,13 @@ from tests.demo_checks import (
     run_demo,
 )
 
-pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.chaos]
+# The whole demo in subprocesses (Spark's JVM each time): minutes on a loaded machine.
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.spark,
+    pytest.mark.chaos,
+    pytest.mark.timeout(900),
+]
 
 
 def test_demo_under_chaos_verifies_and_its_faults_fired(pg_db: str, tmp_path: Path) -> None:

@@ -182,6 +182,7 @@ def _explore_postgres(pg_server: PgServer, mode: str, examples: int, at_seed: in
 
 
 @pytest.mark.integration
+@pytest.mark.timeout(600)  # a few dozen examples, each with a database of its own
 @pytest.mark.parametrize("mode", ["transactional", "prepared"])
 def test_random_faults_postgres_sinks(pg_server: PgServer, mode: str) -> None:
     _explore_postgres(pg_server, mode, max(3, EXAMPLES // 8), SEED)

@@ -13,7 +13,8 @@ import pytest
 
 from tests.recovery_setup import SIMPLE_DDL, SIMPLE_SCHEMA, make_setup
 
-pytestmark = [pytest.mark.integration, pytest.mark.spark]
+# spark-submit of the job: a JVM of its own.
+pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.timeout(600)]
 
 REPO = Path(__file__).resolve().parents[2]
 

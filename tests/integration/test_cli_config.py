@@ -199,6 +199,7 @@ def test_watch_checks_exactly_the_keys_of_the_newest_n_epochs(pipeline: dict[str
 
 
 @pytest.mark.spark
+@pytest.mark.timeout(600)  # the CLI starts Spark in its subprocess
 def test_config_with_spark_runs_each_table_on_spark(pipeline: dict[str, Any]) -> None:
     dsn, config = pipeline["dsn"], pipeline["config"]
     before_lines = rows(dsn, "SELECT id, qty FROM shop.order_lines ORDER BY id")

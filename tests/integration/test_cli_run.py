@@ -161,6 +161,7 @@ def holder_pid(dsn: str) -> tuple[int, int] | None:
     return (int(found[0][0].split(":")[1]), int(found[0][1])) if found else None
 
 
+@pytest.mark.timeout(900)  # two `reconcile run` processes, each with its own Spark
 def test_the_standby_takes_over_a_killed_main_and_every_row_is_in_once(
     pg_db: str, tmp_path: Path, started: Callable[..., Popen]
 ) -> None:

@@ -34,6 +34,7 @@ def args(setup: Setup, command: str, *extra: str) -> list[str]:
             "--table", setup.table, *extra]  # fmt: skip
 
 
+@pytest.mark.timeout(600)  # four CLI processes
 def test_verify_then_repair_exit_codes_and_json(simple: Setup) -> None:
     clean = cli(*args(simple, "verify", "--json"))
     assert clean.returncode == 0, clean.stderr

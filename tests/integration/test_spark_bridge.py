@@ -182,6 +182,7 @@ CRASH_SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.timeout(600)  # a second Spark session, in the subprocess that crashes
 def test_crash_before_commit_leaves_nothing_visible_and_vacuum_cleans(
     spark: Any, tmp_path: Path
 ) -> None:

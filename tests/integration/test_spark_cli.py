@@ -12,7 +12,8 @@ import pytest
 from reconcile.cli import command as cli
 from tests.recovery_setup import SIMPLE_DDL, SIMPLE_SCHEMA, expected_rows, make_setup, sink_rows
 
-pytestmark = [pytest.mark.integration, pytest.mark.spark]
+# The CLI with --spark: a Spark session in each subprocess.
+pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.timeout(600)]
 
 
 def test_verify_and_repair_with_spark_exit_codes(

@@ -37,6 +37,7 @@ def logged_server() -> Any:
     server.stop()
 
 
+@pytest.mark.timeout(900)  # a driver and two executor JVMs, in a subprocess
 def test_spark_verify_and_repair_on_separate_executors(logged_server: Any, tmp_path: Path) -> None:
     dsn = logged_server.dsn(logged_server.create_database())
     setup = make_setup(dsn, str(tmp_path), "things", TYPES_SCHEMA, TYPES_DDL, TYPES_KEYS)

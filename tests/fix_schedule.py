@@ -1,0 +1,36 @@
+"""Plugin: the order of a run: the tests that take minutes start first.
+
+The default run is parallel (``scripts/test``: pytest-xdist, one process per
+worker, each with its own Postgres server and Spark session). xdist's
+``load`` scheduling hands the first quarter of the collected tests to the
+workers in turn and the rest as they free up; tests collected last run last.
+The slowest tests (a Spark pipeline in a subprocess, killed and run again; the
+demo; the HA takeover) sit late in the alphabet, so without this hook they
+ran together at the end and the run waited on them alone.
+
+A test that takes minutes declares it with a larger time limit
+(``@pytest.mark.timeout(900)``; the default, in ``pyproject.toml``, is 300 s
+and is there to turn a hang into a failure with a traceback). Those tests are
+put first, longest limit first, in collection order otherwise, so they spread
+over the workers from the start while the many short tests fill the gaps.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+
+def _time_limit(item: pytest.Item) -> float:
+    marker = item.get_closest_marker("timeout")
+    if marker is None:
+        return 0.0
+    limit = marker.args[0] if marker.args else marker.kwargs.get("timeout", 0)
+    return float(limit or 0)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(items: list[Any]) -> None:
+    # Stable: equal limits keep the collection order (and so fixtures' locality).
+    items.sort(key=lambda item: -_time_limit(item))
