@@ -66,7 +66,7 @@ log = logging.getLogger("reconcile.spark.verify")
 # imported it yet (a test ends the exporting session here).
 SNAPSHOT_EXPORTED = hooks.declare("spark.verify.snapshot_exported")
 # The last line of a Python traceback that Spark carries back from an executor.
-_RAISED = re.compile(r"^(reconcile\.contract\.[A-Za-z]+): (.*)$", re.M)
+_RAISED = re.compile(r"^(reconcile\.core\.contract\.[A-Za-z]+): (.*)$", re.M)
 
 
 def _from_executor(exc: BaseException) -> BaseException:
