@@ -8,6 +8,7 @@ caller picks a sink.
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
@@ -160,3 +161,22 @@ def split_options(uri: str, options: tuple[str, ...]) -> tuple[str, dict[str, st
     ours = {key: value for key, value in params if key in options}
     rest = urlencode([(key, value) for key, value in params if key not in ours])
     return (f"{base}?{rest}" if rest else base), ours
+
+
+def lazy_exports(package: str, names: Mapping[str, str]) -> Callable[[str], object]:
+    """A package's ``__getattr__`` that imports each public name from its module on first use.
+
+    A backend package's ``__init__`` must stay importable without the backend's
+    optional extra (the registry reads ``<package>.backend`` to learn what it
+    needs), yet ``from sinks.postgres import postgres_sink`` is the documented
+    way in: the name's module is imported only when the name is asked for, so a
+    missing extra fails there, naming itself, and never while the registry looks.
+    """
+
+    def __getattr__(name: str) -> object:
+        module = names.get(name)
+        if module is None:
+            raise AttributeError(f"module {package!r} has no attribute {name!r}")
+        return getattr(importlib.import_module(f"{package}.{module}"), name)
+
+    return __getattr__
