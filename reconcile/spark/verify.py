@@ -45,7 +45,7 @@ import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
 
 from expected_state.spark_state import read_state
 from expected_state.store import ExpectedStateStore
-from reconcile.core import contract, hooks, interrupts
+from reconcile.core import errors, hooks, interrupts
 from reconcile.core.conform import _UNCONVERTIBLE, check_columns
 from reconcile.core.contract import InvalidInputError, MassChangeError, validate_name
 from reconcile.core.expected import ExpectedStore
@@ -66,7 +66,7 @@ log = logging.getLogger("reconcile.spark.verify")
 # imported it yet (a test ends the exporting session here).
 SNAPSHOT_EXPORTED = hooks.declare("spark.verify.snapshot_exported")
 # The last line of a Python traceback that Spark carries back from an executor.
-_RAISED = re.compile(r"^(reconcile\.core\.contract\.[A-Za-z]+): (.*)$", re.M)
+_RAISED = re.compile(r"^(reconcile\.core\.errors\.[A-Za-z]+): (.*)$", re.M)
 
 
 def _from_executor(exc: BaseException) -> BaseException:
@@ -81,8 +81,8 @@ def _from_executor(exc: BaseException) -> BaseException:
     if not found:
         return exc
     name, message = found[-1]
-    kind = getattr(contract, name.rsplit(".", 1)[1], None)
-    if not (isinstance(kind, type) and issubclass(kind, contract.ReconcileError)):
+    kind = getattr(errors, name.rsplit(".", 1)[1], None)
+    if not (isinstance(kind, type) and issubclass(kind, errors.ReconcileError)):
         return exc
     rebuilt: BaseException = kind(f"on an executor: {message}")
     return rebuilt

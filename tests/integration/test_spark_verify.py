@@ -71,7 +71,7 @@ def test_spark_verify_and_repair_on_separate_executors(logged_server: Any, tmp_p
 
     assert out["fired"] == 1
     error = out["error"]
-    assert error is not None and error["type"].startswith("reconcile.core.contract.")
+    assert error is not None and error["type"].startswith("reconcile.core.errors.")
     assert "on an executor" in error["message"] and "snapshot" in error["message"]
 
     processes = out["pull_processes"]
