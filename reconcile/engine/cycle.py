@@ -5,19 +5,15 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from reconcile.core import hooks
 from reconcile.core.contract import (
     ConfigurationError,
     ContractViolationError,
-    Fatal,
     FatalError,
-    FencedError,
     InvalidInputError,
-    Retryable,
-    RetryableError,
     SinkTxnId,
     UnknownSinkError,
     validate_name,
@@ -39,7 +35,7 @@ from reconcile.engine.expected import ExpectedState, ReplayRows
 from reconcile.engine.faults import FaultPlan
 from reconcile.engine.progress_file import open_progress_log
 from reconcile.engine.restart import Restart
-from reconcile.engine.steps import SinkSteps, StepFailed
+from reconcile.engine.steps import SinkSteps, StepFailed, failed_at_commit_point, run_step
 
 __all__ = [
     "CommitAborted",
@@ -58,11 +54,6 @@ log = logging.getLogger("reconcile.cycle")
 # behind the store, to be brought to it).
 RECORDED = hooks.declare("cycle.expected_state.recorded")
 DECIDED = hooks.declare("cycle.decided")
-
-
-def failed_at_commit_point(failed: StepFailed | ContractViolationError) -> bool:
-    """Whether a failure came from the commit point (after the expected state was recorded)."""
-    return isinstance(failed, StepFailed) and failed.step == "commit_progress"
 
 
 class CommitCycle:
@@ -375,32 +366,8 @@ class CommitCycle:
             return CommitSucceeded(epoch, finalized=False)
         return CommitSucceeded(epoch)
 
-    def _step(self, step: str, action: Any, *, fatal: bool = False) -> None:
-        """Run one cycle step under its fault point and timer; map failures to StepFailed."""
-        with timed(self.metrics, f"cycle.step.{step}"):
-            try:
-                injected = self.faults.hit(f"cycle.{step}")
-                if isinstance(injected, Retryable | Fatal):
-                    raise StepFailed(
-                        step,
-                        injected.reason,
-                        fatal=fatal or isinstance(injected, Fatal),
-                        error=injected.error,
-                    )
-                action()
-                self.faults.hit(f"cycle.{step}", "after")
-            except (StepFailed, ContractViolationError):
-                raise
-            except (FencedError, InvalidInputError, FatalError) as exc:
-                # A definite refusal by the log: a zombie must stop, whatever
-                # step it was in; an illegal move is a bug no retry fixes.
-                raise StepFailed(step, str(exc), fatal=True, error=exc) from exc
-            except RetryableError as exc:
-                raise StepFailed(step, str(exc), fatal=fatal, error=exc) from exc
-            except Exception as exc:
-                raise StepFailed(
-                    step, f"{type(exc).__name__}: {exc}", fatal=fatal, definite=False
-                ) from exc
+    def _step(self, step: str, action: Callable[[], object], *, fatal: bool = False) -> None:
+        run_step(self.faults, self.metrics, step, action, fatal=fatal)
 
     def _abort(
         self,

@@ -10,6 +10,8 @@ from reconcile.core.contract import (
     ContractViolationError,
     Fatal,
     FatalError,
+    FencedError,
+    InvalidInputError,
     Ok,
     OutcomeUnknownError,
     ReconcileError,
@@ -19,10 +21,11 @@ from reconcile.core.contract import (
     SinkTxnId,
 )
 from reconcile.core.logs import context
-from reconcile.core.metrics import Metrics
+from reconcile.core.metrics import Metrics, timed
 from reconcile.core.sink import TwoPhaseSink, check_outcome, has_durable_prepare
+from reconcile.engine.faults import FaultPlan
 
-__all__ = ["SinkSteps", "StepFailed"]
+__all__ = ["SinkSteps", "StepFailed", "failed_at_commit_point", "run_step"]
 
 log = logging.getLogger("reconcile.cycle")
 
@@ -45,6 +48,46 @@ class StepFailed(Exception):
         # rejection); otherwise an exception left its effect unknown.
         self.definite = definite
         self.error = error
+
+
+def failed_at_commit_point(failed: StepFailed | ContractViolationError) -> bool:
+    """Whether a failure came from the commit point (after the expected state was recorded)."""
+    return isinstance(failed, StepFailed) and failed.step == "commit_progress"
+
+
+def run_step(
+    faults: FaultPlan,
+    metrics: Metrics,
+    step: str,
+    action: Callable[[], object],
+    *,
+    fatal: bool = False,
+) -> None:
+    """Run one cycle step under its fault point and timer; map failures to StepFailed."""
+    with timed(metrics, f"cycle.step.{step}"):
+        try:
+            injected = faults.hit(f"cycle.{step}")
+            if isinstance(injected, Retryable | Fatal):
+                raise StepFailed(
+                    step,
+                    injected.reason,
+                    fatal=fatal or isinstance(injected, Fatal),
+                    error=injected.error,
+                )
+            action()
+            faults.hit(f"cycle.{step}", "after")
+        except (StepFailed, ContractViolationError):
+            raise
+        except (FencedError, InvalidInputError, FatalError) as exc:
+            # A definite refusal by the log: a zombie must stop, whatever
+            # step it was in; an illegal move is a bug no retry fixes.
+            raise StepFailed(step, str(exc), fatal=True, error=exc) from exc
+        except RetryableError as exc:
+            raise StepFailed(step, str(exc), fatal=fatal, error=exc) from exc
+        except Exception as exc:
+            raise StepFailed(
+                step, f"{type(exc).__name__}: {exc}", fatal=fatal, definite=False
+            ) from exc
 
 
 def _rows_to_replay(outputs: Mapping[str, Iterable[Any]] | None, name: str) -> Iterable[Any] | None:
