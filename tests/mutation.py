@@ -34,23 +34,29 @@ from __future__ import annotations
 import argparse
 import collections
 import concurrent.futures
-import contextlib
 import json
 import os
 import queue
 import random
 import re
-import shutil
-import signal
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from tests.mutation_runs import (
+    BaselineFailed,
+    GroupKey,
+    Runs,
+    copy_repo,
+    joint_baseline,
+    killers,
+    plain_groups,
+    run_pytest,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 MUTANTS_DIR = REPO / "tests" / "mutants"
@@ -118,98 +124,6 @@ def load_mutants(directory: Path = MUTANTS_DIR) -> list[Mutant]:
     return mutants
 
 
-def _copy_repo(target: Path) -> None:
-    """Copy tracked and untracked-but-not-ignored files (CI's clone, plus local work)."""
-    listed = subprocess.run(
-        ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
-        cwd=REPO,
-        capture_output=True,
-        check=True,
-    ).stdout.split(b"\0")
-    for raw in listed:
-        if not raw:
-            continue
-        rel = raw.decode()
-        source = REPO / rel
-        if not source.is_file():
-            continue  # deleted in the work tree
-        dest = target / rel
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(source, dest)
-
-
-class _Runs:
-    """The pytest runs under way, so that a failed baseline can stop them all at once."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._procs: set[subprocess.Popen[str]] = set()
-        self.stopped = False
-
-    def add(self, proc: subprocess.Popen[str]) -> bool:
-        with self._lock:
-            if self.stopped:
-                return False
-            self._procs.add(proc)
-            return True
-
-    def remove(self, proc: subprocess.Popen[str]) -> None:
-        with self._lock:
-            self._procs.discard(proc)
-
-    def stop_all(self) -> None:
-        with self._lock:
-            self.stopped = True
-            for proc in self._procs:
-                _kill_group(proc)
-
-
-def _kill_group(proc: subprocess.Popen[str]) -> None:
-    # The whole session: pytest, and the Spark JVMs and servers' clients it started.
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGKILL)
-
-
-def _pytest(
-    copy: Path, args: list[str], marker: str, timeout: float, runs: _Runs
-) -> tuple[int | None, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = str(copy)
-    env["PYSPARK_PYTHON"] = sys.executable
-    env.pop("PYTEST_ADDOPTS", None)
-    # A temp folder of this copy's own: pytest empties its basetemp at each start,
-    # and two copies' runs must not clean up each other's.
-    cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "--no-header",
-           "-p", "no:xdist", f"--basetemp={copy.parent / (copy.name + '-tmp')}"]  # fmt: skip
-    if marker:
-        cmd += ["-m", marker]
-    proc = subprocess.Popen(
-        [*cmd, *args], cwd=copy, env=env, text=True, start_new_session=True,
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-    )  # fmt: skip
-    if not runs.add(proc):
-        _kill_group(proc)
-        proc.communicate()
-        return None, "stopped: another run failed"
-    try:
-        stdout, stderr = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        _kill_group(proc)
-        proc.communicate()
-        return None, f"timed out after {timeout:.0f}s"
-    finally:
-        runs.remove(proc)
-    return proc.returncode, stdout[-4000:] + stderr[-2000:]
-
-
-def _killers(output: str) -> list[str]:
-    return re.findall(r"^(?:FAILED|ERROR) (\S+)", output, re.MULTILINE)
-
-
-class BaselineFailed(Exception):
-    """A kill set fails without any mutant: its kills would mean nothing."""
-
-
 def _stale(m: Mutant) -> str:
     """Why ``m`` no longer applies to the repo, or "" when its ``find`` occurs exactly once."""
     path = REPO / m.file
@@ -243,23 +157,23 @@ def run(mutants: list[Mutant], *, timeout: float, jobs: int = 1, log: bool = Tru
                 print(f"STALE    {m.name}: {reason}", flush=True)
         else:
             live.append(m)
-    groups: dict[tuple[tuple[str, ...], str], list[Mutant]] = {}
+    groups: dict[GroupKey, list[Mutant]] = {}
     for m in live:
         groups.setdefault((m.kill, m.marker), []).append(m)
     jobs = max(1, min(jobs, len(groups) or 1))
-    runs = _Runs()
+    runs = Runs()
     with tempfile.TemporaryDirectory(prefix="reconcile-mutants-") as tmp:
         copies: queue.Queue[Path] = queue.Queue()
         for i in range(jobs):
             copy = Path(tmp) / f"repo{i}"
-            _copy_repo(copy)
+            copy_repo(copy)
             copies.put(copy)
 
         def baseline(kill: tuple[str, ...], marker: str, members: list[Mutant]) -> None:
             copy = copies.get()
             try:
                 start = time.monotonic()
-                code, output = _pytest(copy, list(kill), marker, timeout, runs)
+                code, output = run_pytest(copy, list(kill), marker, timeout, runs)
             finally:
                 copies.put(copy)
             if code != 0:
@@ -280,7 +194,7 @@ def run(mutants: list[Mutant], *, timeout: float, jobs: int = 1, log: bool = Tru
                 target.write_text(original.replace(m.find, m.replace))
                 start = time.monotonic()
                 try:
-                    code, output = _pytest(copy, list(m.kill), m.marker, timeout, runs)
+                    code, output = run_pytest(copy, list(m.kill), m.marker, timeout, runs)
                 finally:
                     target.write_text(original)
                 seconds = time.monotonic() - start
@@ -289,7 +203,7 @@ def run(mutants: list[Mutant], *, timeout: float, jobs: int = 1, log: bool = Tru
             if code is None:
                 outcome = Outcome(m, "timeout", seconds, output)
             elif code == 1:
-                outcome = Outcome(m, "killed", seconds, killers=_killers(output))
+                outcome = Outcome(m, "killed", seconds, killers=killers(output))
             else:
                 outcome = Outcome(m, "survived", seconds, f"pytest exit {code}\n{output}")
             if log:
@@ -297,10 +211,24 @@ def run(mutants: list[Mutant], *, timeout: float, jobs: int = 1, log: bool = Tru
                 print(f"{outcome.status.upper():8} {m.name} ({seconds:.0f}s) {shown}", flush=True)
             return outcome
 
+        ready: collections.deque[Mutant] = collections.deque()
+        together = plain_groups(groups)
+        if together:
+            # One parallel run for every kill set that is a plain selection; its
+            # mutants are ready once it has passed.
+            copy = copies.get()
+            try:
+                joint_baseline(copy, together, timeout, jobs, runs, log=log)
+            except BaselineFailed as err:
+                raise SystemExit(str(err)) from None
+            finally:
+                copies.put(copy)
+            for key in together:
+                ready.extend(groups.pop(key))
         # Kill sets that start Spark or a whole pipeline first, and ready mutants
         # before any further baseline: the last minutes then hold only short runs.
+        ready = collections.deque(sorted(ready, key=lambda m: not _heavy(m.kill)))
         todo = sorted(groups.items(), key=lambda kv: (not _heavy(kv[0][0]), -len(kv[1])))
-        ready: collections.deque[Mutant] = collections.deque()
         in_flight: dict[concurrent.futures.Future[Any], list[Mutant]] = {}
         failure: BaselineFailed | None = None
         with concurrent.futures.ThreadPoolExecutor(jobs) as pool:

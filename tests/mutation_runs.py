@@ -1,0 +1,217 @@
+"""Running pytest for the mutation check: repo copies, one kill set's run, the joint baseline.
+
+Every run is a process group of its own (pytest, and the Spark JVMs and server
+clients it starts), so that a timeout or a failed baseline stops all of it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+from tests import mutation_baseline
+
+__all__ = [
+    "BaselineFailed",
+    "GroupKey",
+    "Runs",
+    "copy_repo",
+    "joint_baseline",
+    "killers",
+    "plain_groups",
+    "run_pytest",
+]
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def copy_repo(target: Path) -> None:
+    """Copy tracked and untracked-but-not-ignored files (CI's clone, plus local work)."""
+    listed = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
+        cwd=REPO,
+        capture_output=True,
+        check=True,
+    ).stdout.split(b"\0")
+    for raw in listed:
+        if not raw:
+            continue
+        rel = raw.decode()
+        source = REPO / rel
+        if not source.is_file():
+            continue  # deleted in the work tree
+        dest = target / rel
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(source, dest)
+
+
+class Runs:
+    """The pytest runs under way, so that a failed baseline can stop them all at once."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._procs: set[subprocess.Popen[str]] = set()
+        self.stopped = False
+
+    def add(self, proc: subprocess.Popen[str]) -> bool:
+        with self._lock:
+            if self.stopped:
+                return False
+            self._procs.add(proc)
+            return True
+
+    def remove(self, proc: subprocess.Popen[str]) -> None:
+        with self._lock:
+            self._procs.discard(proc)
+
+    def stop_all(self) -> None:
+        with self._lock:
+            self.stopped = True
+            for proc in self._procs:
+                _kill_group(proc)
+
+
+def _kill_group(proc: subprocess.Popen[str]) -> None:
+    # The whole session: pytest, and the Spark JVMs and servers' clients it started.
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
+def run_pytest(
+    copy: Path,
+    args: list[str],
+    marker: str,
+    timeout: float,
+    runs: Runs,
+    *,
+    workers: int = 0,
+    baseline: Path | None = None,
+) -> tuple[int | None, str]:
+    """One pytest run on ``copy``: its exit code (None: timed out or stopped) and output's end.
+
+    ``workers`` > 0 runs it with that many xdist workers and without ``-x``;
+    ``baseline`` loads the baseline plugin, which records into that folder.
+    """
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(copy)
+    env["PYSPARK_PYTHON"] = sys.executable
+    env.pop("PYTEST_ADDOPTS", None)
+    # A temp folder of this copy's own: pytest empties its basetemp at each start,
+    # and two copies' runs must not clean up each other's.
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--no-header",
+           f"--basetemp={copy.parent / (copy.name + '-tmp')}"]  # fmt: skip
+    cmd += ["-n", str(workers), "--dist", "load"] if workers else ["-x", "-p", "no:xdist"]
+    if baseline is not None:
+        env[mutation_baseline.ENV] = str(baseline)
+        cmd += ["-p", "tests.mutation_baseline"]
+    if marker:
+        cmd += ["-m", marker]
+    proc = subprocess.Popen(
+        [*cmd, *args], cwd=copy, env=env, text=True, start_new_session=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    if not runs.add(proc):
+        _kill_group(proc)
+        proc.communicate()
+        return None, "stopped: another run failed"
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _kill_group(proc)
+        proc.communicate()
+        return None, f"timed out after {timeout:.0f}s"
+    finally:
+        runs.remove(proc)
+    return proc.returncode, stdout[-4000:] + stderr[-2000:]
+
+
+def killers(output: str) -> list[str]:
+    return re.findall(r"^(?:FAILED|ERROR) (\S+)", output, re.MULTILINE)
+
+
+class BaselineFailed(Exception):
+    """A kill set fails without any mutant: its kills would mean nothing."""
+
+
+GroupKey = tuple[tuple[str, ...], str]
+
+
+def plain_groups(
+    groups: Mapping[GroupKey, object],
+) -> dict[GroupKey, mutation_baseline.Selection]:
+    """The kill sets that can share the joint baseline run (none if pytest's matchers moved)."""
+    if os.environ.get("RECONCILE_MUTATION_JOINT_BASELINE", "1") == "0":
+        return {}
+    if not mutation_baseline.available():
+        return {}
+    parsed = {key: mutation_baseline.parse(key[0], key[1]) for key in groups}
+    return {key: sel for key, sel in parsed.items() if sel is not None}
+
+
+def baseline_problems(
+    keys: list[GroupKey], chosen: list[list[str]], outcomes: Mapping[str, str]
+) -> list[str]:
+    """Why each failing kill set fails its baseline: it selects no test, or one did not pass.
+
+    A test without an outcome (the run was cut short before it) did not pass.
+    """
+    problems = []
+    for (kill, marker), selected in zip(keys, chosen, strict=True):
+        bad = [n for n in selected if outcomes.get(n) not in ("passed", "skipped")]
+        if not selected:
+            problems.append(f"{list(kill)} (marker {marker!r}) selects no test")
+        elif bad:
+            problems.append(f"{list(kill)}: {', '.join(bad[:5])} did not pass")
+    return problems
+
+
+def joint_baseline(
+    copy: Path,
+    together: dict[GroupKey, mutation_baseline.Selection],
+    timeout: float,
+    jobs: int,
+    runs: Runs,
+    *,
+    log: bool,
+) -> None:
+    """Run every kill set of ``together`` unmutated in one xdist run; raise if any fails.
+
+    Raises:
+        BaselineFailed: a kill set selects no test, or one of its tests did not pass.
+    """
+    selections = list(together.values())
+    with tempfile.TemporaryDirectory(prefix="reconcile-baseline-") as tmp:
+        folder = Path(tmp)
+        (folder / "groups.json").write_text(json.dumps([s.as_json() for s in selections]))
+        start = time.monotonic()
+        # The whole baseline at once: more time than one kill set's run, the
+        # cores kept busy by more workers than mutant runs (they mostly wait).
+        code, output = run_pytest(
+            copy, mutation_baseline.root_paths(selections), "", max(timeout, 2400.0), runs,
+            workers=jobs + 1, baseline=folder,
+        )  # fmt: skip
+        if code is None:
+            raise BaselineFailed(f"mutation check: the joint baseline run {output}")
+        chosen, outcomes = mutation_baseline.verdicts(selections, folder)
+    problems = baseline_problems(list(together), chosen, outcomes)
+    if problems:
+        raise BaselineFailed(
+            "mutation check: kill tests fail WITHOUT a mutant; fix them before checking "
+            "mutants:\n  " + "\n  ".join(problems) + f"\n{output}"
+        )
+    if log:
+        tests = len({n for c in chosen for n in c})
+        took = time.monotonic() - start
+        print(f"baseline ok ({took:.0f}s): {len(together)} kill sets, {tests} tests, one run",
+              flush=True)  # fmt: skip
