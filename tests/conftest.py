@@ -26,4 +26,5 @@ pytest_plugins = [
     "tests.fix_pg",
     "tests.fix_chaos",
     "tests.fix_schedule",
+    "tests.fix_tiers",
 ]

@@ -61,6 +61,7 @@ NOT_RUN = {
     ("docs/ha.md", "needs an app module and two long-running processes"),
     ("docs/expected_state.md", "needs polars, which is not a dependency"),
     ("docs/benchmarks.md", "each benchmark runs for minutes"),
+    ("docs/getting-started.md", "it installs packages"),
 }
 CODE = {"python", "bash", "sh"}
 SHELL = {"bash", "sh"}

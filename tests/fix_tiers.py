@@ -1,0 +1,79 @@
+"""Plugin: the parts of the long suites that belong to the slow tier, in one list.
+
+The default tier (``scripts/test``) must stay within minutes on two cores, and
+the failure-matrix and kill suites multiply every fault point by every sink
+backend and every Spark writer path. The default tier keeps every fault point
+on the backends that cover each mechanism once (memory, file, HTTP and
+PostgreSQL in transactional mode; one Spark driver kill; one clean run per
+Spark path family); the other combinations below are marked ``slow`` here,
+so they run in CI's slow step (``.ci/run``) and with ``pytest -m slow``, and
+the test files keep their plain parametrization.
+
+A pattern that no longer matches any collected test fails the run, so a
+renamed test cannot drop out of the slow tier unnoticed.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+# Node-id patterns (re.match) of the tests that run only in the slow tier, and why.
+SLOW: dict[str, str] = {
+    # The failure matrix with an expected state: memory covers the cycle's
+    # order at every point; the PostgreSQL sinks repeat it with a database.
+    r"tests/chaos/test_expected_state_cycle\.py::test_failure_matrix_with_expected_state"
+    r"\[postgres": "every fault point again on a database, in both modes",
+    # The plain failure matrix: prepared transactions and Delta repeat the
+    # points that transactional PostgreSQL, files and HTTP already take.
+    r"tests/chaos/test_failure_matrix\.py::test_failure_matrix\[(postgres_prepared|delta)-":
+        "prepared PostgreSQL and Delta at every fault point",
+    r"tests/chaos/test_kill9\.py::test_kill9_then_restart_converges\[.*-(postgres_prepared|delta)\]":
+        "kill -9 at every point into prepared PostgreSQL and Delta",
+    # Spark pipelines in subprocesses, a minute or more each.
+    r"tests/integration/test_spark_stream\.py::test_a_clean_run_writes_every_batch_once_and_a"
+    r"_rerun_writes_nothing\[(driver|auto)\]": "the clean run on the other two writer paths",
+    r"tests/integration/test_spark_stream\.py::test_driver_killed_mid_batch_resumes_exactly_once"
+    r"\[(?!cycle\.decided-write_stream\])": "the driver killed at the other points and paths",
+    r"tests/integration/test_spark_stream\.py::test_format_reconcile_commit_process_killed":
+        "the format's commit process killed",
+    r"tests/integration/test_spark_stream\.py::test_a_dead_drivers_staged_rows_are_swept":
+        "a dead driver's staged rows",
+    r"tests/integration/test_spark_verify\.py::test_spark_verify_and_repair_on_separate_executors":
+        "the verify job on a local cluster of executor processes",
+    r"tests/integration/test_cli_run\.py::test_the_standby_takes_over_a_killed_main":
+        "two `reconcile run` processes, the main one killed",
+    r"tests/chaos/test_demo\.py::test_demo_under_chaos": "the whole demo under injected faults",
+}  # fmt: skip
+
+_COMPILED = {re.compile(pattern): why for pattern, why in SLOW.items()}
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark the listed tests ``slow`` before ``-m`` selects (so ``-m "not slow"`` drops them)."""
+    used: set[re.Pattern[str]] = set()
+    for item in items:
+        for pattern in _COMPILED:
+            if pattern.match(item.nodeid):
+                item.add_marker(pytest.mark.slow)
+                used.add(pattern)
+                break
+    # Only a run that collected a pattern's whole file can say it matches nothing.
+    files = {item.nodeid.split("::", 1)[0] for item in items}
+    for pattern in _COMPILED.keys() - used:
+        file = pattern.pattern.split("::", 1)[0].replace("\\.", ".")
+        if file in files and not config.option.keyword and _whole_file(config, file):
+            raise pytest.UsageError(f"tests/fix_tiers.py: {pattern.pattern!r} matches no test")
+
+
+def _whole_file(config: pytest.Config, file: str) -> bool:
+    """Whether the run was asked for ``file`` (or a folder of it) as a whole, not node ids."""
+    for arg in config.args:
+        arg = arg.rstrip("/")
+        if "::" in arg:
+            continue
+        if file == arg or file.startswith(arg + "/") or arg in (".", "tests"):
+            return True
+    return not config.args
