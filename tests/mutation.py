@@ -27,6 +27,7 @@ break one named invariant, with the tests that claim to guard it.
 Usage::
 
     python -m tests.mutation [--only NAME ...] [--sample N --seed S] [--jobs N] [--json OUT]
+                             [--outcomes DIR ...]
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tests import mutation_baseline
 from tests.mutation_runs import (
     BaselineFailed,
     GroupKey,
@@ -136,7 +138,14 @@ def _heavy(kill: tuple[str, ...]) -> bool:
     return any(word in arg for arg in kill for word in ("spark", "stream", "demo", "cli_run"))
 
 
-def run(mutants: list[Mutant], *, timeout: float, jobs: int = 1, log: bool = True) -> list[Outcome]:
+def run(
+    mutants: list[Mutant],
+    *,
+    timeout: float,
+    jobs: int = 1,
+    log: bool = True,
+    prior: dict[str, str] | None = None,
+) -> list[Outcome]:
     """Run every mutant against its kill tests, ``jobs`` at a time, each on a repo copy of its own.
 
     Each distinct kill set (tests and marker) runs once unmutated first, on a
@@ -218,7 +227,7 @@ def run(mutants: list[Mutant], *, timeout: float, jobs: int = 1, log: bool = Tru
             # mutants are ready once it has passed.
             copy = copies.get()
             try:
-                joint_baseline(copy, together, timeout, jobs, runs, log=log)
+                joint_baseline(copy, together, timeout, jobs, runs, prior=prior, log=log)
             except BaselineFailed as err:
                 raise SystemExit(str(err)) from None
             finally:
@@ -290,6 +299,14 @@ def main(argv: list[str] | None = None) -> int:
         help="pytest runs at a time, each on a repo copy of its own (default: %(default)s)",
     )
     parser.add_argument("--json", type=Path, default=None, help="write the report here")
+    parser.add_argument(
+        "--outcomes",
+        type=Path,
+        nargs="*",
+        default=[],
+        help="folders where earlier runs of this code recorded each test's outcome "
+        "(RECONCILE_MUTATION_BASELINE): the baseline runs only the kill tests they lack",
+    )
     parser.add_argument("--list", action="store_true", help="list the mutants and exit")
     args = parser.parse_args(argv)
     mutants = load_mutants()
@@ -306,7 +323,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.sample and args.sample < len(mutants):
         chosen = random.Random(args.seed).sample(mutants, args.sample)
         mutants = sorted(chosen, key=lambda m: m.name)
-    outcomes = run(mutants, timeout=args.timeout, jobs=args.jobs)
+    prior = mutation_baseline.recorded(args.outcomes) if args.outcomes else None
+    outcomes = run(mutants, timeout=args.timeout, jobs=args.jobs, prior=prior)
     bad = [o for o in outcomes if o.status in ("survived", "stale")]
     print(
         f"mutation check: {len(outcomes)} mutants, "

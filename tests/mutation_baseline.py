@@ -10,6 +10,11 @@ A kill set passes its baseline when it selects at least one test and every
 test it selects passed. Kill sets with other pytest options keep a run of
 their own.
 
+The same plugin, loaded into any other run with ``RECONCILE_MUTATION_BASELINE``
+set to a folder that holds no ``groups.json``, only records how every test
+ended (CI's default and slow runs do): the mutation check then takes those
+outcomes as the baseline of the tests they cover, and runs only the rest.
+
 The selection is pytest's own: ``-k`` and ``-m`` are evaluated with pytest's
 expression and matcher classes (``_pytest.mark``, not public API, so the import
 is guarded: without them every kill set runs alone, as before).
@@ -26,7 +31,7 @@ from typing import Any
 
 import pytest
 
-__all__ = ["ENV", "Selection", "available", "parse", "root_paths", "verdicts"]
+__all__ = ["ENV", "Selection", "available", "parse", "recorded", "root_paths", "verdicts"]
 
 ENV = "RECONCILE_MUTATION_BASELINE"  # the folder of groups.json, selection-*.json, outcomes.json
 
@@ -95,11 +100,20 @@ def verdicts(
     chosen: list[list[str]] = json.loads(found[0].read_text())
     if len(chosen) != len(selections):
         raise RuntimeError("the baseline run's selection does not match its kill sets")
-    outcomes_file = folder / "outcomes.json"
-    outcomes: dict[str, str] = (
-        json.loads(outcomes_file.read_text()) if outcomes_file.exists() else {}
-    )
-    return chosen, outcomes
+    return chosen, recorded([folder])
+
+
+def recorded(folders: Iterable[Path]) -> dict[str, str]:
+    """The outcomes the runs that recorded into ``folders`` wrote; a failure anywhere wins."""
+    outcomes: dict[str, str] = {}
+    for folder in folders:
+        path = folder / "outcomes.json"
+        if not path.exists():
+            continue
+        for nodeid, outcome in json.loads(path.read_text()).items():
+            if outcomes.get(nodeid) != "failed":
+                outcomes[nodeid] = outcome
+    return outcomes
 
 
 # -- the plugin, in the baseline run ---------------------------------------------------------
@@ -141,12 +155,15 @@ def _folder() -> Path | None:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Keep only the tests some kill set selects; write what each selects."""
     folder = _folder()
-    if folder is None:
-        return
+    if folder is None or not (folder / "groups.json").exists():
+        return  # recording only: every test runs, its outcome is written at the end
     groups = [Selection(tuple(g["paths"]), g["keyword"], g["marker"]) for g in
               json.loads((folder / "groups.json").read_text())]  # fmt: skip
     chosen = [_selected(items, g) for g in groups]
     wanted = {nodeid for c in chosen for nodeid in c}
+    only = folder / "only.json"
+    if only.exists():  # the tests whose outcome no earlier run recorded
+        wanted &= set(json.loads(only.read_text()))
     kept = [item for item in items if item.nodeid in wanted]
     dropped = [item for item in items if item.nodeid not in wanted]
     if dropped:

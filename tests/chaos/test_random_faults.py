@@ -190,12 +190,15 @@ def test_random_faults_postgres_sinks(pg_server: PgServer, mode: str) -> None:
 
 @pytest.mark.slow
 @pytest.mark.integration
+# A database per example: 100 of them (the default 500 / 5) take minutes beside other work.
+@pytest.mark.timeout(1800)
 def test_random_faults_postgres_transactional_long_run(pg_server: PgServer) -> None:
     examples = int(os.environ.get("RECONCILE_CHAOS_SLOW_EXAMPLES", "500")) // 5
     _explore_postgres(pg_server, "transactional", examples, SEED + 2)
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # 500 examples (the default) take minutes beside other work
 @seed(SEED + 1)
 @_explore(int(os.environ.get("RECONCILE_CHAOS_SLOW_EXAMPLES", "500")))
 @given(plan=fault_plans)
