@@ -20,6 +20,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.spark]
 MODES = ("at_least_once", "two_phase_1s", "pull_and_diff")
 
 
+# Four minutes alone on 2 cores (a Spark pipeline per mode, then each killed and run
+# again); beside the other slow tests, more than the default limit of 300 s.
+@pytest.mark.timeout(1500)
 def test_latency_benchmark_tiny(tmp_path: Path) -> None:
     out = tmp_path / "results"
     status = latency.main(
