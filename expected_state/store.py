@@ -241,7 +241,8 @@ class ExpectedStateStore(StoreTable, Trusting, Reading, Reverting, Compaction, H
             epoch: the epoch.
             paths: the files (relative to the table root) of the task attempts
                 Spark kept; written by :class:`PartWriter` for this epoch.
-            upserted, deleted: their net changes, as the tasks counted them.
+            upserted: the rows they upsert (net), as the tasks counted them.
+            deleted: the rows they delete (net), as the tasks counted them.
             allow_gap: as for ``apply``.
 
         Raises:
