@@ -70,7 +70,15 @@ if str(ROOT) not in sys.path:
 from benchmarks.latency_cpu import TreeCpu, own_and_reaped_cpu  # noqa: E402
 from benchmarks.latency_feed import Feeder  # noqa: E402
 from benchmarks.latency_measure import Mode, Run, measure, modes  # noqa: E402
-from benchmarks.latency_report import cdf_quantiles, markdown, plot, targets  # noqa: E402
+from benchmarks.latency_report import (  # noqa: E402
+    HEADLINE_TRIGGER,
+    cdf_quantiles,
+    judge_headline,
+    markdown,
+    plot,
+    sustainable,
+    targets,
+)
 from benchmarks.report import RESULTS, machine, now, versions, write_report  # noqa: E402
 from reconcile.demo.embedded_pg import EmbeddedPostgres  # noqa: E402
 from reconcile.demo.tpch.data import SINK_TABLES_SQL, Feed, generate, truth  # noqa: E402
@@ -78,7 +86,6 @@ from reconcile.demo.tpch.data import SINK_TABLES_SQL, Feed, generate, truth  # n
 __all__ = ["MODES", "main"]
 
 MODES = ("at_least_once", "two_phase_1s", "two_phase_5s", "two_phase_30s", "pull_and_diff")
-HEADLINE_TRIGGER = 1.0
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
@@ -218,20 +225,6 @@ SHOWN = ("p50_ms", "p95_ms", "p99_ms", "rows_per_s", "latency_growth_ms", "batch
          "cpu_s", "duplicates", "missing", "crashes", "recovery_s")  # fmt: skip
 
 
-def sustainable(result: dict[str, Any], interval: float) -> tuple[bool, str]:
-    """Whether the at-least-once run kept up with one file per ``interval``, and why (not)."""
-    ms = interval * 1000
-    batch = result.get("batch_ms_p95")
-    growth = result.get("latency_growth_ms")
-    if batch is None or growth is None:
-        return False, "no batch figures"
-    if batch >= ms:
-        return False, f"batch p95 {batch} ms >= the {ms:g} ms interval"
-    if growth >= ms:
-        return False, f"latency grew {growth} ms over the run (>= one interval)"
-    return True, f"batch p95 {batch} ms < {ms:g} ms; latency growth {growth} ms < {ms:g} ms"
-
-
 def calibrate(bench: Bench, candidates: list[float]) -> tuple[float, list[dict[str, Any]], Any]:
     """The shortest interval the at-least-once pipeline sustains (its run kept as its result)."""
     tried: list[dict[str, Any]] = []
@@ -246,14 +239,6 @@ def calibrate(bench: Bench, candidates: list[float]) -> tuple[float, list[dict[s
         if ok:
             return interval, tried, result
     return HEADLINE_TRIGGER, tried, None
-
-
-def judge_headline(report: dict[str, Any]) -> None:
-    """Whether at-least-once kept up at 1 s too (when no shorter candidate did, 1 s is used)."""
-    found = report["by_trigger"].get(f"{HEADLINE_TRIGGER:g}", {}).get("at_least_once")
-    if found is not None:
-        ok, why = sustainable(found, HEADLINE_TRIGGER)
-        report["calibration"]["at_1s"] = {"sustained": ok, "why": why}
 
 
 def run_all(args: argparse.Namespace) -> dict[str, Any]:
