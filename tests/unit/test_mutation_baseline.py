@@ -27,8 +27,7 @@ KILL_SETS: list[tuple[list[str], str]] = [
     (["tests/unit/test_driver.py", "-k", "rejection or rejected"], ""),
     (["tests/unit/test_decimals.py::test_values_that_would_lose_digits_are_refused"], ""),
     (["tests/unit/test_failures.py"], ""),
-    (["tests/chaos/test_random_faults.py"], "not slow"),
-    (["tests/chaos/test_random_faults.py", "-k", "every_fault or memory_sinks"], ""),
+    (["tests/unit/test_mutation_baseline.py"], "integration"),
 ]
 
 
@@ -70,9 +69,12 @@ def test_the_joint_selection_is_pytests_own(tmp_path: Path) -> None:
         expected = _collected([*kill, *(["-m", marker] if marker else [])])
         assert sorted(selected) == sorted(expected), kill
         assert selected  # each form selects something here
-    # The -k set is a proper part of its file, the marker set excludes the slow ones.
+    # The -k set is a proper part of its file; the marker set, of this one.
     assert len(chosen[0]) < len(_collected(["tests/unit/test_driver.py"]))
-    assert not any("long_run" in n for n in chosen[3])
+    assert chosen[3] == [f"tests/unit/test_mutation_baseline.py::{_THIS}"]
+
+
+_THIS = "test_the_joint_selection_is_pytests_own"
 
 
 def test_a_kill_set_fails_its_baseline_if_a_test_did_not_pass_or_none_is_selected() -> None:
