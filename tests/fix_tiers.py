@@ -32,8 +32,10 @@ SLOW: dict[str, str] = {
     r"tests/chaos/test_kill9\.py::test_kill9_then_restart_converges\[.*-(postgres_prepared|delta)\]":
         "kill -9 at every point into prepared PostgreSQL and Delta",
     # Spark pipelines in subprocesses, a minute or more each.
+    # The kill test on the executor path runs the whole stream to its end and checks
+    # every row once, so a clean run of it adds no check the default tier lacks.
     r"tests/integration/test_spark_stream\.py::test_a_clean_run_writes_every_batch_once_and_a"
-    r"_rerun_writes_nothing\[(driver|auto)\]": "the clean run on the other two writer paths",
+    r"_rerun_writes_nothing\[": "the clean run, on each writer path",
     r"tests/integration/test_spark_stream\.py::test_driver_killed_mid_batch_resumes_exactly_once"
     r"\[(?!cycle\.decided-write_stream\])": "the driver killed at the other points and paths",
     r"tests/integration/test_spark_stream\.py::test_format_reconcile_commit_process_killed":
@@ -45,6 +47,11 @@ SLOW: dict[str, str] = {
     r"tests/integration/test_cli_run\.py::test_the_standby_takes_over_a_killed_main":
         "two `reconcile run` processes, the main one killed",
     r"tests/chaos/test_demo\.py::test_demo_under_chaos": "the whole demo under injected faults",
+    r"tests/chaos/test_random_faults\.py::test_random_faults_(delta_sinks|postgres_sinks\[prepared)":
+        "the random fault plans on Delta and prepared PostgreSQL (a table or database each)",
+    r"tests/integration/test_cli_config\.py::test_config_with_spark_runs_each_table_on_spark":
+        "the config file's tables verified by Spark jobs",
+    r"tests/integration/test_airflow_example\.py::": "the example DAG's Spark job",
 }  # fmt: skip
 
 _COMPILED = {re.compile(pattern): why for pattern, why in SLOW.items()}

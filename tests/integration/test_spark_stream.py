@@ -217,10 +217,11 @@ KILLS = {
 }
 
 
-# Every kill point runs in the default tier with the executors writing; the same
-# points with the rows collected to the driver (``auto``) are the slow tier's,
-# which CI runs in full (docs/testing.md): the kill and the recovery are the
-# cycle's, the same for both ways, and each of these runs starts Spark twice.
+# The default tier kills the driver past the decision with the executors writing;
+# the other kill points (tests/fix_tiers.py) and every point with the rows
+# collected to the driver (``auto``) are the slow tier's, which CI runs in full
+# (docs/testing.md): the kill and the recovery are the cycle's, the same for both
+# ways, and each of these runs starts Spark twice.
 OTHER_WAY = pytest.mark.slow
 
 
