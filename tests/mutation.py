@@ -48,7 +48,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tests import mutation_baseline
 from tests.mutation_runs import (
     BaselineFailed,
     GroupKey,
@@ -144,7 +143,7 @@ def run(
     timeout: float,
     jobs: int = 1,
     log: bool = True,
-    prior: dict[str, str] | None = None,
+    outcome_folders: list[Path] | None = None,
 ) -> list[Outcome]:
     """Run every mutant against its kill tests, ``jobs`` at a time, each on a repo copy of its own.
 
@@ -221,27 +220,42 @@ def run(
             return outcome
 
         ready: collections.deque[Mutant] = collections.deque()
+        # The kill sets that are plain selections pass their baseline together,
+        # beside the mutant runs (tests/mutation_runs.py: joint_baseline), and
+        # are released as they pass.
         together = plain_groups(groups)
-        if together:
-            # One parallel run for every kill set that is a plain selection; its
-            # mutants are ready once it has passed.
-            copy = copies.get()
-            try:
-                joint_baseline(copy, together, timeout, jobs, runs, prior=prior, log=log)
-            except BaselineFailed as err:
-                raise SystemExit(str(err)) from None
-            finally:
-                copies.put(copy)
-            for key in together:
-                ready.extend(groups.pop(key))
+        joint_members = {key: groups.pop(key) for key in together}
+        released: queue.Queue[list[GroupKey]] = queue.Queue()
         # Kill sets that start Spark or a whole pipeline first, and ready mutants
         # before any further baseline: the last minutes then hold only short runs.
-        ready = collections.deque(sorted(ready, key=lambda m: not _heavy(m.kill)))
         todo = sorted(groups.items(), key=lambda kv: (not _heavy(kv[0][0]), -len(kv[1])))
         in_flight: dict[concurrent.futures.Future[Any], list[Mutant]] = {}
         failure: BaselineFailed | None = None
-        with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
-            while todo or ready or in_flight:
+        with (
+            concurrent.futures.ThreadPoolExecutor(1) as side,
+            concurrent.futures.ThreadPoolExecutor(jobs) as pool,
+        ):
+            joint = None
+            if together:
+                joint = side.submit(
+                    joint_baseline, copies, together, timeout, jobs, runs, released.put,
+                    folders=outcome_folders or [], log=log,
+                )  # fmt: skip
+            while todo or ready or in_flight or joint is not None or not released.empty():
+                while not released.empty():
+                    for key in released.get():
+                        ready.extend(joint_members[key])
+                    ready = collections.deque(sorted(ready, key=lambda m: not _heavy(m.kill)))
+                if joint is not None and joint.done():
+                    error = joint.exception()
+                    joint = None
+                    if isinstance(error, BaselineFailed):
+                        if failure is None:
+                            failure = error
+                            runs.stop_all()
+                    elif error is not None:
+                        raise error
+                    continue  # what it released last is taken above
                 while failure is None and len(in_flight) < jobs and (ready or todo):
                     if ready:
                         m = ready.popleft()
@@ -252,8 +266,13 @@ def run(
                 if failure is not None:
                     todo.clear()
                     ready.clear()
+                    with released.mutex:
+                        released.queue.clear()
+                if not in_flight:
+                    time.sleep(1)  # only the joint baseline is under way
+                    continue
                 done, _ = concurrent.futures.wait(
-                    in_flight, return_when=concurrent.futures.FIRST_COMPLETED
+                    in_flight, timeout=2, return_when=concurrent.futures.FIRST_COMPLETED
                 )
                 for future in done:
                     members = in_flight.pop(future)
@@ -323,8 +342,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.sample and args.sample < len(mutants):
         chosen = random.Random(args.seed).sample(mutants, args.sample)
         mutants = sorted(chosen, key=lambda m: m.name)
-    prior = mutation_baseline.recorded(args.outcomes) if args.outcomes else None
-    outcomes = run(mutants, timeout=args.timeout, jobs=args.jobs, prior=prior)
+    outcomes = run(mutants, timeout=args.timeout, jobs=args.jobs, outcome_folders=args.outcomes)
     bad = [o for o in outcomes if o.status in ("survived", "stale")]
     print(
         f"mutation check: {len(outcomes)} mutants, "

@@ -192,4 +192,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     folder = _folder()
     if folder is None or hasattr(session.config, "workerinput"):
         return  # an xdist worker: its reports reach the controller, which writes them
-    (folder / "outcomes.json").write_text(json.dumps(_OUTCOMES))
+    # Whole or not at all: the mutation check may be watching for this file.
+    partial = folder / "outcomes.json.partial"
+    partial.write_text(json.dumps(_OUTCOMES))
+    partial.replace(folder / "outcomes.json")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import queue
 import re
 import shutil
 import signal
@@ -17,8 +18,9 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from tests import mutation_baseline
 
@@ -34,6 +36,8 @@ __all__ = [
 ]
 
 REPO = Path(__file__).resolve().parents[1]
+# How long the check waits for the next run beside it to end: CI's slowest step, and more.
+WAIT_LIMIT_S = 3 * 3600.0
 
 
 def copy_repo(target: Path) -> None:
@@ -182,63 +186,103 @@ def baseline_problems(
     return problems
 
 
+def finished(folder: Path) -> bool:
+    """Whether the run that records into ``folder`` has ended (its outcomes, or ``done``)."""
+    return (folder / "outcomes.json").exists() or (folder / "done").exists()
+
+
 def joint_baseline(
-    copy: Path,
+    copies: queue.Queue[Path],
     together: dict[GroupKey, mutation_baseline.Selection],
     timeout: float,
     jobs: int,
     runs: Runs,
+    release: Callable[[list[GroupKey]], None],
     *,
-    prior: Mapping[str, str] | None = None,
+    folders: Sequence[Path] = (),
     log: bool,
 ) -> None:
-    """Run every kill set of ``together`` unmutated in one xdist run; raise if any fails.
+    """Pass every kill set of ``together`` through its baseline; ``release`` each one that passed.
 
-    ``prior`` holds the outcomes earlier runs of the same code recorded (CI's
-    default and slow runs): their tests are not run again. The selection is
-    then collected first, and only the tests without an outcome run.
+    ``folders`` are where other runs of the same code record each test's
+    outcome (CI's default and slow runs, side by side with this check). The
+    kill sets' selection is collected first; a kill set whose tests those runs
+    all passed is released as soon as they end, so its mutants run while the
+    other run goes on. Once every run has ended, the tests no run covered run
+    here, at once, in one xdist run. Without ``folders``, that run is all.
 
     Raises:
-        BaselineFailed: a kill set selects no test, or one of its tests did not pass.
+        BaselineFailed: a kill set selects no test, one of its tests did not
+            pass, or a run never ended (within ``WAIT_LIMIT_S`` of the one before).
     """
+    keys = list(together)
     selections = list(together.values())
     roots = mutation_baseline.root_paths(selections)
-    outcomes: dict[str, str] = dict(prior or {})
-    ran, output = 0, ""
     start = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="reconcile-baseline-") as tmp:
         folder = Path(tmp)
         (folder / "groups.json").write_text(json.dumps([s.as_json() for s in selections]))
-        if prior:
-            code, output = run_pytest(
-                copy, ["--collect-only", *roots], "", timeout, runs, baseline=folder
-            )
-            if code != 0:
-                raise BaselineFailed(f"mutation check: collecting the kill sets failed\n{output}")
-            chosen, _ = mutation_baseline.verdicts(selections, folder)
-            missing = sorted({n for c in chosen for n in c} - prior.keys())
+
+        def pytest_on_a_copy(args: list[str], **options: Any) -> tuple[int | None, str]:
+            copy = copies.get()
+            try:
+                return run_pytest(copy, args, "", timeout, runs, baseline=folder, **options)
+            finally:
+                copies.put(copy)
+
+        code, output = pytest_on_a_copy(["--collect-only", *roots])
+        if code != 0:
+            raise BaselineFailed(f"mutation check: collecting the kill sets failed\n{output}")
+        chosen, _ = mutation_baseline.verdicts(selections, folder)
+        output = ""  # the collection's list of tests: no help in a failure's message
+        for stale in folder.glob("selection-*.json"):
+            stale.unlink()
+        pending = dict(enumerate(keys))
+        seen: set[Path] = set()
+        outcomes: dict[str, str] = {}
+
+        def settle(last: bool) -> None:
+            ready = [i for i in pending if last or all(n in outcomes for n in chosen[i])]
+            problems = baseline_problems([pending[i] for i in ready], [chosen[i] for i in ready],
+                                         outcomes)  # fmt: skip
+            if problems:
+                raise BaselineFailed(
+                    "mutation check: kill tests fail WITHOUT a mutant; fix them before "
+                    "checking mutants:\n  " + "\n  ".join(problems) + f"\n{output}"
+                )
+            if ready:
+                release([pending.pop(i) for i in ready])
+
+        waited = time.monotonic()
+        while len(seen) < len(folders):
+            if runs.stopped:
+                return
+            ended = [f for f in folders if f not in seen and finished(f)]
+            if not ended:
+                if time.monotonic() - waited > WAIT_LIMIT_S:
+                    raise BaselineFailed(
+                        f"mutation check: the runs recording into {sorted(set(folders) - seen)} "
+                        "never ended"
+                    )
+                time.sleep(2)
+                continue
+            seen.update(ended)
+            outcomes = mutation_baseline.recorded(seen)
+            settle(last=False)
+            waited = time.monotonic()
+        missing = sorted({n for i in pending for n in chosen[i]} - outcomes.keys())
+        ran = len(missing)
+        if missing:
+            # The rest at once: more time than one kill set's run, the cores kept
+            # busy by more workers than mutant runs (they mostly wait).
             (folder / "only.json").write_text(json.dumps(missing))
-            for stale in folder.glob("selection-*.json"):
-                stale.unlink()
-        if not prior or missing:
-            # The rest at once: more time than one kill set's run, the cores
-            # kept busy by more workers than mutant runs (they mostly wait).
-            code, output = run_pytest(
-                copy, roots, "", max(timeout, 2400.0), runs, workers=jobs + 1, baseline=folder
-            )
+            code, output = pytest_on_a_copy(roots, workers=jobs + 1)
             if code is None:
                 raise BaselineFailed(f"mutation check: the joint baseline run {output}")
-            chosen, fresh = mutation_baseline.verdicts(selections, folder)
-            ran = len(fresh)
-            outcomes.update(fresh)
-    problems = baseline_problems(list(together), chosen, outcomes)
-    if problems:
-        raise BaselineFailed(
-            "mutation check: kill tests fail WITHOUT a mutant; fix them before checking "
-            "mutants:\n  " + "\n  ".join(problems) + f"\n{output}"
-        )
+            outcomes.update(mutation_baseline.recorded([folder]))
+        settle(last=True)
     if log:
         tests = len({n for c in chosen for n in c})
         took = time.monotonic() - start
-        print(f"baseline ok ({took:.0f}s): {len(together)} kill sets, {tests} tests, "
-              f"{ran} run now, the rest recorded by earlier runs", flush=True)  # fmt: skip
+        print(f"baseline ok ({took:.0f}s): {len(keys)} kill sets, {tests} tests, {ran} run "
+              "here, the rest recorded by the runs beside", flush=True)  # fmt: skip
