@@ -2,8 +2,9 @@
 
 The default run is parallel (``scripts/test``: pytest-xdist, one process per
 worker, each with its own Postgres server and Spark session). xdist's
-``load`` scheduling hands the first quarter of the collected tests to the
-workers in turn and the rest as they free up; tests collected last run last.
+``worksteal`` scheduling splits the collected tests among the workers in
+order, and a worker that runs out takes from the others' queues; tests
+collected last run last.
 The slowest tests (a Spark pipeline in a subprocess, killed and run again; the
 demo; the HA takeover) sit late in the alphabet, so without this hook they
 ran together at the end and the run waited on them alone.

@@ -116,7 +116,7 @@ def run_pytest(
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--no-header",
            f"--basetemp={copy.parent / (copy.name + '-tmp')}"]  # fmt: skip
     if workers:
-        cmd += ["-n", str(workers), "--dist", "load"]
+        cmd += ["-n", str(workers), "--dist", "worksteal"]
     else:
         # One mutant's run: stop at the first failure. Hypothesis' pytest plugin
         # only reports (the tests import hypothesis themselves), and loading it
