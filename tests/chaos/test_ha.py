@@ -21,7 +21,15 @@ from reconcile.demo.tpch.failover import FailoverOptions, run_failovers
 from tests.demo_checks import assert_sinks_exact
 from tests.fix_pg import markers_table
 
-pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.chaos, pytest.mark.slow]
+# Two HA nodes, each a Spark pipeline, killed and paused in turn over 40 epochs: over two
+# minutes alone, more than the default limit beside CI's other steps.
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.spark,
+    pytest.mark.chaos,
+    pytest.mark.slow,
+    pytest.mark.timeout(1200),
+]
 
 SEED = int(os.environ.get("RECONCILE_CHAOS_SEED", "1")) % 1000
 EPOCHS = 40
