@@ -65,8 +65,10 @@ log = logging.getLogger("reconcile.spark.verify")
 # On the driver: the snapshot is exported and the ranges cut; no executor has
 # imported it yet (a test ends the exporting session here).
 SNAPSHOT_EXPORTED = hooks.declare("spark.verify.snapshot_exported")
-# The last line of a Python traceback that Spark carries back from an executor.
-_RAISED = re.compile(r"^(reconcile\.core\.errors\.[A-Za-z]+): (.*)$", re.M)
+# The last line of a Python traceback that Spark carries back from an executor,
+# for an error of the engine's errors module (its name taken from the module, so
+# that moving the errors cannot leave the pattern behind).
+_RAISED = re.compile(rf"^({re.escape(errors.__name__)}\.[A-Za-z]+): (.*)$", re.M)
 
 
 def _from_executor(exc: BaseException) -> BaseException:
