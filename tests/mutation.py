@@ -263,11 +263,9 @@ def run(
                     else:
                         (kill, marker), members = todo.pop(0)
                         in_flight[pool.submit(baseline, kill, marker, members)] = members
-                if failure is not None:
+                if failure is not None:  # what is released from now on is dropped here too
                     todo.clear()
                     ready.clear()
-                    with released.mutex:
-                        released.queue.clear()
                 if not in_flight:
                     time.sleep(1)  # only the joint baseline is under way
                     continue

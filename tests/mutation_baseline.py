@@ -31,7 +31,7 @@ from typing import Any
 
 import pytest
 
-__all__ = ["ENV", "Selection", "available", "parse", "recorded", "root_paths", "verdicts"]
+__all__ = ["ENV", "Selection", "available", "parse", "recorded", "root_paths", "selected"]
 
 ENV = "RECONCILE_MUTATION_BASELINE"  # the folder of groups.json, selection-*.json, outcomes.json
 
@@ -90,17 +90,15 @@ def root_paths(selections: Iterable[Selection]) -> list[str]:
     return sorted({p.split("::", 1)[0] for s in selections for p in s.paths})
 
 
-def verdicts(
-    selections: Sequence[Selection], folder: Path
-) -> tuple[list[list[str]], dict[str, str]]:
-    """What each selection selected (from any worker's file), and every test's outcome."""
+def selected(selections: Sequence[Selection], folder: Path) -> list[list[str]]:
+    """The node ids each selection selected, as a run with the plugin wrote them (any worker's)."""
     found = sorted(folder.glob("selection-*.json"))
     if not found:
         raise RuntimeError("the baseline run recorded no selection (did it collect at all?)")
     chosen: list[list[str]] = json.loads(found[0].read_text())
     if len(chosen) != len(selections):
         raise RuntimeError("the baseline run's selection does not match its kill sets")
-    return chosen, recorded([folder])
+    return chosen
 
 
 def recorded(folders: Iterable[Path]) -> dict[str, str]:
@@ -126,7 +124,7 @@ def _matches_path(nodeid: str, path: str) -> bool:
     return nodeid == path or nodeid.startswith((path + "::", path + "/"))
 
 
-def _selected(items: list[pytest.Item], selection: Selection) -> list[str]:
+def _selection_of(items: list[pytest.Item], selection: Selection) -> list[str]:
     from _pytest.mark import KeywordMatcher, MarkMatcher
     from _pytest.mark.expression import Expression
 
@@ -159,7 +157,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         return  # recording only: every test runs, its outcome is written at the end
     groups = [Selection(tuple(g["paths"]), g["keyword"], g["marker"]) for g in
               json.loads((folder / "groups.json").read_text())]  # fmt: skip
-    chosen = [_selected(items, g) for g in groups]
+    chosen = [_selection_of(items, g) for g in groups]
     wanted = {nodeid for c in chosen for nodeid in c}
     only = folder / "only.json"
     if only.exists():  # the tests whose outcome no earlier run recorded

@@ -161,8 +161,6 @@ def plain_groups(
     groups: Mapping[GroupKey, object],
 ) -> dict[GroupKey, mutation_baseline.Selection]:
     """The kill sets that can share the joint baseline run (none if pytest's matchers moved)."""
-    if os.environ.get("RECONCILE_MUTATION_JOINT_BASELINE", "1") == "0":
-        return {}
     if not mutation_baseline.available():
         return {}
     parsed = {key: mutation_baseline.parse(key[0], key[1]) for key in groups}
@@ -170,7 +168,7 @@ def plain_groups(
 
 
 def baseline_problems(
-    keys: list[GroupKey], chosen: list[list[str]], outcomes: Mapping[str, str]
+    keys: Sequence[GroupKey], chosen: Sequence[Sequence[str]], outcomes: Mapping[str, str]
 ) -> list[str]:
     """Why each failing kill set fails its baseline: it selects no test, or one did not pass.
 
@@ -233,7 +231,7 @@ def joint_baseline(
         code, output = pytest_on_a_copy(["--collect-only", *roots])
         if code != 0:
             raise BaselineFailed(f"mutation check: collecting the kill sets failed\n{output}")
-        chosen, _ = mutation_baseline.verdicts(selections, folder)
+        chosen = mutation_baseline.selected(selections, folder)
         output = ""  # the collection's list of tests: no help in a failure's message
         for stale in folder.glob("selection-*.json"):
             stale.unlink()
@@ -284,5 +282,6 @@ def joint_baseline(
     if log:
         tests = len({n for c in chosen for n in c})
         took = time.monotonic() - start
-        print(f"baseline ok ({took:.0f}s): {len(keys)} kill sets, {tests} tests, {ran} run "
-              "here, the rest recorded by the runs beside", flush=True)  # fmt: skip
+        beside = f", {tests - ran} recorded by the runs beside" if folders else ""
+        print(f"baseline ok ({took:.0f}s): {len(keys)} kill sets, {tests} tests, {ran} run here"
+              f"{beside}", flush=True)  # fmt: skip
