@@ -36,8 +36,12 @@ SLOW: dict[str, str] = {
     # every row once, so a clean run of it adds no check the default tier lacks.
     r"tests/integration/test_spark_stream\.py::test_a_clean_run_writes_every_batch_once_and_a"
     r"_rerun_writes_nothing\[": "the clean run, on each writer path",
+    # The kill and the recovery are the cycle's, the same whichever way the rows go,
+    # and each of these runs starts Spark twice.
     r"tests/integration/test_spark_stream\.py::test_driver_killed_mid_batch_resumes_exactly_once"
     r"\[(?!cycle\.decided-write_stream\])": "the driver killed at the other points and paths",
+    r"tests/integration/test_spark_stream\.py::test_an_executor_killed_after_staging_its_file"
+    r"_is_retried_and_counted_once\[driver\]": "an executor killed, with the rows collected",
     r"tests/integration/test_spark_stream\.py::test_format_reconcile_commit_process_killed":
         "the format's commit process killed",
     r"tests/integration/test_spark_stream\.py::test_a_dead_drivers_staged_rows_are_swept":
@@ -54,33 +58,50 @@ SLOW: dict[str, str] = {
     r"tests/integration/test_airflow_example\.py::": "the example DAG's Spark job",
 }  # fmt: skip
 
-_COMPILED = {re.compile(pattern): why for pattern, why in SLOW.items()}
+_COMPILED = [re.compile(pattern) for pattern in SLOW]
+
+
+def slow_tier(nodeid: str) -> bool:
+    """Whether ``nodeid`` is one of the listed tests (it is then marked ``slow``)."""
+    return any(pattern.match(nodeid) for pattern in _COMPILED)
+
+
+def unmatched(nodeids: list[str], args: list[str]) -> list[str]:
+    """The patterns that match none of ``nodeids``, though a run of ``args`` collected their file.
+
+    Only a run asked for a pattern's whole file (or a folder of it, or no
+    arguments: the test paths) can tell that the pattern has gone stale.
+    """
+    files = {nodeid.split("::", 1)[0] for nodeid in nodeids}
+    stale = []
+    for pattern in _COMPILED:
+        file = pattern.pattern.split("::", 1)[0].replace("\\.", ".")
+        if file not in files or not _whole_file(args, file):
+            continue
+        if not any(pattern.match(nodeid) for nodeid in nodeids):
+            stale.append(pattern.pattern)
+    return stale
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark the listed tests ``slow`` before ``-m`` selects (so ``-m "not slow"`` drops them)."""
-    used: set[re.Pattern[str]] = set()
     for item in items:
-        for pattern in _COMPILED:
-            if pattern.match(item.nodeid):
-                item.add_marker(pytest.mark.slow)
-                used.add(pattern)
-                break
-    # Only a run that collected a pattern's whole file can say it matches nothing.
-    files = {item.nodeid.split("::", 1)[0] for item in items}
-    for pattern in _COMPILED.keys() - used:
-        file = pattern.pattern.split("::", 1)[0].replace("\\.", ".")
-        if file in files and not config.option.keyword and _whole_file(config, file):
-            raise pytest.UsageError(f"tests/fix_tiers.py: {pattern.pattern!r} matches no test")
+        if slow_tier(item.nodeid):
+            item.add_marker(pytest.mark.slow)
+    if config.option.keyword:
+        return  # -k may have dropped a pattern's tests already
+    stale = unmatched([item.nodeid for item in items], list(config.args))
+    if stale:
+        raise pytest.UsageError(f"tests/fix_tiers.py: {stale} match no test")
 
 
-def _whole_file(config: pytest.Config, file: str) -> bool:
-    """Whether the run was asked for ``file`` (or a folder of it) as a whole, not node ids."""
-    for arg in config.args:
+def _whole_file(args: list[str], file: str) -> bool:
+    """Whether a run of ``args`` was asked for ``file`` (or a folder of it) as a whole."""
+    for arg in args:
         arg = arg.rstrip("/")
         if "::" in arg:
             continue
         if file == arg or file.startswith(arg + "/") or arg in (".", "tests"):
             return True
-    return not config.args
+    return not args

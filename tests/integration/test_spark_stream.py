@@ -217,16 +217,8 @@ KILLS = {
 }
 
 
-# The default tier kills the driver past the decision with the executors writing;
-# the other kill points (tests/fix_tiers.py) and every point with the rows
-# collected to the driver (``auto``) are the slow tier's, which CI runs in full
-# (docs/testing.md): the kill and the recovery are the cycle's, the same for both
-# ways, and each of these runs starts Spark twice.
-OTHER_WAY = pytest.mark.slow
-
-
 @pytest.mark.chaos
-@pytest.mark.parametrize("form", ["write_stream", pytest.param("auto", marks=OTHER_WAY)])
+@pytest.mark.parametrize("form", ["write_stream", "auto"])
 @pytest.mark.parametrize("point", sorted(KILLS))
 def test_driver_killed_mid_batch_resumes_exactly_once(
     pg_db: str, tmp_path: Path, point: str, form: str
@@ -260,7 +252,7 @@ def test_a_dead_drivers_staged_rows_are_swept_when_the_next_run_collects(
 
 
 @pytest.mark.chaos
-@pytest.mark.parametrize("form", ["write_stream", pytest.param("driver", marks=OTHER_WAY)])
+@pytest.mark.parametrize("form", ["write_stream", "driver"])
 def test_an_executor_killed_after_staging_its_file_is_retried_and_counted_once(
     pg_db: str, tmp_path: Path, form: str
 ) -> None:
