@@ -45,7 +45,7 @@ def _collected(args: list[str]) -> list[str]:
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
          "-p", "no:xdist", *args],
-        cwd=REPO, capture_output=True, text=True, check=True, env={**os.environ},
+        cwd=REPO, capture_output=True, text=True, check=True,
     )  # fmt: skip
     return [line for line in proc.stdout.splitlines() if "::" in line]
 
@@ -93,3 +93,23 @@ def test_a_kill_set_fails_its_baseline_if_a_test_did_not_pass_or_none_is_selecte
     # d.py::u has no outcome: the run ended before it, so it did not pass.
     assert "d.py::u did not pass" in problems[2]
     assert baseline_problems(keys[:1], chosen[:1], outcomes) == []
+
+
+def test_a_test_that_failed_in_any_recording_run_failed(tmp_path: Path) -> None:
+    """Outcomes from several runs merge; one failure outweighs a pass elsewhere, in any order."""
+    runs = {
+        "a": {"t.py::x": "passed", "t.py::y": "failed", "t.py::z": "passed"},
+        "b": {"t.py::x": "failed", "t.py::y": "passed", "t.py::w": "skipped"},
+    }
+    for name, outcomes in runs.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "outcomes.json").write_text(json.dumps(outcomes))
+    (tmp_path / "c").mkdir()  # a run that ended without writing outcomes
+    for order in (["a", "b", "c"], ["c", "b", "a"]):
+        merged = mutation_baseline.recorded(tmp_path / n for n in order)
+        assert merged == {
+            "t.py::x": "failed",
+            "t.py::y": "failed",
+            "t.py::z": "passed",
+            "t.py::w": "skipped",
+        }
