@@ -235,8 +235,12 @@ def run_failovers(options: FailoverOptions) -> FailoverRun:
         return (points.pop(0) if points else rng.choice(POINTS)), nth
 
     procs.plan = kill_plan
-    procs.start("main", kill_plan())
-    procs.start("standby", kill_plan())
+    # Either process may win the first lease (the standby does when the main's
+    # start is the slower one), so both carry the first plan: the first fault
+    # is the planned one whichever leads. Only the leader's gate is opened.
+    first = kill_plan()
+    procs.start("main", first)
+    procs.start("standby", first)
     started = threading.Event()
     feeder = Feeder(feed, options.interval, started)
     feeder.start()
