@@ -14,6 +14,12 @@ A test that takes minutes declares it with a larger time limit
 and is there to turn a hang into a failure with a traceback). Those tests are
 put first, longest limit first, in collection order otherwise, so they spread
 over the workers from the start while the many short tests fill the gaps.
+
+A run that stops at its first failure (``-x``, as each run of the mutation
+check does) wants the opposite order: the cheap tests first, so that one that
+fails ends the run before a minute-long one starts. Cheap is the default limit
+before a larger one, then no Spark before Spark, then no server before a
+server (the ``spark`` and ``integration`` marks).
 """
 
 from __future__ import annotations
@@ -32,6 +38,14 @@ def _time_limit(item: pytest.Item) -> float:
 
 
 @pytest.hookimpl(trylast=True)
-def pytest_collection_modifyitems(items: list[Any]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[Any]) -> None:
     # Stable: equal limits keep the collection order (and so fixtures' locality).
-    items.sort(key=lambda item: -_time_limit(item))
+    if config.option.maxfail == 1:
+        items.sort(key=_cost)
+    else:
+        items.sort(key=lambda item: -_time_limit(item))
+
+
+def _cost(item: pytest.Item) -> tuple[float, bool, bool]:
+    marks = {mark.name for mark in item.iter_markers()}
+    return _time_limit(item), "spark" in marks, "integration" in marks
