@@ -11,13 +11,27 @@ the test files keep their plain parametrization.
 
 A pattern that no longer matches any collected test fails the run, so a
 renamed test cannot drop out of the slow tier unnoticed.
+
+With ``RECONCILE_SLOW_SAMPLE=SEED[:SHARE]`` (CI sets it, the seed from the
+commit) a run takes a seeded sample of the slow tier's parametrized families:
+of a test function with three or more slow parameter sets, a share (a third
+by default) of them, at least one, plus every one a mutant's kill set selects
+(``tests/mutants``: the mutation check takes its baseline from this run, and
+would otherwise run those tests again after it). The other slow tests run
+whole. The run's summary names the seed, so a failure is repeated with the
+same value; over successive commits every parameter set is drawn.
 """
 
 from __future__ import annotations
 
+import math
+import os
+import random
 import re
 
 import pytest
+
+from tests import mutation_baseline
 
 # Node-id patterns (re.match) of the tests that run only in the slow tier, and why.
 SLOW: dict[str, str] = {
@@ -83,17 +97,104 @@ def unmatched(nodeids: list[str], args: list[str]) -> list[str]:
     return stale
 
 
+SAMPLE_ENV = "RECONCILE_SLOW_SAMPLE"  # SEED[:SHARE]: run a seeded sample of the slow families
+SHARE = 1 / 3  # of each family, when the variable names no share
+FAMILY = 3  # a test function with fewer slow parameter sets runs whole
+
+
+def parse_sample(value: str) -> tuple[str, float]:
+    """``SEED[:SHARE]`` as (seed, share).
+
+    Raises:
+        pytest.UsageError: an empty seed, or a share that is not a number in (0, 1].
+    """
+    seed, _, share_text = value.partition(":")
+    try:
+        share = float(share_text) if share_text else SHARE
+    except ValueError:
+        share = math.nan
+    if not seed or not 0 < share <= 1:
+        raise pytest.UsageError(
+            f"{SAMPLE_ENV}={value!r}: expected SEED or SEED:SHARE, 0 < SHARE <= 1"
+        )
+    return seed, share
+
+
+def sample(slow: list[str], seed: str, share: float, claimed: set[str]) -> list[str]:
+    """The node ids of ``slow`` that a sample leaves out.
+
+    A family (the node ids of one test function, parameters aside) of at least
+    ``FAMILY`` members keeps ``ceil(share * size)`` of them drawn by ``seed`` (a
+    draw per family, so a family's sample does not change when another grows),
+    and every member in ``claimed``. Smaller families and lone tests stay whole.
+    """
+    families: dict[str, list[str]] = {}
+    for nodeid in slow:
+        families.setdefault(nodeid.split("[", 1)[0], []).append(nodeid)
+    left_out = []
+    for name, members in families.items():
+        if len(members) < FAMILY:
+            continue
+        # Sorted: the draw is the same whatever order the tests were collected in.
+        draw = random.Random(f"{seed}:{name}")
+        drawn = set(draw.sample(sorted(members), math.ceil(share * len(members))))
+        left_out += [m for m in members if m not in drawn and m not in claimed]
+    return left_out
+
+
+def claimed_by_mutants(items: list[pytest.Item]) -> set[str]:
+    """The node ids of ``items`` that some mutant's kill set selects (pytest's own selection)."""
+    from tests.mutation import load_mutants
+
+    if not mutation_baseline.available():
+        return {item.nodeid for item in items}  # cannot tell: leave none of them out
+    chosen: set[str] = set()
+    for mutant in load_mutants():
+        selection = mutation_baseline.parse(mutant.kill, mutant.marker)
+        if selection is not None:
+            chosen.update(mutation_baseline.selection_of(items, selection))
+    return chosen
+
+
+_SAMPLED: list[str] = []  # the summary line of a sampled run
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark the listed tests ``slow`` before ``-m`` selects (so ``-m "not slow"`` drops them)."""
+    """Mark the listed tests ``slow`` before ``-m`` selects (so ``-m "not slow"`` drops them).
+
+    With ``RECONCILE_SLOW_SAMPLE`` set, the slow tests a sample leaves out are
+    deselected here too.
+    """
     for item in items:
         if slow_tier(item.nodeid):
             item.add_marker(pytest.mark.slow)
+    value = os.environ.get(SAMPLE_ENV, "")
+    if value:
+        _deselect_the_unsampled(config, items, value)
     if config.option.keyword:
         return  # -k may have dropped a pattern's tests already
     stale = unmatched([item.nodeid for item in items], list(config.args))
     if stale:
         raise pytest.UsageError(f"tests/fix_tiers.py: {stale} match no test")
+
+
+def _deselect_the_unsampled(config: pytest.Config, items: list[pytest.Item], value: str) -> None:
+    seed, share = parse_sample(value)
+    slow = [item for item in items if item.get_closest_marker("slow") is not None]
+    left_out = set(sample([i.nodeid for i in slow], seed, share, claimed_by_mutants(slow)))
+    _SAMPLED[:] = [
+        f"slow tier sampled ({SAMPLE_ENV}={value}): {len(slow) - len(left_out)} of "
+        f"{len(slow)} slow tests run, {len(left_out)} left out; the same value repeats it"
+    ]
+    if left_out:
+        config.hook.pytest_deselected(items=[i for i in items if i.nodeid in left_out])
+        items[:] = [item for item in items if item.nodeid not in left_out]
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    for line in _SAMPLED:
+        terminalreporter.write_line(line)
 
 
 def _whole_file(args: list[str], file: str) -> bool:

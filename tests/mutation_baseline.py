@@ -31,7 +31,16 @@ from typing import Any
 
 import pytest
 
-__all__ = ["ENV", "Selection", "available", "parse", "recorded", "root_paths", "selected"]
+__all__ = [
+    "ENV",
+    "Selection",
+    "available",
+    "parse",
+    "recorded",
+    "root_paths",
+    "selected",
+    "selection_of",
+]
 
 ENV = "RECONCILE_MUTATION_BASELINE"  # the folder of groups.json, selection-*.json, outcomes.json
 
@@ -124,7 +133,8 @@ def _matches_path(nodeid: str, path: str) -> bool:
     return nodeid == path or nodeid.startswith((path + "::", path + "/"))
 
 
-def _selection_of(items: list[pytest.Item], selection: Selection) -> list[str]:
+def selection_of(items: Iterable[pytest.Item], selection: Selection) -> list[str]:
+    """The node ids of ``items`` that ``selection`` selects, by pytest's own rules."""
     from _pytest.mark import KeywordMatcher, MarkMatcher
     from _pytest.mark.expression import Expression
 
@@ -157,7 +167,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         return  # recording only: every test runs, its outcome is written at the end
     groups = [Selection(tuple(g["paths"]), g["keyword"], g["marker"]) for g in
               json.loads((folder / "groups.json").read_text())]  # fmt: skip
-    chosen = [_selection_of(items, g) for g in groups]
+    chosen = [selection_of(items, g) for g in groups]
     wanted = {nodeid for c in chosen for nodeid in c}
     only = folder / "only.json"
     if only.exists():  # the tests whose outcome no earlier run recorded

@@ -1,12 +1,15 @@
-"""The slow tier's list (tests/fix_tiers.py) marks what it names, and fails when it goes stale."""
+"""The slow tier's list (tests/fix_tiers.py): what it marks, when it goes stale, how it samples."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
 
-from tests.fix_tiers import slow_tier, unmatched
+import pytest
+
+from tests.fix_tiers import SAMPLE_ENV, parse_sample, sample, slow_tier, unmatched
 
 REPO = Path(__file__).resolve().parents[2]
 KILL9 = "tests/chaos/test_kill9.py::test_kill9_then_restart_converges"
@@ -46,3 +49,59 @@ def test_a_run_marks_them_slow_before_it_selects() -> None:
     chosen = [line for line in proc.stdout.splitlines() if "::" in line]
     assert chosen and all(slow_tier(nodeid) for nodeid in chosen)
     assert {n.rsplit("-", 1)[1] for n in chosen} == {"postgres_prepared]", "delta]"}
+
+
+def _family(name: str, size: int) -> list[str]:
+    return [f"tests/chaos/test_x.py::{name}[p{i}]" for i in range(size)]
+
+
+def test_a_sample_draws_a_share_of_each_family_and_keeps_the_rest_whole() -> None:
+    big, three, two = _family("test_big", 10), _family("test_three", 3), _family("test_two", 2)
+    lone = ["tests/chaos/test_x.py::test_lone"]
+    slow = big + three + two + lone
+    left_out = sample(slow, "seed-1", 1 / 3, set())
+    # ceil(10 / 3) = 4 of the ten and 1 of the three run; a pair and a lone test run whole.
+    assert len([n for n in big if n not in left_out]) == 4
+    assert len([n for n in three if n not in left_out]) == 1
+    assert not set(left_out) & set(two + lone)
+    # The same seed draws the same; another seed draws another sample of the big family.
+    assert sample(list(reversed(slow)), "seed-1", 1 / 3, set()) == sorted(
+        left_out, key=list(reversed(slow)).index
+    )
+    assert any(set(sample(slow, f"seed-{n}", 1 / 3, set())) != set(left_out) for n in range(2, 6))
+    # A family's draw does not depend on the other families.
+    assert [n for n in sample(big, "seed-1", 1 / 3, set())] == [n for n in left_out if n in big]
+
+
+def test_a_sample_keeps_every_test_a_mutant_claims() -> None:
+    big = _family("test_big", 9)
+    left_out = sample(big, "s", 1 / 3, set())
+    claimed = set(left_out[:2])
+    kept = [n for n in big if n not in sample(big, "s", 1 / 3, claimed)]
+    assert len(kept) == 3 + 2 and claimed <= set(kept)
+    # A share of one runs the whole family.
+    assert sample(big, "s", 1.0, set()) == []
+
+
+def test_a_sample_value_is_a_seed_and_an_optional_share() -> None:
+    assert parse_sample("abc") == ("abc", pytest.approx(1 / 3))
+    assert parse_sample("abc:0.5") == ("abc", 0.5)
+    for bad in ("", ":0.5", "abc:0", "abc:1.5", "abc:half"):
+        with pytest.raises(pytest.UsageError, match="RECONCILE_SLOW_SAMPLE"):
+            parse_sample(bad)
+
+
+def test_a_sampled_run_says_how_to_repeat_it_and_keeps_the_claimed_tests() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+         "-p", "no:xdist", "-m", "slow", "tests/chaos/test_kill9.py",
+         "tests/integration/test_spark_stream.py"],
+        cwd=REPO, capture_output=True, text=True, check=True,
+        env={**os.environ, SAMPLE_ENV: "draw-7"},
+    )  # fmt: skip
+    chosen = [line for line in proc.stdout.splitlines() if "::" in line]
+    kill9 = [n for n in chosen if "test_kill9" in n]
+    assert len(kill9) == 6  # a third of the 18 slow parameter sets
+    # The one driver-killed test that a mutant's kill set (-k cycle.decided) selects.
+    assert any("test_driver_killed" in n and "cycle.decided-auto" in n for n in chosen)
+    assert f"({SAMPLE_ENV}=draw-7): " in proc.stdout
