@@ -5,19 +5,16 @@ from __future__ import annotations
 import os
 import sys
 
+from tests import spark_cds
+
 # Spark's Python workers must run this interpreter (and so this venv).
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 
-# Every JVM a test starts (the shared session's, and Spark's in the pipelines,
-# the CLI and the demo that tests run in subprocesses, which inherit this) lives
-# for seconds to a few minutes and spends most of its CPU compiling code it runs
-# a few times: C1 alone compiles far less, and the serial collector runs no GC
-# threads. Measured on 2 cores: a stream pipeline run took 40 CPU seconds with
-# the defaults and 23 with these (docs/testing.md). What runs is the same; only
-# the JIT's work differs. Tests only: the benchmarks keep the JVM's defaults.
-# A value set by the user wins.
-os.environ.setdefault("SPARK_SUBMIT_OPTS", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
+# Every JVM a test starts (the shared session's, and Spark's in the subprocesses,
+# which inherit this) spends most of its CPU starting: tests/spark_cds.py says what
+# these options save. A value set by the user wins.
+os.environ.setdefault("SPARK_SUBMIT_OPTS", spark_cds.submit_opts())
 
 pytest_plugins = [
     "tests.fix_sinks",
