@@ -81,18 +81,28 @@ def test_racing_standbys_exactly_one_wins(pg_db: str) -> None:
         lease.current()  # connected, so that the race is on the statement, not the connect
     barrier = threading.Barrier(len(racers))
     won: list[str] = []
+    unanswered: list[str] = []
 
     def race(lease: PgLease) -> None:
         barrier.wait()
-        if lease.try_acquire() is not None:
-            won.append(lease.holder)
+        # A statement that ran out of its time limit (half a term, on a loaded
+        # machine, queued behind the others' row lock) is retried, as a standby
+        # does on its next round: only definite answers count.
+        for _ in range(20):
+            try:
+                if lease.try_acquire() is not None:
+                    won.append(lease.holder)
+                return
+            except RetryableError:
+                continue
+        unanswered.append(lease.holder)
 
     threads = [threading.Thread(target=race, args=(lease,)) for lease in racers]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    assert len(won) == 1, won
+    assert unanswered == [] and len(won) == 1, (won, unanswered)
     row = (
         psycopg.connect(pg_db)
         .execute("SELECT holder, tenure FROM reconcile.reconcile_leases WHERE pipeline = 'race'")
