@@ -16,6 +16,10 @@ os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 # these options save. A value set by the user wins.
 os.environ.setdefault("SPARK_SUBMIT_OPTS", spark_cds.submit_opts())
 
+# Every test process (and the mutation check starts hundreds) would otherwise initdb
+# a template of its own: the venv keeps one for these binaries (reconcile.demo.embedded_pg).
+os.environ.setdefault("RECONCILE_PG_TEMPLATE_CACHE", os.path.join(sys.prefix, "pg-template"))
+
 pytest_plugins = [
     "tests.fix_sinks",
     "tests.fix_spark",

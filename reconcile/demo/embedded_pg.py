@@ -2,7 +2,8 @@
 
 It is built from the PostgreSQL server binaries installed on the machine
 (``pg_config --bindir``, else Debian's ``/usr/lib/postgresql/<major>/bin``):
-an ``initdb`` once per process, copied for every server, listening on
+an ``initdb`` once per process (or once per folder named by
+``RECONCILE_PG_TEMPLATE_CACHE``), copied for every server, listening on
 127.0.0.1 and a unix socket in its own folder only. PostgreSQL refuses to run
 as root, so as root it runs as the ``postgres`` user (``runuser``). A detached
 watchdog stops the server and deletes its folder if the process that started
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import hashlib
 import itertools
 import os
 import secrets
@@ -96,20 +98,58 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+# A folder where an initdb'ed data directory is kept for later processes too (the
+# tests set it: hundreds of short test processes each paid for an initdb).
+TEMPLATE_CACHE_ENV = "RECONCILE_PG_TEMPLATE_CACHE"
+_INITDB = ("-U", "postgres", "--auth=trust", "--no-sync", "-E", "UTF8", "--locale=C")
+
+
 def _template(bindir: Path) -> Path:
-    """initdb once per process (and binaries); every server starts from a copy."""
+    """initdb once per process (and binaries); every server starts from a copy.
+
+    With ``RECONCILE_PG_TEMPLATE_CACHE`` naming a folder, once per folder and
+    binaries: the data directory is kept there for every later process.
+    """
     if bindir not in _TEMPLATES:
-        root = Path(tempfile.mkdtemp(prefix="reconcile-pgtpl-"))
-        chown_to_postgres(root)
-        data = root / "data"
-        run_checked(
-            [*as_postgres(), str(bindir / "initdb"), "-D", str(data), "-U", "postgres",
-             "--auth=trust", "--no-sync", "-E", "UTF8", "--locale=C"]
-        )  # fmt: skip
-        _TEMPLATES[bindir] = data
-        atexit.register(shutil.rmtree, root, True)
-        watchdog(root, None, bindir)
+        cache = os.environ.get(TEMPLATE_CACHE_ENV)
+        _TEMPLATES[bindir] = _kept_template(Path(cache), bindir) if cache else _own_template(bindir)
     return _TEMPLATES[bindir]
+
+
+def _initdb(bindir: Path, root: Path) -> Path:
+    chown_to_postgres(root)
+    data = root / "data"
+    run_checked([*as_postgres(), str(bindir / "initdb"), "-D", str(data), *_INITDB])
+    return data
+
+
+def _own_template(bindir: Path) -> Path:
+    root = Path(tempfile.mkdtemp(prefix="reconcile-pgtpl-"))
+    data = _initdb(bindir, root)
+    atexit.register(shutil.rmtree, root, True)
+    watchdog(root, None, bindir)
+    return data
+
+
+def _kept_template(cache: Path, bindir: Path) -> Path:
+    """The template kept in ``cache`` for these binaries, made first if none is there yet."""
+    postgres = bindir / "postgres"
+    seen = f"{bindir.resolve()}:{postgres.stat().st_mtime_ns}:{' '.join(_INITDB)}"
+    kept = cache / hashlib.sha256(seen.encode()).hexdigest()[:16]
+    if (kept / "data" / "PG_VERSION").exists():
+        return kept / "data"
+    cache.mkdir(parents=True, exist_ok=True)
+    made = Path(tempfile.mkdtemp(prefix="making-", dir=cache))
+    try:
+        _initdb(bindir, made)
+        # Whole or not at all: a rename, and a process that made one beside keeps its own.
+        made.rename(kept)
+    except OSError:
+        if not (kept / "data" / "PG_VERSION").exists():
+            raise
+    finally:
+        shutil.rmtree(made, ignore_errors=True)
+    return kept / "data"
 
 
 def watchdog(root: Path, data: Path | None, bindir: Path) -> None:
