@@ -193,8 +193,14 @@ def _deselect_the_unsampled(config: pytest.Config, items: list[pytest.Item], val
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    for line in _SAMPLED:
-        terminalreporter.write_line(line)
+    value = os.environ.get(SAMPLE_ENV, "")
+    if _SAMPLED:
+        terminalreporter.write_line(_SAMPLED[0])
+    elif value:  # xdist's controller: the workers collected and drew, alike
+        terminalreporter.write_line(
+            f"slow tier sampled ({SAMPLE_ENV}={value}): a share of each slow family ran; "
+            "the same value repeats the draw"
+        )
 
 
 def _whole_file(args: list[str], file: str) -> bool:

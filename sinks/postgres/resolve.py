@@ -27,6 +27,7 @@ from .ownership import Scope, check_marker
 from .replication import confirm_replicated
 
 __all__ = [
+    "RESOLVING",
     "XID_IN_PROGRESS",
     "BackendIdentity",
     "Evidence",
@@ -43,6 +44,9 @@ log = logging.getLogger("reconcile.sinks.postgres")
 # finishes (or unblocks) the old transaction here, after the resolver has
 # looked and before it looks again.
 XID_IN_PROGRESS = hooks.declare("pg.resolve.xid_in_progress")
+# Hit once the resolver is connected, before it looks at the old backend: a test
+# lets the old backend reach the state it means to test (e.g. a replication wait).
+RESOLVING = hooks.declare("pg.resolve.connected")
 
 _IDENTITY_SQL = (
     "SELECT pg_backend_pid(), "
@@ -196,6 +200,7 @@ def resolve_commit(
     describe = f"{txn.txn_id} (xid {txn.xid}, backend pid {txn.backend.pid})"
     conn = _connect_until(target, deadline, app)
     try:
+        hooks.point(RESOLVING)
         # Case 1: the old backend still runs our txn (it has not noticed that
         # its client went away, or it is still committing). While it lives the
         # txn may still end either way, so end it: terminating a backend rolls

@@ -27,6 +27,7 @@ from sinks.postgres.markers import StateTables
 from sinks.postgres.ownership import Scope
 from sinks.postgres.replication import confirm_replicated
 from sinks.postgres.resolve import (
+    RESOLVING,
     XID_IN_PROGRESS,
     Evidence,
     InFlightTxn,
@@ -166,7 +167,22 @@ def test_only_the_xid_can_decide_while_the_marker_is_not_readable(
             seen.append(int(row[0]))
             standby.start()
 
-        with hooks.at(XID_IN_PROGRESS, the_standby_returns) as window:
+        def the_commit_waits_for_the_standby() -> None:
+            # The COMMIT reached the server and waits for the standby, before the
+            # resolver looks at its backend. On a loaded machine the backend may
+            # not have read the COMMIT yet; the resolver would then rightly end
+            # the still-open transaction (aborted: retry), which is not this case.
+            deadline = time.monotonic() + 60
+            with primary.connect(db) as conn:
+                waiting = "SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'SyncRep'"
+                while conn.execute(waiting).fetchone() != (1,):
+                    assert time.monotonic() < deadline, "the COMMIT never waited for the standby"
+                    time.sleep(0.05)
+
+        with (
+            hooks.at(RESOLVING, the_commit_waits_for_the_standby),
+            hooks.at(XID_IN_PROGRESS, the_standby_returns) as window,
+        ):
             assert sink.commit(t1) == OK
         assert proxy.fired.is_set() and window.fired == 1 and seen == [0]
         assert sink.last_resolution is not None

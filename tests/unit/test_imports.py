@@ -20,6 +20,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 PACKAGES = ("reconcile", "sinks", "expected_state")
 FIRST = ("sinks", "expected_state")  # the packages below reconcile that a worker may import first
@@ -50,6 +52,19 @@ def engine_modules() -> list[str]:
                 parts = parts[:-1]
             names.append(".".join(parts))
     return names
+
+
+# The modules a Spark worker is known to import first (its pickled tasks name them), each
+# checked alone first: a second each, before the sweep below over every module (half a
+# minute), so a run that stops at its first failure stops here.
+WORKER_FIRST = ("sinks.delta.sink", "expected_state.delta_files")
+
+
+@pytest.mark.parametrize("module", WORKER_FIRST)
+def test_a_module_a_worker_imports_first_imports_alone(module: str) -> None:
+    proc = subprocess.run([sys.executable, "-c", f"import {module}"], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
 
 
 def test_every_module_imports_first_in_a_fresh_interpreter() -> None:
