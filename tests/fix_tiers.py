@@ -145,15 +145,13 @@ def sample(slow: list[str], seed: str, share: float, claimed: set[str]) -> list[
 def claimed_by_mutants(items: list[pytest.Item]) -> set[str]:
     """The node ids of ``items`` that some mutant's kill set selects (pytest's own selection)."""
     from tests.mutation import load_mutants
+    from tests.mutation_runs import plain_groups
 
     if not mutation_baseline.available():
         return {item.nodeid for item in items}  # cannot tell: leave none of them out
-    chosen: set[str] = set()
-    for mutant in load_mutants():
-        selection = mutation_baseline.parse(mutant.kill, mutant.marker)
-        if selection is not None:
-            chosen.update(mutation_baseline.selection_of(items, selection))
-    return chosen
+    # The kill sets the joint baseline can take from a run: the others run their own.
+    kill_sets = plain_groups({(m.kill, m.marker): m for m in load_mutants()})
+    return {n for s in kill_sets.values() for n in mutation_baseline.selection_of(items, s)}
 
 
 _SAMPLED: list[str] = []  # the summary line of a sampled run

@@ -28,6 +28,7 @@ Tests only: the benchmarks keep the JVM's defaults, as a user's Spark would.
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -65,9 +66,11 @@ spark.stop()
 
 
 def _jars() -> list[str]:
-    import pyspark
-
-    folder = Path(pyspark.__file__).parent / "jars"
+    # Found, not imported: every pytest start (hundreds in the mutation check) asks.
+    spec = importlib.util.find_spec("pyspark")
+    if spec is None or spec.origin is None:
+        raise ImportError("no pyspark in this venv")
+    folder = Path(spec.origin).parent / "jars"
     return sorted(p.name for p in folder.glob("*.jar"))
 
 
