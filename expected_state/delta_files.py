@@ -6,7 +6,7 @@ import json
 import math
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlparse
@@ -23,9 +23,11 @@ from reconcile.core.durable import fsync_path
 __all__ = [
     "DataFile",
     "check_file_schema",
+    "data_file_rows",
     "delta_stats",
     "describe_data_file",
     "filesystem",
+    "iter_data_batches",
     "read_data_files",
     "write_data_file",
 ]
@@ -99,6 +101,28 @@ def read_data_files(
         columns=list(columns) if columns is not None else None,
         schema=schema,
     )
+
+
+def iter_data_batches(table_uri: str, rel_path: str, *, columns: Sequence[str],
+                      batch_rows: int = 1 << 16) -> Iterator[pa.RecordBatch]:  # fmt: skip
+    """Read one data file in record batches of at most ``batch_rows`` (bounded memory).
+
+    Raises:
+        FileNotFoundError: the file is gone (e.g. vacuumed).
+    """
+    fs, root = filesystem(table_uri)
+    with fs.open_input_file(f"{root}/{rel_path}") as handle:
+        yield from pq.ParquetFile(handle).iter_batches(batch_size=batch_rows, columns=list(columns))
+
+
+def data_file_rows(table_uri: str, rel_paths: Sequence[str]) -> int:
+    """The rows the data files hold, from their footers (no data is read)."""
+    fs, root = filesystem(table_uri)
+    total = 0
+    for path in rel_paths:
+        with fs.open_input_file(f"{root}/{path}") as handle:
+            total += pq.ParquetFile(handle).metadata.num_rows
+    return total
 
 
 def _stat_value(value: Any) -> Any:

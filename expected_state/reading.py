@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
@@ -10,7 +10,7 @@ import pyarrow.compute as pc  # type: ignore[import-untyped, unused-ignore]
 from deltalake import DeltaTable
 from deltalake.exceptions import DeltaError, TableNotFoundError
 
-from expected_state.delta_files import read_data_files
+from expected_state.delta_files import data_file_rows, read_data_files
 from expected_state.layout import (
     EPOCH_COLUMN,
     OP_COLUMN,
@@ -20,6 +20,7 @@ from expected_state.layout import (
     stored_schema,
 )
 from expected_state.merge import apply_changes, last_per_key, member_mask
+from expected_state.parts_reading import read_in_parts
 from expected_state.ranges import in_ranges
 from reconcile.core.contract import InvalidInputError
 
@@ -179,6 +180,72 @@ class Reading:
                 epoch=epoch,
             ) from exc
 
+    def files_at(self, epoch: int | None) -> list[StoreFile] | None:
+        """The data files a snapshot as of ``epoch`` reads (None: the table holds no epoch).
+
+        An epoch at or after the base's fold point is read from the current
+        version; an older one from the Delta version that recorded it.
+
+        Raises:
+            InvalidInputError: the epoch is not recorded.
+        """
+        table = self._delta()
+        self.audit()  # before its files are listed: a foreign commit is named as such
+        if table is None or self._schema is None:
+            return None
+        files = live_files(table, name=self.uri)
+        if epoch is not None:
+            last = self.last_epoch()
+            through = fold_point(files)
+            if last is None or epoch > last:
+                self.version_of(epoch)  # raises, naming the recorded range
+            if through is not None and epoch < through:
+                # Folded or merged since: read the version that recorded it, where
+                # every epoch after the fold point up to it still has its own file.
+                older = self._at_version(epoch)
+                self.audit(older.version())
+                files = live_files(older, name=self.uri)
+            elif through is None and not any(f.epoch <= epoch for f in files):
+                self.version_of(epoch)  # before the first epoch? (raises if so)
+            files = [f for f in files if f.kind == "base" or f.epoch <= epoch]
+        return files
+
+    def stored_rows(self, epoch: int | None = None) -> int:
+        """The rows of the files a snapshot as of ``epoch`` reads, from their footers.
+
+        At least the snapshot's rows (a key changed in several epochs is counted
+        in each): what a bounded-memory reader sizes its parts by.
+        """
+        files = self.files_at(epoch)
+        if not files:
+            return 0
+        self.check_files(files)
+        return data_file_rows(self.uri, [f.path for f in files])
+
+    def snapshot_parts(self, epoch: int | None, columns: Sequence[str], *, parts: int,
+                       where: str | None = None) -> Iterator[tuple[int, pa.Table]]:  # fmt: skip
+        """The snapshot as of ``epoch``, split by key into ``parts``, one part at a time.
+
+        What ``snapshot`` returns, in pieces: part ``i`` holds the keys whose
+        hash falls in it (``reconcile.core.spill.parts_of``), so that a reader
+        holds one part in memory, never the table. The files are streamed once
+        and spilled under ``where`` (default the system's temporary folder).
+
+        Raises:
+            InvalidInputError: the epoch is not recorded, or vacuum removed its files.
+        """
+        files = self.files_at(epoch)
+        if files is None or self._schema is None:
+            for part in range(parts):
+                yield part, self._empty_state().select(list(columns))
+            return
+        self.check_files(files)
+        stored = stored_schema(self._schema, self.key_columns)
+        read = list(dict.fromkeys([*self.key_columns, *columns, EPOCH_COLUMN, OP_COLUMN]))
+        yield from read_in_parts(self.uri, files, pa.schema([stored.field(c) for c in read]),
+                                 self.key_columns, list(columns), parts=parts, where=where,
+                                 epoch=epoch)  # fmt: skip
+
     def snapshot(
         self,
         epoch: int | None = None,
@@ -211,25 +278,9 @@ class Reading:
         Raises:
             InvalidInputError: the epoch is not recorded, or vacuum removed its files.
         """
-        table = self._delta()
-        self.audit()  # before its files are listed: a foreign commit is named as such
-        if table is None or self._schema is None:
+        files = self.files_at(epoch)
+        if files is None or self._schema is None:
             return self._empty_state()
-        files = live_files(table, name=self.uri)
-        if epoch is not None:
-            last = self.last_epoch()
-            through = fold_point(files)
-            if last is None or epoch > last:
-                self.version_of(epoch)  # raises, naming the recorded range
-            if through is not None and epoch < through:
-                # Folded or merged since: read the version that recorded it, where
-                # every epoch after the fold point up to it still has its own file.
-                older = self._at_version(epoch)
-                self.audit(older.version())
-                files = live_files(older, name=self.uri)
-            elif through is None and not any(f.epoch <= epoch for f in files):
-                self.version_of(epoch)  # before the first epoch? (raises if so)
-            files = [f for f in files if f.kind == "base" or f.epoch <= epoch]
         wanted = list(columns) if columns else state_schema(self._schema).names
         read = list(dict.fromkeys([*self.key_columns, *wanted, EPOCH_COLUMN, OP_COLUMN]))
         base = self._read([f for f in files if f.kind == "base"], read, epoch)

@@ -15,6 +15,7 @@ from reconcile.cli.run import add_run_parser
 from reconcile.cli.status import add_status_parser, read_state, run_status
 from reconcile.core import interrupts
 from reconcile.core.contract import ConfigurationError, ReconcileError
+from reconcile.recovery.options import DEFAULT_CHUNK_ROWS
 
 __all__ = ["main"]
 
@@ -75,6 +76,15 @@ def build_parser() -> argparse.ArgumentParser:
             "--partitions", type=int, help="with --spark: key ranges pulled in parallel"
         )
         sub.add_argument("--schema", help="the sink table's schema (default: the current one)")
+        sub.add_argument(
+            "--chunk-rows", type=int, default=DEFAULT_CHUNK_ROWS, metavar="N",
+            help="full mode holds about N rows of each side in memory; a larger table is "
+            f"diffed in parts spilled to disk (default {DEFAULT_CHUNK_ROWS:,})",
+        )  # fmt: skip
+        sub.add_argument(
+            "--spill-dir", metavar="DIR",
+            help="where full mode spills its parts (default: the system's temporary folder)",
+        )  # fmt: skip
         sub.add_argument("--json", action="store_true", help="print one JSON object")
     commands.choices["repair"].add_argument(
         "--allow-mass-change", action="store_true",

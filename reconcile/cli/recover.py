@@ -112,6 +112,8 @@ def run_recover(args: argparse.Namespace) -> int:
         "dry_run": not repair,
         "schema": args.schema,
         "allow_mass_change": repair and args.allow_mass_change,
+        "chunk_rows": args.chunk_rows,
+        "spill_dir": args.spill_dir,
     }
     if args.epoch is not None:
         options["target_epoch"] = args.epoch

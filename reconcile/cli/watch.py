@@ -37,6 +37,7 @@ from reconcile.cli.config_sinks import split_table
 from reconcile.core import interrupts
 from reconcile.core.contract import ConfigurationError, ReconcileError
 from reconcile.core.metrics import Metrics, NullMetrics, record_refusal, record_report
+from reconcile.recovery.options import DEFAULT_CHUNK_ROWS
 
 if TYPE_CHECKING:  # Spark is an optional extra: imported only for --spark
     from reconcile.cli.spark_job import OnSpark
@@ -126,6 +127,8 @@ def check_table(
     metrics: Metrics | None = None,
     allow_mass_change: bool = False,
     spark: OnSpark | None = None,
+    chunk_rows: int = DEFAULT_CHUNK_ROWS,
+    spill_dir: str | None = None,
 ) -> TableOutcome:
     """Verify (or repair) one sink table of a config file; never raises for that table's errors.
 
@@ -139,6 +142,8 @@ def check_table(
         allow_mass_change: lift the table's mass-change brake (an operator's
             explicit ``repair --allow-mass-change``; never ``watch``).
         spark: run it on Spark (full mode), in this session.
+        chunk_rows: full mode's rows in memory at once (``RecoverOptions``).
+        spill_dir: where full mode spills its parts (default: the temporary folder).
     """
     from reconcile.cli.status import missing_store
     from reconcile.recovery import recover
@@ -175,6 +180,8 @@ def check_table(
             since_epoch=since,
             max_change_fraction=sink.max_change_fraction,
             allow_mass_change=allow_mass_change,
+            chunk_rows=chunk_rows,
+            spill_dir=spill_dir,
         )
     except Exception as exc:  # one table's failure is reported; the others still run
         return _failed(sink, exc, metrics)
@@ -228,6 +235,8 @@ def check_tables(
     metrics: Metrics | None = None,
     allow_mass_change: bool = False,
     spark: OnSpark | None = None,
+    chunk_rows: int = DEFAULT_CHUNK_ROWS,
+    spill_dir: str | None = None,
 ) -> list[TableOutcome]:
     """:func:`check_table` for each table, in order."""
     options: dict[str, Any] = {
@@ -237,6 +246,8 @@ def check_tables(
         "metrics": metrics,
         "allow_mass_change": allow_mass_change,
         "spark": spark,
+        "chunk_rows": chunk_rows,
+        "spill_dir": spill_dir,
     }
     return [check_table(t, **options) for t in tables]
 
@@ -285,8 +296,9 @@ def run_config_recover(args: argparse.Namespace) -> int:
         check_spark_flags(args)  # before the session starts: it takes seconds
         spark = OnSpark(session(args.master or "local[*]"), args.partitions)
     outcomes = check_tables(
-        tables, repair=repair, mode=args.mode, allow_mass_change=lifted, spark=spark
-    )
+        tables, repair=repair, mode=args.mode, allow_mass_change=lifted, spark=spark,
+        chunk_rows=args.chunk_rows, spill_dir=args.spill_dir,
+    )  # fmt: skip
     code = exit_code(outcomes)
     _print(outcomes, as_json=args.json, code=code)
     return code
@@ -335,16 +347,21 @@ def run_watch(args: argparse.Namespace) -> int:
                 )  # fmt: skip
             code = exit_code(outcomes)
             rounds += 1
-            if args.json:
-                found = [o.as_dict() for o in outcomes]
-                print(json.dumps({"round": rounds, "exit_code": code, "tables": found}), flush=True)
-            else:
-                for outcome in outcomes:
-                    print(f"[round {rounds}] {outcome.line()}", flush=True)
-            if args.count and rounds >= args.count:
-                break
+            last = bool(args.count and rounds >= args.count)
+            # The wait begins before the round's lines are printed: a signal sent
+            # on reading them is said to have come during the wait, as it did.
             with interrupts.step(f"the wait after round {rounds}"):
-                time.sleep(max(0.0, every - (time.monotonic() - began)))
+                if args.json:
+                    found = [o.as_dict() for o in outcomes]
+                    print(json.dumps({"round": rounds, "exit_code": code, "tables": found}),
+                          flush=True)  # fmt: skip
+                else:
+                    for outcome in outcomes:
+                        print(f"[round {rounds}] {outcome.line()}", flush=True)
+                if not last:
+                    time.sleep(max(0.0, every - (time.monotonic() - began)))
+            if last:
+                break
     finally:
         if exporter is not None:
             exporter.close()

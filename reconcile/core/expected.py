@@ -8,7 +8,7 @@ what they use of it.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, Protocol
 
 import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
@@ -69,6 +69,16 @@ class ExpectedStore(Protocol):
         ranges: Sequence[tuple[Any, Any]] | None = None,
     ) -> pa.Table:
         """The expected state as of ``epoch`` (default the newest), optionally narrowed."""
+        ...
+
+    def stored_rows(self, epoch: int | None = None) -> int:
+        """At least the rows of the snapshot as of ``epoch`` (the rows of its files)."""
+        ...
+
+    def snapshot_parts(
+        self, epoch: int | None, columns: Sequence[str], *, parts: int, where: str | None = None
+    ) -> Iterator[tuple[int, pa.Table]]:
+        """The snapshot split by key hash into ``parts`` (``core.spill``), one at a time."""
         ...
 
     def changed_keys(self, since_epoch: int) -> pa.Table:

@@ -65,6 +65,14 @@ class SinkSnapshot(Protocol):
         """Every row, the expected state's columns (the sink's own types)."""
         ...
 
+    def pull_each(self, each: Callable[[pa.Table], None], progress: Progress | None) -> None:
+        """Every row, as ``pull_all``, handed to ``each`` a batch at a time (bounded memory)."""
+        ...
+
+    def estimated_rows(self) -> int | None:
+        """The table's rows as the database estimates them, cheaply; None: no estimate."""
+        ...
+
     def pull_keys(self, keys: pa.Table, newer_than: int) -> pa.Table:
         """The rows whose key is in ``keys``, and the rows whose ``_epoch`` is > ``newer_than``."""
         ...

@@ -92,6 +92,7 @@ def reconcile_table(
     mode, brake = options.chosen_mode(), options.brake()
     after_crash, target_epoch, dry_run = options.after_crash, options.target_epoch, options.dry_run
     progress, since_epoch = options.progress, options.since_epoch
+    chunk_rows, spill_dir = options.chunk_rows, options.spill_dir
     started = time.monotonic()
 
     # Before anything is pulled: the store's commits must be the engine's. The
@@ -160,10 +161,12 @@ def reconcile_table(
                     # mode on the same snapshot, and the report says so.
                     compared, differing = found.compared, found.differing
                     chosen, why = Mode.FULL, f"buckets mode gave way to full: {found.dearer}"
-                    found = find_full(snap, source, schema, keys, epoch, progress)
+                    found = find_full(snap, source, schema, keys, epoch, progress,
+                                      chunk_rows=chunk_rows, spill_dir=spill_dir)  # fmt: skip
                     found.compared, found.differing = compared, differing
             else:
-                found = find_full(snap, source, schema, keys, epoch, progress)
+                found = find_full(snap, source, schema, keys, epoch, progress,
+                                  chunk_rows=chunk_rows, spill_dir=spill_dir)  # fmt: skip
             reading = _weigh(found, snap, chosen, store, newest, epoch, keys, brake)
             warnings = tuple(snap.warnings)
         if reading.exceeded and not dry_run and not brake.allow_mass_change:

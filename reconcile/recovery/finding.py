@@ -29,6 +29,7 @@ import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
 from reconcile.core import hooks, interrupts
 from reconcile.core.conform import conform, hash_pulled
 from reconcile.core.contract import InvalidInputError, StoreIntegrityError
+from reconcile.core.spill import parts_for
 from reconcile.core.target import Progress, SinkSnapshot
 from reconcile.recovery.buckets import (
     BucketLimits,
@@ -37,6 +38,8 @@ from reconcile.recovery.buckets import (
     sort_expected,
 )
 from reconcile.recovery.diff import HASH, Diff, diff_tables
+from reconcile.recovery.in_parts import diff_in_parts
+from reconcile.recovery.options import DEFAULT_CHUNK_ROWS
 from reconcile.recovery.source import ExpectedSource
 from reconcile.recovery.summary import (
     BucketSummary,
@@ -97,8 +100,26 @@ def _actual(raw: pa.Table, schema: pa.Schema, keys: list[str]) -> pa.Table:
 
 
 def find_full(snap: SinkSnapshot, source: ExpectedSource, schema: pa.Schema, keys: list[str],
-              epoch: int, progress: Progress | None) -> Found:  # fmt: skip
-    """Full mode: every row of the sink against every expected row."""
+              epoch: int, progress: Progress | None, *, chunk_rows: int = DEFAULT_CHUNK_ROWS,
+              spill_dir: str | None = None) -> Found:  # fmt: skip
+    """Full mode: every row of the sink against every expected row.
+
+    A table of at most ``chunk_rows`` rows (by the store's files and the
+    database's estimate) is diffed in memory; a larger one in parts by key
+    hash, spilled under ``spill_dir`` (``in_parts.py``), so that memory is set
+    by ``chunk_rows``, not by the table.
+    """
+    estimate = snap.estimated_rows() or 0
+    parts = parts_for(max(source.store.stored_rows(epoch), estimate), chunk_rows)
+    if parts > 1:
+        log.info("full mode: %d parts of about %d rows, spilled under %s", parts, chunk_rows,
+                 spill_dir or "the temporary folder")  # fmt: skip
+        diff, rows, pulled = diff_in_parts(
+            snap, source, schema, keys, epoch, progress, parts=parts, where=spill_dir,
+            pulling=lambda: check_step("the pull", PULLING),
+            diffing=lambda: check_step("the diff", DIFFING),
+        )  # fmt: skip
+        return Found(diff, rows, pulled)
     expected = source.hashes(epoch, keys)
     with check_step("the pull", PULLING):
         raw = snap.pull_all(progress)

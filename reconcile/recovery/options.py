@@ -11,7 +11,12 @@ from reconcile.core.target import Progress
 from reconcile.recovery.brake import DEFAULT_MAX_CHANGE_FRACTION, Brake
 from reconcile.recovery.modes import Mode
 
-__all__ = ["RecoverKeywords", "RecoverOptions"]
+__all__ = ["DEFAULT_CHUNK_ROWS", "RecoverKeywords", "RecoverOptions"]
+
+# Rows of each side a full verify holds at once. About 150 MB of a 16-column
+# table such as TPC-H lineitem per side; a table at most this size is diffed
+# in memory, without spilling.
+DEFAULT_CHUNK_ROWS = 1_000_000
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -44,6 +49,12 @@ class RecoverOptions:
         allow_mass_change: lift the brake for this repair (after checking the
             difference: the brake is what stops a damaged store from emptying
             a healthy table).
+        chunk_rows: full mode holds about this many rows of each side in
+            memory: a larger table is pulled and read in parts by key hash,
+            spilled to disk, and diffed part by part (``reconcile.core.spill``).
+        spill_dir: where those parts are spilled (default: the system's
+            temporary folder; the disk needs room for the table's keys and
+            hashes, and for the expected rows when repairing).
     """
 
     mode: Mode | str = Mode.AUTO
@@ -58,6 +69,18 @@ class RecoverOptions:
     since_epoch: int | None = None
     max_change_fraction: float = DEFAULT_MAX_CHANGE_FRACTION
     allow_mass_change: bool = False
+    chunk_rows: int = DEFAULT_CHUNK_ROWS
+    spill_dir: str | None = None
+
+    def __post_init__(self) -> None:
+        if (
+            isinstance(self.chunk_rows, bool)
+            or not isinstance(self.chunk_rows, int)
+            or (self.chunk_rows < 1)
+        ):
+            raise ConfigurationError(
+                f"recover: chunk_rows must be a positive number of rows, got {self.chunk_rows!r}"
+            )
 
     def chosen_mode(self) -> Mode:
         """``mode`` as a ``Mode``.
@@ -98,3 +121,5 @@ class RecoverKeywords(TypedDict, total=False):
     since_epoch: int | None
     max_change_fraction: float
     allow_mass_change: bool
+    chunk_rows: int
+    spill_dir: str | None

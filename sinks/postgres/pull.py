@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from typing import Any
@@ -209,26 +209,31 @@ class PgSnapshot:
 
     def _fetch(self, query: sql.Composable, parameters: Any = None,
                progress: Progress | None = None, total: int | None = None) -> pa.Table:  # fmt: skip
+        batches: list[pa.RecordBatch] = []
+        schema = self._stream(query, batches.append, parameters, progress, total)
+        return pa.Table.from_batches(batches, schema=schema)
+
+    def _stream(self, query: sql.Composable, each: Callable[[pa.RecordBatch], None],
+                parameters: Any = None, progress: Progress | None = None,
+                total: int | None = None) -> pa.Schema:  # fmt: skip
+        """Run one query, handing its rows to ``each`` a record batch at a time; its schema."""
         cur = self._conn.cursor()
         text = self._text(query)
         bound = _adbc_params(parameters)
 
-        def read() -> pa.Table:
+        def read() -> pa.Schema:
             cur.execute(text, parameters=bound)
             reader = cur.fetch_record_batch()
-            batches = []
             rows = 0
             for batch in reader:
-                batches.append(batch)
+                each(batch)
                 rows += batch.num_rows
                 if progress is not None:
                     progress(rows, total)
-            if not batches:
-                return reader.schema.empty_table()
-            return pa.Table.from_batches(batches, schema=reader.schema)
+            return reader.schema
 
-        table: pa.Table = self._statements.run(read, cur.adbc_cancel)
-        return table
+        schema: pa.Schema = self._statements.run(read, cur.adbc_cancel)
+        return schema
 
     # -- the pulls ------------------------------------------------------------
 
@@ -251,6 +256,17 @@ class PgSnapshot:
         total = self.estimated_rows() if progress is not None else None
         query = sql.SQL("SELECT {} FROM {} AS t").format(self._select_list(), self.table.ident)
         return self._fetch(query, progress=progress, total=total)
+
+    def pull_each(self, each: Callable[[pa.Table], None], progress: Progress | None) -> None:
+        """Every row of the table, handed to ``each`` a record batch at a time.
+
+        One COPY, as ``pull_all``, read as the driver decodes it: the client
+        holds one batch (the driver's, about 16 MiB), not the table.
+        """
+        total = self.estimated_rows() if progress is not None else None
+        query = sql.SQL("SELECT {} FROM {} AS t").format(self._select_list(), self.table.ident)
+        self._stream(query, lambda batch: each(pa.Table.from_batches([batch])), None, progress,
+                     total)  # fmt: skip
 
     def pull_keys(self, keys: pa.Table, newer_than: int) -> pa.Table:
         """Rows of the staged keys, plus rows whose ``_epoch`` is newer (scoped mode).

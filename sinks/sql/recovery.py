@@ -12,7 +12,7 @@ server); here it says so. The repair is one transaction with its markers.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -118,8 +118,16 @@ class _Snapshot:
 
     def pull_all(self, progress: Progress | None) -> pa.Table:
         """Every row, page by page in key order (keyset pagination)."""
-        key_cols = [self.table.c[k] for k in self.keys]
         parts: list[pa.Table] = []
+        self.pull_each(parts.append, progress)
+        if not parts:
+            return _to_arrow([], self.schema)
+        return pa.concat_tables(parts)
+
+    def pull_each(self, each: Callable[[pa.Table], None], progress: Progress | None) -> None:
+        """Every row, handed to ``each`` a page at a time (keyset pagination: bounded memory)."""
+        key_cols = [self.table.c[k] for k in self.keys]
+        positions = [self.schema.names.index(k) for k in self.keys]
         last: tuple[Any, ...] | None = None
         pulled = 0
         while True:
@@ -129,17 +137,17 @@ class _Snapshot:
             rows = [tuple(r) for r in self.conn.execute(statement)]
             if not rows:
                 break
-            parts.append(_to_arrow(rows, self.schema))
+            each(_to_arrow(rows, self.schema))
             pulled += len(rows)
             if progress is not None:
                 progress(pulled, None)
-            positions = [self.schema.names.index(k) for k in self.keys]
             last = tuple(rows[-1][p] for p in positions)
             if len(rows) < PAGE_ROWS:
                 break
-        if not parts:
-            return _to_arrow([], self.schema)
-        return pa.concat_tables(parts)
+
+    def estimated_rows(self) -> int | None:
+        """None: this path has no cheap estimate (a count would read the table once more)."""
+        return None
 
     def pull_keys(self, keys: pa.Table, newer_than: int) -> pa.Table:
         """Rows of the staged keys (a temporary table), plus rows of later epochs."""

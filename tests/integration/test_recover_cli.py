@@ -69,10 +69,17 @@ def test_kill_9_in_the_middle_of_a_repair_leaves_nothing_and_a_second_run_finish
     assert killed.returncode == -9, (killed.returncode, killed.stderr)
     assert sink_rows(simple) == before  # nothing half-applied
     assert simple.scalar("SELECT count(*) FROM reconcile.reconcile_repairs") == 0
-    done = cli(*args(simple, "repair", "--mode", "full", "--json"))
+    # The second run diffs in parts of 10 rows (the store holds 100): the same answer.
+    spill = Path(simple.root) / "spill"
+    spill.mkdir()
+    bad = cli(*args(simple, "repair", "--mode", "full", "--chunk-rows", "0"))
+    assert bad.returncode == 2 and "chunk_rows must be a positive number" in bad.stderr
+    done = cli(*args(simple, "repair", "--mode", "full", "--json", "--chunk-rows", "10",
+                     "--spill-dir", str(spill)))  # fmt: skip
     assert done.returncode == 1, done.stderr
     assert json.loads(done.stdout)["applied"] == 10 + 5
     assert sink_rows(simple) == expected_rows(simple)
+    assert list(spill.iterdir()) == []
 
 
 def nothing_written(setup: Setup, before: dict[object, object]) -> None:

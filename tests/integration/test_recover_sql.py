@@ -17,7 +17,9 @@ import sqlalchemy as sa
 
 from expected_state.store import ExpectedStateStore
 from reconcile import CommitCycle, CommitSucceeded, InvalidInputError, recover
+from reconcile.core import hooks
 from reconcile.core.contract import Change, MassChangeError, SinkTxnId
+from reconcile.recovery.in_parts import PART
 from reconcile.testing import check_sink
 from sinks.sql.sink import SqlSink
 from tests.fix_pg import PgServer
@@ -168,19 +170,24 @@ def url(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
     server.drop_database(name)
 
 
-@pytest.mark.parametrize("mode", ["full", "auto"])
+@pytest.mark.parametrize(("mode", "chunk_rows"), [("full", None), ("auto", None), ("full", 7)])
 def test_hand_drift_found_and_repaired_through_sqlalchemy(
-    url: str, tmp_path: Path, mode: str
+    url: str, tmp_path: Path, mode: str, chunk_rows: int | None
 ) -> None:
+    # chunk_rows 7: the 90 stored rows are spilled and diffed in 13 parts.
+    chunks = {} if chunk_rows is None else {"chunk_rows": chunk_rows}
     written(url, tmp_path)
     clean = recover(url, str(tmp_path), "shop", "orders", mode=mode, dry_run=True,
-                    fast_path=False)  # fmt: skip
+                    fast_path=False, **chunks)  # fmt: skip
     assert not clean.drift and clean.rows_pulled == 70
     drift(url)
-    found = recover(url, str(tmp_path), "shop", "orders", mode=mode, dry_run=True,
-                    fast_path=False)  # fmt: skip
+    with hooks.at(PART, lambda: None, times=100) as parts:
+        found = recover(url, str(tmp_path), "shop", "orders", mode=mode, dry_run=True,
+                        fast_path=False, **chunks)  # fmt: skip
+    assert parts.hits == (0 if chunk_rows is None else 13)
     assert (found.missing, found.extra, found.changed, found.mode) == (2, 1, 1, "full")
-    repaired = recover(url, str(tmp_path), "shop", "orders", mode=mode, fast_path=False)
+    repaired = recover(url, str(tmp_path), "shop", "orders", mode=mode, fast_path=False,
+                       **chunks)  # fmt: skip
     assert repaired.applied == 4
     assert sink_rows(url) == expected(tmp_path)
     again = recover(url, str(tmp_path), "shop", "orders", mode=mode, fast_path=False)

@@ -1,0 +1,117 @@
+"""Full mode in bounded memory: both sides split by key hash, spilled, diffed part by part.
+
+A full verify compares every row of the sink with every expected row. Held
+whole, a 60-million-row table needs more memory than the machine has. Here:
+
+1. the sink's rows are pulled in one query, as today, and each batch is
+   conformed and hashed as it arrives; only its keys and row hashes are kept,
+   spilled to the part their key hashes to;
+2. the store's snapshot is read the same way (``snapshot_parts``): its files
+   streamed, spilled by key, and each part merged alone;
+3. part by part, the expected keys and hashes are diffed with the sink's, and
+   only what differs is kept (with the expected values, for a repair).
+
+Equal keys land in the same part on both sides (the sink's keys are cast to
+the expected state's types first), so the union of the parts' diffs is the
+diff of the tables: the same missing, extra and changed keys, repeats of a key
+included. The peak memory is one part of each side, set by ``chunk_rows``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+
+import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
+
+from reconcile.core import hooks, interrupts
+from reconcile.core.conform import conform, hash_pulled
+from reconcile.core.spill import SpilledParts, parts_of
+from reconcile.core.target import Progress, SinkSnapshot
+from reconcile.recovery.diff import HASH, Diff, diff_tables
+from reconcile.recovery.source import ExpectedSource, semi
+
+__all__ = ["PART", "diff_in_parts"]
+
+# Before each part's diff, both sides of it spilled: a signal here removes the
+# spilled parts and writes nothing.
+PART = hooks.declare("recovery.part")
+
+
+def _hashed(schema: pa.Schema, keys: list[str]) -> Callable[[pa.Table], pa.Table]:
+    """Keys and row hash of a pulled batch, keys in the expected state's types."""
+
+    def hashed(raw: pa.Table) -> pa.Table:
+        rows, bad = conform(raw, schema)
+        return rows.select(keys).append_column(HASH, hash_pulled(rows, bad, schema.names))
+
+    return hashed
+
+
+def diff_in_parts(
+    snap: SinkSnapshot,
+    source: ExpectedSource,
+    schema: pa.Schema,
+    keys: list[str],
+    epoch: int,
+    progress: Progress | None,
+    *,
+    parts: int,
+    where: str | None,
+    pulling: Callable[[], AbstractContextManager[None]],
+    diffing: Callable[[], AbstractContextManager[None]],
+) -> tuple[Diff, pa.Table, int]:
+    """(the diff, the expected rows of the keys to write, the sink rows pulled).
+
+    The expected rows carry the values when ``source.values`` (a repair);
+    otherwise they are the differing keys' hashes. ``pulling`` and ``diffing``
+    open the steps named for an interruption (``finding.check_step``).
+    """
+    hashed = _hashed(schema, keys)
+    spilled_schema = pa.schema(
+        [*(schema.field(k).with_nullable(True) for k in keys), pa.field(HASH, pa.int64())]
+    )
+    names = [*schema.names, HASH] if source.values else [*keys, HASH]
+    pulled = 0
+    missing: list[pa.Table] = []
+    extra: list[pa.Table] = []
+    changed: list[pa.Table] = []
+    wanted: list[pa.Table] = []
+    shape: pa.Schema | None = None
+    with SpilledParts(spilled_schema, parts, where=where, name="sink") as sink:
+
+        def each(raw: pa.Table) -> None:
+            nonlocal pulled
+            pulled += raw.num_rows
+            actual = hashed(raw)
+            sink.add(actual, parts_of(actual, keys, parts))
+
+        with pulling():
+            snap.pull_each(each, progress)
+        with diffing():
+            for part, expected in source.store.snapshot_parts(epoch, names, parts=parts,
+                                                              where=where):  # fmt: skip
+                # Between parts: a signal whose exception a library swallowed is raised here.
+                interrupts.check()
+                hooks.point(PART)
+                shape = expected.schema
+                diff = diff_tables(expected.select([*keys, HASH]), sink.read(part), keys)
+                missing.append(diff.missing)
+                extra.append(diff.extra)
+                changed.append(diff.changed)
+                differing = pa.concat_tables([diff.missing, diff.changed])
+                if differing.num_rows:
+                    wanted.append(semi(expected, differing, keys))
+    key_schema = pa.schema([schema.field(k) for k in keys])
+
+    def joined(tables: list[pa.Table]) -> pa.Table:
+        if not tables:
+            return key_schema.empty_table()
+        return pa.concat_tables([t.cast(tables[0].schema) for t in tables])
+
+    diff = Diff(joined(missing), joined(extra), joined(changed))
+    if wanted:
+        rows = pa.concat_tables(wanted)
+    else:
+        rows = (shape or pa.schema([*key_schema, pa.field(HASH, pa.int64())])).empty_table()
+    return diff, rows, pulled
