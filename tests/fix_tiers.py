@@ -70,6 +70,17 @@ SLOW: dict[str, str] = {
     r"tests/integration/test_cli_config\.py::test_config_with_spark_runs_each_table_on_spark":
         "the config file's tables verified by Spark jobs",
     r"tests/integration/test_airflow_example\.py::": "the example DAG's Spark job",
+    # The test machinery checked against pytest runs of the whole suite, half a
+    # minute each: CI runs them (its slow step), and they change only with it.
+    r"tests/unit/test_mutation_baseline\.py::test_the_joint_selection_is_pytests_own":
+        "the mutation check's selection against a collection of the suite",
+    r"tests/unit/test_schedule\.py::test_a_(whole_run|run_that_stops)":
+        "the test order, from pytest runs of the suite",
+    r"tests/unit/test_tiers\.py::test_a_(run_marks|sampled_run)":
+        "the slow tier and its sample, from pytest runs of the suite",
+    r"tests/unit/test_imports\.py::test_every_module_imports_first_in_a_fresh_interpreter":
+        "every module imported alone, a fresh interpreter each (the import contracts and the "
+        "modules a Spark worker imports first run in the default tier)",
 }  # fmt: skip
 
 _COMPILED = [re.compile(pattern) for pattern in SLOW]
