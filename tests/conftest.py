@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import sys
 
 from tests import spark_cds
@@ -19,6 +20,14 @@ os.environ.setdefault("SPARK_SUBMIT_OPTS", spark_cds.submit_opts())
 # Every test process (and the mutation check starts hundreds) would otherwise initdb
 # a template of its own: the venv keeps one for these binaries (reconcile.demo.embedded_pg).
 os.environ.setdefault("RECONCILE_PG_TEMPLATE_CACHE", os.path.join(sys.prefix, "pg-template"))
+
+# A shell starts a background job (`cmd &`, as .ci/run starts its steps side by side)
+# with SIGINT ignored, and Python then leaves it ignored: the interrupt tests would
+# find no SIGINT to catch, and every command a test starts would inherit the
+# ignore (a `reconcile run` then keeps PySpark's SIGINT handler, not its own).
+# The tests run as a terminal starts them: SIGINT raises KeyboardInterrupt.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 pytest_plugins = [
     "tests.fix_sinks",
