@@ -9,7 +9,7 @@ fails is reported and the others still run; the exit status is 1 if any
 failed.
 
 Benchmarks, in the order they run: hashing, postgres_write, expected_state,
-recovery, spark, latency, failover.
+recovery, spark, latency, failover, scale (the last takes an hour or more).
 """
 
 from __future__ import annotations
@@ -30,7 +30,8 @@ from benchmarks.report import RESULTS
 __all__ = ["BENCHMARKS", "QUICK", "main"]
 
 BENCHMARKS = (
-    "hashing", "postgres_write", "expected_state", "recovery", "spark", "latency", "failover"
+    "hashing", "postgres_write", "expected_state", "recovery", "spark", "latency", "failover",
+    "scale",
 )  # fmt: skip
 
 # Small sizes per benchmark (each module's own options; see its --help).
@@ -43,6 +44,7 @@ QUICK: dict[str, list[str]] = {
     "latency": ["--quick", "--epochs", "6", "--crash-epochs", "8", "--triggers", "1",
                 "--checkpoints", "1"],
     "failover": ["--failovers", "2", "--epochs", "30"],
+    "scale": ["--quick"],
 }  # fmt: skip
 
 
