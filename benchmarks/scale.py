@@ -50,7 +50,7 @@ from benchmarks.scale_report import markdown, plot  # noqa: E402
 from expected_state.store import ExpectedStateStore  # noqa: E402
 from reconcile.core.contract import OK, SinkTxnId  # noqa: E402
 from reconcile.demo.embedded_pg import EmbeddedPostgres  # noqa: E402
-from reconcile.demo.tpch.data import SINK_TABLES_SQL, generate  # noqa: E402
+from reconcile.demo.tpch.data import SINK_TABLES_SQL, generate, plain_strings  # noqa: E402
 from sinks.postgres.sink import PostgresSink  # noqa: E402
 
 TABLE = "demo_lineitem"
@@ -59,15 +59,6 @@ NOT_MEASURED = (
     "not measured by this version of the benchmark: the streaming runs at saturation "
     "(Spark, both sinks, four modes, two batch sizes) are still to be built"
 )
-
-
-def _plain(table: pa.Table) -> pa.Table:
-    """String views as plain strings (psycopg, the store and Spark all take those)."""
-    fields = [
-        pa.field(f.name, pa.string(), f.nullable) if pa.types.is_string_view(f.type) else f
-        for f in table.schema
-    ]
-    return table.cast(pa.schema(fields))
 
 
 def load_lineitem(dsn: str, store_root: str, lineitem: Path, epoch_rows: int) -> dict[str, Any]:
@@ -81,7 +72,7 @@ def load_lineitem(dsn: str, store_root: str, lineitem: Path, epoch_rows: int) ->
     store: ExpectedStateStore | None = None
     epoch, rows, start = 0, 0, time.perf_counter()
     for piece in pq.ParquetFile(lineitem).iter_batches(batch_size=epoch_rows):
-        data = _plain(pa.Table.from_batches([piece]))
+        data = plain_strings(pa.Table.from_batches([piece]))
         if store is None:
             store = ExpectedStateStore(store_root, "bench", TABLE, KEYS, schema=data.schema)
         store.apply(epoch, data.append_column("_op", pa.array(["upsert"] * data.num_rows)))

@@ -73,6 +73,7 @@ class StoreFile:
         epoch: the change file's (last) epoch, or the epoch the base was folded through.
         size: its size in bytes.
         first: a change file's first epoch (``epoch`` for one epoch's file).
+        rows: its row count as its log entry records it (None: not recorded).
     """
 
     uri: str
@@ -81,6 +82,7 @@ class StoreFile:
     epoch: int
     size: int
     first: int = -1
+    rows: int | None = None
 
     @property
     def merged(self) -> bool:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from dataclasses import replace
 from typing import Any
 
 import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
@@ -29,13 +30,16 @@ __all__ = ["Reading", "live_files"]
 
 def live_files(table: DeltaTable, *, name: str) -> list[StoreFile]:
     """The live data files of ``table``'s snapshot, classified (change files by epoch)."""
-    actions = pa.table(table.get_add_actions(flatten=False)).select(["path", "size_bytes"])
+    actions = pa.table(table.get_add_actions(flatten=False)).select(
+        ["path", "size_bytes", "num_records"]
+    )
     base = table.table_uri.rstrip("/")
     files = [
-        classify(f"{base}/{path}", path, int(size or 0), table=name)
-        for path, size in zip(
+        replace(classify(f"{base}/{path}", path, int(size or 0), table=name), rows=rows)
+        for path, size, rows in zip(
             actions.column("path").to_pylist(),
             actions.column("size_bytes").to_pylist(),
+            actions.column("num_records").to_pylist(),
             strict=True,
         )
     ]
@@ -211,16 +215,17 @@ class Reading:
         return files
 
     def stored_rows(self, epoch: int | None = None) -> int:
-        """The rows of the files a snapshot as of ``epoch`` reads, from their footers.
+        """The rows of the files a snapshot as of ``epoch`` reads, as the log records them.
 
         At least the snapshot's rows (a key changed in several epochs is counted
-        in each): what a bounded-memory reader sizes its parts by.
+        in each): what a bounded-memory reader sizes its parts by. No file is
+        opened but one whose log entry lacks its row count (its footer then);
+        the reads that follow check every footer against its entry.
         """
-        files = self.files_at(epoch)
-        if not files:
-            return 0
-        self.check_files(files)
-        return data_file_rows(self.uri, [f.path for f in files])
+        files = self.files_at(epoch) or []
+        unrecorded = [f.path for f in files if f.rows is None]
+        recorded = sum(f.rows for f in files if f.rows is not None)
+        return recorded + (data_file_rows(self.uri, unrecorded) if unrecorded else 0)
 
     def snapshot_parts(self, epoch: int | None, columns: Sequence[str], *, parts: int,
                        where: str | None = None) -> Iterator[tuple[int, pa.Table]]:  # fmt: skip

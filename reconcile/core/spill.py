@@ -132,9 +132,7 @@ class SpilledParts:
     def close(self) -> None:
         """Close the files and remove the folder."""
         try:
-            for writer in self._writers:
-                if writer is not None:
-                    writer.close()
+            self.finish()
         finally:
             self._writers = [None] * self.parts
             shutil.rmtree(self.folder, ignore_errors=True)

@@ -27,7 +27,6 @@ import numpy as np
 import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
 
 from reconcile.core import hooks, interrupts
-from reconcile.core.conform import conform, hash_pulled
 from reconcile.core.contract import InvalidInputError, StoreIntegrityError
 from reconcile.core.spill import parts_for
 from reconcile.core.target import Progress, SinkSnapshot
@@ -38,7 +37,7 @@ from reconcile.recovery.buckets import (
     sort_expected,
 )
 from reconcile.recovery.diff import HASH, Diff, diff_tables
-from reconcile.recovery.in_parts import diff_in_parts
+from reconcile.recovery.in_parts import diff_in_parts, hashed_rows
 from reconcile.recovery.options import DEFAULT_CHUNK_ROWS
 from reconcile.recovery.source import ExpectedSource
 from reconcile.recovery.summary import (
@@ -94,11 +93,6 @@ def check_step(what: str, point: str | None = None) -> Iterator[None]:
         yield
 
 
-def _actual(raw: pa.Table, schema: pa.Schema, keys: list[str]) -> pa.Table:
-    rows, bad = conform(raw, schema)
-    return rows.select(keys).append_column(HASH, hash_pulled(rows, bad, schema.names))
-
-
 def find_full(snap: SinkSnapshot, source: ExpectedSource, schema: pa.Schema, keys: list[str],
               epoch: int, progress: Progress | None, *, chunk_rows: int = DEFAULT_CHUNK_ROWS,
               spill_dir: str | None = None) -> Found:  # fmt: skip
@@ -124,7 +118,7 @@ def find_full(snap: SinkSnapshot, source: ExpectedSource, schema: pa.Schema, key
     with check_step("the pull", PULLING):
         raw = snap.pull_all(progress)
     with check_step("the diff", DIFFING):
-        diff = diff_tables(expected, _actual(raw, schema, keys), keys)
+        diff = diff_tables(expected, hashed_rows(raw, schema, keys), keys)
     return Found(diff, expected, raw.num_rows)
 
 
@@ -143,7 +137,7 @@ def find_scoped(snap: SinkSnapshot, source: ExpectedSource, schema: pa.Schema,
     with check_step("the pull", PULLING):
         raw = snap.pull_keys(changed, since)
     with check_step("the diff", DIFFING):
-        actual = _actual(raw, schema, keys)
+        actual = hashed_rows(raw, schema, keys)
         scope = pa.concat_tables([changed.cast(actual.select(keys).schema), actual.select(keys)])
         expected = source.of_keys(epoch, keys, scope, since)
         compared = expected.select([*keys, HASH])
@@ -227,7 +221,7 @@ def find_buckets(
     )
     pulled = raw.num_rows if raw is not None else 0
     with check_step("the diff", DIFFING if pulled else None):
-        actual = _actual(raw, schema, keys) if pulled else compared.slice(0, 0)
+        actual = hashed_rows(raw, schema, keys) if pulled else compared.slice(0, 0)
         diff = diff_tables(compared, actual, keys)
     found = Found(diff, compared, pulled)
     found.compared, found.differing = search.compared, search.differing

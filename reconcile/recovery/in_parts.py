@@ -31,21 +31,17 @@ from reconcile.core.target import Progress, SinkSnapshot
 from reconcile.recovery.diff import HASH, Diff, diff_tables
 from reconcile.recovery.source import ExpectedSource, semi
 
-__all__ = ["PART", "diff_in_parts"]
+__all__ = ["PART", "diff_in_parts", "hashed_rows"]
 
 # Before each part's diff, both sides of it spilled: a signal here removes the
 # spilled parts and writes nothing.
 PART = hooks.declare("recovery.part")
 
 
-def _hashed(schema: pa.Schema, keys: list[str]) -> Callable[[pa.Table], pa.Table]:
-    """Keys and row hash of a pulled batch, keys in the expected state's types."""
-
-    def hashed(raw: pa.Table) -> pa.Table:
-        rows, bad = conform(raw, schema)
-        return rows.select(keys).append_column(HASH, hash_pulled(rows, bad, schema.names))
-
-    return hashed
+def hashed_rows(raw: pa.Table, schema: pa.Schema, keys: list[str]) -> pa.Table:
+    """Keys and row hash of pulled rows, conformed to the expected state's types."""
+    rows, bad = conform(raw, schema)
+    return rows.select(keys).append_column(HASH, hash_pulled(rows, bad, schema.names))
 
 
 def diff_in_parts(
@@ -67,7 +63,6 @@ def diff_in_parts(
     otherwise they are the differing keys' hashes. ``pulling`` and ``diffing``
     open the steps named for an interruption (``finding.check_step``).
     """
-    hashed = _hashed(schema, keys)
     spilled_schema = pa.schema(
         [*(schema.field(k).with_nullable(True) for k in keys), pa.field(HASH, pa.int64())]
     )
@@ -83,7 +78,7 @@ def diff_in_parts(
         def each(raw: pa.Table) -> None:
             nonlocal pulled
             pulled += raw.num_rows
-            actual = hashed(raw)
+            actual = hashed_rows(raw, schema, keys)
             sink.add(actual, parts_of(actual, keys, parts))
 
         with pulling():

@@ -31,6 +31,7 @@ __all__ = [
     "Feed",
     "Truth",
     "generate",
+    "plain_strings",
     "truth",
 ]
 
@@ -101,7 +102,7 @@ def generate(folder: Path, scale: float) -> Path:
     return folder
 
 
-def _plain(table: pa.Table) -> pa.Table:
+def plain_strings(table: pa.Table) -> pa.Table:
     """String views as plain strings: every reader (Spark, psycopg) takes those."""
     fields = [
         pa.field(f.name, pa.string(), f.nullable) if pa.types.is_string_view(f.type) else f
@@ -134,7 +135,7 @@ class Feed:
         self.inbox = inbox
         self.tmp = inbox.parent / "feed-tmp"
         inbox.mkdir(parents=True, exist_ok=True)  # the stream watches it from the start
-        lineitem = _plain(pq.read_table(tpch / "lineitem.parquet"))
+        lineitem = plain_strings(pq.read_table(tpch / "lineitem.parquet"))
         self.lineitem = lineitem.sort_by(
             [("l_orderkey", "ascending"), ("l_linenumber", "ascending")]
         )
