@@ -29,8 +29,8 @@ from expected_state.delta_commit import (
 from expected_state.delta_files import read_data_files
 from expected_state.fencing import check_generation
 from expected_state.layout import StoreFile, base_file_name, merged_file_name, stored_schema
+from expected_state.live import live_files
 from expected_state.merge import apply_changes, last_per_key
-from expected_state.reading import live_files
 from reconcile.core import hooks
 from reconcile.core.contract import InvalidInputError, RetryableError
 

@@ -10,7 +10,7 @@ from deltalake import DeltaTable
 from expected_state.delta_commit import make_durable
 from expected_state.delta_log import EPOCHS_LOG_MARGIN, last_checkpoint, prune_log
 from expected_state.fencing import check_generation
-from expected_state.reading import live_files
+from expected_state.live import live_files
 
 if TYPE_CHECKING:
     from expected_state.epochs import EpochLog

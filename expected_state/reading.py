@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from dataclasses import replace
 from typing import Any
 
 import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
@@ -16,50 +15,16 @@ from expected_state.layout import (
     EPOCH_COLUMN,
     OP_COLUMN,
     StoreFile,
-    classify,
     state_schema,
     stored_schema,
 )
+from expected_state.live import base_through, fold_point, live_files
 from expected_state.merge import apply_changes, last_per_key, member_mask
 from expected_state.parts_reading import read_in_parts
 from expected_state.ranges import in_ranges
 from reconcile.core.contract import InvalidInputError
 
 __all__ = ["Reading", "live_files"]
-
-
-def live_files(table: DeltaTable, *, name: str) -> list[StoreFile]:
-    """The live data files of ``table``'s snapshot, classified (change files by epoch)."""
-    actions = pa.table(table.get_add_actions(flatten=False)).select(
-        ["path", "size_bytes", "num_records"]
-    )
-    base = table.table_uri.rstrip("/")
-    files = [
-        replace(classify(f"{base}/{path}", path, int(size or 0), table=name), rows=rows)
-        for path, size, rows in zip(
-            actions.column("path").to_pylist(),
-            actions.column("size_bytes").to_pylist(),
-            actions.column("num_records").to_pylist(),
-            strict=True,
-        )
-    ]
-    return sorted(files, key=lambda f: (f.kind != "base", f.epoch, f.path))
-
-
-def base_through(files: Sequence[StoreFile]) -> int | None:
-    """The epoch the live base was folded through (None: no base yet)."""
-    through = [f.epoch for f in files if f.kind == "base"]
-    return max(through) if through else None
-
-
-def fold_point(files: Sequence[StoreFile]) -> int | None:
-    """The newest epoch whose own changes no longer have a file of their own.
-
-    The base and merged change files hold the newest change of each key over
-    their epochs: a state as of an earlier epoch cannot be read from them.
-    """
-    folded = [f.epoch for f in files if f.kind == "base" or f.merged]
-    return max(folded) if folded else None
 
 
 class Reading:

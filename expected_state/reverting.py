@@ -9,7 +9,7 @@ from deltalake import DeltaTable
 
 from expected_state.delta_commit import BasedOn, DataFile, DeltaCommit, commit_files
 from expected_state.fencing import check_generation
-from expected_state.reading import base_through, live_files
+from expected_state.live import base_through, live_files
 from reconcile.core import hooks
 from reconcile.core.contract import EpochOrderError, InvalidInputError, RetryableError
 

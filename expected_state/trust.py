@@ -13,7 +13,7 @@ from deltalake import DeltaTable
 
 from expected_state.integrity import LogAudit, check_footer, refuse_files
 from expected_state.layout import StoreFile
-from expected_state.reading import live_files
+from expected_state.live import live_files
 
 __all__ = ["Trusting"]
 

@@ -18,15 +18,12 @@ up is raised again when the next step begins.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
 
-from reconcile.core import hooks, interrupts
 from reconcile.core.contract import InvalidInputError, StoreIntegrityError
 from reconcile.core.spill import parts_for
 from reconcile.core.target import Progress, SinkSnapshot
@@ -40,6 +37,7 @@ from reconcile.recovery.diff import HASH, Diff, diff_tables
 from reconcile.recovery.in_parts import diff_in_parts, hashed_rows
 from reconcile.recovery.options import DEFAULT_CHUNK_ROWS
 from reconcile.recovery.source import ExpectedSource
+from reconcile.recovery.steps import DIFFING, PULLING, check_step
 from reconcile.recovery.summary import (
     BucketSummary,
     bring_forward,
@@ -60,11 +58,6 @@ __all__ = [
 
 log = logging.getLogger("reconcile.recovery")
 
-# Inside the pull step, with the snapshot open, before the rows are read; and
-# inside the diff step, with the rows read, before they are hashed and diffed.
-PULLING = hooks.declare("recovery.pulling")
-DIFFING = hooks.declare("recovery.diffing")
-
 
 @dataclass
 class Found:
@@ -77,20 +70,6 @@ class Found:
     differing: int = 0
     # Buckets mode stopped after its first level: why full mode costs less.
     dearer: str | None = None
-
-
-@contextmanager
-def check_step(what: str, point: str | None = None) -> Iterator[None]:
-    """One step of a check, named for an interruption; at ``point``, a hook point inside it.
-
-    A signal received before it whose exception was lost on its way up is
-    raised here, before the step begins.
-    """
-    interrupts.check()
-    with interrupts.step(what):
-        if point is not None:
-            hooks.point(point)
-        yield
 
 
 def find_full(snap: SinkSnapshot, source: ExpectedSource, schema: pa.Schema, keys: list[str],
@@ -110,8 +89,6 @@ def find_full(snap: SinkSnapshot, source: ExpectedSource, schema: pa.Schema, key
                  spill_dir or "the temporary folder")  # fmt: skip
         diff, rows, pulled = diff_in_parts(
             snap, source, schema, keys, epoch, progress, parts=parts, where=spill_dir,
-            pulling=lambda: check_step("the pull", PULLING),
-            diffing=lambda: check_step("the diff", DIFFING),
         )  # fmt: skip
         return Found(diff, rows, pulled)
     expected = source.hashes(epoch, keys)

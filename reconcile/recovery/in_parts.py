@@ -19,9 +19,6 @@ included. The peak memory is one part of each side, set by ``chunk_rows``.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from contextlib import AbstractContextManager
-
 import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
 
 from reconcile.core import hooks, interrupts
@@ -30,6 +27,7 @@ from reconcile.core.spill import SpilledParts, parts_of
 from reconcile.core.target import Progress, SinkSnapshot
 from reconcile.recovery.diff import HASH, Diff, diff_tables
 from reconcile.recovery.source import ExpectedSource, semi
+from reconcile.recovery.steps import DIFFING, PULLING, check_step
 
 __all__ = ["PART", "diff_in_parts", "hashed_rows"]
 
@@ -54,14 +52,12 @@ def diff_in_parts(
     *,
     parts: int,
     where: str | None,
-    pulling: Callable[[], AbstractContextManager[None]],
-    diffing: Callable[[], AbstractContextManager[None]],
 ) -> tuple[Diff, pa.Table, int]:
     """(the diff, the expected rows of the keys to write, the sink rows pulled).
 
     The expected rows carry the values when ``source.values`` (a repair);
-    otherwise they are the differing keys' hashes. ``pulling`` and ``diffing``
-    open the steps named for an interruption (``finding.check_step``).
+    otherwise they are the differing keys' hashes. The pull and the diff are
+    steps named for an interruption (``steps.check_step``).
     """
     spilled_schema = pa.schema(
         [*(schema.field(k).with_nullable(True) for k in keys), pa.field(HASH, pa.int64())]
@@ -81,9 +77,9 @@ def diff_in_parts(
             actual = hashed_rows(raw, schema, keys)
             sink.add(actual, parts_of(actual, keys, parts))
 
-        with pulling():
+        with check_step("the pull", PULLING):
             snap.pull_each(each, progress)
-        with diffing():
+        with check_step("the diff", DIFFING):
             for part, expected in source.store.snapshot_parts(epoch, names, parts=parts,
                                                               where=where):  # fmt: skip
                 # Between parts: a signal whose exception a library swallowed is raised here.

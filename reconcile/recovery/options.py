@@ -11,7 +11,7 @@ from reconcile.core.target import Progress
 from reconcile.recovery.brake import DEFAULT_MAX_CHANGE_FRACTION, Brake
 from reconcile.recovery.modes import Mode
 
-__all__ = ["DEFAULT_CHUNK_ROWS", "RecoverKeywords", "RecoverOptions"]
+__all__ = ["DEFAULT_CHUNK_ROWS", "FullModeKeywords", "RecoverKeywords", "RecoverOptions"]
 
 # Rows of each side a full verify holds at once. About 150 MB of a 16-column
 # table such as TPC-H lineitem per side; a table at most this size is diffed
@@ -121,5 +121,12 @@ class RecoverKeywords(TypedDict, total=False):
     since_epoch: int | None
     max_change_fraction: float
     allow_mass_change: bool
+    chunk_rows: int
+    spill_dir: str | None
+
+
+class FullModeKeywords(TypedDict, total=False):
+    """How full mode bounds its memory (``RecoverOptions.chunk_rows``, ``spill_dir``)."""
+
     chunk_rows: int
     spill_dir: str | None
