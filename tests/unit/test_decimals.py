@@ -148,7 +148,7 @@ def _agree(values: list[Any], arrow_type: pa.DataType, precision: int, scale: in
 scales = st.integers(0, 6)
 
 
-@settings(max_examples=3000, deadline=None)
+@settings(max_examples=600, deadline=None)
 @given(
     values=st.lists(st.none() | st.floats(width=64), max_size=8),
     precision=st.integers(1, 20),
