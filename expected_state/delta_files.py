@@ -6,7 +6,7 @@ import json
 import math
 import os
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlparse
@@ -29,6 +29,7 @@ __all__ = [
     "filesystem",
     "iter_data_batches",
     "read_data_files",
+    "read_data_files_where",
     "write_data_file",
 ]
 
@@ -113,6 +114,35 @@ def iter_data_batches(table_uri: str, rel_path: str, *, columns: Sequence[str],
     fs, root = filesystem(table_uri)
     with fs.open_input_file(f"{root}/{rel_path}") as handle:
         yield from pq.ParquetFile(handle).iter_batches(batch_size=batch_rows, columns=list(columns))
+
+
+def read_data_files_where(
+    table_uri: str,
+    rel_paths: Sequence[str],
+    *,
+    columns: Sequence[str],
+    keep: Callable[[pa.Table], pa.Array],
+    empty: pa.Schema,
+) -> pa.Table:
+    """The rows of data files that ``keep`` marks, read a batch at a time.
+
+    ``read_data_files`` holds every row before a filter could drop any; here
+    each batch is filtered as it is read, so memory follows the rows kept (a
+    few key ranges, a scope of keys), not the files. The batches take the first
+    file's schema, as ``read_data_files`` gives them; ``empty`` is the schema
+    when no file holds a row.
+
+    Raises:
+        FileNotFoundError: a file is gone (e.g. vacuumed).
+    """
+    kept: list[pa.Table] = []
+    schema: pa.Schema | None = None
+    for path in rel_paths:
+        for batch in iter_data_batches(table_uri, path, columns=columns):
+            table = pa.Table.from_batches([batch])
+            schema = schema or table.schema
+            kept.append(table.filter(keep(table)).cast(schema))
+    return pa.concat_tables(kept) if kept else empty.empty_table()
 
 
 def data_file_rows(table_uri: str, rel_paths: Sequence[str]) -> int:

@@ -1,15 +1,20 @@
-"""Key ranges over a store table's rows: which values fall in a set of ``[lo, hi)`` ranges."""
+"""Key ranges over a store table's rows: which values fall in a set of ``[lo, hi)`` ranges.
+
+And the filter a snapshot of some keys or ranges applies to each batch it reads.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
 import pyarrow.compute as pc  # type: ignore[import-untyped, unused-ignore]
 
-__all__ = ["in_ranges", "sortable_numbers"]
+from expected_state.merge import member_mask
+
+__all__ = ["in_ranges", "row_filter", "sortable_numbers"]
 
 
 def sortable_numbers(values: pa.Array | pa.ChunkedArray) -> np.ndarray[Any, Any] | None:
@@ -55,3 +60,25 @@ def in_ranges(column: pa.ChunkedArray, ranges: Sequence[tuple[Any, Any]]) -> pa.
             inside = pc.and_(inside, pc.less(column, pa.scalar(hi, column.type)))
         mask |= np.asarray(pc.fill_null(inside, False).to_numpy(zero_copy_only=False), dtype=bool)
     return pa.array(mask)
+
+
+def row_filter(
+    key_columns: Sequence[str], keys: pa.Table | None, ranges: Sequence[tuple[Any, Any]] | None
+) -> Callable[[pa.Table], pa.Array]:
+    """The filter of a snapshot of some keys and/or first-key ranges, for each batch read.
+
+    A key's rows all share its key (and so its first-key value), so filtering
+    the rows before the merge keeps every row the merge of those keys needs.
+    """
+    names = list(key_columns)
+
+    def keep(batch: pa.Table) -> pa.Array:
+        mask = pa.array(np.ones(batch.num_rows, dtype=bool))
+        if keys is not None:
+            wanted = keys.select(names).cast(batch.select(names).schema)
+            mask = pc.and_(mask, member_mask(batch, wanted, names))
+        if ranges is not None:
+            mask = pc.and_(mask, in_ranges(batch.column(names[0]), ranges))
+        return mask
+
+    return keep

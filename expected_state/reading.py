@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
@@ -10,7 +10,7 @@ import pyarrow.compute as pc  # type: ignore[import-untyped, unused-ignore]
 from deltalake import DeltaTable
 from deltalake.exceptions import DeltaError, TableNotFoundError
 
-from expected_state.delta_files import data_file_rows, read_data_files
+from expected_state.delta_files import data_file_rows, read_data_files, read_data_files_where
 from expected_state.layout import (
     EPOCH_COLUMN,
     OP_COLUMN,
@@ -21,7 +21,7 @@ from expected_state.layout import (
 from expected_state.live import base_through, fold_point, live_files
 from expected_state.merge import apply_changes, last_per_key, member_mask
 from expected_state.parts_reading import read_in_parts
-from expected_state.ranges import in_ranges
+from expected_state.ranges import row_filter
 from reconcile.core.contract import InvalidInputError
 
 __all__ = ["Reading", "live_files"]
@@ -134,14 +134,20 @@ class Reading:
             return pa.table({})
         return state_schema(self._schema).empty_table()
 
-    def _read(self, files: Sequence[StoreFile], columns: Sequence[str], epoch: int | None) -> Any:
+    def _read(self, files: Sequence[StoreFile], columns: Sequence[str], epoch: int | None,
+              keep: Callable[[pa.Table], pa.Array] | None = None) -> Any:  # fmt: skip
+        assert self._schema is not None
+        stored = stored_schema(self._schema, self.key_columns)
+        empty = pa.schema([stored.field(c) for c in columns])
         if not files:
-            assert self._schema is not None
-            stored = stored_schema(self._schema, self.key_columns)
-            return pa.schema([stored.field(c) for c in columns]).empty_table()
+            return empty.empty_table()
         self.check_files(files)
+        paths = [f.path for f in files]
         try:
-            return read_data_files(self.uri, [f.path for f in files], columns=columns)
+            if keep is not None:  # filtered batch by batch: memory follows the rows kept
+                return read_data_files_where(self.uri, paths, columns=columns, keep=keep,
+                                             empty=empty)  # fmt: skip
+            return read_data_files(self.uri, paths, columns=columns)
         except (OSError, FileNotFoundError) as exc:
             raise InvalidInputError(
                 f"table {self.uri!r}: the files of epoch {epoch} are gone (vacuumed?): {exc}",
@@ -253,15 +259,10 @@ class Reading:
             return self._empty_state()
         wanted = list(columns) if columns else state_schema(self._schema).names
         read = list(dict.fromkeys([*self.key_columns, *wanted, EPOCH_COLUMN, OP_COLUMN]))
-        base = self._read([f for f in files if f.kind == "base"], read, epoch)
-        changes = self._read([f for f in files if f.kind == "change"], read, epoch)
-        if keys is not None:
-            wanted_keys = keys.select(self.key_columns).cast(base.select(self.key_columns).schema)
-            base = base.filter(member_mask(base, wanted_keys, self.key_columns))
-            changes = changes.filter(member_mask(changes, wanted_keys, self.key_columns))
-        if ranges is not None:
-            base = base.filter(in_ranges(base.column(self.key_columns[0]), ranges))
-            changes = changes.filter(in_ranges(changes.column(self.key_columns[0]), ranges))
+        some = keys is not None or ranges is not None
+        keep = row_filter(self.key_columns, keys, ranges) if some else None
+        base = self._read([f for f in files if f.kind == "base"], read, epoch, keep)
+        changes = self._read([f for f in files if f.kind == "change"], read, epoch, keep)
         state = apply_changes(base, changes, self.key_columns)
         return state.select(wanted)
 

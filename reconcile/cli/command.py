@@ -78,12 +78,13 @@ def build_parser() -> argparse.ArgumentParser:
         sub.add_argument("--schema", help="the sink table's schema (default: the current one)")
         sub.add_argument(
             "--chunk-rows", type=int, default=DEFAULT_CHUNK_ROWS, metavar="N",
-            help="full mode holds about N rows of each side in memory; a larger table is "
-            f"diffed in parts spilled to disk (default {DEFAULT_CHUNK_ROWS:,})",
+            help="full mode (and a first bucket search) holds about N rows of each side in "
+            f"memory; a larger table is read in parts spilled to disk (default "
+            f"{DEFAULT_CHUNK_ROWS:,})",
         )  # fmt: skip
         sub.add_argument(
             "--spill-dir", metavar="DIR",
-            help="where full mode spills its parts (default: the system's temporary folder)",
+            help="where the parts are spilled (default: the system's temporary folder)",
         )  # fmt: skip
         sub.add_argument("--json", action="store_true", help="print one JSON object")
     commands.choices["repair"].add_argument(

@@ -55,6 +55,7 @@ __all__ = [
     "first_position",
     "range_figures",
     "search_from_summary",
+    "search_sorted",
     "sort_expected",
 ]
 
@@ -289,12 +290,32 @@ def find_differing_ranges(
     Returns:
         The search, with the first level's bounds and expected figures (what a
         ``BucketSummary`` keeps for the next search); ``dearer`` set when the
-        first level's differing ranges hold too many rows to go on.
+        first level's differing ranges hold too many rows to go on. Its leaves'
+        positions are rows of ``expected``.
+    """
+    column = expected.column(first_key).combine_chunks()
+    return search_sorted(snap, column, lambda: row_checksums(expected, checksum_columns), limits)
+
+
+def search_sorted(
+    snap: SinkSnapshot,
+    column: pa.Array,
+    checksums: Callable[[], npt.NDArray[np.uint64]],
+    limits: BucketLimits | None = None,
+) -> BucketSearch:
+    """The search of ``find_differing_ranges``, from the expected rows' first key and checksums.
+
+    Args:
+        snap: the sink's snapshot (computes the database side).
+        column: the expected rows' first key column, sorted ascending.
+        checksums: computes their row checksums, in the same order (while the
+            database scans the table for the first level).
+        limits: how far to cut, and when full mode costs less.
     """
     limits = limits or BucketLimits()
-    column = expected.column(first_key).combine_chunks()
     search = BucketSearch()
-    if expected.num_rows == 0:
+    rows = len(column)
+    if rows == 0:
         # Nothing expected: any row the sink holds is extra; one range is all.
         found = snap.bucket_sums([], [KeyRange()])
         search.compared = 1
@@ -302,21 +323,19 @@ def find_differing_ranges(
             search.differing = 1
             search.leaves.append((KeyRange(), 0, 0))
         return search
-    bounds, positions = cut_bounds(column, 0, expected.num_rows, limits.first_level)
+    bounds, positions = cut_bounds(column, 0, rows, limits.first_level)
     with ThreadPoolExecutor(max_workers=1) as pool:
         # The database scans the whole table for the first level while the
         # expected side's checksums are computed in a worker: the two overlap.
         # The query waits in this (the caller's) thread, where a signal can
         # interrupt it and cancel it on the server; the worker's share is
         # bounded CPU work that the pool's exit waits for.
-        ours: Future[npt.NDArray[np.uint64]] = pool.submit(
-            row_checksums, expected, checksum_columns
-        )
+        ours: Future[npt.NDArray[np.uint64]] = pool.submit(checksums)
         theirs = snap.bucket_sums(bounds, [KeyRange()])
         sums = ours.result()
     walk = _Walk(snap, column, sums, limits, search)
-    edges = [0, *positions, expected.num_rows]
-    mine = range_figures(sums, 0, expected.num_rows, positions)
+    edges = [0, *positions, rows]
+    mine = range_figures(sums, 0, rows, positions)
     search.top = (bounds, mine)
     differing = walk.compare(KeyRange(), bounds, edges, mine, theirs)
     search.dearer = dearer_than_full(mine, theirs, differing, limits.full_share)

@@ -34,7 +34,7 @@ from reconcile.recovery.brake import Brake, BrakeReading, counted_changes, refus
 from reconcile.recovery.buckets import BucketLimits
 from reconcile.recovery.finding import Found, check_step, find_buckets, find_full, find_scoped
 from reconcile.recovery.modes import Mode, choose_mode
-from reconcile.recovery.options import RecoverOptions
+from reconcile.recovery.options import FullModeKeywords, RecoverOptions
 from reconcile.recovery.report import ReconcileReport
 from reconcile.recovery.source import ExpectedSource, semi
 
@@ -154,8 +154,9 @@ def reconcile_table(
                         "(buckets mode runs on PostgreSQL); use mode full or scoped"
                     )
                 with check_step("the bucket search"):
+                    memory: FullModeKeywords = {"chunk_rows": chunk_rows, "spill_dir": spill_dir}
                     found = find_buckets(snap, source, schema, keys, epoch, sink_types,
-                                     bucket_options or BucketLimits())  # fmt: skip
+                                         bucket_options or BucketLimits(), memory)  # fmt: skip
                 if found.dearer is not None:
                     # Going on would cost more than pulling every row: full
                     # mode on the same snapshot, and the report says so.

@@ -27,15 +27,17 @@ import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
 from reconcile.core.contract import InvalidInputError, StoreIntegrityError
 from reconcile.core.spill import parts_for
 from reconcile.core.target import Progress, SinkSnapshot
+from reconcile.recovery.bucket_parts import sorted_checksums
 from reconcile.recovery.buckets import (
     BucketLimits,
     find_differing_ranges,
     search_from_summary,
+    search_sorted,
     sort_expected,
 )
 from reconcile.recovery.diff import HASH, Diff, diff_tables
 from reconcile.recovery.in_parts import diff_in_parts, hashed_rows
-from reconcile.recovery.options import DEFAULT_CHUNK_ROWS
+from reconcile.recovery.options import DEFAULT_CHUNK_ROWS, FullModeKeywords
 from reconcile.recovery.source import ExpectedSource
 from reconcile.recovery.steps import DIFFING, PULLING, check_step
 from reconcile.recovery.summary import (
@@ -130,7 +132,14 @@ def find_buckets(
     epoch: int,
     sink_types: dict[str, str],
     limits: BucketLimits,
+    memory: FullModeKeywords,
 ) -> Found:
+    """Buckets mode: the ranges whose checksums differ, then only their rows.
+
+    From a kept summary when there is one; else from the expected rows, read
+    whole when the store holds at most ``chunk_rows`` rows, or in parts
+    (``bucket_parts.py``) keeping only each row's first key and checksum.
+    """
     snap.check_buckets()
     columns = [(name, sink_types[name]) for name in schema.names]
     store = source.store
@@ -165,8 +174,18 @@ def find_buckets(
         if summary is not None and summary is not kept:
             save_summary(store, summary)
     else:
-        expected = sort_expected(source.rows(epoch), keys[0])
-        search = find_differing_ranges(snap, expected, columns, keys[0], limits)
+        chunk_rows = memory.get("chunk_rows", DEFAULT_CHUNK_ROWS)
+        parts = parts_for(store.stored_rows(epoch), chunk_rows)
+        if parts > 1:
+            # Too many rows to hold whole: the first key and checksums only, and
+            # the rows of the ranges that differ read by range afterwards.
+            column, sums = sorted_checksums(store, epoch, columns, keys[0], parts=parts,
+                                            where=memory.get("spill_dir"))  # fmt: skip
+            search = search_sorted(snap, column, lambda: sums, limits)
+            expected = None
+        else:
+            expected = sort_expected(source.rows(epoch), keys[0])
+            search = find_differing_ranges(snap, expected, columns, keys[0], limits)
         if search.top is not None:
             bounds, figures = search.top
             save_summary(
@@ -190,16 +209,17 @@ def find_buckets(
         # The leaves are pulled in one query: the round trips do not grow with the drift.
         with check_step("the pull", PULLING):
             raw = snap.pull_ranges([within for within, _, _ in search.leaves])
-    parts = [expected.slice(start, stop - start) for _, start, stop in search.leaves]
-    compared = (
-        pa.concat_tables(parts).select([*keys, HASH])
-        if parts
-        else expected.select([*keys, HASH]).slice(0, 0)
-    )
+    if expected is None:  # the leaves' rows only, read by range: they are what is compared
+        rows = read([(within.lo, within.hi) for within, _, _ in search.leaves])
+    else:
+        slices = [expected.slice(start, stop - start) for _, start, stop in search.leaves]
+        rows = pa.concat_tables(slices) if slices else expected.slice(0, 0)
+    compared = rows.select([*keys, HASH])
     pulled = raw.num_rows if raw is not None else 0
     with check_step("the diff", DIFFING if pulled else None):
         actual = hashed_rows(raw, schema, keys) if pulled else compared.slice(0, 0)
         diff = diff_tables(compared, actual, keys)
-    found = Found(diff, compared, pulled)
+    # With their values: a repair writes from them, never reading the whole table again.
+    found = Found(diff, rows, pulled)
     found.compared, found.differing = search.compared, search.differing
     return found

@@ -126,7 +126,7 @@ class RecoverKeywords(TypedDict, total=False):
 
 
 class FullModeKeywords(TypedDict, total=False):
-    """How full mode bounds its memory (``RecoverOptions.chunk_rows``, ``spill_dir``)."""
+    """How full mode and a first bucket search bound memory (``chunk_rows``, ``spill_dir``)."""
 
     chunk_rows: int
     spill_dir: str | None
