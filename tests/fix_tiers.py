@@ -58,6 +58,10 @@ SLOW: dict[str, str] = {
     r"_is_retried_and_counted_once\[driver\]": "an executor killed, with the rows collected",
     r"tests/integration/test_spark_stream\.py::test_format_reconcile_commit_process_killed":
         "the format's commit process killed",
+    # The format's clean run: the driver and executor kills of the default tier go
+    # through the same cycle and writers, and take a minute each already.
+    r"tests/integration/test_spark_stream\.py::test_format_reconcile_writes_every_batch_once":
+        "the format's clean run",
     r"tests/integration/test_spark_stream\.py::test_a_dead_drivers_staged_rows_are_swept":
         "a dead driver's staged rows",
     r"tests/integration/test_spark_verify\.py::test_spark_verify_and_repair_on_separate_executors":
@@ -72,6 +76,10 @@ SLOW: dict[str, str] = {
     r"tests/integration/test_spark_cds\.py::": "the class archive's coverage (a Spark start)",
     r"tests/integration/test_cli_config\.py::test_config_with_spark_runs_each_table_on_spark":
         "the config file's tables verified by Spark jobs",
+    # Six `reconcile` processes in a row; the config file's other tests (a table
+    # failing, watch, refused flags) stay in the default tier.
+    r"tests/integration/test_cli_config\.py::test_verify_all_then_repair_all_from_the_config_file":
+        "verify --all, then repair one table and all, from the config file",
     r"tests/integration/test_airflow_example\.py::": "the example DAG's Spark job",
     # The test machinery checked against pytest runs of the whole suite, half a
     # minute each: CI runs them (its slow step), and they change only with it.
