@@ -39,6 +39,10 @@ SLOW: dict[str, str] = {
     # order at every point; the PostgreSQL sinks repeat it with a database.
     r"tests/chaos/test_expected_state_cycle\.py::test_failure_matrix_with_expected_state"
     r"\[postgres": "every fault point again on a database, in both modes",
+    # kill -9 around the decision: transactional PostgreSQL takes every point in the
+    # default tier; prepared transactions repeat them with a second commit path.
+    r"tests/chaos/test_expected_state_cycle\.py::test_kill9_around_the_decision_then_restart"
+    r"\[postgres_prepared-": "kill -9 around the decision, into prepared PostgreSQL",
     # The plain failure matrix: prepared transactions and Delta repeat the
     # points that transactional PostgreSQL, files and HTTP already take.
     r"tests/chaos/test_failure_matrix\.py::test_failure_matrix\[(postgres_prepared|delta)-":
