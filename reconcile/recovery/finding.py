@@ -182,7 +182,8 @@ def find_buckets(
             column, sums = sorted_checksums(store, epoch, columns, keys[0], parts=parts,
                                             where=memory.get("spill_dir"))  # fmt: skip
             search = search_sorted(snap, column, lambda: sums, limits)
-            expected = None
+            # No expected row at all (every key deleted): nothing to read by range.
+            expected = None if len(column) else read([])
         else:
             expected = sort_expected(source.rows(epoch), keys[0])
             search = find_differing_ranges(snap, expected, columns, keys[0], limits)

@@ -101,3 +101,17 @@ def test_the_parts_cut_the_same_ranges_as_the_rows_read_whole(
         whole.buckets_differing,
     )
     assert in_parts.rows_pulled == whole.rows_pulled
+
+
+def test_a_store_whose_every_key_was_deleted_finds_every_sink_row_extra(
+    wide: Setup,  # noqa: F811
+) -> None:
+    keys = [{"id": i} for i in range(1500)]
+    wide.write([], deletes=keys)
+    assert wide.store.stored_rows() > 100 and expected_rows(wide) == {}
+    held = wide.execute(
+        "INSERT INTO {t} (id, name, total) SELECT g, 'new', g FROM generate_series(1, 40) g"
+    )
+    assert held == 40
+    found = check(wide, RecoverOptions(mode=Mode.BUCKETS, dry_run=True, chunk_rows=100))
+    assert counts(found) == {"missing": 0, "extra": held, "changed": 0}
