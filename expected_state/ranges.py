@@ -69,14 +69,20 @@ def row_filter(
 
     A key's rows all share its key (and so its first-key value), so filtering
     the rows before the merge keeps every row the merge of those keys needs.
+    The keys are made distinct once, and cast once per key schema the files
+    hold (one, unless the store's types were widened), not at every batch.
     """
     names = list(key_columns)
+    distinct = None if keys is None else keys.select(names).group_by(names).aggregate([])
+    cast: dict[pa.Schema, pa.Table] = {}
 
     def keep(batch: pa.Table) -> pa.Array:
         mask = pa.array(np.ones(batch.num_rows, dtype=bool))
-        if keys is not None:
-            wanted = keys.select(names).cast(batch.select(names).schema)
-            mask = pc.and_(mask, member_mask(batch, wanted, names))
+        if distinct is not None:
+            schema = batch.select(names).schema
+            if schema not in cast:
+                cast[schema] = distinct.cast(schema).combine_chunks()
+            mask = pc.and_(mask, member_mask(batch, cast[schema], names))
         if ranges is not None:
             mask = pc.and_(mask, in_ranges(batch.column(names[0]), ranges))
         return mask
