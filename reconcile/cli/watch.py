@@ -37,7 +37,7 @@ from reconcile.cli.config_sinks import split_table
 from reconcile.core import interrupts
 from reconcile.core.contract import ConfigurationError, ReconcileError
 from reconcile.core.metrics import Metrics, NullMetrics, record_refusal, record_report
-from reconcile.recovery.options import FullModeKeywords
+from reconcile.recovery.options import MemoryKeywords
 
 if TYPE_CHECKING:  # Spark is an optional extra: imported only for --spark
     from reconcile.cli.spark_job import OnSpark
@@ -127,7 +127,7 @@ def check_table(
     metrics: Metrics | None = None,
     allow_mass_change: bool = False,
     spark: OnSpark | None = None,
-    full_mode: FullModeKeywords | None = None,
+    memory: MemoryKeywords | None = None,
 ) -> TableOutcome:
     """Verify (or repair) one sink table of a config file; never raises for that table's errors.
 
@@ -141,7 +141,7 @@ def check_table(
         allow_mass_change: lift the table's mass-change brake (an operator's
             explicit ``repair --allow-mass-change``; never ``watch``).
         spark: run it on Spark (full mode), in this session.
-        full_mode: how full mode bounds its memory, passed to ``recover``
+        memory: how full mode and a first bucket search bound memory, passed to ``recover``
             (``chunk_rows``, ``spill_dir``; default the library's).
     """
     from reconcile.cli.status import missing_store
@@ -179,7 +179,7 @@ def check_table(
             since_epoch=since,
             max_change_fraction=sink.max_change_fraction,
             allow_mass_change=allow_mass_change,
-            **(full_mode or {}),
+            **(memory or {}),
         )
     except Exception as exc:  # one table's failure is reported; the others still run
         return _failed(sink, exc, metrics)
@@ -233,7 +233,7 @@ def check_tables(
     metrics: Metrics | None = None,
     allow_mass_change: bool = False,
     spark: OnSpark | None = None,
-    full_mode: FullModeKeywords | None = None,
+    memory: MemoryKeywords | None = None,
 ) -> list[TableOutcome]:
     """:func:`check_table` for each table, in order."""
     options: dict[str, Any] = {
@@ -243,7 +243,7 @@ def check_tables(
         "metrics": metrics,
         "allow_mass_change": allow_mass_change,
         "spark": spark,
-        "full_mode": full_mode,
+        "memory": memory,
     }
     return [check_table(t, **options) for t in tables]
 
@@ -293,7 +293,7 @@ def run_config_recover(args: argparse.Namespace) -> int:
         spark = OnSpark(session(args.master or "local[*]"), args.partitions)
     outcomes = check_tables(
         tables, repair=repair, mode=args.mode, allow_mass_change=lifted, spark=spark,
-        full_mode={"chunk_rows": args.chunk_rows, "spill_dir": args.spill_dir},
+        memory={"chunk_rows": args.chunk_rows, "spill_dir": args.spill_dir},
     )  # fmt: skip
     code = exit_code(outcomes)
     _print(outcomes, as_json=args.json, code=code)

@@ -34,7 +34,7 @@ from reconcile.recovery.brake import Brake, BrakeReading, counted_changes, refus
 from reconcile.recovery.buckets import BucketLimits
 from reconcile.recovery.finding import Found, check_step, find_buckets, find_full, find_scoped
 from reconcile.recovery.modes import Mode, choose_mode
-from reconcile.recovery.options import FullModeKeywords, RecoverOptions
+from reconcile.recovery.options import MemoryKeywords, RecoverOptions
 from reconcile.recovery.report import ReconcileReport
 from reconcile.recovery.source import ExpectedSource, semi
 
@@ -92,7 +92,7 @@ def reconcile_table(
     mode, brake = options.chosen_mode(), options.brake()
     after_crash, target_epoch, dry_run = options.after_crash, options.target_epoch, options.dry_run
     progress, since_epoch = options.progress, options.since_epoch
-    chunk_rows, spill_dir = options.chunk_rows, options.spill_dir
+    memory: MemoryKeywords = {"chunk_rows": options.chunk_rows, "spill_dir": options.spill_dir}
     started = time.monotonic()
 
     # Before anything is pulled: the store's commits must be the engine's. The
@@ -154,7 +154,6 @@ def reconcile_table(
                         "(buckets mode runs on PostgreSQL); use mode full or scoped"
                     )
                 with check_step("the bucket search"):
-                    memory: FullModeKeywords = {"chunk_rows": chunk_rows, "spill_dir": spill_dir}
                     found = find_buckets(snap, source, schema, keys, epoch, sink_types,
                                          bucket_options or BucketLimits(), memory)  # fmt: skip
                 if found.dearer is not None:
@@ -162,12 +161,10 @@ def reconcile_table(
                     # mode on the same snapshot, and the report says so.
                     compared, differing = found.compared, found.differing
                     chosen, why = Mode.FULL, f"buckets mode gave way to full: {found.dearer}"
-                    found = find_full(snap, source, schema, keys, epoch, progress,
-                                      chunk_rows=chunk_rows, spill_dir=spill_dir)  # fmt: skip
+                    found = find_full(snap, source, schema, keys, epoch, progress, memory)
                     found.compared, found.differing = compared, differing
             else:
-                found = find_full(snap, source, schema, keys, epoch, progress,
-                                  chunk_rows=chunk_rows, spill_dir=spill_dir)  # fmt: skip
+                found = find_full(snap, source, schema, keys, epoch, progress, memory)
             reading = _weigh(found, snap, chosen, store, newest, epoch, keys, brake)
             warnings = tuple(snap.warnings)
         if reading.exceeded and not dry_run and not brake.allow_mass_change:

@@ -37,7 +37,7 @@ from reconcile.recovery.buckets import (
 )
 from reconcile.recovery.diff import HASH, Diff, diff_tables
 from reconcile.recovery.in_parts import diff_in_parts, hashed_rows
-from reconcile.recovery.options import DEFAULT_CHUNK_ROWS, FullModeKeywords
+from reconcile.recovery.options import DEFAULT_CHUNK_ROWS, MemoryKeywords
 from reconcile.recovery.source import ExpectedSource
 from reconcile.recovery.steps import DIFFING, PULLING, check_step
 from reconcile.recovery.summary import (
@@ -75,8 +75,7 @@ class Found:
 
 
 def find_full(snap: SinkSnapshot, source: ExpectedSource, schema: pa.Schema, keys: list[str],
-              epoch: int, progress: Progress | None, *, chunk_rows: int = DEFAULT_CHUNK_ROWS,
-              spill_dir: str | None = None) -> Found:  # fmt: skip
+              epoch: int, progress: Progress | None, memory: MemoryKeywords) -> Found:  # fmt: skip
     """Full mode: every row of the sink against every expected row.
 
     A table of at most ``chunk_rows`` rows (by the store's files and the
@@ -84,6 +83,8 @@ def find_full(snap: SinkSnapshot, source: ExpectedSource, schema: pa.Schema, key
     hash, spilled under ``spill_dir`` (``in_parts.py``), so that memory is set
     by ``chunk_rows``, not by the table.
     """
+    chunk_rows = memory.get("chunk_rows", DEFAULT_CHUNK_ROWS)
+    spill_dir = memory.get("spill_dir")
     estimate = snap.estimated_rows() or 0
     parts = parts_for(max(source.store.stored_rows(epoch), estimate), chunk_rows)
     if parts > 1:
@@ -132,7 +133,7 @@ def find_buckets(
     epoch: int,
     sink_types: dict[str, str],
     limits: BucketLimits,
-    memory: FullModeKeywords,
+    memory: MemoryKeywords,
 ) -> Found:
     """Buckets mode: the ranges whose checksums differ, then only their rows.
 

@@ -11,7 +11,7 @@ from reconcile.core.target import Progress
 from reconcile.recovery.brake import DEFAULT_MAX_CHANGE_FRACTION, Brake
 from reconcile.recovery.modes import Mode
 
-__all__ = ["DEFAULT_CHUNK_ROWS", "FullModeKeywords", "RecoverKeywords", "RecoverOptions"]
+__all__ = ["DEFAULT_CHUNK_ROWS", "MemoryKeywords", "RecoverKeywords", "RecoverOptions"]
 
 # Rows of each side a full verify holds at once. About 150 MB of a 16-column
 # table such as TPC-H lineitem per side; a table at most this size is diffed
@@ -125,8 +125,11 @@ class RecoverKeywords(TypedDict, total=False):
     spill_dir: str | None
 
 
-class FullModeKeywords(TypedDict, total=False):
-    """How full mode and a first bucket search bound memory (``chunk_rows``, ``spill_dir``)."""
+class MemoryKeywords(TypedDict, total=False):
+    """How full mode and a first bucket search bound memory (``chunk_rows``, ``spill_dir``).
+
+    Absent keys take ``RecoverOptions``' defaults.
+    """
 
     chunk_rows: int
     spill_dir: str | None
