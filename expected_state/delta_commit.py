@@ -22,6 +22,7 @@ from expected_state.delta_files import (
     filesystem,
     write_data_file,
 )
+from expected_state.delta_log import transaction_version
 from reconcile.core import hooks
 from reconcile.core.contract import (
     FencedError,
@@ -82,7 +83,7 @@ def table_exists(table_uri: str) -> bool:
 def recorded_version(table_uri: str, app_id: str) -> int | None:
     """The newest version recorded for ``app_id`` in the table's log (None if none or no table)."""
     try:
-        return DeltaTable(table_uri).transaction_version(app_id)
+        return transaction_version(DeltaTable(table_uri), app_id)
     except TableNotFoundError:
         return None
 
@@ -109,7 +110,7 @@ def check_fence(table: DeltaTable, fence: tuple[str, int], *, table_name: str) -
         FencedError: naming the table, both generations, and that nothing was written.
     """
     fence_id, generation = fence
-    recorded = table.transaction_version(fence_id)
+    recorded = transaction_version(table, fence_id)
     if recorded is not None and recorded > generation:
         raise FencedError(
             f"table {table_name!r}: writer generation {generation} is fenced off by generation "
@@ -250,7 +251,7 @@ def commit_files(commit: DeltaCommit, based_on: BasedOn | None = None) -> Commit
         token_checked = based_on.token_checked or landed is not None
     if fence is not None:
         check_fence(table, fence, table_name=name)
-    already = None if token_checked else table.transaction_version(commit.app_id)
+    already = None if token_checked else transaction_version(table, commit.app_id)
     if already is not None and already >= version:
         # Replay of a recorded (or superseded) token: the files of this attempt
         # are orphans that vacuum removes; committing them would duplicate rows.
@@ -367,7 +368,7 @@ def _resolve_failed_commit(
     name, app_id, version, fence = commit.name, commit.app_id, commit.version, commit.fence
     try:
         fresh = DeltaTable(commit.table_uri)
-        now = fresh.transaction_version(app_id)
+        now = transaction_version(fresh, app_id)
         done = landed() if landed is not None else now is not None and now >= version
     except Exception as reread:  # any failure to re-read means "unknown"
         raise OutcomeUnknownError(

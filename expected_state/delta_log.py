@@ -1,4 +1,8 @@
-"""A table's Delta log: pruning entries below a checkpoint (deltalake only prunes by age)."""
+"""A table's Delta log: app transaction versions per snapshot, and pruning below a checkpoint.
+
+deltalake replays the log for every ``transaction_version`` call (about a
+millisecond on a short log, more on a long one) and only prunes by age.
+"""
 
 from __future__ import annotations
 
@@ -6,17 +10,42 @@ import json
 import re
 
 import pyarrow.fs as pafs  # type: ignore[import-untyped, unused-ignore]
+from deltalake import DeltaTable
 
 from expected_state.delta_files import filesystem
 
-__all__ = ["EPOCHS_LOG_MARGIN", "last_checkpoint", "prune_log"]
+__all__ = ["EPOCHS_LOG_MARGIN", "last_checkpoint", "prune_log", "transaction_version"]
 
 # How many versions of the shared epochs table are kept below its newest one when
 # its log is pruned: a writer whose snapshot is behind by fewer commits than this
 # can still have its commit checked against the commits since.
 EPOCHS_LOG_MARGIN = 100
 
+# The attribute of a DeltaTable object that holds the versions read on its snapshot.
+_MEMO = "_reconcile_transaction_versions"
+
 _LOG_FILE = re.compile(r"^(\d{20})\.(json|crc|checkpoint\.parquet|checkpoint\.\d+\.\d+\.parquet)$")
+
+
+def transaction_version(table: DeltaTable, app_id: str) -> int | None:
+    """The version ``table``'s snapshot records for ``app_id`` (or None), read once per snapshot.
+
+    A snapshot is immutable, so the answer is kept with the table object, under
+    the snapshot's version, and read again only once the object has moved to
+    another version (``update_incremental``, a commit, a load). The store reads
+    its token and fence generations several times per epoch, on the same
+    snapshot. Kept on the object (DeltaTable is not hashable, so no weak map
+    can key on it): the memo dies with the snapshot it describes.
+    """
+    version = table.version()
+    memo: tuple[int, dict[str, int | None]] | None = getattr(table, _MEMO, None)
+    if memo is None or memo[0] != version:
+        memo = (version, {})
+        setattr(table, _MEMO, memo)
+    known = memo[1]
+    if app_id not in known:
+        known[app_id] = table.transaction_version(app_id)
+    return known[app_id]
 
 
 def prune_log(table_uri: str, keep_from_version: int) -> int:

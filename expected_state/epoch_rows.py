@@ -38,6 +38,7 @@ from expected_state.delta_commit import (
     write_data_file,
 )
 from expected_state.delta_files import read_data_files
+from expected_state.delta_log import transaction_version
 from reconcile.core import hooks
 from reconcile.core.contract import InvalidInputError
 
@@ -210,7 +211,7 @@ class EpochRows:
         known = self._known_fence
         if known is not None and known[0] == table.version():
             return known[1]
-        return table.transaction_version(self.fence_id)
+        return transaction_version(table, self.fence_id)
 
     # -- writing ---------------------------------------------------------------
 

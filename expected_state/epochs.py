@@ -9,6 +9,7 @@ from datetime import datetime
 from deltalake import DeltaTable
 
 from expected_state.delta_commit import BasedOn, DeltaCommit, commit_files
+from expected_state.delta_log import transaction_version
 from expected_state.epoch_rows import EPOCHS_SCHEMA, EPOCHS_TABLE, EpochRows
 from expected_state.fencing import check_generation, fence_app_id, validate_generation
 from reconcile.core.contract import InvalidInputError, validate_name
@@ -167,7 +168,7 @@ class EpochLog:
         table = self._rows.open(create=True)
         assert table is not None
         check_generation(table, self._fence, self.generation, table_name=self.uri)
-        if table.transaction_version(self._fence) == self.generation:
+        if transaction_version(table, self._fence) == self.generation:
             return
         claim = DeltaCommit(
             table_uri=self.uri,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from deltalake import DeltaTable
 
+from expected_state.delta_log import transaction_version
 from reconcile.core.contract import FencedError, InvalidInputError
 
 __all__ = [
@@ -55,7 +56,8 @@ def check_generation(table: DeltaTable, app_id: str, generation: int, *, table_n
     Raises:
         FencedError: naming the table, both generations, and that nothing was written.
     """
-    check_recorded_generation(table.transaction_version(app_id), generation, table_name=table_name)
+    recorded = transaction_version(table, app_id)
+    check_recorded_generation(recorded, generation, table_name=table_name)
 
 
 def check_recorded_generation(recorded: int | None, generation: int, *, table_name: str) -> None:

@@ -39,6 +39,7 @@ from expected_state.delta_commit import (
     commit_files,
     describe_data_file,
 )
+from expected_state.delta_log import transaction_version
 from reconcile.core.contract import ConfigurationError, InvalidInputError, OutcomeUnknownError
 
 __all__ = ["BridgeWriteResult", "delta_jars_available", "read_delta", "write_delta"]
@@ -263,7 +264,7 @@ def write_delta(
     name = table_name or table_uri
     if DeltaTable.is_deltatable(table_uri):
         table = DeltaTable(table_uri)
-        already = table.transaction_version(app_id)
+        already = transaction_version(table, app_id)
         if already is not None and already >= version:
             return BridgeWriteResult(committed=False, table_version=None, files=0, rows=0)
         schema = _arrow_schema(table)

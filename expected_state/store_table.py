@@ -18,6 +18,7 @@ from deltalake import DeltaTable
 from deltalake.exceptions import TableNotFoundError
 
 from expected_state.delta_commit import BasedOn, DeltaCommit, commit_files, make_durable
+from expected_state.delta_log import transaction_version
 from expected_state.epochs import EpochLog
 from expected_state.fencing import check_generation, fence_app_id, validate_generation
 from expected_state.integrity import LogAudit
@@ -146,7 +147,7 @@ class StoreTable:
         known = self._known
         if known is not None and known[0] == table.version():
             return known[1], known[2]
-        return table.transaction_version(self.app_id), table.transaction_version(self._fence)
+        return transaction_version(table, self.app_id), transaction_version(table, self._fence)
 
     def _token(self, table: DeltaTable) -> int | None:
         """The newest applied epoch on ``table``'s snapshot (a revert of the first: -1, None)."""
@@ -168,7 +169,7 @@ class StoreTable:
                 )
             table = self._create(self._schema)
         check_generation(table, self._fence, self.generation, table_name=self.uri)
-        if table.transaction_version(self._fence) != self.generation:
+        if transaction_version(table, self._fence) != self.generation:
             assert self._schema is not None
             # Fenced on the snapshot the claim commits on: a claim never lowers the fence.
             claim = DeltaCommit(

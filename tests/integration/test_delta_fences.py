@@ -15,6 +15,7 @@ import pytest
 from deltalake import DeltaTable
 
 from expected_state.delta_commit import BEFORE_WRITE
+from expected_state.delta_log import transaction_version
 from expected_state.fencing import fence_app_id
 from expected_state.store import APPLY_CHECKED, APPLY_TABLE_MISSING, ExpectedStateStore
 from reconcile.core import hooks
@@ -145,3 +146,28 @@ def test_commit_files_fsyncs_the_commit_before_returning(
     assert str(log / f"{version:020d}.json") in synced
     assert str(log / f"{0:020d}.json") in synced  # the table's creation too
     assert str(log) in synced
+
+
+def test_a_store_writer_sees_a_takeover_on_its_next_snapshot(tmp_path: Path) -> None:
+    # The zombie read its fence on an older snapshot of the same table object;
+    # the takeover lands between its epochs, and its next apply must see it.
+    zombie = store(tmp_path, 1)
+    zombie.claim()
+    assert zombie.apply(0, [Change("upsert", {"k": "a", "v": 0})]).applied
+    store(tmp_path, 2).claim()
+    with pytest.raises(FencedError, match="generation 1 is fenced off by generation 2"):
+        zombie.apply(1, [Change("upsert", {"k": "zombie", "v": 1})])
+    assert DeltaTable(zombie.uri).transaction_version(FENCE) == 2
+    assert epoch_commits(zombie.uri) == [0]
+
+
+def test_a_transaction_version_is_read_again_once_the_snapshot_moves(tmp_path: Path) -> None:
+    writer = store(tmp_path, 1)
+    writer.claim()
+    table = DeltaTable(writer.uri)
+    assert transaction_version(table, FENCE) == 1
+    store(tmp_path, 4).claim()
+    assert transaction_version(table, FENCE) == 1  # the same snapshot, the same answer
+    table.update_incremental()
+    assert transaction_version(table, FENCE) == 4
+    assert transaction_version(table, "no such app") is None
