@@ -39,6 +39,13 @@ SLOW: dict[str, str] = {
     # order at every point; the PostgreSQL sinks repeat it with a database.
     r"tests/chaos/test_expected_state_cycle\.py::test_failure_matrix_with_expected_state"
     r"\[postgres": "every fault point again on a database, in both modes",
+    # On memory, the rows that fail the epoch before it stages anything into the
+    # store (begin, the cycle's stage step, a sink's stage): the plain failure
+    # matrix takes them on every default backend, and the store's abort path is
+    # taken by the prepare rows after it staged.
+    r"tests/chaos/test_expected_state_cycle\.py::test_failure_matrix_with_expected_state"
+    r"\[memory-(begin-|stage-|engine_crash-cycle\.stage)":
+        "the faults before the epoch reaches the store, with a store on memory",
     # kill -9 around the decision: transactional PostgreSQL takes every point in the
     # default tier; prepared transactions repeat them with a second commit path.
     r"tests/chaos/test_expected_state_cycle\.py::test_kill9_around_the_decision_then_restart"
@@ -60,6 +67,11 @@ SLOW: dict[str, str] = {
     r"\[(?!cycle\.decided-write_stream\])": "the driver killed at the other points and paths",
     r"tests/integration/test_spark_stream\.py::test_an_executor_killed_after_staging_its_file"
     r"_is_retried_and_counted_once\[driver\]": "an executor killed, with the rows collected",
+    # A COMMIT cut before the server got it is a definite failure, the epoch retried;
+    # the one cut after it (the ambiguous case) stays in the default tier on both paths.
+    r"tests/integration/test_spark_stream\.py::test_an_ambiguous_commit_in_a_micro_batch_is"
+    r"_settled_by_the_database\[drop_before_commit-":
+        "a micro-batch's COMMIT cut before it arrived",
     r"tests/integration/test_spark_stream\.py::test_format_reconcile_commit_process_killed":
         "the format's commit process killed",
     # The format's clean run: the driver and executor kills of the default tier go
