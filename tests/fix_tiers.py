@@ -56,6 +56,12 @@ SLOW: dict[str, str] = {
         "prepared PostgreSQL and Delta at every fault point",
     r"tests/chaos/test_kill9\.py::test_kill9_then_restart_converges\[.*-(postgres_prepared|delta)\]":
         "kill -9 at every point into prepared PostgreSQL and Delta",
+    # Into files, the kills between the sinks' own steps (the log written, the
+    # decision, finalize) repeat what transactional PostgreSQL takes at each; the
+    # kills inside the file sink's stage, prepare and commit stay in the default tier.
+    r"tests/chaos/test_kill9\.py::test_kill9_then_restart_converges\[(record_expected_state|"
+    r"commit-progress-written|finalize|engine_crash-before-commit-progress)-file\]":
+        "kill -9 into files between the sinks' own steps",
     # Spark pipelines in subprocesses, a minute or more each.
     # The kill test on the executor path runs the whole stream to its end and checks
     # every row once, so a clean run of it adds no check the default tier lacks.
