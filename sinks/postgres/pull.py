@@ -26,7 +26,7 @@ from sinks.objects.declared import CREATE_EPOCH_INDEX, epoch_index_name
 
 from .bucket_sums import PgBucketSums
 from .connection import PgTarget
-from .heavy import DEFAULT_STATEMENT_TIMEOUT_MS, Cancellable, settings_sql
+from .heavy import DEFAULT_STATEMENT_TIMEOUT_MS, Cancellable, hand_over, settings_sql
 from .markers import MARKERS_TABLE
 from .pull_columns import select_list, sink_columns
 from .ranges import (
@@ -225,11 +225,15 @@ class PgSnapshot:
             cur.execute(text, parameters=bound)
             reader = cur.fetch_record_batch()
             rows = 0
-            for batch in reader:
+
+            def counted(batch: pa.RecordBatch) -> None:
+                nonlocal rows
                 each(batch)
                 rows += batch.num_rows
                 if progress is not None:
                     progress(rows, total)
+
+            hand_over(reader, counted)
             return reader.schema
 
         schema: pa.Schema = self._statements.run(read, cur.adbc_cancel)
