@@ -29,7 +29,11 @@ def test_the_listed_parameters_are_slow_and_their_neighbours_are_not() -> None:
 
 
 def test_a_pattern_that_matches_nothing_in_its_collected_file_is_stale() -> None:
-    renamed = [f"{KILL9.replace('converges', 'settles')}[stage-delta]", f"{KILL9}[stage-file]"]
+    renamed = [
+        f"{KILL9.replace('converges', 'settles')}[stage-delta]",
+        f"{KILL9}[stage-file]",
+        f"{KILL9}[finalize-file]",
+    ]
     stale = unmatched(renamed, ["tests/chaos/test_kill9.py"])
     assert len(stale) == 1 and "test_kill9" in stale[0]
     assert unmatched(renamed, []) == stale  # no arguments: the test paths, all collected
@@ -37,7 +41,8 @@ def test_a_pattern_that_matches_nothing_in_its_collected_file_is_stale() -> None
     # A run of other files, or of node ids, cannot tell.
     assert unmatched(renamed, ["tests/unit"]) == []
     assert unmatched(renamed, [f"{KILL9}[stage-file]"]) == []
-    assert unmatched([f"{KILL9}[stage-delta]"], ["tests/chaos/test_kill9.py"]) == []
+    both = [f"{KILL9}[stage-delta]", f"{KILL9}[finalize-file]"]
+    assert unmatched(both, ["tests/chaos/test_kill9.py"]) == []
 
 
 def test_a_run_marks_them_slow_before_it_selects() -> None:
@@ -48,7 +53,8 @@ def test_a_run_marks_them_slow_before_it_selects() -> None:
     )  # fmt: skip
     chosen = [line for line in proc.stdout.splitlines() if "::" in line]
     assert chosen and all(slow_tier(nodeid) for nodeid in chosen)
-    assert {n.rsplit("-", 1)[1] for n in chosen} == {"postgres_prepared]", "delta]"}
+    assert {n.rsplit("-", 1)[1] for n in chosen} == {"postgres_prepared]", "delta]", "file]"}
+    assert not any("[stage-file]" in n or "[prepare-done-file]" in n for n in chosen)
 
 
 def _family(name: str, size: int) -> list[str]:
@@ -101,7 +107,7 @@ def test_a_sampled_run_says_how_to_repeat_it_and_keeps_the_claimed_tests() -> No
     )  # fmt: skip
     chosen = [line for line in proc.stdout.splitlines() if "::" in line]
     kill9 = [n for n in chosen if "test_kill9" in n]
-    assert len(kill9) == 6  # a third of the 18 slow parameter sets
+    assert len(kill9) == 8  # a third of the 22 slow parameter sets, rounded up
     # The one driver-killed test that a mutant's kill set (-k cycle.decided) selects.
     assert any("test_driver_killed" in n and "cycle.decided-auto" in n for n in chosen)
     assert f"({SAMPLE_ENV}=draw-7): " in proc.stdout
