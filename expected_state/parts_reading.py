@@ -17,10 +17,14 @@ import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
 from expected_state.delta_files import iter_data_batches
 from expected_state.layout import StoreFile
 from expected_state.merge import apply_changes
+from reconcile.core import hooks, interrupts
 from reconcile.core.contract import InvalidInputError
 from reconcile.core.spill import SpilledParts, parts_of
 
-__all__ = ["read_in_parts"]
+__all__ = ["SPILLED", "read_in_parts"]
+
+# Every file of the snapshot spilled, before the first part is merged.
+SPILLED = hooks.declare("store.parts_spilled")
 
 
 def read_in_parts(
@@ -55,6 +59,9 @@ def read_in_parts(
             spill = base if file.kind == "base" else changes
             try:
                 for batch in iter_data_batches(uri, file.path, columns=schema.names):
+                    # A signal the command's guard remembered ends the read here, also
+                    # where it runs on a thread of its own (recovery's read-ahead).
+                    interrupts.check()
                     spill.add(batch, parts_of(batch, keys, parts))
             except (OSError, FileNotFoundError) as exc:
                 raise InvalidInputError(
@@ -62,6 +69,7 @@ def read_in_parts(
                     table=uri,
                     epoch=epoch,
                 ) from exc
+        hooks.point(SPILLED)
         for part in range(parts):
             state = apply_changes(base.read(part), changes.read(part), list(keys))
             yield part, state.select(list(columns))

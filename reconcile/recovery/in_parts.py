@@ -7,7 +7,8 @@ whole, a 60-million-row table needs more memory than the machine has. Here:
    conformed and hashed as it arrives; only its keys and row hashes are kept,
    spilled to the part their key hashes to;
 2. the store's snapshot is read the same way (``snapshot_parts``): its files
-   streamed, spilled by key, and each part merged alone;
+   streamed, spilled by key, and each part merged alone; the files are read on
+   a thread of their own while the sink is pulled (``ahead.read_ahead``);
 3. part by part, the expected keys and hashes are diffed with the sink's, and
    only what differs is kept (with the expected values, for a repair).
 
@@ -25,6 +26,7 @@ from reconcile.core import hooks, interrupts
 from reconcile.core.conform import conform, hash_pulled
 from reconcile.core.spill import SpilledParts, parts_of
 from reconcile.core.target import Progress, SinkSnapshot
+from reconcile.recovery.ahead import read_ahead
 from reconcile.recovery.diff import HASH, Diff, diff_tables
 from reconcile.recovery.source import ExpectedSource, semi
 from reconcile.recovery.steps import DIFFING, PULLING, check_step
@@ -69,7 +71,13 @@ def diff_in_parts(
     changed: list[pa.Table] = []
     wanted: list[pa.Table] = []
     shape: pa.Schema | None = None
-    with SpilledParts(spilled_schema, parts, where=where, name="sink") as sink:
+    # The store's parts are read while the sink is pulled (``read_ahead``): its
+    # first part costs one read of every file of the snapshot.
+    store_parts = source.store.snapshot_parts(epoch, names, parts=parts, where=where)
+    with (
+        SpilledParts(spilled_schema, parts, where=where, name="sink") as sink,
+        read_ahead(store_parts) as expected_parts,
+    ):
 
         def each(raw: pa.Table) -> None:
             nonlocal pulled
@@ -80,8 +88,7 @@ def diff_in_parts(
         with check_step("the pull", PULLING):
             snap.pull_each(each, progress)
         with check_step("the diff", DIFFING):
-            for part, expected in source.store.snapshot_parts(epoch, names, parts=parts,
-                                                              where=where):  # fmt: skip
+            for part, expected in expected_parts:
                 # Between parts: a signal whose exception a library swallowed is raised here.
                 interrupts.check()
                 hooks.point(PART)

@@ -11,13 +11,16 @@ from __future__ import annotations
 
 import logging
 import random
+import threading
 from pathlib import Path
 
 import pytest
 
+from expected_state.parts_reading import SPILLED
 from reconcile import recover
 from reconcile.core import hooks
 from reconcile.recovery.in_parts import PART
+from reconcile.recovery.steps import PULLING
 from tests.recovery_setup import (
     SIMPLE_DDL,
     SIMPLE_SCHEMA,
@@ -146,3 +149,39 @@ def test_chunk_rows_must_be_a_positive_number(wide: Setup) -> None:
     for bad in (0, -5, True, 2.5):
         with pytest.raises(ConfigurationError, match="chunk_rows"):
             recover(wide.dsn, wide.root, "shop", "orders", mode="full", chunk_rows=bad)
+
+
+def test_the_store_is_read_while_the_sink_is_pulled(wide: Setup, tmp_path: Path) -> None:
+    spilled, seen = threading.Event(), []
+
+    def store_spilled() -> None:
+        seen.append(threading.current_thread())
+        spilled.set()
+
+    def pull_starts() -> None:
+        # The pull waits here until the store's files are read: they are read meanwhile.
+        seen.append(spilled.wait(30))
+
+    small = {"mode": "full", "chunk_rows": 100, "spill_dir": str(tmp_path)}
+    with hooks.at(SPILLED, store_spilled) as store, hooks.at(PULLING, pull_starts) as pull:
+        report = recover(wide.dsn, wide.root, "shop", "orders", dry_run=True, **small)
+    assert store.fired == pull.fired == 1
+    reader, read_meanwhile = seen
+    assert read_meanwhile is True and reader is not threading.main_thread()
+    assert not report.drift and report.rows_pulled == len(expected_rows(wide))
+
+
+def test_a_pull_that_fails_leaves_no_spill_of_either_side(wide: Setup, tmp_path: Path) -> None:
+    spill = tmp_path / "spill"
+    spill.mkdir()
+
+    def lost() -> None:
+        raise ConnectionError("the server closed the connection")
+
+    with hooks.at(PULLING, lost) as armed, pytest.raises(ConnectionError, match="closed") as err:
+        recover(wide.dsn, wide.root, "shop", "orders", mode="full", chunk_rows=100,
+                spill_dir=str(spill))  # fmt: skip
+    assert armed.fired == 1
+    # Removed on the way out, not when the traceback (still held here) lets go of it.
+    assert list(spill.iterdir()) == [] and err.traceback
+    assert not [t for t in threading.enumerate() if t.name == "reconcile-read-ahead"]
