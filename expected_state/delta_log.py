@@ -8,20 +8,28 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping
 
 import pyarrow.fs as pafs  # type: ignore[import-untyped, unused-ignore]
 from deltalake import DeltaTable
 
 from expected_state.delta_files import filesystem
 
-__all__ = ["EPOCHS_LOG_MARGIN", "last_checkpoint", "prune_log", "transaction_version"]
+__all__ = [
+    "EPOCHS_LOG_MARGIN",
+    "last_checkpoint",
+    "prune_log",
+    "remember_written",
+    "transaction_version",
+]
 
 # How many versions of the shared epochs table are kept below its newest one when
 # its log is pruned: a writer whose snapshot is behind by fewer commits than this
 # can still have its commit checked against the commits since.
 EPOCHS_LOG_MARGIN = 100
 
-# The attribute of a DeltaTable object that holds the versions read on its snapshot.
+# The attribute of a DeltaTable object that holds, by table version, the app
+# transaction versions read on its snapshot or written by a commit based on it.
 _MEMO = "_reconcile_transaction_versions"
 
 _LOG_FILE = re.compile(r"^(\d{20})\.(json|crc|checkpoint\.parquet|checkpoint\.\d+\.\d+\.parquet)$")
@@ -32,20 +40,38 @@ def transaction_version(table: DeltaTable, app_id: str) -> int | None:
 
     A snapshot is immutable, so the answer is kept with the table object, under
     the snapshot's version, and read again only once the object has moved to
-    another version (``update_incremental``, a commit, a load). The store reads
-    its token and fence generations several times per epoch, on the same
-    snapshot. Kept on the object (DeltaTable is not hashable, so no weak map
-    can key on it): the memo dies with the snapshot it describes.
+    another version (``update_incremental``, a load). The store reads its token
+    and fence generations several times per epoch, on the same snapshot. Kept on
+    the object (DeltaTable is not hashable, so no weak map can key on it): the
+    memo dies with the snapshot it describes.
     """
     version = table.version()
-    memo: tuple[int, dict[str, int | None]] | None = getattr(table, _MEMO, None)
-    if memo is None or memo[0] != version:
-        memo = (version, {})
-        setattr(table, _MEMO, memo)
-    known = memo[1]
+    memo = _memo(table)
+    known = memo.setdefault(version, {})
+    for older in [v for v in memo if v < version]:
+        del memo[older]
     if app_id not in known:
         known[app_id] = table.transaction_version(app_id)
     return known[app_id]
+
+
+def remember_written(table: DeltaTable, version: int, written: Mapping[str, int]) -> None:
+    """What a commit based on ``table``'s snapshot recorded, at the ``version`` it made.
+
+    Only for a commit that is the version right after the snapshot (nothing
+    else is in it). delta-rs leaves the object at its snapshot after a commit;
+    once it is brought up to ``version``, :func:`transaction_version` answers
+    these app ids from here instead of replaying the log.
+    """
+    _memo(table).setdefault(version, {}).update(written)
+
+
+def _memo(table: DeltaTable) -> dict[int, dict[str, int | None]]:
+    memo: dict[int, dict[str, int | None]] | None = getattr(table, _MEMO, None)
+    if memo is None:
+        memo = {}
+        setattr(table, _MEMO, memo)
+    return memo
 
 
 def prune_log(table_uri: str, keep_from_version: int) -> int:

@@ -38,7 +38,7 @@ from expected_state.delta_commit import (
     write_data_file,
 )
 from expected_state.delta_files import read_data_files
-from expected_state.delta_log import transaction_version
+from expected_state.delta_log import remember_written, transaction_version
 from reconcile.core import hooks
 from reconcile.core.contract import InvalidInputError
 
@@ -114,7 +114,6 @@ class EpochRows:
         self._seen: set[str] = set()
         self._live: tuple[list[str], list[int]] = ([], [])
         self.max_seq = 0
-        self._known_fence: tuple[int, int] | None = None  # (version, generation) of our commit
 
     @property
     def files(self) -> list[DataFile]:
@@ -205,12 +204,9 @@ class EpochRows:
     def generation(self, table: DeltaTable) -> int | None:
         """The newest generation recorded for the stream's fence in ``table``.
 
-        When ``table`` is at the version of this stream's own last commit, the
-        generation is the one that commit wrote; any other version is read.
+        At the version of this stream's own last commit it is the one that
+        commit wrote (``remember_written``), not read back.
         """
-        known = self._known_fence
-        if known is not None and known[0] == table.version():
-            return known[1]
         return transaction_version(table, self.fence_id)
 
     # -- writing ---------------------------------------------------------------
@@ -291,7 +287,7 @@ class EpochRows:
             return None
         if result.table_version == based_on + 1:
             # Nothing but our commit after our snapshot: its fence is ours.
-            self._known_fence = (based_on + 1, generation)
+            remember_written(table, based_on + 1, {self.fence_id: generation})
         # The caller folds our rows into its state: no need to read them back.
         self._seen.add(name)
         self._live = (self._live[0] + [name], self._live[1] + [data_file.size])

@@ -26,6 +26,7 @@ from expected_state.delta_commit import (
     describe_data_file,
     write_data_file,
 )
+from expected_state.delta_log import remember_written
 from expected_state.fencing import (
     check_generation,
     check_recorded_generation,
@@ -336,7 +337,8 @@ class ExpectedStateStore(StoreTable, Trusting, Reading, Reverting, Compaction, H
                 return ApplyResult(epoch, applied=False, table_version=None)
             if result.table_version == based_on + 1:
                 # Our commit is the one right after our snapshot: nothing else in it.
-                self._known = (based_on + 1, epoch, self.generation)
+                remember_written(table, based_on + 1, {self.app_id: epoch,
+                                                        self._fence: self.generation})  # fmt: skip
             # The epoch -> version map is read back from this very commit's
             # commitInfo (epoch_versions): no second table to keep consistent.
             return ApplyResult(

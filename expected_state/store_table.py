@@ -81,8 +81,6 @@ class StoreTable:
         self._epoch_files: dict[int, list[str]] = {}
         self._versions_upto = -1
         self._history_from = 0
-        # (version, epoch token, fence) of this object's last apply() commit.
-        self._known: tuple[int, int, int] | None = None
         # What was checked before rows were trusted (expected_state.trust).
         self._log_audit: LogAudit | None = None
         self._sound_files: set[str] = set()
@@ -140,13 +138,9 @@ class StoreTable:
     def _tokens(self, table: DeltaTable) -> tuple[int | None, int | None]:
         """The epoch token and the fence on ``table``'s snapshot.
 
-        When the snapshot is the version of this object's own last apply() commit,
-        both are known (that commit wrote them), and reading them back, a log
-        replay in delta-rs, is skipped. Any other version is read.
+        At the version of this object's own last apply() commit both are known
+        (``remember_written``: that commit wrote them), and not read back.
         """
-        known = self._known
-        if known is not None and known[0] == table.version():
-            return known[1], known[2]
         return transaction_version(table, self.app_id), transaction_version(table, self._fence)
 
     def _token(self, table: DeltaTable) -> int | None:
