@@ -1,4 +1,7 @@
-"""CPU seconds of a process tree, sampled from ``/proc`` (the latency benchmark's CPU column).
+"""CPU seconds and peak memory of a process tree, sampled from ``/proc``.
+
+The latency benchmark's CPU column, and the scale benchmark's peak memory of
+a Spark driver and of its executors.
 
 Hand-written because the figure needed is narrow (every process descended
 from a driver, including a JVM that outlives a SIGKILLed parent for a moment)
@@ -12,9 +15,38 @@ import threading
 import time
 from pathlib import Path
 
-__all__ = ["TreeCpu", "own_and_reaped_cpu"]
+__all__ = ["EXECUTOR_MARKS", "TreeCpu", "own_and_reaped_cpu", "role"]
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
+# A process whose command line holds one of these runs a Spark executor's work:
+# the Python workers (forked by the daemon) and, on local-cluster, the executor
+# JVMs. Everything else in the tree is the driver (its Python and its JVM, which
+# in local mode also runs the executors' JVM side).
+EXECUTOR_MARKS = (b"pyspark.daemon", b"pyspark.worker", b"CoarseGrainedExecutorBackend")
+
+
+def role(pid: int) -> str:
+    """``executors`` or ``driver`` (see ``EXECUTOR_MARKS``), from the command line."""
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return "driver"
+    return "executors" if any(mark in cmdline for mark in EXECUTOR_MARKS) else "driver"
+
+
+def _pss_kb(pid: int) -> int:
+    """The process's proportional set size (kB): pages shared by forked workers count once.
+
+    Summed over processes, RSS would count the daemon's pages again in every
+    worker it forked; PSS divides each shared page among its sharers.
+    """
+    try:
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+            if line.startswith("Pss:"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
 
 
 def _proc_stats() -> dict[int, tuple[int, int, int]]:
@@ -50,6 +82,7 @@ class TreeCpu(threading.Thread):
         self.ticks: dict[tuple[int, int], int] = {}
         self.done = threading.Event()
         self.lock = threading.Lock()
+        self.peak_mb: dict[str, float] = {}  # role -> the highest sum of PSS at one sample
 
     def add_root(self, pid: int) -> None:
         with self.lock:
@@ -68,6 +101,7 @@ class TreeCpu(threading.Thread):
             ]
             alive = 0
             seen: set[int] = set()
+            memory: dict[str, int] = {}
             while frontier:
                 pid = frontier.pop()
                 if pid in seen or pid not in stats:
@@ -76,7 +110,13 @@ class TreeCpu(threading.Thread):
                 alive += 1
                 _, start, ticks = stats[pid]
                 self.ticks[(pid, start)] = max(ticks, self.ticks.get((pid, start), 0))
+                # Read at every sample: a process just forked, before its exec,
+                # still shows its parent's command line.
+                kind = role(pid)
+                memory[kind] = memory.get(kind, 0) + _pss_kb(pid)
                 frontier += children.get(pid, [])
+            for kind, kb in memory.items():
+                self.peak_mb[kind] = max(self.peak_mb.get(kind, 0.0), round(kb / 1024, 1))
         return alive
 
     def run(self) -> None:

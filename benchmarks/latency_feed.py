@@ -43,8 +43,10 @@ class Feeder(threading.Thread):
         self.start_at = 0.0  # wall-clock time of the feed's start (0: not started)
 
     def run(self) -> None:
-        # On a wall-clock multiple of the interval, where Spark's trigger fires.
-        self.start_at = math.ceil(time.time() / self.interval) * self.interval
+        # On a wall-clock multiple of the interval, where Spark's trigger fires; an
+        # interval of 0 (the stream as fast as it goes) drops every file at once.
+        now = time.time()
+        self.start_at = math.ceil(now / self.interval) * self.interval if self.interval else now
         for part, point in zip(self.feed.slices[1:], self.points, strict=True):
             if self.stop.wait(max(0.0, self.start_at + point - time.time())):
                 return

@@ -90,6 +90,7 @@ class Run:
     cpu_s: float = 0.0
     pg_cpu_s: float = 0.0
     wall_s: float = 0.0
+    peak_mb: dict[str, float] = field(default_factory=dict)  # role -> peak PSS (latency_cpu)
     feed_started: float = 0.0
     phase_seed: int = 0  # seeds where in its trigger interval each file lands
 
@@ -164,6 +165,7 @@ def batch_durations(workdir: Path) -> dict[str, Any]:
     found: dict[str, Any] = {
         "batch_ms_p50": _percentile(array, 50),
         "batch_ms_p95": _percentile(array, 95),
+        "batch_ms_p99": _percentile(array, 99),
         "batch_ms_max": round(float(array.max()), 1),
         "batches": len(whole),
     }
@@ -220,6 +222,8 @@ def measure(run: Run, expected: Truth) -> tuple[dict[str, Any], list[float]]:
         "cpu_s": round(run.cpu_s, 1),
         "pg_cpu_s": round(run.pg_cpu_s, 1),
         "wall_s": round(run.wall_s, 1),
+        "peak_mb_driver": run.peak_mb.get("driver"),
+        "peak_mb_executors": run.peak_mb.get("executors"),
         **batch_durations(run.workdir),
         **counts,
         "crashes": run.crashes,

@@ -15,8 +15,12 @@ minute) writes ``benchmarks/results/scale.{json,md}`` and plots:
   rows (half updates) into a store, with ``maintain()`` after each as a
   pipeline runs it: commit latency over the first and last 10,000 epochs, RSS
   at start and end, the time to open the store at the end, the disk used.
-- ``stream_sf1`` and the throughput ratios are not measured by this version;
-  the report says so, with ``null`` figures, rather than leave the keys out.
+- ``stream_sf1``: TPC-H at ``--stream-scale`` (1) through the demo pipeline
+  at saturation, at each ``--batch-rows``, in four modes
+  (``scale_stream.py``), and the two throughput ratios to at-least-once.
+
+``--parts`` runs some of the three; the others are carried over from the
+report already in ``--out``, each with the time it was measured (``when``).
 
 It starts its own throwaway PostgreSQL (fsync on) and reports the machine.
 """
@@ -47,6 +51,7 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.expected_state import batch, summary  # noqa: E402
 from benchmarks.report import RESULTS, machine, now, versions, write_report  # noqa: E402
 from benchmarks.scale_report import markdown, plot  # noqa: E402
+from benchmarks.scale_stream import ratios, stream_sf1  # noqa: E402
 from expected_state.store import ExpectedStateStore  # noqa: E402
 from reconcile.core.contract import OK, SinkTxnId  # noqa: E402
 from reconcile.demo.embedded_pg import EmbeddedPostgres  # noqa: E402
@@ -55,10 +60,7 @@ from sinks.postgres.sink import PostgresSink  # noqa: E402
 
 TABLE = "demo_lineitem"
 KEYS = ["l_orderkey", "l_linenumber"]
-NOT_MEASURED = (
-    "not measured by this version of the benchmark: the streaming runs at saturation "
-    "(Spark, both sinks, four modes, two batch sizes) are still to be built"
-)
+PARTS = {"stream": "stream_sf1", "verify": "verify_60m", "day": "store_day"}
 
 
 def load_lineitem(dsn: str, store_root: str, lineitem: Path, epoch_rows: int) -> dict[str, Any]:
@@ -220,27 +222,65 @@ def bench_store_day(root: Path, epochs: int, window: int) -> dict[str, Any]:
     }
 
 
+def carried(out: Path, parts: set[str]) -> dict[str, Any]:
+    """The parts not run now, from the report in ``out`` (each marked with its ``when``)."""
+    try:
+        before: dict[str, Any] = json.loads((out / "scale.json").read_text())
+    except (OSError, ValueError):
+        before = {}
+    found: dict[str, Any] = {}
+    for part, key in PARTS.items():
+        if part in parts:
+            continue
+        old = before.get(key)
+        if isinstance(old, dict) and old.get("measured", True):
+            found[key] = {**old, "when": old.get("when", before.get("when"))}
+        else:
+            found[key] = {"measured": False, "why": f"not run (--parts without {part})"}
+    return found
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     work = Path(tempfile.mkdtemp(prefix="reconcile-bench-scale-", dir=args.workdir))
+    parts = set(args.parts.split(","))
     result: dict[str, Any] = {
         "machine": machine(),
-        "versions": versions("pyarrow", "deltalake", "psycopg", "adbc-driver-postgresql"),
+        "versions": versions(
+            "pyarrow", "deltalake", "psycopg", "adbc-driver-postgresql", "pyspark"
+        ),
         "when": now(),
         "quick": args.quick,
-        "stream_sf1": {"measured": False, "why": NOT_MEASURED},
-        "eo_vs_alo_rows_per_s_min": None,
-        "executors_vs_alo_rows_per_s_min": None,
+        **carried(args.out, parts),
     }
-    server = EmbeddedPostgres(fsync="on", shared_buffers="1GB", max_wal_size="8GB",
-                              work_mem="256MB")  # fmt: skip
-    try:
-        dsn = server.dsn(server.create_database("bench"))
-        result["verify_60m"] = bench_verify(dsn, str(work), args)
-    finally:
-        server.stop()
-    result["store_day"] = bench_store_day(work / "day", args.epochs, args.window)
+    if "stream" in parts:
+        result["stream_sf1"] = {**stream_sf1(args, work), "when": now()}
+    result["eo_vs_alo_rows_per_s_min"], result["executors_vs_alo_rows_per_s_min"] = ratios(
+        result["stream_sf1"]
+    )
+    if "verify" in parts:
+        server = EmbeddedPostgres(fsync="on", shared_buffers="1GB", max_wal_size="8GB",
+                                  work_mem="256MB")  # fmt: skip
+        try:
+            dsn = server.dsn(server.create_database("bench"))
+            result["verify_60m"] = {**bench_verify(dsn, str(work), args), "when": now()}
+        finally:
+            server.stop()
+    if "day" in parts:
+        day = bench_store_day(work / "day", args.epochs, args.window)
+        result["store_day"] = {**day, "when": now()}
     shutil.rmtree(work, ignore_errors=True)
     return result
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x.strip()]
+
+
+def _parts(text: str) -> str:
+    unknown = set(text.split(",")) - PARTS.keys()
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown parts {sorted(unknown)}: any of {list(PARTS)}")
+    return text
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -253,11 +293,29 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--window", type=int, default=10_000, help="first/last epochs compared")
     parser.add_argument("--workdir", default=None, help="where the data goes (default: /tmp)")
     parser.add_argument("--out", type=Path, default=RESULTS)
-    parser.add_argument("--quick", action="store_true", help="a smoke run of about a minute")
+    parser.add_argument("--stream-scale", type=float, default=1.0, help="stream_sf1's TPC-H scale")
+    parser.add_argument(
+        "--batch-rows",
+        type=_ints,
+        default=[60_000, 600_000],
+        help="stream_sf1's lineitem rows per micro-batch, comma-separated",
+    )
+    parser.add_argument("--stream-master", default="local[2,4]", help="stream_sf1's Spark master")
+    parser.add_argument(
+        "--stream-timeout", type=float, default=3600.0, help="seconds one streaming run may take"
+    )
+    parser.add_argument(
+        "--parts",
+        default="stream,verify,day",
+        type=_parts,
+        help="which of stream, verify, day to run (the others are carried over)",
+    )
+    parser.add_argument("--quick", action="store_true", help="a smoke run of a few minutes")
     args = parser.parse_args(argv)
     if args.quick:
         args.tpch_scale, args.epoch_rows, args.chunk_rows = 0.01, 20_000, 10_000
         args.epochs, args.window = 300, 100
+        args.stream_scale, args.batch_rows = 0.01, [6_000, 20_000]
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     result = run(args)
     write_report("scale", result, markdown(result), args.out)

@@ -48,6 +48,33 @@ def test_the_feed_cuts_lineitem_by_order_key_with_every_line_of_an_order_in_one_
     assert feed.drop(3) == times[3]  # a resumed run drops nothing twice
 
 
+def test_a_file_written_ahead_is_dropped_whole_with_the_drop_as_its_event_time(
+    tpch: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    feed = Feed(tpch, tmp_path / "inbox", 4)
+    feed.write_ahead([1, 2])
+    assert feed.dropped() == []  # written beside the inbox: the stream sees nothing yet
+
+    # A feed killed mid-write leaves only a ``.part``, which no drop renames in.
+    def killed_mid_write(table: pa.Table, where: Path) -> None:
+        Path(where).write_bytes(b"half a file")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(pq, "write_table", killed_mid_write)
+    with pytest.raises(KeyboardInterrupt):
+        feed.write_ahead([3])
+    monkeypatch.undo()
+    written = (feed.tmp / feed.path(1).name).stat().st_mtime
+    dropped = feed.drop(1)
+    assert dropped > written and feed.dropped() == [1]
+    assert pq.read_table(feed.path(1)).num_rows == feed.slices[1].rows
+    feed.drop(3)  # written whole at its drop
+    assert pq.read_table(feed.path(3)).num_rows == feed.slices[3].rows
+    fresh = Feed(tpch, tmp_path / "again", 4)
+    fresh.drop(1)
+    assert pq.read_table(feed.path(1)).equals(pq.read_table(fresh.path(1)))
+
+
 def test_a_feed_of_more_epochs_than_orders_is_refused(tpch: Path, tmp_path: Path) -> None:
     with pytest.raises(ConfigurationError, match="more than the 15000 orders"):
         Feed(tpch, tmp_path / "inbox", 15001)

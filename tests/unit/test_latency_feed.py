@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from benchmarks.latency_feed import landing_points
+from typing import Any
+
+from benchmarks.latency_feed import Feeder, landing_points
 
 
 def test_one_file_per_interval_at_seeded_points_spread_over_the_interval() -> None:
@@ -17,3 +19,23 @@ def test_one_file_per_interval_at_seeded_points_spread_over_the_interval() -> No
     assert {int(phase * 10) for phase in phases} == set(range(10))
     # Scaled with the interval.
     assert landing_points(3, 0.5, seed=1) == [p / 2 for p in landing_points(3, 1.0, seed=1)]
+
+
+def test_an_interval_of_zero_drops_every_file_at_once() -> None:
+    dropped: list[int] = []
+
+    class Slices:
+        """A feed of five files that records its drops (the files themselves do not matter)."""
+
+        slices = [type("Slice", (), {"index": i})() for i in range(5)]
+
+        def drop(self, index: int) -> float:
+            dropped.append(index)
+            return 0.0
+
+    feed: Any = Slices()
+    feeder = Feeder(feed, 0.0, seed=3)
+    feeder.start()
+    feeder.join(timeout=5)
+    assert not feeder.is_alive() and dropped == [1, 2, 3, 4]  # file 0 is the warm-up's
+    assert landing_points(4, 0.0, seed=3) == [0.0] * 4
