@@ -9,8 +9,9 @@ minute) writes ``benchmarks/results/scale.{json,md}`` and plots:
   (``scale_measure.py``), so that its peak RSS is its own: a binary COPY-out of
   the table, a full verify in parts (``--chunk-rows``), a full verify in
   memory (only where the table fits, ``--in-memory-max-rows``), buckets mode
-  with a kept summary, and scoped recovery of 1,000 divergent rows against
-  full mode.
+  with a kept summary, scoped recovery of 1,000 divergent rows against
+  full mode, and the Spark verify job on ``local[2]`` and on
+  ``local-cluster[2,1,1024]`` (two executor JVMs).
 - ``store_day``: ``--epochs`` (86,400: one a second for a day) epochs of 100
   rows (half updates) into a store, with ``maintain()`` after each as a
   pipeline runs it: commit latency over the first and last 10,000 epochs, RSS
@@ -133,7 +134,11 @@ def bench_verify(dsn: str, root: str, args: argparse.Namespace) -> dict[str, Any
     out["scoped_vs_full_ratio"] = round(
         out["scoped_divergent"]["seconds"] / out["full_divergent"]["seconds"], 4
     )
-    out["spark"] = {"measured": False, "why": "the Spark verify job is not run by this version"}
+    # The Spark job in a driver process of its own, its memory over its whole tree.
+    out["spark"] = {
+        name: measure("spark", *base, "--master", master, "--partitions", str(args.spark_parts))
+        for name, master in (("local", "local[2]"), ("local_cluster", "local-cluster[2,1,1024]"))
+    }
     leftovers = list(spill.iterdir())
     if leftovers:
         raise RuntimeError(f"the spill folder was not emptied: {leftovers[:3]}")
@@ -289,6 +294,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--epoch-rows", type=int, default=5_000_000, help="lineitem rows per epoch")
     parser.add_argument("--chunk-rows", type=int, default=1_000_000)
     parser.add_argument("--in-memory-max-rows", type=int, default=20_000_000)
+    parser.add_argument(
+        "--spark-parts", type=int, default=8, help="the Spark job's pull partitions"
+    )
     parser.add_argument("--epochs", type=int, default=86_400, help="store_day's epochs")
     parser.add_argument("--window", type=int, default=10_000, help="first/last epochs compared")
     parser.add_argument("--workdir", default=None, help="where the data goes (default: /tmp)")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import sys
 import time
@@ -51,6 +52,42 @@ def _verify(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def _spark(args: argparse.Namespace) -> dict[str, Any]:
+    """The Spark verify job (``spark_recover``) on ``--master``: its time, its tree's memory.
+
+    ``seconds`` is the whole action, Spark's start included; ``job_seconds``
+    the job alone. Memory is sampled over this process's tree (``latency_cpu``:
+    the driver's Python and JVM, and the Python workers and executor JVMs).
+    """
+    from benchmarks.latency_cpu import TreeCpu
+    from reconcile.spark.session import local_session
+    from reconcile.spark.verify import spark_recover
+
+    tree = TreeCpu(every=0.5)
+    tree.add_root(os.getpid())
+    tree.start()
+    spark = local_session("reconcile-bench-scale", args.master,
+                          **{"spark.driver.memory": "4g"})  # fmt: skip
+    spark.sparkContext.setLogLevel("ERROR")
+    start = time.perf_counter()
+    report = spark_recover(spark, args.dsn, args.store, args.pipeline, args.table,
+                           partitions=args.partitions)  # fmt: skip
+    job = time.perf_counter() - start
+    spark.stop()
+    tree.finish(linger=0.0)
+    return {
+        "master": args.master,
+        "partitions": args.partitions,
+        "rows_pulled": report.rows_pulled,
+        "missing": report.missing,
+        "extra": report.extra,
+        "changed": report.changed,
+        "job_seconds": round(job, 3),
+        "peak_mb_driver": tree.peak_mb.get("driver"),
+        "peak_mb_executors": tree.peak_mb.get("executors"),
+    }
+
+
 def _peak_rss_kib() -> int:
     """This process's peak resident memory (VmHWM), in KiB.
 
@@ -66,7 +103,7 @@ def _peak_rss_kib() -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("action", choices=["copy", "verify"])
+    parser.add_argument("action", choices=["copy", "verify", "spark"])
     parser.add_argument("--dsn", required=True)
     parser.add_argument("--table", required=True)
     parser.add_argument("--store", default="")
@@ -74,9 +111,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mode", default="full")
     parser.add_argument("--chunk-rows", type=int, default=1_000_000)
     parser.add_argument("--spill-dir", default=None)
+    parser.add_argument("--master", default="local[2]", help="spark: the Spark master")
+    parser.add_argument("--partitions", type=int, default=4, help="spark: the pull partitions")
     args = parser.parse_args(argv)
     start = time.perf_counter()
-    out = _copy_out(args.dsn, args.table) if args.action == "copy" else _verify(args)
+    actions = {"copy": lambda: _copy_out(args.dsn, args.table), "verify": lambda: _verify(args),
+               "spark": lambda: _spark(args)}  # fmt: skip
+    out = actions[args.action]()
     out["seconds"] = round(time.perf_counter() - start, 3)
     out["peak_rss_mb"] = round(_peak_rss_kib() / 1024, 1)
     print(json.dumps(out))

@@ -43,9 +43,24 @@ def _verify(r: dict[str, Any]) -> list[str]:
         f"{_fig(v, 'scoped_divergent')} | |",
         f"| full verify, the same divergence | {_fig(v, 'full_divergent')} | |",
         f"| scoped / full | {v['scoped_vs_full_ratio']} | |",
-        f"| the Spark verify job | {v['spark']['why']} | |",
+        *_spark_rows(v),
         "",
     ]
+
+
+def _spark_rows(v: dict[str, Any]) -> list[str]:
+    spark = v.get("spark", {})
+    if "why" in spark:
+        return [f"| the Spark verify job | {spark['why']} | |"]
+    rows = []
+    for job in spark.values():
+        memory = job["peak_mb_driver"] + (job["peak_mb_executors"] or 0)
+        rows.append(
+            f"| the Spark verify job on `{job['master']}`, {job['partitions']} pull partitions "
+            f"| {job['seconds']} s ({job['job_seconds']} s without Spark's start), peak "
+            f"{memory:,.0f} MB over its processes | |"
+        )
+    return rows
 
 
 def _day(r: dict[str, Any]) -> list[str]:

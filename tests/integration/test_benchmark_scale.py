@@ -75,6 +75,13 @@ def check_quick_report(out: Path) -> None:
     assert scoped["mode"] == "scoped" and (scoped["missing"], scoped["changed"]) == (500, 500)
     assert (full["missing"], full["changed"], full["extra"]) == (500, 500, 0)
     assert verify["copy_out"]["bytes"] > 1_000_000
+    for name, master in (("local", "local[2]"), ("local_cluster", "local-cluster[2,1,1024]")):
+        job = verify["spark"][name]
+        assert job["master"] == master and job["rows_pulled"] == 60_175, job
+        assert job["missing"] == job["extra"] == job["changed"] == 0, job
+        assert 0 < job["job_seconds"] < job["seconds"] and job["peak_mb_driver"] > 100, job
+    # Two executor JVMs of their own on local-cluster, sampled as executors.
+    assert verify["spark"]["local_cluster"]["peak_mb_executors"] > 100
     day = report["store_day"]
     assert day["epochs"] == 300 and day["last_epoch_read"] == 300
     assert day["commit_first"]["epochs"] == day["commit_last"]["epochs"] == 100
