@@ -37,7 +37,8 @@ from reconcile.core.contract import InvalidInputError, RetryableError
 if TYPE_CHECKING:
     from expected_state.epochs import EpochLog
 
-__all__ = ["COMPACT_WRITTEN", "DEFAULT_TARGET_SIZE", "Compaction"]
+__all__ = ["COMPACT_WRITTEN", "DEFAULT_MERGE_MAX_ROWS", "DEFAULT_TARGET_SIZE", "Compaction",
+           "merge_groups"]  # fmt: skip
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +47,42 @@ log = logging.getLogger(__name__)
 COMPACT_WRITTEN = hooks.declare("expected_state.compact.written")
 
 DEFAULT_TARGET_SIZE = 128 * 1024 * 1024  # bytes of Arrow data per base file
+# The most rows one merge of change files reads (its memory); a change file of half
+# as many or more is large: it is never merged again.
+DEFAULT_MERGE_MAX_ROWS = 1_000_000
 _COMMIT_ATTEMPTS = 4
+
+
+def merge_groups(changes: list[StoreFile], max_rows: int) -> list[list[StoreFile]]:
+    """The runs of change files one merge each takes: consecutive, small, at most ``max_rows``.
+
+    Merging every change file each time would read the whole table again once
+    per merge where epochs mostly insert (the changes are the table): the cost
+    and the memory would grow with the table. So a change file of at least
+    ``max_rows // 2`` rows (or of no recorded count) is large and left as it
+    is; the small ones between two large ones are packed, oldest first, into
+    runs of at most ``max_rows`` rows. A run closed by the cap holds more than
+    half of it, so what it merges into is large too (unless keys repeat): each
+    row is merged a bounded number of times. Only runs of consecutive files
+    are merged: a merged file covers the epochs first..last, and the ranges of
+    live change files never overlap (merge-on-read orders files by epoch).
+
+    Returns:
+        Runs of two files or more, oldest first.
+    """
+    runs: list[list[StoreFile]] = [[]]
+    total = 0
+    for f in sorted(changes, key=lambda f: f.epoch):
+        if f.rows is None or f.rows >= max_rows // 2:
+            runs.append([])  # large: it stays, and no run spans it
+            total = 0
+            continue
+        if total + f.rows > max_rows:
+            runs.append([])
+            total = 0
+        runs[-1].append(f)
+        total += f.rows
+    return [run for run in runs if len(run) > 1]
 
 
 class Compaction:
@@ -92,45 +128,64 @@ class Compaction:
             )
         return live_files(table, name=self.uri), through
 
-    def compact_changes(self, *, through_epoch: int | None = None) -> dict[str, Any]:
-        """Merge the change files of epochs up to ``through_epoch`` into ONE change file.
+    def compact_changes(
+        self, *, through_epoch: int | None = None, max_rows: int = DEFAULT_MERGE_MAX_ROWS
+    ) -> dict[str, Any]:
+        """Merge the small change files of epochs up to ``through_epoch``, a run at a time.
 
-        The merged file holds the newest change of each key over those epochs,
+        Each run of consecutive small change files (``merge_groups``) becomes
+        one change file holding the newest change of each key over its epochs,
         tombstones included, so reading the table touches fewer files while the
-        base is left alone: the cost follows the changes, not the table. States
-        as of the merged epochs are then read by time travel.
+        base and the large change files are left alone: the cost and the memory
+        follow ``max_rows``, not the table. All the runs are committed at once.
+        States as of the merged epochs are then read by time travel.
 
         Args:
             through_epoch: merge epochs up to this one. Default: all but the newest.
+            max_rows: the most rows one run holds (one run is read at a time).
 
         Returns:
-            ``through_epoch``, ``merged_files``, ``rows`` and ``seconds``.
+            ``through_epoch``, ``merged_files``, ``runs``, ``rows`` (of the merged
+            files written) and ``seconds``.
 
         Raises:
             FencedError: a newer generation has taken over; nothing was written.
             InvalidInputError: ``through_epoch`` is after the newest epoch.
             RetryableError: the table changed under it; nothing was written.
         """
+        if max_rows < 2:
+            raise InvalidInputError(
+                f"table {self.uri!r}: max_rows must be at least 2, got {max_rows}; "
+                "nothing was written",
+                table=self.uri,
+            )
         started = time.perf_counter()
         plan = self._plan(through_epoch)
-        report: dict[str, Any] = {"through_epoch": None, "merged_files": 0, "rows": 0}
+        report: dict[str, Any] = {"through_epoch": None, "merged_files": 0, "runs": 0, "rows": 0}
         if plan is not None:
             files, through = plan
-            merged = [f for f in files if f.kind == "change" and f.epoch <= through]
+            changes = [f for f in files if f.kind == "change" and f.epoch <= through]
             report["through_epoch"] = through
-            if len(merged) > 1:
+            runs = merge_groups(changes, max_rows)
+            if runs:
                 assert self._schema is not None
                 schema = stored_schema(self._schema, self.key_columns)
-                # A merge of a damaged file would record the damage as the truth:
-                # the files are checked against their log entries first.
-                self.check_files(merged)
-                rows = read_data_files(self.uri, [f.path for f in merged], columns=schema.names)
-                newest = pa.table(last_per_key(rows, self.key_columns).columns, schema=schema)
-                name = merged_file_name(min(f.first for f in merged), max(f.epoch for f in merged))
-                added = [write_data_file(self.uri, name, newest)]
+                added = []
+                for run in runs:
+                    # A merge of a damaged file would record the damage as the truth:
+                    # the files are checked against their log entries first.
+                    self.check_files(run)
+                    rows = read_data_files(self.uri, [f.path for f in run], columns=schema.names)
+                    newest = pa.table(last_per_key(rows, self.key_columns).columns, schema=schema)
+                    name = merged_file_name(run[0].first, run[-1].epoch)
+                    added.append(write_data_file(self.uri, name, newest))
+                    del rows, newest  # one run in memory at a time
                 hooks.point(COMPACT_WRITTEN)
-                self._commit_compaction(merged, added, through, folds_base=False)
-                report.update(merged_files=len(merged), rows=newest.num_rows)
+                merged = [f for run in runs for f in run]
+                self._commit_compaction(merged, added, through, folds_base=False,
+                                        kept={f.path for f in files})  # fmt: skip
+                report.update(merged_files=len(merged), runs=len(runs),
+                              rows=sum(f.num_records for f in added))  # fmt: skip
         report["seconds"] = round(time.perf_counter() - started, 3)
         return report
 
@@ -214,12 +269,20 @@ class Compaction:
         return added
 
     def _commit_compaction(
-        self, replaced: list[StoreFile], added: list[DataFile], through: int, *, folds_base: bool
+        self,
+        replaced: list[StoreFile],
+        added: list[DataFile],
+        through: int,
+        *,
+        folds_base: bool,
+        kept: set[str] | None = None,
     ) -> None:
         """Commit ``added`` in place of ``replaced`` on a fresh snapshot, if still valid.
 
         Valid means: every replaced file is still live, and no other file holds
-        changes of an epoch up to ``through`` (nor, for a fold, another base).
+        changes of an epoch up to ``through`` (nor, for a fold, another base),
+        but the files of ``kept``: those live when the merge was planned, which
+        it left as they were (large ones, or runs of one).
         """
         assert self._schema is not None
         names = {f.path for f in added}
@@ -240,6 +303,7 @@ class Compaction:
                 f.path
                 for f in live.values()
                 if f.path not in replaced_paths
+                and f.path not in (kept or ())
                 and (
                     (f.kind == "change" and f.epoch <= through) or (folds_base and f.kind == "base")
                 )

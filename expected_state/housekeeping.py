@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from deltalake import DeltaTable
 
+from expected_state.compaction import DEFAULT_MERGE_MAX_ROWS, merge_groups
 from expected_state.delta_commit import make_durable
 from expected_state.delta_log import EPOCHS_LOG_MARGIN, last_checkpoint, prune_log
 from expected_state.fencing import check_generation
@@ -65,7 +66,9 @@ class Housekeeping:
     def epoch_versions(self) -> dict[int, int]:  # provided by the store
         raise NotImplementedError
 
-    def compact_changes(self, *, through_epoch: int | None = None) -> dict[str, Any]:
+    def compact_changes(
+        self, *, through_epoch: int | None = None, max_rows: int = DEFAULT_MERGE_MAX_ROWS
+    ) -> dict[str, Any]:
         raise NotImplementedError  # provided by the store
 
     def audit(self, version: int | None = None) -> None:  # provided by the store
@@ -94,22 +97,26 @@ class Housekeeping:
         keep_from_epoch: int | None = None,
         keep_epochs: int = DEFAULT_KEEP_EPOCHS,
         retention_hours: float = DEFAULT_RETENTION_HOURS,
+        merge_max_rows: int = DEFAULT_MERGE_MAX_ROWS,
     ) -> dict[str, Any]:
         """Run the housekeeping that is due; meant to be called between epochs.
 
         Cheap when nothing is due (a refresh and a small file read). Due are:
         ``compact_changes()`` then ``vacuum()`` once ``compact_changes_after``
-        epochs have a change file of their own, and a checkpoint once
+        epochs have a change file of their own that a merge would take (a small
+        one, beside another: ``merge_groups``), and a checkpoint once
         ``checkpoint_every`` commits were made since the last one. Folding into
         the base (``compact()``), whose cost follows the table, is left to the
         caller.
 
         Args:
             checkpoint_every: commits between checkpoints.
-            compact_changes_after: epoch change files that trigger a merge and a vacuum.
+            compact_changes_after: epoch change files to merge that trigger a merge and a
+                vacuum.
             keep_from_epoch: passed to ``vacuum()`` (the last epoch verified).
             keep_epochs: passed to ``vacuum()``.
             retention_hours: passed to ``vacuum()``.
+            merge_max_rows: passed to ``compact_changes()`` as ``max_rows``.
 
         Returns:
             What ran: ``compact_changes`` and ``vacuum`` reports, ``checkpoint`` version.
@@ -121,9 +128,16 @@ class Housekeeping:
         done: dict[str, Any] = {}
         if table is None:
             return done
-        own = [f for f in live_files(table, name=self.uri) if f.kind == "change" and not f.merged]
+        changes = [f for f in live_files(table, name=self.uri) if f.kind == "change"]
+        newest = max((f.epoch for f in changes), default=-1)
+        # Counted over the runs a merge would take (the newest epoch keeps its own
+        # file, as compact_changes() leaves it): an epoch's file that is large, or
+        # alone between large ones, stays as it is and must not make every later
+        # call merge (and vacuum) for nothing.
+        runs = merge_groups([f for f in changes if f.epoch < newest], merge_max_rows)
+        own = [f for run in runs for f in run if not f.merged]
         if len(own) >= compact_changes_after:
-            done["compact_changes"] = self.compact_changes()
+            done["compact_changes"] = self.compact_changes(max_rows=merge_max_rows)
             done["vacuum"] = self.vacuum(
                 keep_from_epoch=keep_from_epoch,
                 keep_epochs=keep_epochs,
