@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from benchmarks.latency_report import ratio
+
 __all__ = ["markdown", "plot"]
 
 
@@ -116,11 +118,11 @@ def _stream(r: dict[str, Any]) -> list[str]:
             m = runs.get(mode)
             if m is None:
                 continue
-            ratio = round(m["rows_per_s"] / alo, 3) if m["rows_per_s"] and alo else None
+            vs_alo = ratio(m["rows_per_s"], alo)
             via = ", ".join(f"{k} {v}" for k, v in (m.get("staged_via") or {}).items())
             lines.append(
                 f"| {runs['rows_per_file']:,} | {mode} | {_n(m['rows_per_s'], ',.0f')} | "
-                f"{_n(ratio)} | {_n(m['batch_ms_p50'])} | {_n(m['batch_ms_p99'])} | "
+                f"{_n(vs_alo)} | {_n(m['batch_ms_p50'])} | {_n(m['batch_ms_p99'])} | "
                 f"{_n(m['peak_mb_driver'])} | {_n(m['peak_mb_executors'])} | {via} |"
             )
     lines += [

@@ -32,6 +32,7 @@ from typing import Any
 
 from benchmarks.latency import Bench
 from benchmarks.latency_measure import Mode, modes
+from benchmarks.latency_report import ratio
 from reconcile.demo.embedded_pg import EmbeddedPostgres
 
 __all__ = ["MODES", "stream_sf1"]
@@ -43,10 +44,6 @@ KEPT = (
     "peak_mb_driver", "peak_mb_executors", "p50_ms", "p99_ms", "cpu_s", "pg_cpu_s", "wall_s",
     "staged_via", "duplicates", "missing",
 )  # fmt: skip
-
-
-def _ratio(a: float | None, b: float | None) -> float | None:
-    return round(a / b, 3) if a and b else None
 
 
 def stream_sf1(args: argparse.Namespace, base: Path) -> dict[str, Any]:
@@ -73,8 +70,8 @@ def stream_sf1(args: argparse.Namespace, base: Path) -> dict[str, Any]:
                                        f"duplicated lines: {found}")  # fmt: skip
                 size[mode.name] = {k: found.get(k) for k in KEPT}
             alo = size["at_least_once"]["rows_per_s"]
-            size["eo_vs_alo"] = _ratio(size["pull_and_diff"]["rows_per_s"], alo)
-            size["executors_vs_alo"] = _ratio(size["pull_and_diff_via_executors"]["rows_per_s"],
+            size["eo_vs_alo"] = ratio(size["pull_and_diff"]["rows_per_s"], alo)
+            size["executors_vs_alo"] = ratio(size["pull_and_diff_via_executors"]["rows_per_s"],
                                               alo)  # fmt: skip
             by_size[str(batch_rows)] = size
         out["by_batch_rows"] = by_size
