@@ -9,11 +9,9 @@ by ``reconcile.spark.write_stream`` into:
 
 - ``demo_lineitem``: the batch's lines;
 - ``demo_customer_revenue``: per customer (a join with ``orders``), the running
-  total of ``l_extendedprice * (1 - l_discount)`` and the count of lines. The
-  total of batch ``b`` is the expected state's total as of epoch ``b - 1``
-  plus the batch's own sum: a re-run of the batch after a crash reads the same
-  epoch and computes the same total, and the engine applies each epoch once,
-  so nothing is counted twice.
+  total of ``l_extendedprice * (1 - l_discount)`` and the count of lines
+  (``reconcile.demo.tpch.revenue``: the totals as of the epoch before, plus
+  the batch's own sum; a batch run again computes the same total).
 
 A restarted process first brings both tables to the expected state of the
 newest decided epoch (``reconcile.recover``, pull-and-diff, scoped to what
@@ -32,12 +30,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
-import pyarrow.compute as pc  # type: ignore[import-untyped, unused-ignore]
 import pyarrow.parquet as pq  # type: ignore[import-untyped, unused-ignore]
 
 from reconcile.core.contract import RetryableError
 from reconcile.demo.tpch.events import EventLog, EventMetrics
+from reconcile.demo.tpch.revenue import revenue_transform
 
 __all__ = [
     "KEYS", "PIPELINE", "Args", "DoneCheck", "Setup", "await_progress", "decided_epochs", "main",
@@ -46,9 +43,6 @@ __all__ = [
 
 PIPELINE = "demo"
 KEYS = {"demo_lineitem": ["l_orderkey", "l_linenumber"], "demo_customer_revenue": ["o_custkey"]}
-REVENUE_ARROW = pa.schema(
-    [("o_custkey", pa.int64()), ("revenue", pa.decimal128(18, 4)), ("lines", pa.int64())]
-)
 CHECK_EVERY_S = 3.0  # how often a running pipeline checks whether every line is in
 
 
@@ -74,51 +68,6 @@ def recover_tables(dsn: str, store: str, last: int, events: EventLog) -> None:
         events.write("recovery", table=table, epoch=last, mode=str(found.mode),
                      missing=found.missing, extra=found.extra, changed=found.changed,
                      applied=found.applied)  # fmt: skip
-
-
-def revenue_transform(orders: Any, store: Any) -> Any:
-    """The ``demo_customer_revenue`` output of a batch: running totals per customer.
-
-    Spark computes the batch's own sum and count per customer (a join with the
-    cached ``orders``); the driver adds them to the totals as of the epoch
-    before, read from the expected state, and hands the rows to the writer as
-    Arrow. The totals are at most one row per customer, and adding them on the
-    driver takes well under a millisecond, where a broadcast join of them in
-    Spark added about 50 ms to a batch's median (more to its tail) on the
-    benchmark's 2-core machine.
-    """
-    from pyspark.sql import functions as F
-
-    def previous(batch_id: int) -> pa.Table:
-        """The totals as of epoch ``batch_id - 1`` (decided: Spark runs batches in order)."""
-        if batch_id == 0 or store.last_epoch() is None:
-            return REVENUE_ARROW.empty_table()
-        state = store.snapshot(epoch=batch_id - 1, columns=["o_custkey", "revenue", "lines"])
-        return state.cast(REVENUE_ARROW)
-
-    def revenue(batch: Any, batch_id: int) -> pa.Table:
-        price = F.col("l_extendedprice") * (F.lit(1) - F.col("l_discount"))
-        delta = (
-            batch.join(orders, batch.l_orderkey == orders.o_orderkey)
-            .groupBy("o_custkey")
-            .agg(
-                F.sum(price).cast("decimal(18,4)").alias("d"),  # exact: scale 2 times scale 2
-                F.count("*").cast("long").alias("n"),
-            )
-        ).toArrow()
-        # Every customer of the batch, with its total before (none: a new customer).
-        rows = delta.join(previous(batch_id), "o_custkey", join_type="left outer")
-        no_revenue = pa.scalar(0, REVENUE_ARROW.field("revenue").type)
-        no_lines = pa.scalar(0, pa.int64())
-        return pa.table(
-            {
-                "o_custkey": rows["o_custkey"],
-                "revenue": pc.add(pc.coalesce(rows["revenue"], no_revenue), rows["d"]),
-                "lines": pc.add(pc.coalesce(rows["lines"], no_lines), rows["n"]),
-            }
-        ).cast(REVENUE_ARROW)
-
-    return revenue
 
 
 @dataclass
