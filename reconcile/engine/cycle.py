@@ -236,16 +236,23 @@ class CommitCycle:
             log, self.pipeline, self.generation, result, outputs, time.perf_counter() - began
         )
         if self.expected_state is not None and isinstance(result, CommitSucceeded):
-            # After the epoch is visible in every sink, not on its way there: the
-            # epoch's latency does not include it, only the next epoch's start.
-            # Keep the store's history from the oldest epoch some sink may still lack.
+            # After the epoch is visible in every sink, not on its way there, and
+            # on the store's own thread: no epoch's latency includes it. It runs
+            # while the caller prepares the next epoch (Spark reads and
+            # transforms the next micro-batch); the next use of the store waits
+            # for it. Keep the store's history from the oldest epoch some sink
+            # may still lack.
             lacking = self.progress.epochs_in(EpochStatus.COMMITTED)
-            with timed(self.metrics, "cycle.housekeeping"):
-                self.expected_state.maintain(min([epoch, *lacking]))
+            self.expected_state.maintain_in_background(min([epoch, *lacking]), self.metrics)
         return result
 
     def close(self) -> None:
-        """Close every sink that has ``close()`` (connections, open txns), as an exit would."""
+        """Close every sink that has ``close()`` (connections, open txns), as an exit would.
+
+        Housekeeping of the expected state still running is waited for first.
+        """
+        if self.expected_state is not None:
+            self.expected_state.close()
         for name, sink in self.sinks.items():
             closer = getattr(sink, "close", None)
             if closer is None:

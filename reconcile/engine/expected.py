@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
@@ -20,6 +21,7 @@ from expected_state.changes import EpochChanges
 from expected_state.column_types import check_store_types
 from expected_state.progress_log import StoreProgressLog
 from expected_state.store import ExpectedStateStore
+from reconcile.core import hooks
 from reconcile.core.contract import (
     Change,
     ConfigurationError,
@@ -27,13 +29,17 @@ from reconcile.core.contract import (
     ReconcileError,
     validate_name,
 )
+from reconcile.core.metrics import Metrics, timed
 from reconcile.core.staged import StagedEpoch
 
-__all__ = ["ExpectedState", "ReplayRows", "as_changes", "replay_rows"]
+__all__ = ["HOUSEKEEPING", "ExpectedState", "ReplayRows", "as_changes", "replay_rows"]
 
 OP_COLUMN = "_op"
 
 log = logging.getLogger("reconcile.expected")
+
+# On the housekeeping thread, before the tables are maintained between epochs.
+HOUSEKEEPING = hooks.declare("expected.housekeeping")
 
 
 def as_changes(sink: str, rows: Iterable[Any]) -> list[Change] | pa.Table:
@@ -128,14 +134,28 @@ class ExpectedState:
         # The sink tables' column types, as start() reads them (sink name -> schema).
         self.sink_types: dict[str, pa.Schema] = {}
         self.progress = StoreProgressLog(self.root, pipeline)
-        self.tables: dict[str, ExpectedStateStore] = {}
+        self._tables: dict[str, ExpectedStateStore] = {}
         # An epoch's outputs as each table's changes, converted when it was staged.
         self._staged: dict[str, tuple[int, EpochChanges]] = {}
+        # Housekeeping running between epochs on a thread of its own (see
+        # maintain_in_background), and that thread, started on first use.
+        self._housekeeping: Future[dict[str, dict[str, Any]]] | None = None
+        self._worker: ThreadPoolExecutor | None = None
         self._open(generation=0)
 
-    def _open(self, *, generation: int) -> None:
+    @property
+    def tables(self) -> dict[str, ExpectedStateStore]:
+        """Sink name -> its store table; waits first for housekeeping still running.
 
-        self.tables = {
+        Every use of a table goes through here, so that the tables have one
+        user at a time: the housekeeping thread, or whoever asks next.
+        """
+        self.settle()
+        return self._tables
+
+    def _open(self, *, generation: int) -> None:
+        self.settle()  # housekeeping still running uses the tables about to be replaced
+        self._tables = {
             sink: ExpectedStateStore(
                 self.root,
                 self.pipeline,
@@ -271,8 +291,14 @@ class ExpectedState:
         and bucket summaries read. A failure is logged, never raised: the epoch
         it follows is committed in every sink, and the next call tries again.
         """
+        self.settle()
+        return self._maintain(verified_epoch)
+
+    def _maintain(self, verified_epoch: int) -> dict[str, dict[str, Any]]:
+        # The housekeeping thread runs this: through _tables, since the `tables`
+        # property would wait for the very housekeeping it is part of.
         done: dict[str, dict[str, Any]] = {}
-        for sink, store in self.tables.items():
+        for sink, store in self._tables.items():
             if store.user_schema is None:
                 continue
             try:
@@ -281,6 +307,48 @@ class ExpectedState:
                 log.warning("pipeline %s: housekeeping of the expected state of %s deferred: %s",
                             self.pipeline, sink, exc)  # fmt: skip
         return done
+
+    def maintain_in_background(self, verified_epoch: int, metrics: Metrics) -> None:
+        """Start ``maintain(verified_epoch)`` on the store's own thread, and return at once.
+
+        What is due now and then (a merge of change files, a vacuum, a
+        checkpoint) then costs no epoch its latency: it runs while the next
+        micro-batch is read and transformed, and the next use of the tables
+        (``tables``: the next epoch's staging, a restart, ``close``) waits
+        for it. A failure is logged, as ``maintain`` does: housekeeping
+        deferred loses nothing, and the epoch it follows is committed.
+        """
+        self.settle()
+        if self._worker is None:
+            self._worker = ThreadPoolExecutor(1, thread_name_prefix="reconcile-housekeeping")
+
+        def run() -> dict[str, dict[str, Any]]:
+            with timed(metrics, "cycle.housekeeping"):
+                try:
+                    hooks.point(HOUSEKEEPING)
+                    return self._maintain(verified_epoch)
+                except Exception:
+                    log.exception("pipeline %s: housekeeping of the expected state failed",
+                                  self.pipeline)  # fmt: skip
+                    return {}
+
+        self._housekeeping = self._worker.submit(run)
+
+    def settle(self) -> dict[str, dict[str, Any]] | None:
+        """Wait for housekeeping running in the background; what it did (None: none ran)."""
+        running = self._housekeeping
+        if running is None:
+            return None
+        done = running.result()
+        self._housekeeping = None
+        return done
+
+    def close(self) -> None:
+        """Wait for housekeeping running in the background, and stop its thread."""
+        self.settle()
+        if self._worker is not None:
+            self._worker.shutdown(wait=True)
+            self._worker = None
 
     def changes_of(self, sink: str, epoch: int) -> pa.Table:
         """The changes recorded for ``sink`` in ``epoch`` (what its sink must receive)."""

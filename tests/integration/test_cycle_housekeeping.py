@@ -1,0 +1,79 @@
+"""The store's housekeeping runs between epochs on its own thread, never beside a store write."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+
+from expected_state.store import APPLY_CHECKED
+from reconcile import CommitCycle, CommitSucceeded
+from reconcile.core import hooks
+from reconcile.engine.expected import HOUSEKEEPING, ExpectedState
+from sinks.memory import MemorySink, MemoryStore
+
+pytestmark = [pytest.mark.integration]
+
+WAIT_S = 30.0  # a bound on every wait, so that a broken run fails instead of hanging
+
+
+def _cycle(tmp_path: Path) -> CommitCycle:
+    expected = ExpectedState(str(tmp_path / "expected"), "orders", {"alpha": ["k"]})
+    cycle = CommitCycle("orders", [MemorySink("alpha", MemoryStore())], expected_state=expected)
+    cycle.start()
+    return cycle
+
+
+def _rows(epoch: int) -> dict[str, list[dict[str, int]]]:
+    return {"alpha": [{"k": epoch % 3, "v": epoch}]}
+
+
+def test_an_epoch_returns_while_its_housekeeping_still_runs(tmp_path: Path) -> None:
+    cycle = _cycle(tmp_path)
+    done: list[str] = []
+    release, started = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        started.set()
+        release.wait(5.0)  # a run_epoch that waited for it would return after this
+        done.append("housekeeping done")
+
+    with hooks.at(HOUSEKEEPING, hold) as armed:
+        assert cycle.run_epoch(0, _rows(0)) == CommitSucceeded(0)
+        # run_epoch returned with its housekeeping held: it did not wait for it.
+        assert done == []
+        assert started.wait(WAIT_S), "the housekeeping of epoch 0 never started"
+        release.set()
+        cycle.close()  # waits for it
+        assert done == ["housekeeping done"]
+    assert armed.fired == 1
+
+
+def test_the_next_epoch_waits_for_the_housekeeping_before_it_touches_the_store(
+    tmp_path: Path,
+) -> None:
+    cycle = _cycle(tmp_path)
+    order: list[str] = []
+    release, started = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        started.set()
+        release.wait(WAIT_S)
+        order.append("housekeeping done")
+
+    with hooks.at(HOUSEKEEPING, hold), hooks.at(APPLY_CHECKED, lambda: order.append("apply"),
+                                                 nth=2) as applied:  # fmt: skip
+        assert cycle.run_epoch(0, _rows(0)) == CommitSucceeded(0)
+        assert started.wait(WAIT_S), "the housekeeping of epoch 0 never started"
+        results: list[object] = []
+        epoch_1 = threading.Thread(target=lambda: results.append(cycle.run_epoch(1, _rows(1))))
+        epoch_1.start()
+        # Room for epoch 1 to reach the store if nothing held it back.
+        epoch_1.join(1.0)
+        release.set()
+        epoch_1.join(WAIT_S)
+        assert results == [CommitSucceeded(1)]
+        cycle.close()
+    assert applied.fired == 1
+    assert order[:2] == ["housekeeping done", "apply"]
