@@ -15,7 +15,7 @@ from typing import Any
 import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
 from deltalake import DeltaTable
 
-from expected_state.changes import EpochChanges, change_rows, normalize_changes
+from expected_state.changes import EpochChanges, normalize_changes
 from expected_state.column_types import infer_user_schema
 from expected_state.compaction import Compaction
 from expected_state.delta_commit import (
@@ -24,16 +24,15 @@ from expected_state.delta_commit import (
     DeltaCommit,
     commit_files,
     describe_data_file,
-    write_data_file,
 )
 from expected_state.delta_log import remember_written
+from expected_state.epoch_file import EpochFile, remove_epoch_file, write_epoch_file
 from expected_state.fencing import (
     check_generation,
     check_recorded_generation,
 )
 from expected_state.housekeeping import Housekeeping
 from expected_state.layout import (
-    change_file_name,
     stored_schema,
 )
 from expected_state.parts import PartWriter
@@ -122,10 +121,30 @@ class ExpectedStateStore(StoreTable, Trusting, Reading, Reverting, Compaction, H
         )  # fmt: skip
         return net
 
+    def write_ahead(self, epoch: int, net: EpochChanges) -> EpochFile | None:
+        """Write ``epoch``'s change file now; ``apply(epoch, <it>)`` commits it later.
+
+        The row hashes and the Parquet file are the part of ``apply`` that
+        needs nothing of the table's log, so the commit cycle writes them
+        while the sinks prepare the epoch, and its commit point is left with
+        the Delta commit. The file is invisible until that commit; remove it
+        with ``discard_ahead`` if the epoch is aborted. None (nothing written)
+        for a table that does not exist yet: its first epoch is written by
+        ``apply``, which creates the table and checks its key types first.
+        """
+        if self._schema is None or self._delta(refresh=False) is None:
+            return None
+        return write_epoch_file(self.uri, epoch, net, self.key_columns,
+                                self._stored_schema(net.upserts.schema))  # fmt: skip
+
+    def discard_ahead(self, written: EpochFile) -> None:
+        """Remove a file ``write_ahead`` wrote for an epoch that was aborted (best effort)."""
+        remove_epoch_file(self.uri, written)
+
     def apply(
         self,
         epoch: int,
-        changes: Iterable[Change] | pa.Table | EpochChanges,
+        changes: Iterable[Change] | pa.Table | EpochChanges | EpochFile,
         *,
         allow_gap: bool = False,
     ) -> ApplyResult:
@@ -139,7 +158,8 @@ class ExpectedStateStore(StoreTable, Trusting, Reading, Reverting, Compaction, H
             epoch: the epoch, >= 0; the first epoch may be any number.
             changes: Change objects, or an Arrow table of the user columns plus a
                 string column ``_op`` ("upsert"/"delete"); the Arrow form is the
-                fast path for large epochs. Or what :meth:`normalize` made of them.
+                fast path for large epochs. Or what :meth:`normalize` made of them,
+                or the file :meth:`write_ahead` wrote of those (committed as it is).
             allow_gap: accept an epoch more than one past the last one.
 
         Returns:
@@ -160,6 +180,16 @@ class ExpectedStateStore(StoreTable, Trusting, Reading, Reverting, Compaction, H
                 table=self.uri,
                 value=repr(epoch),
             )
+        written = changes if isinstance(changes, EpochFile) else None
+        if written is not None:
+            if written.epoch != epoch:
+                raise InvalidInputError(
+                    f"table {self.uri!r}: the file written ahead is epoch {written.epoch}'s, "
+                    f"not epoch {epoch}'s; nothing was written",
+                    table=self.uri,
+                    epoch=epoch,
+                )
+            changes = written.net
         table = self._delta()
         if table is not None:
             if self._already_applied(table, epoch, allow_gap=allow_gap):
@@ -194,12 +224,10 @@ class ExpectedStateStore(StoreTable, Trusting, Reading, Reverting, Compaction, H
                 return ApplyResult(epoch, applied=False, table_version=None)
             check_generation(table, self._fence, self.generation, table_name=self.uri)
         hooks.point(APPLY_CHECKED)
-        rows = change_rows(net, user_schema, schema, self.key_columns, epoch)
-        adds: list[DataFile] = []
-        if rows.num_rows:
-            adds.append(write_data_file(self.uri, change_file_name(epoch), rows))
+        if written is None:
+            written = write_epoch_file(self.uri, epoch, net, self.key_columns, schema)
         return self._commit_epoch(
-            table, epoch, adds, schema, upserted=net.upserts.num_rows,
+            table, epoch, list(written.files), schema, upserted=net.upserts.num_rows,
             deleted=net.deletes.num_rows, allow_gap=allow_gap,
         )  # fmt: skip
 

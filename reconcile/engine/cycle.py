@@ -31,9 +31,10 @@ from reconcile.core.results import (
     log_result,
 )
 from reconcile.core.sink import TwoPhaseSink, check_sinks, has_durable_prepare
-from reconcile.engine.expected import ExpectedState, ReplayRows
+from reconcile.engine.expected import ExpectedState
 from reconcile.engine.faults import FaultPlan
 from reconcile.engine.progress_file import open_progress_log
+from reconcile.engine.replay import ReplayRows
 from reconcile.engine.restart import Restart
 from reconcile.engine.steps import SinkSteps, StepFailed, failed_at_commit_point, run_step
 

@@ -11,7 +11,7 @@ the decision; see ``CommitCycle`` for the order and what recovery does with it.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -19,6 +19,7 @@ import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
 
 from expected_state.changes import EpochChanges
 from expected_state.column_types import check_store_types
+from expected_state.epoch_file import EpochFile
 from expected_state.progress_log import StoreProgressLog
 from expected_state.store import ExpectedStateStore
 from reconcile.core import hooks
@@ -32,7 +33,7 @@ from reconcile.core.contract import (
 from reconcile.core.metrics import Metrics, timed
 from reconcile.core.staged import StagedEpoch
 
-__all__ = ["HOUSEKEEPING", "ExpectedState", "ReplayRows", "as_changes", "replay_rows"]
+__all__ = ["HOUSEKEEPING", "OP_COLUMN", "ExpectedState", "as_changes"]
 
 OP_COLUMN = "_op"
 
@@ -135,8 +136,11 @@ class ExpectedState:
         self.sink_types: dict[str, pa.Schema] = {}
         self.progress = StoreProgressLog(self.root, pipeline)
         self._tables: dict[str, ExpectedStateStore] = {}
-        # An epoch's outputs as each table's changes, converted when it was staged.
+        # An epoch's outputs as each table's changes, converted when it was staged,
+        # and their change files being written ahead on the store's own thread
+        # (until record() hands each to its table's commit).
         self._staged: dict[str, tuple[int, EpochChanges]] = {}
+        self._ahead: dict[str, Future[EpochFile | None]] = {}
         # Housekeeping running between epochs on a thread of its own (see
         # maintain_in_background), and that thread, started on first use.
         self._housekeeping: Future[dict[str, dict[str, Any]]] | None = None
@@ -222,7 +226,7 @@ class ExpectedState:
                 and both types (the store's, and the sink column's where known);
                 nothing was written.
         """
-        self._staged = {}
+        self.discard_staged()
         for sink, store in self.tables.items():
             rows = outputs.get(sink, ())
             if isinstance(rows, StagedEpoch):
@@ -233,16 +237,37 @@ class ExpectedState:
                 details = {**err.details, "sink": sink, "epoch": epoch}
                 raise type(err)(f"sink {sink!r}, epoch {epoch}: {err.message}", **details) from None
             self._staged[sink] = (epoch, net)
+        # The row hashes and the change files need nothing of the tables' logs:
+        # they are written now, on the store's thread, while the sinks stage and
+        # prepare the epoch, so that the commit point is left with the commits.
+        worker = self._thread()
+        self._ahead = {sink: worker.submit(self._tables[sink].write_ahead, epoch, net)
+                       for sink, (_, net) in self._staged.items()}  # fmt: skip
 
     def discard_staged(self) -> None:
-        """Forget what ``stage`` converted (the epoch was aborted)."""
-        self._staged = {}
+        """Forget what ``stage`` converted (the epoch was aborted), and its files written ahead.
+
+        Only files never handed to a table's commit are removed: one that
+        ``record`` handed over may be in the table (a commit whose outcome is
+        unknown), and is left to the table (``revert``, or vacuum once orphaned).
+        """
+        ahead, self._staged, self._ahead = self._ahead, {}, {}
+        for sink, future in ahead.items():
+            try:
+                written = future.result()
+            except Exception as exc:  # nothing was written, or an orphan for vacuum
+                log.warning("pipeline %s: a change file of %s written ahead failed: %s",
+                            self.pipeline, sink, exc)  # fmt: skip
+                continue
+            if written is not None:
+                self._tables[sink].discard_ahead(written)
 
     def claim(self, generation: int) -> None:
         """Write as ``generation`` from now on, fencing older writers in every table.
 
         A table that does not exist yet is claimed by its first ``apply``.
         """
+        self.discard_staged()  # an epoch staged by the writer before is not this one's
         self._open(generation=generation)
         for store in self.tables.values():
             if store.user_schema is not None:
@@ -255,7 +280,7 @@ class ExpectedState:
             InvalidInputError, FencedError, RetryableError, OutcomeUnknownError:
                 from the store (see ExpectedStateStore.apply).
         """
-        staged, self._staged = self._staged, {}
+        staged, ahead, self._staged, self._ahead = self._staged, self._ahead, {}, {}
         for sink, store in self.tables.items():
             rows = outputs.get(sink, ())
             if isinstance(rows, StagedEpoch):
@@ -263,7 +288,10 @@ class ExpectedState:
                 store.apply_parts(epoch, rows.store_files, upserted=rows.upserted,
                                   deleted=rows.deleted, allow_gap=True)  # fmt: skip
             elif sink in staged and staged[sink][0] == epoch:
-                store.apply(epoch, staged[sink][1], allow_gap=True)  # converted by stage()
+                # Converted by stage(), its file written ahead (None: a table
+                # that did not exist, which apply creates and writes itself).
+                written = ahead.pop(sink).result()
+                store.apply(epoch, written or staged[sink][1], allow_gap=True)
             else:
                 store.apply(epoch, as_changes(sink, rows), allow_gap=True)
 
@@ -319,8 +347,7 @@ class ExpectedState:
         deferred loses nothing, and the epoch it follows is committed.
         """
         self.settle()
-        if self._worker is None:
-            self._worker = ThreadPoolExecutor(1, thread_name_prefix="reconcile-housekeeping")
+        worker = self._thread()
 
         def run() -> dict[str, dict[str, Any]]:
             with timed(metrics, "cycle.housekeeping"):
@@ -332,7 +359,13 @@ class ExpectedState:
                                   self.pipeline)  # fmt: skip
                     return {}
 
-        self._housekeeping = self._worker.submit(run)
+        self._housekeeping = worker.submit(run)
+
+    def _thread(self) -> ThreadPoolExecutor:
+        """The store's own thread (started on first use): housekeeping, files written ahead."""
+        if self._worker is None:
+            self._worker = ThreadPoolExecutor(1, thread_name_prefix="reconcile-store")
+        return self._worker
 
     def settle(self) -> dict[str, dict[str, Any]] | None:
         """Wait for housekeeping running in the background; what it did (None: none ran)."""
@@ -344,8 +377,9 @@ class ExpectedState:
         return done
 
     def close(self) -> None:
-        """Wait for housekeeping running in the background, and stop its thread."""
+        """Wait for the work on the store's own thread, and stop that thread."""
         self.settle()
+        self.discard_staged()
         if self._worker is not None:
             self._worker.shutdown(wait=True)
             self._worker = None
@@ -353,52 +387,3 @@ class ExpectedState:
     def changes_of(self, sink: str, epoch: int) -> pa.Table:
         """The changes recorded for ``sink`` in ``epoch`` (what its sink must receive)."""
         return self.tables[sink].changes_of(epoch)
-
-
-def replay_rows(changes: pa.Table, keys: Sequence[str]) -> list[Any]:
-    """Recorded changes as rows a sink stages: upserts as dicts, deletes as Changes."""
-    ops = changes.column(OP_COLUMN).to_pylist()
-    data = changes.drop_columns([OP_COLUMN]).to_pylist()
-    rows: list[Any] = []
-    for op, row in zip(ops, data, strict=True):
-        if op == "delete":
-            rows.append(Change("delete", {k: row[k] for k in keys}))
-        else:
-            rows.append(row)
-    return rows
-
-
-class ReplayRows(Mapping[str, Iterable[Any]]):
-    """What a sink is given when an epoch past the commit point must be written again.
-
-    For a sink with an expected state: the changes RECORDED for the epoch (the
-    run that reached the decision), read only when a sink needs them. For the
-    others: the outputs at hand, if any (a recomputed run; they have no record).
-    """
-
-    def __init__(
-        self,
-        expected: ExpectedState | None,
-        epoch: int,
-        outputs: Mapping[str, Iterable[Any]] | None,
-    ) -> None:
-        self.expected, self.epoch, self.outputs = expected, epoch, outputs
-        self._names = set(outputs or {}) | set(expected.tables if expected else {})
-
-    # A sink missing from a plain outputs mapping has an empty batch; here a
-    # sink with neither a record nor outputs at hand has nothing to replay.
-    strict = True
-
-    def __getitem__(self, sink: str) -> Iterable[Any]:
-        if self.expected is not None and sink in self.expected.tables:
-            store = self.expected.tables[sink]
-            return replay_rows(store.changes_of(self.epoch), store.key_columns)
-        if self.outputs is None:
-            raise KeyError(sink)
-        return self.outputs.get(sink, ())
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(sorted(self._names))
-
-    def __len__(self) -> int:
-        return len(self._names)

@@ -21,7 +21,8 @@ from reconcile.core.metrics import Metrics, record_started
 from reconcile.core.progress import EpochStatus, ProgressLog
 from reconcile.core.results import RecoveryReport
 from reconcile.core.sink import TwoPhaseSink, bind_writer, capabilities_of, has_durable_prepare
-from reconcile.engine.expected import ExpectedState, ReplayRows
+from reconcile.engine.expected import ExpectedState
+from reconcile.engine.replay import ReplayRows
 from reconcile.engine.steps import SinkSteps
 from reconcile.recovery.api import recover_sink
 from reconcile.recovery.modes import Mode
