@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping
+from typing import NamedTuple
 
 import pyarrow.fs as pafs  # type: ignore[import-untyped, unused-ignore]
 from deltalake import DeltaTable
@@ -17,6 +18,7 @@ from expected_state.delta_files import filesystem
 
 __all__ = [
     "EPOCHS_LOG_MARGIN",
+    "PrunedLog",
     "last_checkpoint",
     "prune_log",
     "remember_written",
@@ -74,7 +76,14 @@ def _memo(table: DeltaTable) -> dict[int, dict[str, int | None]]:
     return memo
 
 
-def prune_log(table_uri: str, keep_from_version: int) -> int:
+class PrunedLog(NamedTuple):
+    """What :func:`prune_log` did."""
+
+    deleted: int  # log files deleted
+    start: int | None  # the oldest version whose commit the log still holds (None: none)
+
+
+def prune_log(table_uri: str, keep_from_version: int) -> PrunedLog:
     """Delete the log entries older than the newest checkpoint at or before ``keep_from_version``.
 
     Every version from that checkpoint on stays loadable (a reader starts from
@@ -83,7 +92,8 @@ def prune_log(table_uri: str, keep_from_version: int) -> int:
     deleted. ``_last_checkpoint`` is never touched.
 
     Returns:
-        How many log files were deleted.
+        How many log files were deleted, and the oldest version the log still
+        holds a commit of (what a reader opened now can list, time travel to).
     """
     fs, root = filesystem(table_uri)
     log_dir = f"{root}/_delta_log"
@@ -96,13 +106,12 @@ def prune_log(table_uri: str, keep_from_version: int) -> int:
     checkpoints = [
         v for v, kind, _ in entries if kind.startswith("checkpoint") and v <= keep_from_version
     ]
-    if not checkpoints:
-        return 0
-    floor = max(checkpoints)
+    floor = max(checkpoints, default=-1)
     doomed = [path for v, _, path in entries if v < floor]
     for path in doomed:
         fs.delete_file(path)
-    return len(doomed)
+    start = min((v for v, kind, _ in entries if kind == "json" and v >= floor), default=None)
+    return PrunedLog(len(doomed), start)
 
 
 def last_checkpoint(table_uri: str) -> int | None:

@@ -15,6 +15,7 @@ from expected_state.live import live_files
 
 if TYPE_CHECKING:
     from expected_state.epochs import EpochLog
+    from expected_state.integrity import LogAudit
 
 __all__ = [
     "DEFAULT_CHECKPOINT_EVERY",
@@ -59,6 +60,13 @@ class Housekeeping:
     generation: int
     epochs: EpochLog
     _fence: str
+    # What the store keeps per epoch and per file (expected_state.reading, .trust):
+    # vacuum makes them forget what the pruned log no longer holds.
+    _versions: dict[int, int]
+    _epoch_files: dict[int, list[str]]
+    _history_from: int
+    _log_audit: LogAudit | None
+    _sound_files: set[str]
 
     def _delta(self, *, refresh: bool = True) -> DeltaTable | None:  # provided by the store
         raise NotImplementedError
@@ -199,7 +207,10 @@ class Housekeeping:
         )
         # Every write lists the log folder, so its cost grows with the log: prune
         # it below the oldest version kept (deltalake's own cleanup goes by age).
-        pruned = prune_log(self.uri, kept_versions[0])
+        log = prune_log(self.uri, kept_versions[0])
+        if log.start is not None:
+            self._forget_before(log.start)
+        pruned = log.deleted
         epochs_deleted: list[str] = []
         if DeltaTable.is_deltatable(self.epochs.uri):
             # The shared epochs table: nobody reads its old versions, but a writer
@@ -214,7 +225,7 @@ class Housekeeping:
                     full=True,
                 )
             )
-            pruned += prune_log(self.epochs.uri, epochs_table.version() - EPOCHS_LOG_MARGIN)
+            pruned += prune_log(self.epochs.uri, epochs_table.version() - EPOCHS_LOG_MARGIN).deleted
         return VacuumReport(
             kept_versions=kept_versions,
             kept_epochs=sorted(keep),
@@ -222,3 +233,24 @@ class Housekeeping:
             deleted_log_files=pruned,
             epochs_deleted_files=epochs_deleted,
         )
+
+    def _forget_before(self, version: int) -> None:
+        """Forget the epochs and files that only versions before ``version`` (pruned) knew.
+
+        A store opened now reads its epoch -> version map, and audits its log,
+        from the log as vacuum left it: it knows no epoch committed before
+        ``version``, nor a file the engine removed by then. This object forgets
+        them too, so that a writer running for days holds the epochs and files
+        of the kept window, not of every epoch it ever wrote, and answers as a
+        reader opened now would (an epoch before the window is "pruned").
+        """
+        for epoch in [e for e, v in self._versions.items() if v < version]:
+            del self._versions[epoch]
+            self._epoch_files.pop(epoch, None)
+        self._history_from = max(self._history_from, version)
+        if self._log_audit is not None:
+            self._log_audit.forget_before(version)
+            # A file checked once is not checked again: only while the log knows it.
+            self._sound_files.intersection_update(self._log_audit.entries)
+        else:
+            self._sound_files.clear()

@@ -118,6 +118,7 @@ class LogAudit:
     upto: int = -1  # the newest version replayed
     start: int = 0  # the oldest version audited (a checkpoint's, once vacuum pruned the log)
     entries: dict[str, LogEntry] = field(default_factory=dict)  # every file the engine added
+    _removed: dict[str, int] = field(default_factory=dict)  # file -> the engine commit removing it
     _ours: dict[str, LogEntry] = field(default_factory=dict)  # live by the engine's commits
     _actual: dict[str, LogEntry] = field(default_factory=dict)  # live by every commit
     _divergent: set[str] = field(default_factory=set)
@@ -193,12 +194,14 @@ class LogAudit:
                 self._actual[path] = entry
                 if ours:
                     self._ours[path] = self.entries[path] = entry
+                    self._removed.pop(path, None)
                 touched.append(path)
             elif "remove" in action:
                 path = str(action["remove"]["path"])
                 self._actual.pop(path, None)
                 if ours:
                     self._ours.pop(path, None)
+                    self._removed[path] = version
                 touched.append(path)
         for path in touched:
             if self._ours.get(path) == self._actual.get(path):
@@ -210,6 +213,21 @@ class LogAudit:
                     self._blame[path] = _Blame(version, str(info.get("operation") or "unknown"))
         if self._divergent:
             self._tainted.add(version)
+
+    def forget_before(self, version: int) -> None:
+        """Forget what only versions before ``version`` needed, once the log was pruned there.
+
+        No read can use such a version any more, so the entries of the files the
+        engine removed at or before it go (a reader opened now would not know them
+        either: its replay starts from that checkpoint), and so does the taint of
+        those versions. Without this a long-lived writer keeps an entry for every
+        file it ever wrote: memory that grows with every epoch.
+        """
+        gone = [path for path, removed in self._removed.items() if removed <= version]
+        for path in gone:
+            del self._removed[path]
+            self.entries.pop(path, None)
+        self._tainted = {v for v in self._tainted if v >= version}
 
     def check(self, version: int, *, table: str) -> None:
         """Raise unless the files live at ``version`` are exactly the engine's.

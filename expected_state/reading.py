@@ -95,6 +95,13 @@ class Reading:
         versions = self.epoch_versions()
         recorded = [e for e in versions if e <= epoch]
         last = self.last_epoch()
+        if not recorded and self._history_from > 0 and last is not None and epoch <= last:
+            raise InvalidInputError(
+                f"table {self.uri!r}: the files of epoch {epoch} are gone (vacuumed?): the "
+                f"log was pruned below epoch {min(versions, default=last)}",
+                table=self.uri,
+                epoch=epoch,
+            )
         if not recorded or last is None or epoch > last:
             raise InvalidInputError(
                 f"table {self.uri!r}: epoch {epoch} is not recorded (recorded: "
