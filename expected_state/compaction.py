@@ -180,6 +180,9 @@ class Compaction:
                     name = merged_file_name(run[0].first, run[-1].epoch)
                     added.append(write_data_file(self.uri, name, newest))
                     del rows, newest  # one run in memory at a time
+                    # Arrow's pool (mimalloc) keeps what a run freed; its size follows
+                    # the run, so RSS would stay at the biggest run's peak between merges.
+                    pa.default_memory_pool().release_unused()
                 hooks.point(COMPACT_WRITTEN)
                 merged = [f for run in runs for f in run]
                 self._commit_compaction(merged, added, through, folds_base=False,
@@ -224,6 +227,7 @@ class Compaction:
             report["through_epoch"] = through
             if folded:
                 added = self._write_base(bases, folded, target_size)
+                pa.default_memory_pool().release_unused()  # as after a merge's run
                 hooks.point(COMPACT_WRITTEN)
                 self._commit_compaction(bases + folded, added, through, folds_base=True)
                 report.update(
