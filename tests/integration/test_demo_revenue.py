@@ -17,11 +17,13 @@ pytestmark = [pytest.mark.integration]
 def _epoch(rows: list[tuple[int, str, int]], deletes: tuple[int, ...] = ()) -> pa.Table:
     """An epoch's changes: (customer, revenue, lines) upserts, and deleted customers."""
     keys = [r[0] for r in rows] + list(deletes)
+    revenue_type = REVENUE_ARROW.field("revenue").type
     return pa.table(
         {
             "o_custkey": pa.array(keys, pa.int64()),
-            "revenue": pa.array([Decimal(r[1]) for r in rows] + [None] * len(deletes),
-                                REVENUE_ARROW.field("revenue").type),  # fmt: skip
+            "revenue": pa.array(
+                [Decimal(r[1]) for r in rows] + [None] * len(deletes), revenue_type
+            ),
             "lines": pa.array([r[2] for r in rows] + [None] * len(deletes), pa.int64()),
             "_op": ["upsert"] * len(rows) + ["delete"] * len(deletes),
         }
