@@ -12,13 +12,14 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
 from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_exponential_jitter
 
+from reconcile.core import hooks
 from reconcile.core.contract import ConfigurationError, RetryableError
 from reconcile.engine.cycle import CommitCycle
 from reconcile.engine.driver import RetryPolicy
@@ -35,10 +36,13 @@ from reconcile.spark.staging import (
     stage_to_files,
 )
 
-__all__ = ["BatchStager", "BatchStats"]
+__all__ = ["STAGE_SWEEP", "BatchStager", "BatchStats"]
 
 # The writer's logger: what staging says is said of the stream.
 log = logging.getLogger("reconcile.spark.stream")
+
+# On the sweep's own thread, before the staging tables of committed batches are emptied.
+STAGE_SWEEP = hooks.declare("stream.stage_sweep")
 
 
 @dataclass
@@ -85,6 +89,9 @@ class BatchStager:
         # the driver). Planning reads the catalog and the store and creates
         # the staging table: once per query run, not once per micro-batch.
         self._plans: dict[tuple[str, str], StagePlan | None] = {}
+        # The staging tables' sweep after a batch, on a thread of its own (see sweep).
+        self._sweeping: Future[None] | None = None
+        self._sweeper: ThreadPoolExecutor | None = None
 
     def _stage(
         self,
@@ -190,15 +197,41 @@ class BatchStager:
         return self._plans[key]
 
     def sweep(self, pipeline: str, batch_id: int) -> None:
-        """Remove staged rows of batches up to ``batch_id``: this one's, and a dead driver's."""
+        """Remove staged rows of batches up to ``batch_id``: this one's, and a dead driver's.
+
+        The staging tables' DELETE runs on a thread of its own, while Spark
+        runs the next micro-batch: the batch is committed, and nothing reads
+        the rows it deletes (the next batch stages and reads rows of a later
+        epoch only). The next sweep, and ``close``, wait for it.
+        """
+        self.settle()
         if self._sweep_due:
             self._sweep_due = False
             planned = {plan.sink: plan for plan in self._plans.values() if plan is not None}
-            for sink, plan in planned.items():
-                try:
-                    plan.stage.sweep(batch_id, "reconcile-stage-sweep")
-                except Exception as exc:  # the batch is committed; the next batch tries again
-                    self._sweep_due = True
-                    log.warning("pipeline %s: could not empty the staging table of %s: %s",
-                                pipeline, sink, exc)  # fmt: skip
+            if self._sweeper is None:
+                self._sweeper = ThreadPoolExecutor(1, thread_name_prefix="reconcile-stage-sweep")
+            self._sweeping = self._sweeper.submit(self._sweep, pipeline, batch_id, planned)
         remove_run_folders(os.path.join(self.staging, pipeline), batch_id)
+
+    def _sweep(self, pipeline: str, batch_id: int, planned: dict[str, StagePlan]) -> None:
+        hooks.point(STAGE_SWEEP)
+        for sink, plan in planned.items():
+            try:
+                plan.stage.sweep(batch_id, "reconcile-stage-sweep")
+            except Exception as exc:  # the batch is committed; the next batch tries again
+                self._sweep_due = True
+                log.warning("pipeline %s: could not empty the staging table of %s: %s",
+                            pipeline, sink, exc)  # fmt: skip
+
+    def settle(self) -> None:
+        """Wait for a sweep still running (its failures are logged, and tried again)."""
+        running, self._sweeping = self._sweeping, None
+        if running is not None:
+            running.result()
+
+    def close(self) -> None:
+        """Wait for a sweep still running, and stop its thread."""
+        self.settle()
+        if self._sweeper is not None:
+            self._sweeper.shutdown(wait=True)
+            self._sweeper = None

@@ -34,6 +34,7 @@ import os
 import shutil
 import uuid
 from collections.abc import Iterable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -274,9 +275,15 @@ def _stage_part(
         return
     net = plan.writer.net(pa.Table.from_batches(received))
     task = uuid.uuid4().hex  # this attempt's: a retry or a speculative copy has its own
-    path = plan.writer.write(epoch, net)
-    if net.upserts.num_rows:
-        plan.stage.copy(epoch, task, net.upserts)
+    # The store's change file (row hashes, Parquet) and the COPY into the staging
+    # table need nothing of each other: written side by side, the task takes the
+    # longer of the two, not their sum. A failure of either fails the task; the
+    # attempt is then never named, and what it wrote is swept or vacuumed.
+    with ThreadPoolExecutor(1, thread_name_prefix="reconcile-store-part") as store_part:
+        written = store_part.submit(plan.writer.write, epoch, net)
+        if net.upserts.num_rows:
+            plan.stage.copy(epoch, task, net.upserts)
+        path = written.result()
     hooks.point(PARTITION_STAGED)
     yield pa.RecordBatch.from_pydict(
         {

@@ -222,7 +222,8 @@ class StreamWriter:
         self.stager.sweep(cycle.pipeline, batch_id)
 
     def close(self) -> None:
-        """Close the cycle's sinks (the query has stopped)."""
+        """Wait for the last batch's sweep, and close the cycle's sinks (the query has stopped)."""
+        self.stager.close()
         self.driver.close()
 
 
