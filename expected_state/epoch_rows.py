@@ -39,6 +39,7 @@ from expected_state.delta_commit import (
 )
 from expected_state.delta_files import read_data_files
 from expected_state.delta_log import remember_written, transaction_version
+from expected_state.layout import TOMBSTONE_RETENTION
 from reconcile.core import hooks
 from reconcile.core.contract import InvalidInputError
 
@@ -58,13 +59,11 @@ PIPELINE_STREAM = "*"  # the `sink` value of a pipeline's progress-log rows
 # commit of its rows: a takeover that lands here must still make the commit fail.
 APPEND_CHECKED = hooks.declare("expected_state.epochs.append_checked")
 
-# Removed files stay in checkpoints as tombstones for this long (delta-rs' default
-# is a week): every compaction of a stream removes files, and a week of them
-# would make every checkpoint, written on the write path, large. The store's
-# vacuum lists files itself (full mode) and does not need the tombstones.
+# Removed files stay in checkpoints as tombstones as briefly as in the state
+# tables (layout.TOMBSTONE_RETENTION, which says why).
 EPOCHS_CONFIG = {
     "delta.checkpointInterval": "10",
-    "delta.deletedFileRetentionDuration": "interval 1 hours",
+    "delta.deletedFileRetentionDuration": TOMBSTONE_RETENTION,
 }
 
 EPOCHS_SCHEMA = pa.schema(
