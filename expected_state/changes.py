@@ -327,7 +327,12 @@ def normalize_changes(
 
 
 def change_rows(
-    net: EpochChanges, user: pa.Schema, schema: pa.Schema, keys: Sequence[str], epoch: int
+    net: EpochChanges,
+    user: pa.Schema,
+    schema: pa.Schema,
+    keys: Sequence[str],
+    epoch: int,
+    row_hashes: pa.Array | pa.ChunkedArray | None = None,
 ) -> pa.Table:
     """One epoch's change file: upserts with their row hash, then one tombstone per delete.
 
@@ -337,6 +342,9 @@ def change_rows(
         schema: the stored schema (user columns, ``_row_hash``, ``_epoch``, ``_op``).
         keys: the key columns.
         epoch: the epoch.
+        row_hashes: the canonical row hash of each upsert, in order, where it was
+            computed already (by Spark, over the same values and types); None
+            computes it here.
 
     Returns:
         The rows, in ``schema``; a tombstone holds the key and NULL everywhere else.
@@ -345,7 +353,7 @@ def change_rows(
     upserts = pa.table(
         [
             *net.upserts.columns,
-            row_hash_arrow(net.upserts, user.names),
+            row_hash_arrow(net.upserts, user.names) if row_hashes is None else row_hashes,
             pa.array(np.full(ups, epoch, dtype=np.int64)),
             pa.repeat(pa.scalar("upsert"), ups),
         ],

@@ -57,10 +57,16 @@ class PartWriter:
         )
         return net
 
-    def write(self, epoch: int, net: EpochChanges) -> str | None:
-        """Write the net changes as one change file of ``epoch``; its path, or None if empty."""
+    def write(
+        self, epoch: int, net: EpochChanges, row_hashes: pa.ChunkedArray | None = None
+    ) -> str | None:
+        """Write the net changes as one change file of ``epoch``; its path, or None if empty.
+
+        ``row_hashes``: the upserts' canonical row hashes where Spark computed
+        them (see ``change_rows``).
+        """
         schema = stored_schema(self.user_schema, list(self.keys))
-        rows = change_rows(net, self.user_schema, schema, self.keys, epoch)
+        rows = change_rows(net, self.user_schema, schema, self.keys, epoch, row_hashes)
         if not rows.num_rows:
             return None
         return write_data_file(self.uri, change_file_name(epoch), rows).path

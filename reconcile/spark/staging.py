@@ -45,6 +45,7 @@ from reconcile.core import hooks
 from reconcile.core.contract import ConfigurationError, FatalError
 from reconcile.core.staged import SharedStage, StagedEpoch, StageUnavailable, has_shared_stage
 from reconcile.engine.cycle import CommitCycle
+from reconcile.spark.hashing import row_hash_column
 
 __all__ = [
     "COLLECT_MAX_BYTES",
@@ -70,6 +71,8 @@ PARTITION_STAGED = hooks.declare("stream.partition_staged")
 log = logging.getLogger("reconcile.spark.staging")
 
 VIAS = ("auto", "executors", "driver")
+# The column the executor path's tasks receive the store's row hash in, computed by Spark.
+ROW_HASH_STAGED = "_reconcile_row_hash"
 # via="auto": a micro-batch whose input Spark estimates at most this is
 # collected to the driver. Spark's estimate of a file source is its bytes on
 # disk, a few times less than the rows in memory; a source Spark cannot size
@@ -223,6 +226,9 @@ class StagePlan:
     sink: str
     writer: PartWriter
     stage: SharedStage  # the sink's staging table (its connection's password travels with it)
+    # Spark computes the store's row hash beside the rows, after these casts
+    # (column -> Spark type; see hashed_by_spark); None: the tasks hash.
+    spark_hash: dict[str, str] | None = None
 
 
 def plan_stage(cycle: CommitCycle, sink: str, frame: Any) -> StagePlan | None:
@@ -263,7 +269,57 @@ def plan_stage(cycle: CommitCycle, sink: str, frame: Any) -> StagePlan | None:
                     exc)  # fmt: skip
         return None
     writer = store.part_writer(arrow_schema(frame))
-    return StagePlan(sink, writer, stage)
+    return StagePlan(sink, writer, stage, hashed_by_spark(frame, writer.user_schema))
+
+
+def hashed_by_spark(frame: Any, user: pa.Schema) -> dict[str, str] | None:
+    """The casts after which Spark's own row hash of ``frame`` is the store's; None: none do.
+
+    The canonical hash depends on the declared types (``reconcile.core.hashing``),
+    and Spark's ``xxhash64`` (``reconcile.spark.hashing.row_hash_column``) gives
+    the same number as the store's hash of the same values of the same types.
+    A column of the store's very type needs nothing; one that the store
+    widens exactly (an integer into a wider one, a decimal into more digits of
+    the same scale: the values do not change) is cast in Spark first, so that
+    the tasks receive the rows as the store holds them and the hash Spark
+    computed in the JVM. Any other difference (a cast that may change a value)
+    keeps the hash in Python, computed on the values as stored.
+
+    Returns:
+        Column -> the Spark type to cast it to (empty: none), or None.
+    """
+    types = {f.name: f.type for f in arrow_schema(frame)}
+    if ROW_HASH_STAGED in types:
+        return None
+    casts = {}
+    for field in user:
+        have = types.get(field.name)
+        if have is None:
+            return None
+        if have != field.type:
+            if not _exact_widening(have, field.type):
+                return None
+            casts[field.name] = _spark_type(field.type)
+    return casts
+
+
+_INTEGERS = (pa.int8(), pa.int16(), pa.int32(), pa.int64())
+_SPARK_INTEGERS = {pa.int16(): "smallint", pa.int32(): "int", pa.int64(): "bigint"}
+
+
+def _exact_widening(have: pa.DataType, want: pa.DataType) -> bool:
+    """Whether every value of ``have`` is the same value in ``want`` (in Arrow and in Spark)."""
+    if have in _INTEGERS and want in _INTEGERS:
+        return _INTEGERS.index(want) > _INTEGERS.index(have)
+    if not (pa.types.is_decimal128(have) and pa.types.is_decimal128(want)):
+        return False
+    return bool(have.scale == want.scale and want.precision > have.precision)
+
+
+def _spark_type(arrow: pa.DataType) -> str:
+    if pa.types.is_decimal(arrow):
+        return f"decimal({arrow.precision},{arrow.scale})"
+    return _SPARK_INTEGERS[arrow]
 
 
 def _stage_part(
@@ -273,14 +329,21 @@ def _stage_part(
     received = list(batches)
     if not received:
         return
-    net = plan.writer.net(pa.Table.from_batches(received))
+    rows = pa.Table.from_batches(received)
+    hashes = None
+    if ROW_HASH_STAGED in rows.column_names:
+        hashes = rows.column(ROW_HASH_STAGED)
+        rows = rows.drop_columns([ROW_HASH_STAGED])
+    net = plan.writer.net(rows)
+    if hashes is not None and not _same_rows(net.upserts, rows, plan.writer.keys):
+        hashes = None  # a key repeated in the partition: the net rows are others; hash them here
     task = uuid.uuid4().hex  # this attempt's: a retry or a speculative copy has its own
     # The store's change file (row hashes, Parquet) and the COPY into the staging
     # table need nothing of each other: written side by side, the task takes the
     # longer of the two, not their sum. A failure of either fails the task; the
     # attempt is then never named, and what it wrote is swept or vacuumed.
     with ThreadPoolExecutor(1, thread_name_prefix="reconcile-store-part") as store_part:
-        written = store_part.submit(plan.writer.write, epoch, net)
+        written = store_part.submit(plan.writer.write, epoch, net, hashes)
         if net.upserts.num_rows:
             plan.stage.copy(epoch, task, net.upserts)
         path = written.result()
@@ -296,10 +359,28 @@ def _stage_part(
     )
 
 
+def _same_rows(net: pa.Table, received: pa.Table, keys: Sequence[str]) -> bool:
+    """Whether the net upserts are the received rows, one for one and in order.
+
+    Netting keeps one row per key: with as many rows as received, and the same
+    key in every position, no row was dropped or moved (the keys are distinct).
+    """
+    if net.num_rows != received.num_rows:
+        return False
+    return all(net.column(k).equals(received.column(k)) for k in keys)
+
+
 def stage_on_executors(frame: Any, plan: StagePlan, epoch: int) -> StagedEpoch:
     """Have the executors stage ``frame`` for ``plan``'s sink; what the commit needs of it."""
     from pyspark.sql import functions as F
 
+    if plan.spark_hash is not None:
+        casts = plan.spark_hash
+        names = plan.writer.user_schema.names
+        frame = frame.select(
+            *[F.col(c).cast(casts[c]).alias(c) if c in casts else F.col(c) for c in frame.columns]
+        )
+        frame = frame.withColumn(ROW_HASH_STAGED, row_hash_column(names, frame.schema))
     by_key = frame.repartition(*[F.col(k) for k in plan.writer.keys])
     kept = by_key.mapInArrow(functools.partial(_stage_part, plan, epoch), PARTS_SCHEMA).collect()
     upserted = sum(int(row["upserted"]) for row in kept)

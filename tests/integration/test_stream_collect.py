@@ -255,6 +255,7 @@ def test_batches_that_take_different_ways_land_alike(
     from pyspark.sql import functions as F
 
     from expected_state.store import ExpectedStateStore
+    from reconcile.core.hashing import row_hash_arrow
 
     def dressed(batch: Any) -> Any:
         return batch.select(
@@ -285,6 +286,10 @@ def test_batches_that_take_different_ways_land_alike(
     snapshot = store.snapshot().sort_by("id")
     assert snapshot.column("note").to_pylist() == [f"note-{i}" for i in range(ROWS * FILES)]
     assert snapshot.schema.field("at").type == pa.timestamp("us", tz="UTC")
+    # Every stored row hash is the canonical one of the row as stored: the collected
+    # batch's was computed on the driver, the executors' batch's by Spark in the JVM.
+    user = store.user_schema.names  # type: ignore[union-attr]
+    assert snapshot.column("_row_hash").to_pylist() == row_hash_arrow(snapshot, user).to_pylist()
 
 
 @pytest.mark.parametrize("via", ["auto", "executors"])
