@@ -127,6 +127,10 @@ class StageTarget(Protocol):
         """
         ...
 
+    def arrow_schema(self) -> pa.Schema:
+        """Its columns as the expected state records them (the sink's ``arrow_schema()``)."""
+        ...
+
 
 class SharedStaging(Protocol):
     """What a sink whose capabilities say ``shared_stage`` offers the streaming writer."""

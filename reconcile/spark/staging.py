@@ -268,6 +268,12 @@ def plan_stage(cycle: CommitCycle, sink: str, frame: Any) -> StagePlan | None:
                     "its micro-batches go through the driver: %s", cycle.pipeline, sink,
                     exc)  # fmt: skip
         return None
+    if store.user_schema is None and store.column_types is None:
+        # The first batch plans before the cycle has bound its sinks (start()
+        # reads their types): a store table created here takes the sink's
+        # types, as one the cycle creates would, not the frame's (an int frame
+        # into a bigint column would make a store that start() then refuses).
+        store.column_types = table.arrow_schema()
     writer = store.part_writer(arrow_schema(frame))
     return StagePlan(sink, writer, stage, hashed_by_spark(frame, writer.user_schema))
 

@@ -58,6 +58,7 @@ from reconcile.core.staged import STAGE_EPOCH_COLUMN, STAGE_TASK_COLUMN, StagedE
 from sinks.objects.stages import open_stage
 
 from .apply import _copy_arrow, _target_columns, _upsert_tail
+from .arrow_types import target_arrow_schema
 from .connection import PgTarget
 from .schema import TableSchema, reflect_table
 
@@ -116,6 +117,10 @@ class PgStageTarget:
     def columns(self) -> tuple[str, ...]:
         """Its column names."""
         return tuple(self.schema.columns)
+
+    def arrow_schema(self) -> pa.Schema:
+        """Its columns as the expected state records them (as the bound sink says them)."""
+        return target_arrow_schema(self.schema)
 
     def open_stage(self, pipeline: str) -> PgSharedStage:
         """The staging table of (``pipeline``, the sink, this table), created and checked.

@@ -47,10 +47,10 @@ def test_the_hashes_follow_the_rows_only_when_netting_kept_every_row_in_place() 
     assert not _same_rows(_rows([1, 3, 2]), received, ["id"])  # the same rows, moved
 
 
-def test_the_store_holds_the_canonical_hash_of_rows_spark_hashed(
+def test_a_store_planned_on_the_executors_takes_the_sinks_types_and_spark_hashes_its_rows(
     spark: Any, pg_db: str, tmp_path: Path
 ) -> None:
-    """Executors stage every batch, and the frame's types are the store's: Spark hashes."""
+    """Executors stage every batch; the frame's columns widen exactly to the sink's types."""
     from pyspark.sql import functions as F
 
     from expected_state.store import ExpectedStateStore
@@ -59,7 +59,7 @@ def test_the_store_holds_the_canonical_hash_of_rows_spark_hashed(
     def noted(batch: Any) -> Any:
         note = F.concat(F.lit("note-é-"), F.col("id").cast("string"))
         return batch.select(
-            "id", "amount",
+            "id", (F.col("amount") % 1000).cast("int").alias("amount"),
             F.when(F.col("id") % 3 == 0, None).otherwise(note).alias("note"),
             (F.col("amount") / F.lit(8)).cast("decimal(10,3)").alias("share"),
         )  # fmt: skip
@@ -72,10 +72,11 @@ def test_the_store_holds_the_canonical_hash_of_rows_spark_hashed(
     store = ExpectedStateStore(str(tmp_path / "store"), "shop", "events", ["id"])
     snapshot = store.snapshot()
     user = store.user_schema.names  # type: ignore[union-attr]
-    # The frame's decimal(10,3) is stored wider: Spark cast it before it hashed.
-    assert store.user_schema.field("share").type in (  # type: ignore[union-attr]
-        pa.decimal128(18, 3),
-        pa.decimal128(38, 3),
-    )
+    # The store took the sink's types (planned before the cycle bound the sink), and
+    # Spark cast the frame's int and decimal(10,3) to them before it hashed.
+    assert store.user_schema == pa.schema(  # type: ignore[union-attr]
+        [("id", pa.int64()), ("amount", pa.int64()), ("note", pa.string()),
+         ("share", pa.decimal128(18, 3))]
+    )  # fmt: skip
     assert snapshot.num_rows > 0 and snapshot.column("note").null_count > 0
     assert snapshot.column("_row_hash").to_pylist() == row_hash_arrow(snapshot, user).to_pylist()
