@@ -211,14 +211,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if slow_tier(item.nodeid):
             item.add_marker(pytest.mark.slow)
+    # Before the sample: a draw may leave out every test of a pattern, which
+    # makes the pattern no staler than a test that is still collected.
+    if not config.option.keyword:  # -k may have dropped a pattern's tests already
+        stale = unmatched([item.nodeid for item in items], list(config.args))
+        if stale:
+            raise pytest.UsageError(f"tests/fix_tiers.py: {stale} match no test")
     value = os.environ.get(SAMPLE_ENV, "")
     if value:
         _deselect_the_unsampled(config, items, value)
-    if config.option.keyword:
-        return  # -k may have dropped a pattern's tests already
-    stale = unmatched([item.nodeid for item in items], list(config.args))
-    if stale:
-        raise pytest.UsageError(f"tests/fix_tiers.py: {stale} match no test")
 
 
 def _deselect_the_unsampled(config: pytest.Config, items: list[pytest.Item], value: str) -> None:

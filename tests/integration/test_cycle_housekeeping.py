@@ -77,3 +77,36 @@ def test_the_next_epoch_waits_for_the_housekeeping_before_it_touches_the_store(
         cycle.close()
     assert applied.fired == 1
     assert order[:2] == ["housekeeping done", "apply"]
+
+
+def test_a_read_of_the_store_waits_for_the_housekeeping(tmp_path: Path) -> None:
+    # A reader of the store beside the cycle (the demo's running totals read each
+    # epoch's changes) must not read a table that a merge or vacuum is rewriting.
+    cycle = _cycle(tmp_path)
+    assert cycle.expected_state is not None
+    order: list[str] = []
+    release, started = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        started.set()
+        release.wait(WAIT_S)
+        order.append("housekeeping done")
+
+    with hooks.at(HOUSEKEEPING, hold):
+        assert cycle.run_epoch(0, _rows(0)) == CommitSucceeded(0)
+        assert started.wait(WAIT_S), "the housekeeping of epoch 0 never started"
+        read: list[int] = []
+
+        def reader() -> None:
+            assert cycle.expected_state is not None
+            read.append(cycle.expected_state.changes_of("alpha", 0).num_rows)
+            order.append("read")
+
+        thread = threading.Thread(target=reader)
+        thread.start()
+        thread.join(1.0)  # room for the read to happen if nothing held it back
+        release.set()
+        thread.join(WAIT_S)
+        cycle.close()
+    assert read == [1]
+    assert order == ["housekeeping done", "read"]

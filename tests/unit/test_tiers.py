@@ -111,3 +111,17 @@ def test_a_sampled_run_says_how_to_repeat_it_and_keeps_the_claimed_tests() -> No
     # The one driver-killed test that a mutant's kill set (-k cycle.decided) selects.
     assert any("test_driver_killed" in n and "cycle.decided-auto" in n for n in chosen)
     assert f"({SAMPLE_ENV}=draw-7): " in proc.stdout
+
+
+def test_a_sampled_run_that_draws_none_of_a_patterns_tests_is_not_stale() -> None:
+    # This seed's draw of the kill family keeps none of the four file kills that one
+    # pattern lists: the pattern still matches collected tests, so the run goes on.
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+         "-p", "no:xdist", "-m", "slow", "tests/chaos/test_kill9.py"],
+        cwd=REPO, capture_output=True, text=True, check=False,
+        env={**os.environ, SAMPLE_ENV: "92a3ac95602f"},
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    chosen = [line for line in proc.stdout.splitlines() if "::" in line]
+    assert chosen and not any(n.endswith("-file]") for n in chosen)
