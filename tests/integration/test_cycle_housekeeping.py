@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -50,11 +51,8 @@ def test_an_epoch_returns_while_its_housekeeping_still_runs(tmp_path: Path) -> N
     assert armed.fired == 1
 
 
-def test_the_next_epoch_waits_for_the_housekeeping_before_it_touches_the_store(
-    tmp_path: Path,
-) -> None:
-    cycle = _cycle(tmp_path)
-    order: list[str] = []
+def _held(order: list[str]) -> tuple[threading.Event, threading.Event, Callable[[], None]]:
+    """(release, started, hook): the hook holds the housekeeping until release is set."""
     release, started = threading.Event(), threading.Event()
 
     def hold() -> None:
@@ -62,6 +60,15 @@ def test_the_next_epoch_waits_for_the_housekeeping_before_it_touches_the_store(
         release.wait(WAIT_S)
         order.append("housekeeping done")
 
+    return release, started, hold
+
+
+def test_the_next_epoch_waits_for_the_housekeeping_before_it_touches_the_store(
+    tmp_path: Path,
+) -> None:
+    cycle = _cycle(tmp_path)
+    order: list[str] = []
+    release, started, hold = _held(order)
     with hooks.at(HOUSEKEEPING, hold), hooks.at(APPLY_CHECKED, lambda: order.append("apply"),
                                                  nth=2) as applied:  # fmt: skip
         assert cycle.run_epoch(0, _rows(0)) == CommitSucceeded(0)
@@ -85,13 +92,7 @@ def test_a_read_of_the_store_waits_for_the_housekeeping(tmp_path: Path) -> None:
     cycle = _cycle(tmp_path)
     assert cycle.expected_state is not None
     order: list[str] = []
-    release, started = threading.Event(), threading.Event()
-
-    def hold() -> None:
-        started.set()
-        release.wait(WAIT_S)
-        order.append("housekeeping done")
-
+    release, started, hold = _held(order)
     with hooks.at(HOUSEKEEPING, hold):
         assert cycle.run_epoch(0, _rows(0)) == CommitSucceeded(0)
         assert started.wait(WAIT_S), "the housekeeping of epoch 0 never started"
