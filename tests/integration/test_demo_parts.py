@@ -180,3 +180,23 @@ def test_the_summary_names_no_workdir_that_the_run_removed(
     shutil.rmtree(used[-1])
     given = supervisor.run(Options(workdir=tmp_path / "mine"))
     assert given.workdir == str(tmp_path / "mine")
+
+
+def test_the_steps_around_the_epochs_name_themselves_on_a_terminal_only() -> None:
+    import io
+
+    from rich.console import Console
+
+    screen = io.StringIO()
+    console = Console(file=screen, force_terminal=True, width=100)
+    with supervisor._status(console, True, "generating TPC-H scale 1") as step:
+        console.print("a line")  # rich draws the spinner under each line printed
+        step("checking the tables against TPC-H itself")
+        console.print("another line")
+    drawn = screen.getvalue()
+    assert drawn.index("generating TPC-H scale 1") < drawn.index("checking the tables")
+    # Not a terminal (a log file, --json): nothing drawn, the steps still run.
+    quiet = io.StringIO()
+    with supervisor._status(Console(file=quiet), False, "verifying") as step:
+        step("checking the tables against TPC-H itself")
+    assert quiet.getvalue() == ""

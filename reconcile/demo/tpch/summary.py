@@ -20,6 +20,7 @@ from __future__ import annotations
 import bisect
 import json
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from decimal import Decimal
 from pathlib import Path
@@ -139,17 +140,27 @@ def source_check(conn: psycopg.Connection[Any], tpch: Path) -> dict[str, Any]:
     }
 
 
-def audit(dsn: str, workdir: Path, feed: Feed, events: EventLog, epochs: int) -> Summary:
-    """Verify both sink tables and sum the event log up."""
+def audit(
+    dsn: str,
+    workdir: Path,
+    feed: Feed,
+    events: EventLog,
+    epochs: int,
+    step: Callable[[str], object] = lambda _: None,
+) -> Summary:
+    """Verify both sink tables and sum the event log up; ``step`` is told each check begun."""
     from reconcile.recovery.api import recover
 
     store = str(workdir / "expected_state")
     drift = Counter[str]()
     for table in KEYS:
+        step(f"verifying {table} against its expected state (full mode)")
         found = recover(dsn, store, PIPELINE, table, mode="full", dry_run=True)
         drift.update(missing=found.missing, extra=found.extra, changed=found.changed)
     with psycopg.connect(dsn, autocommit=True) as conn:
+        step("checking the tables against TPC-H itself")
         source = source_check(conn, workdir / "tpch")
+        step("measuring event-to-visible latency")
         latency = _percentiles(latencies(conn, feed))
     resolutions: Counter[str] = Counter()
     replayed = 0

@@ -28,10 +28,10 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 from psycopg import sql
@@ -42,6 +42,9 @@ from reconcile.demo.tpch.data import SINK_TABLES_SQL, Feed, generate
 from reconcile.demo.tpch.events import EventLog
 from reconcile.demo.tpch.pipeline import KEYS, PIPELINE
 from reconcile.demo.tpch.summary import Summary, audit
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 __all__ = [
     "KILL_POINTS", "Feeder", "Options", "launch_pipeline", "prepare_tables", "run", "run_settings"
@@ -303,7 +306,10 @@ def _run(workdir: Path, options: Options) -> Summary:
     console = Console(stderr=True)
     console.print(f"[bold]reconcile demo[/]: TPC-H scale {options.scale}, {options.epochs} "
                   f"epochs, work folder {workdir}" + (" (resumed)" if resumed else ""))  # fmt: skip
-    feed = Feed(generate(workdir / "tpch", options.scale), workdir / "inbox", options.epochs)
+    shown = options.progress and console.is_terminal
+    with _status(console, shown, f"generating TPC-H scale {options.scale} (tpchgen-cli)"):
+        tables = generate(workdir / "tpch", options.scale)
+    feed = Feed(tables, workdir / "inbox", options.epochs)
     with _postgres(options, workdir) as dsn:
         prepare_tables(dsn, resumed=resumed, reset=options.reset)
         proxy = None
@@ -324,7 +330,7 @@ def _run(workdir: Path, options: Options) -> Summary:
         progress = Progress(
             TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
             TextColumn("{task.fields[status]}"), console=console,
-            disable=not (options.progress and console.is_terminal),
+            disable=not shown,
         )  # fmt: skip
         failures = 0
         with progress:
@@ -373,6 +379,22 @@ def _run(workdir: Path, options: Options) -> Summary:
         feeder.stop.set()
         if proxy is not None:
             proxy.close()
-        summary = audit(dsn, workdir, feed, events, options.epochs)
+        with _status(console, shown, "verifying") as status:
+            summary = audit(dsn, workdir, feed, events, options.epochs, step=status)
         summary.settings = run_settings(options)
         return summary
+
+
+@contextlib.contextmanager
+def _status(console: Console, shown: bool, what: str) -> Iterator[Callable[[str], object]]:
+    """A spinner naming the step under way (on a terminal); yields a function to rename it.
+
+    The steps before and after the epochs' bar (generating TPC-H, verifying
+    millions of rows) take tens of seconds at scale 1: a silent terminal
+    would look hung.
+    """
+    if not shown:
+        yield lambda _: None
+        return
+    with console.status(what) as spinner:
+        yield lambda text: spinner.update(text)
