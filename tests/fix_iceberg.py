@@ -1,4 +1,4 @@
-"""Fixture plugin: the ``iceberg_harness`` fixture (Iceberg tables in a SQLite catalog in a tmp dir).
+"""Fixture plugin: the ``iceberg_harness`` fixture (Iceberg tables, a SQLite catalog, a tmp dir).
 
 The catalog is pyiceberg's SQL catalog on a SQLite file, the warehouse a local
 folder: every piece of the external system is on disk, so a restarted
