@@ -160,3 +160,51 @@ def creation_schema(
     check_arrow_keys(where, schema, keys)
     fields = [f.with_nullable(f.name not in keys) for f in schema if f.name != EPOCH_COLUMN]
     return pa.schema([*fields, pa.field(EPOCH_COLUMN, pa.int64())])
+
+
+def arrow_upserts(
+    tables: Sequence[pa.Table], schema: pa.Schema, keys: Sequence[str], where: str
+) -> pa.Table | None:
+    """Arrow tables of upserts in ``schema``'s types, without a trip through Python rows.
+
+    Returns None when a key repeats (the last change must win: the caller
+    nets row by row), so the result holds each key once.
+
+    Raises:
+        InvalidInputError: a column the table lacks, a missing or NULL key, or
+            a column that does not cast to the table's type (named); nothing
+            was written.
+    """
+    data = pa.concat_tables(tables, promote_options="permissive") if len(tables) > 1 else tables[0]
+    extra = [name for name in data.column_names if name not in schema.names]
+    if extra:
+        raise InvalidInputError(
+            f"{where}: column {extra[0]!r} is not in the table (columns: {schema.names}); "
+            "nothing was written",
+            table=where,
+            column=extra[0],
+        )
+    for key in keys:
+        if key not in data.column_names or data.column(key).null_count:
+            raise InvalidInputError(
+                f"{where}: a row has no value in key column {key!r}; nothing was written",
+                table=where,
+                column=key,
+            )
+    if data.group_by(list(keys)).aggregate([]).num_rows != data.num_rows:
+        return None
+    columns = []
+    for field in schema:
+        if field.name not in data.column_names:
+            columns.append(pa.nulls(data.num_rows, field.type))
+            continue
+        try:
+            columns.append(data.column(field.name).cast(field.type))
+        except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as exc:
+            raise InvalidInputError(
+                f"{where}: column {field.name!r} ({data.schema.field(field.name).type}) does not "
+                f"fit the table's {field.type}: {exc}; nothing was written",
+                table=where,
+                column=field.name,
+            ) from None
+    return pa.Table.from_arrays(columns, schema=schema)

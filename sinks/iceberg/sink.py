@@ -40,7 +40,13 @@ from sinks.iceberg import prepared as records
 from sinks.iceberg.fence import committed_outcome, fence_refusal, tidy
 from sinks.iceberg.location import IcebergLocation, parse_uri
 from sinks.iceberg.rewrite import plan_rewrite, stage_snapshot
-from sinks.iceberg.rows import EPOCH_COLUMN, creation_schema, net_changes, to_arrow
+from sinks.iceberg.rows import (
+    EPOCH_COLUMN,
+    arrow_upserts,
+    creation_schema,
+    net_changes,
+    to_arrow,
+)
 from sinks.iceberg.tables import create_table, key_columns, load_table
 from sinks.iceberg.tokens import KIND_CLAIM, SinkKeys, commit_once, epoch_summary, int_property
 from sinks.ownership import WriterBinding, foreign_prepare
@@ -172,8 +178,12 @@ class IcebergSink:
         try:
             if table is None:
                 keys = self.key_columns(None)
-                upserts, _ = net_changes(staged, keys, self.display)
-                schema = creation_schema(self._schema, upserts, keys, self.display)
+                declared = self._schema
+                if declared is None and staged and isinstance(staged[0], pa.Table):
+                    declared = staged[0].schema  # the first Arrow batch's types
+                # Rows are read for their types only when nothing declares them.
+                sample = [] if declared is not None else net_changes(staged, keys, self.display)[0]
+                schema = creation_schema(declared, sample, keys, self.display)
                 if schema is None:
                     # No table, no schema, no row to infer one from: nothing can
                     # change; the epoch needs no record (commit in this process).
@@ -188,11 +198,20 @@ class IcebergSink:
 
     def _intent(self, table: Table, staged: list[Any], epoch: int) -> pa.Table:
         keys = self.key_columns(table)
-        upserts, deletes = net_changes(staged, keys, self.display)
         schema = table.schema().as_arrow()
+        key_schema = pa.schema([schema.field(k) for k in keys])
+        if staged and all(isinstance(item, pa.Table) for item in staged):
+            # Upserts as Arrow (a Spark batch, a big epoch): no trip through Python rows.
+            fast = arrow_upserts(staged, schema, keys, self.display)
+            if fast is not None:
+                if EPOCH_COLUMN in schema.names:
+                    index = schema.get_field_index(EPOCH_COLUMN)
+                    epochs = pa.array([epoch] * fast.num_rows, schema.field(EPOCH_COLUMN).type)
+                    fast = fast.set_column(index, schema.field(EPOCH_COLUMN), epochs)
+                return records.with_ops(fast, key_schema.empty_table())
+        upserts, deletes = net_changes(staged, keys, self.display)
         if EPOCH_COLUMN in schema.names:
             upserts = [{**row, EPOCH_COLUMN: epoch} for row in upserts]
-        key_schema = pa.schema([schema.field(k) for k in keys])
         return records.with_ops(
             to_arrow(upserts, schema, self.display), to_arrow(deletes, key_schema, self.display)
         )

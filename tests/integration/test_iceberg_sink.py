@@ -288,3 +288,26 @@ def test_buckets_mode_says_iceberg_has_no_checksums(tmp_path: Path) -> None:
     with pytest.raises(InvalidInputError, match="no bucket checksums"):
         recover(f"{uri}&namespace=shop", str(tmp_path / "expected"), "shop", "orders",
                 mode="buckets")  # fmt: skip
+
+
+def test_arrow_batches_go_in_as_they_are_and_a_repeated_key_is_netted(tmp_path: Path) -> None:
+    uri = catalog_uri(tmp_path)
+    sink = IcebergSink(
+        "kv", f"{uri}&key=k", schema=pa.schema([("k", pa.int64()), ("v", pa.string())])
+    )
+    batch = pa.table({"k": [1, 2, 3], "v": ["a", "b", "c"]})
+    txn = SinkTxnId("p", "kv", 0, 1)
+    assert sink.stage(txn, batch) and sink.prepare(txn) and sink.commit(txn)
+    # Two batches that repeat key 2: the later one wins, as for rows.
+    again = [pa.table({"k": [2, 4], "v": ["first", "d"]}), pa.table({"k": [2], "v": ["last"]})]
+    txn = SinkTxnId("p", "kv", 1, 1)
+    assert sink.stage(txn, again) and sink.prepare(txn) and sink.commit(txn)
+    rows = table_of(sink).scan().to_arrow().sort_by("k").select(["k", "v", "_epoch"]).to_pylist()
+    assert [(r["k"], r["v"], r["_epoch"]) for r in rows] == [
+        (1, "a", 0), (2, "last", 1), (3, "c", 0), (4, "d", 1),
+    ]  # fmt: skip
+    bad = SinkTxnId("p", "kv", 2, 1)
+    assert sink.stage(bad, pa.table({"k": ["five"], "v": ["e"]}))
+    outcome = sink.prepare(bad)
+    assert isinstance(outcome, Fatal) and "column 'k'" in outcome.reason, outcome
+    assert len(table_of(sink).scan().to_arrow()) == 4
