@@ -20,7 +20,13 @@ from reconcile.core.contract import (
     SinkTxnId,
 )
 from sinks.iceberg import prepared as records
-from sinks.iceberg.tokens import SinkKeys, commit_once, committed_snapshot, int_property
+from sinks.iceberg.tokens import (
+    SinkKeys,
+    commit_once,
+    committed_snapshot,
+    int_property,
+    new_transaction,
+)
 from sinks.ownership import foreign_commit
 
 __all__ = ["committed_outcome", "fence_refusal", "tidy"]
@@ -105,7 +111,7 @@ def tidy(table: Table, txn_id: SinkTxnId) -> None:
         return
     try:
         removal = RemovePropertiesUpdate(removals=[keys.prepared(txn_id.epoch)])
-        commit_once(table, table.transaction(), (removal,))
+        commit_once(table, new_transaction(table), (removal,))
     except CommitFailedException:
         return
     records.delete_intent(table, record)

@@ -50,7 +50,14 @@ from reconcile.core.target import Progress, Repair
 from sinks.iceberg.expressions import above, one_of
 from sinks.iceberg.rewrite import plan_rewrite, stage_snapshot
 from sinks.iceberg.rows import EPOCH_COLUMN
-from sinks.iceberg.tokens import KIND_REPAIR, SinkKeys, commit_once, epoch_summary, int_property
+from sinks.iceberg.tokens import (
+    KIND_REPAIR,
+    SinkKeys,
+    commit_once,
+    epoch_summary,
+    int_property,
+    new_transaction,
+)
 
 if TYPE_CHECKING:
     from sinks.iceberg.sink import IcebergSink
@@ -261,7 +268,7 @@ class IcebergRecoveryTarget:
         summary["reconcile.repair-id"] = str(uuid.uuid4())
         summary["reconcile.mode"] = repair.mode
         summary.update({f"reconcile.{k}": str(v) for k, v in repair.counts.items()})
-        transaction = table.transaction()
+        transaction = new_transaction(table)
         stage_snapshot(transaction, rewrite, summary)
         updates = {keys.epoch: str(target)} if advances else {}
         if self.generation is not None:

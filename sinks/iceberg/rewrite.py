@@ -22,6 +22,7 @@ file and its deletes are then replaced by the rewritten file.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -29,17 +30,28 @@ import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
 import pyarrow.compute as pc  # type: ignore[import-untyped, unused-ignore]
 from pyiceberg.expressions import AlwaysTrue, And, BooleanExpression
 from pyiceberg.io.pyarrow import ArrowScan, _dataframe_to_data_files
-from pyiceberg.manifest import DataFile
-from pyiceberg.table import Table, Transaction
+from pyiceberg.manifest import DataFile, ManifestContent, ManifestFile
+from pyiceberg.table import Table, TableProperties, Transaction
+from pyiceberg.table.snapshots import Operation
+from pyiceberg.table.update.snapshot import _ManifestMergeManager, _OverwriteFiles
 
 from sinks.iceberg.expressions import at_least, at_most, one_of
 
-__all__ = ["IN_LIST_LIMIT", "Rewrite", "plan_rewrite", "stage_snapshot"]
+__all__ = [
+    "IN_LIST_LIMIT",
+    "MERGE_MANIFESTS_AT",
+    "Rewrite",
+    "plan_rewrite",
+    "remove_files",
+    "stage_snapshot",
+]
 
 # Up to this many distinct keys the files are pruned by the keys themselves
 # (an IN list on the first key column); above it by their range, so that the
 # manifests' evaluation does not grow with the epoch's size.
 IN_LIST_LIMIT = 10_000
+# An epoch's snapshot merges the table's small data manifests once there are this many.
+MERGE_MANIFESTS_AT = 16
 
 
 @dataclass
@@ -102,10 +114,54 @@ def plan_rewrite(
     return Rewrite(removed, added, rows_removed)
 
 
+class _MergingOverwrite(_OverwriteFiles):
+    """An overwrite snapshot whose data manifests are merged, as a merge-append merges them.
+
+    Each epoch adds a manifest; unmerged, every later epoch's planning and
+    commit would read one more file. pyiceberg merges manifests only for
+    appends, so the overwrite does it here, with the table's own settings
+    (``commit.manifest.target-size-bytes``, ``commit.manifest.min-count-to-merge``;
+    the sink's default count is MERGE_MANIFESTS_AT, not pyiceberg's 100).
+    """
+
+    def _process_manifests(self, manifests: list[ManifestFile]) -> list[ManifestFile]:
+        properties = self._transaction.table_metadata.properties
+        merger = _ManifestMergeManager(
+            target_size_bytes=int(
+                properties.get(
+                    TableProperties.MANIFEST_TARGET_SIZE_BYTES,
+                    TableProperties.MANIFEST_TARGET_SIZE_BYTES_DEFAULT,
+                )
+            ),
+            min_count_to_merge=int(
+                properties.get(TableProperties.MANIFEST_MIN_MERGE_COUNT, MERGE_MANIFESTS_AT)
+            ),
+            merge_enabled=True,
+            snapshot_producer=self,
+        )
+        data = [m for m in manifests if m.content == ManifestContent.DATA]
+        deletes = [m for m in manifests if m.content == ManifestContent.DELETES]
+        return merger.merge_manifests(data) + deletes
+
+
 def stage_snapshot(transaction: Transaction, rewrite: Rewrite, summary: dict[str, str]) -> None:
     """Stage ONE overwrite snapshot that removes and adds the rewrite's files."""
-    with transaction.update_snapshot(snapshot_properties=summary).overwrite() as snapshot:
+    first = transaction.table_metadata.current_snapshot_id is None
+    snapshot = _MergingOverwrite(
+        operation=Operation.APPEND if first else Operation.OVERWRITE,
+        transaction=transaction,
+        io=transaction._table.io,
+        snapshot_properties=summary,
+    )
+    with snapshot:
         for data_file in rewrite.removed:
             snapshot.delete_data_file(data_file)
         for data_file in rewrite.added:
             snapshot.append_data_file(data_file)
+
+
+def remove_files(table: Table, paths: Sequence[str]) -> None:
+    """Delete data files that no snapshot names (a commit that was refused); best effort."""
+    for path in paths:
+        with contextlib.suppress(OSError):
+            table.io.delete(path)

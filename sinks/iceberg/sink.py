@@ -39,7 +39,7 @@ from reconcile.core.sink import SinkCapabilities
 from sinks.iceberg import prepared as records
 from sinks.iceberg.fence import committed_outcome, fence_refusal, tidy
 from sinks.iceberg.location import IcebergLocation, parse_uri
-from sinks.iceberg.rewrite import plan_rewrite, stage_snapshot
+from sinks.iceberg.rewrite import plan_rewrite, remove_files, stage_snapshot
 from sinks.iceberg.rows import (
     EPOCH_COLUMN,
     arrow_upserts,
@@ -48,7 +48,14 @@ from sinks.iceberg.rows import (
     to_arrow,
 )
 from sinks.iceberg.tables import create_table, key_columns, load_table
-from sinks.iceberg.tokens import KIND_CLAIM, SinkKeys, commit_once, epoch_summary, int_property
+from sinks.iceberg.tokens import (
+    KIND_CLAIM,
+    SinkKeys,
+    commit_once,
+    epoch_summary,
+    int_property,
+    new_transaction,
+)
 from sinks.ownership import WriterBinding, foreign_prepare
 
 __all__ = ["COMMIT_CHECKED", "IcebergSink"]
@@ -223,7 +230,7 @@ class IcebergSink:
         path = records.write_intent(table, txn_id, intent) if intent.num_rows else None
         record = records.PreparedRecord(txn_id, path, self._binding.log_id)
         properties = {keys.prepared(txn_id.epoch): records.record_body(txn_id, path, record.log_id)}
-        transaction = table.transaction()
+        transaction = new_transaction(table)
         fence = int_property(table.metadata.properties, keys.generation)
         if fence is None or fence < txn_id.generation:
             # The claim: a newer generation raises the fence AND moves main (an
@@ -309,7 +316,7 @@ class IcebergSink:
         else:
             upserts, deletes = records.ops_of(changes)
         rewrite = plan_rewrite(table, upserts, deletes, self.key_columns(table))
-        transaction = table.transaction()
+        transaction = new_transaction(table)
         stage_snapshot(transaction, rewrite, epoch_summary(txn_id, self._binding.log_id))
         fence = int_property(table.metadata.properties, keys.generation) or 0
         properties = {keys.generation: str(max(fence, txn_id.generation)),
@@ -324,7 +331,9 @@ class IcebergSink:
             ))  # fmt: skip
         except CommitFailedException as exc:
             # A requirement failed: nothing was written. A newer writer's claim
-            # fences us; anything else (another epoch's commit) is retried.
+            # fences us; anything else (another epoch's commit) is retried. The
+            # files written for this attempt are named by no snapshot: removed.
+            remove_files(table, [f.file_path for f in rewrite.added])
             fenced = fence_refusal(self.table(), txn_id, self.display)
             return (
                 fenced
@@ -358,7 +367,7 @@ class IcebergSink:
             return OK  # a newer writer's prepared batch of the epoch: not ours to discard
         removal = RemovePropertiesUpdate(removals=[SinkKeys.of(txn_id).prepared(txn_id.epoch)])
         try:
-            commit_once(table, table.transaction(), (removal,))
+            commit_once(table, new_transaction(table), (removal,))
         except CommitFailedException as exc:
             # A newer writer may have claimed the table meanwhile: read again.
             return Retryable(f"Iceberg sink {self._name!r}, {txn_id}: abort conflicted with "
@@ -380,8 +389,11 @@ class IcebergSink:
         return sorted(stranded)
 
     def close(self) -> None:
-        """Forget staged rows; the catalog client needs no closing."""
+        """Forget staged rows; close the catalog client's connections (a SQL catalog's pool)."""
         self._staged.clear()
+        engine = getattr(self._catalog, "engine", None)
+        if engine is not None:
+            engine.dispose()
 
     def recovery_target(self, pipeline: str, generation: int | None, *, write: bool) -> Any:
         """This sink's table as a pull-and-diff target (``reconcile.recovery``)."""

@@ -47,6 +47,7 @@ from pyiceberg.table.update import (
     AssertTableUUID,
     TableRequirement,
     TableUpdate,
+    update_table_metadata,
 )
 
 from reconcile.core import hooks
@@ -62,6 +63,7 @@ __all__ = [
     "committed_snapshot",
     "epoch_summary",
     "int_property",
+    "new_transaction",
     "our_snapshots",
 ]
 
@@ -186,6 +188,33 @@ def committed_snapshot(metadata: TableMetadata, txn_id: SinkTxnId) -> Snapshot |
         if first <= txn_id.epoch <= last:
             return snapshot
     return None
+
+
+class _Transaction(Transaction):
+    """pyiceberg's Transaction, its metadata computed once per set of staged updates.
+
+    pyiceberg recomputes ``table_metadata`` (the loaded metadata with the staged
+    updates applied, deep-copied) at every access, and a snapshot producer reads
+    it a dozen times: a cost that grows with the table's history at every
+    epoch. The staged updates are an immutable tuple, replaced when one is
+    added, so the metadata computed for one tuple stays right until it changes.
+    """
+
+    _computed: tuple[tuple[TableUpdate, ...], TableMetadata] | None = None
+
+    @property
+    def table_metadata(self) -> TableMetadata:
+        if self._computed is None or self._computed[0] is not self._updates:
+            self._computed = (
+                self._updates,
+                update_table_metadata(self._table.metadata, self._updates),
+            )
+        return self._computed[1]
+
+
+def new_transaction(table: Table) -> Transaction:
+    """A transaction on ``table`` to stage updates in; :func:`commit_once` commits it."""
+    return _Transaction(table, autocommit=False)
 
 
 def commit_once(

@@ -24,6 +24,7 @@ from reconcile.core import hooks
 from reconcile.core.contract import Change, Fatal, FencedError, SinkTxnId, WriterIdentity
 from reconcile.engine.progress_file import FileProgressLog
 from reconcile.testing import check_sink
+from sinks.iceberg.rewrite import MERGE_MANIFESTS_AT
 from sinks.iceberg.sink import COMMIT_CHECKED, IcebergSink
 from sinks.registry import open_sink
 from tests.fix_iceberg import IcebergHarness, catalog_uri
@@ -311,3 +312,45 @@ def test_arrow_batches_go_in_as_they_are_and_a_repeated_key_is_netted(tmp_path: 
     outcome = sink.prepare(bad)
     assert isinstance(outcome, Fatal) and "column 'k'" in outcome.reason, outcome
     assert len(table_of(sink).scan().to_arrow()) == 4
+
+
+def test_a_partitioned_table_is_written_per_partition(tmp_path: Path) -> None:
+    sink = IcebergSink("pt", f"{catalog_uri(tmp_path)}&key=g,k")
+    catalog = sink.catalog()
+    catalog.create_namespace("reconcile")
+    schema = pa.schema([pa.field("g", pa.string(), nullable=False),
+                        pa.field("k", pa.int64(), nullable=False), ("v", pa.string()),
+                        ("_epoch", pa.int64())])  # fmt: skip
+    with catalog.create_table("reconcile.pt", schema=schema).update_spec() as spec:
+        spec.add_identity("g")
+    epochs: list[list[Any]] = [
+        [{"g": "a", "k": 1, "v": "x"}, {"g": "b", "k": 1, "v": "y"}],
+        [{"g": "a", "k": 1, "v": "x2"}, Change("delete", {"g": "b", "k": 1}),
+         {"g": "c", "k": 2, "v": "z"}],
+    ]  # fmt: skip
+    for epoch, rows in enumerate(epochs):
+        txn = SinkTxnId("p", "pt", epoch, 1)
+        assert sink.stage(txn, rows) and sink.prepare(txn) and sink.commit(txn)
+    table = table_of(sink)
+    found = table.scan().to_arrow().sort_by("g").select(["g", "k", "v"]).to_pylist()
+    assert found == [{"g": "a", "k": 1, "v": "x2"}, {"g": "c", "k": 2, "v": "z"}]
+    folders = sorted(task.file.file_path.split("/")[-2] for task in table.scan().plan_files())
+    assert folders == ["g=a", "g=c"]
+
+
+def test_the_epochs_manifests_are_merged_so_planning_does_not_grow_with_them(
+    tmp_path: Path,
+) -> None:
+    sink = IcebergSink("kv", f"{catalog_uri(tmp_path)}&key=k",
+                       schema=pa.schema([("k", pa.int64()), ("v", pa.int64())]))  # fmt: skip
+    for epoch in range(MERGE_MANIFESTS_AT + 4):
+        txn = SinkTxnId("p", "kv", epoch, 1)
+        rows = [{"k": epoch * 10 + i, "v": epoch} for i in range(10)]
+        if epoch:
+            rows.append({"k": epoch * 10 - 1, "v": -epoch})  # one row of the epoch before
+        assert sink.stage(txn, rows) and sink.prepare(txn) and sink.commit(txn)
+    table = table_of(sink)
+    snapshot = table.current_snapshot()
+    assert snapshot is not None
+    assert len(snapshot.manifests(table.io)) < MERGE_MANIFESTS_AT
+    assert len(table.scan().to_arrow()) == 10 * (MERGE_MANIFESTS_AT + 4)
