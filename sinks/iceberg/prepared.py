@@ -170,7 +170,8 @@ def write_intent(table: Table, txn_id: SinkTxnId, changes: pa.Table) -> str:
     """
     name = f"{_key_name(txn_id)}-g{txn_id.generation}-{uuid.uuid4().hex}.parquet"
     path = f"{_intent_folder(table)}{name}"
-    with table.io.new_output(path).create(overwrite=True) as stream:
+    intent_file = table.io.new_output(path)
+    with intent_file.create(overwrite=True) as stream:
         pq.write_table(changes, stream)
     return path
 
