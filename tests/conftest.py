@@ -33,6 +33,7 @@ pytest_plugins = [
     "tests.fix_sinks",
     "tests.fix_spark",
     "tests.fix_delta",
+    "tests.fix_iceberg",
     "tests.fix_pg",
     "tests.fix_chaos",
     "tests.fix_schedule",

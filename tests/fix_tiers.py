@@ -50,12 +50,17 @@ SLOW: dict[str, str] = {
     # default tier; prepared transactions repeat them with a second commit path.
     r"tests/chaos/test_expected_state_cycle\.py::test_kill9_around_the_decision_then_restart"
     r"\[postgres_prepared-": "kill -9 around the decision, into prepared PostgreSQL",
-    # The plain failure matrix: prepared transactions and Delta repeat the
-    # points that transactional PostgreSQL, files and HTTP already take.
-    r"tests/chaos/test_failure_matrix\.py::test_failure_matrix\[(postgres_prepared|delta)-":
-        "prepared PostgreSQL and Delta at every fault point",
-    r"tests/chaos/test_kill9\.py::test_kill9_then_restart_converges\[.*-(postgres_prepared|delta)\]":
-        "kill -9 at every point into prepared PostgreSQL and Delta",
+    # The plain failure matrix: prepared transactions, Delta and Iceberg repeat
+    # the points that transactional PostgreSQL, files and HTTP already take.
+    r"tests/chaos/test_failure_matrix\.py::test_failure_matrix\[(postgres_prepared|delta|iceberg)-":
+        "prepared PostgreSQL, Delta and Iceberg at every fault point",
+    r"tests/chaos/test_kill9\.py::test_kill9_then_restart_converges"
+    r"\[.*-(postgres_prepared|delta|iceberg)\]":
+        "kill -9 at every point into prepared PostgreSQL, Delta and Iceberg",
+    # Inside the Iceberg commit: the kill right before the catalog commit stays in
+    # the default tier; the one after the sink's checks repeats it a step earlier.
+    r"tests/chaos/test_kill9\.py::test_kill9_inside_the_iceberg_commit\[iceberg-commit-checked":
+        "kill -9 inside the Iceberg commit, after its checks",
     # Into files, the kills between the sinks' own steps (the log written, the
     # decision, finalize) repeat what transactional PostgreSQL takes at each; the
     # kills inside the file sink's stage, prepare and commit stay in the default tier.

@@ -5,8 +5,9 @@
 With ``RECONCILE_EXPECTED_STATE=1`` in the environment the pipeline records its
 expected state under ``ROOT/expected`` (its epochs table is then the progress log).
 
-KIND is file, delta, postgres or postgres_prepared; TARGET is the sink root
-folder (file, delta) or the database DSN (postgres). The pipeline dies by
+KIND is file, delta, iceberg, postgres or postgres_prepared; TARGET is the sink
+root folder (file, delta; iceberg: its SQLite catalog and warehouse) or the
+database DSN (postgres). The pipeline dies by
 SIGKILL at POINT (a fault point of the cycle or a sink); a hook point inside
 a sink can be armed instead with RECONCILE_KILL_AT in the environment. NONCE
 is the first run number of this process's outputs, so a restarted process
@@ -34,6 +35,10 @@ def harness_for(kind: str, target: str) -> SinkHarness:
         from tests.fix_delta import DeltaHarness
 
         return DeltaHarness(Path(target))
+    if kind == "iceberg":
+        from tests.fix_iceberg import IcebergHarness
+
+        return IcebergHarness(Path(target))
     from tests.fix_pg import PostgresHarness
 
     return PostgresHarness(target, "prepared" if kind == "postgres_prepared" else "transactional")

@@ -43,7 +43,14 @@ DELTA_HOOK_POINTS = [
     ("delta-commit-checked", "delta_sink.commit.checked:2"),
     ("delta-before-log-write", "delta.commit_files.before_write:3"),
 ]
-KINDS = ["file", "delta", "postgres", "postgres_prepared"]
+# Points inside the Iceberg commit: after the sink's checks (record, fence, order)
+# and right before the catalog is asked to commit (the 3rd catalog commit of the
+# run: epoch 0's commit into the first sink, after both sinks' prepares).
+ICEBERG_HOOK_POINTS = [
+    ("iceberg-commit-checked", "iceberg_sink.commit.checked:2"),
+    ("iceberg-before-catalog-commit", "iceberg_sink.commit.before_catalog:3"),
+]
+KINDS = ["file", "delta", "iceberg", "postgres", "postgres_prepared"]
 
 
 def _run(
@@ -107,6 +114,17 @@ def test_kill9_then_restart_converges(
 @pytest.mark.parametrize("target", ["delta"], indirect=True)
 @pytest.mark.parametrize(("row", "spec"), DELTA_HOOK_POINTS, ids=[k[0] for k in DELTA_HOOK_POINTS])
 def test_kill9_inside_the_delta_commit(
+    target: tuple[str, str], row: str, spec: str, tmp_path: Path
+) -> None:
+    kind, where = target
+    _kill_then_restart(kind, where, tmp_path, (), {"RECONCILE_KILL_AT": spec})
+
+
+@pytest.mark.parametrize("target", ["iceberg"], indirect=True)
+@pytest.mark.parametrize(
+    ("row", "spec"), ICEBERG_HOOK_POINTS, ids=[k[0] for k in ICEBERG_HOOK_POINTS]
+)
+def test_kill9_inside_the_iceberg_commit(
     target: tuple[str, str], row: str, spec: str, tmp_path: Path
 ) -> None:
     kind, where = target

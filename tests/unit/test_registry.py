@@ -18,6 +18,8 @@ from sinks.base import LEASE, PULLABLE, SHARED_STAGE, SPARK_PULL, TABLE_SINK
 from sinks.delta.sink import DeltaSink
 from sinks.files.sink import FileSink
 from sinks.http.sink import HttpSink
+from sinks.iceberg.factory import pullable_sink
+from sinks.iceberg.sink import IcebergSink
 from sinks.memory.sink import MemorySink
 from sinks.postgres.factory import postgres_sink
 from sinks.postgres.lease import PgLease
@@ -35,6 +37,8 @@ def test_each_builtin_scheme(tmp_path: Path) -> None:
     assert isinstance(open_sink("f", f"file://{tmp_path}"), FileSink)
     assert isinstance(open_sink("h", "http://127.0.0.1:9/base"), HttpSink)
     assert isinstance(open_sink("d", f"delta://{tmp_path}/delta"), DeltaSink)
+    iceberg = open_sink("i", f"iceberg://cat?type=sql&uri=sqlite:///{tmp_path}/c.db&key=id")
+    assert isinstance(iceberg, IcebergSink) and iceberg.display == "cat.reconcile.i"
     pg = open_sink("orders", "postgresql://app:s3cret@127.0.0.1:5432/shop?connect_timeout=3")
     assert isinstance(pg, PostgresSink) and not isinstance(pg, PreparedPostgresSink)
     assert "s3cret" not in repr(pg)
@@ -63,7 +67,7 @@ def test_every_backend_package_declares_itself() -> None:
     # packages under sinks/ declare, one backend per package with a backend module.
     declared = {p.parent.name for p in (REPO / "sinks").glob("*/backend.py")}
     assert {b.name for b in registry.backends()} == declared
-    assert declared == {"delta", "files", "http", "memory", "postgres", "sql"}
+    assert declared == {"delta", "files", "http", "iceberg", "memory", "postgres", "sql"}
     for backend in registry.backends():
         assert backend.schemes or backend.accepts is not None, backend.name
         # Every reference names something that exists (the extras are installed here).
@@ -100,6 +104,7 @@ def test_capabilities_come_from_the_backend_of_the_connection() -> None:
     assert registry.capability(pg, TABLE_SINK) is postgres_sink
     assert registry.capability(pg, LEASE) is PgLease
     assert registry.capability(lite, PULLABLE) is SqlSink
+    assert registry.capability("iceberg://cat?type=sql", PULLABLE) is pullable_sink
     # Without the fast path, Postgres too goes through the generic backend (SQLAlchemy).
     assert registry.capability(pg, PULLABLE, generic=True) is SqlSink
     assert registry.provides(pg, LEASE) and not registry.provides(lite, LEASE)
