@@ -1,10 +1,10 @@
 """Fixture plugin: a real S3 endpoint on 127.0.0.1 (moto's server), one per test worker.
 
-The endpoint is moto in server mode (``ThreadedMotoServer``): real HTTP, real
+The endpoint is moto in server mode (``python -m moto.server``): real HTTP, real
 SigV4 requests, conditional puts answered with 412, so the code under test
 speaks the S3 API exactly as it does to AWS or MinIO; nothing of boto3 is
-patched. The server runs in a thread of the worker's process, started on the
-first test that asks for it and shared by the rest of the session; every test
+patched. The server is a process of the worker's, started on the first test
+that asks for it and shared by the rest of the session; every test
 gets a bucket of its own. Subprocesses a test starts inherit the endpoint
 through the standard variables (``AWS_ENDPOINT_URL``, ``AWS_REGION``, the
 keys, ``AWS_ALLOW_HTTP`` for delta-rs on plain HTTP).
@@ -16,8 +16,12 @@ install: a skipped test proves nothing.
 from __future__ import annotations
 
 import json
-import logging
 import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -56,21 +60,49 @@ class S3Endpoint:
         return name
 
 
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _start_server() -> tuple[subprocess.Popen[bytes], str]:
+    """moto's server in a process of its own; the process and its URL once it answers."""
+    for _ in range(3):  # a port taken between the probe and the bind: another one
+        port = _free_port()
+        server = subprocess.Popen(
+            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and server.poll() is None:
+            try:
+                with urllib.request.urlopen(f"{url}/moto-api/", timeout=1):
+                    return server, url
+            except OSError:
+                time.sleep(0.1)
+        server.kill()
+        server.wait()
+    pytest.fail("moto's S3 server did not start on 127.0.0.1 (three ports tried)")
+
+
 @pytest.fixture(scope="session")
 def s3_endpoint() -> Iterator[S3Endpoint]:
-    """moto's S3 server on 127.0.0.1, the environment pointed at it for the session."""
+    """moto's S3 server on 127.0.0.1, the environment pointed at it for the session.
+
+    A process, not a thread of the worker: a delta-rs call that holds the GIL
+    while it waits for its HTTP reply (``DeltaTable.history`` does) would
+    otherwise wait for a server that cannot run.
+    """
     try:
-        from moto.server import ThreadedMotoServer
+        import moto.server  # noqa: F401
     except ImportError as exc:  # fail, never skip
         pytest.fail(
             f"the S3 tests need moto's server ({exc}): pip install 'reconcile-engine[test]'"
         )
-    # werkzeug logs one line per request: thousands per test.
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    url = f"http://{host}:{port}"
+    server, url = _start_server()
     env = {**_ENV, "AWS_ENDPOINT_URL": url}
     saved = {key: os.environ.get(key) for key in env}
     os.environ.update(env)
@@ -84,7 +116,12 @@ def s3_endpoint() -> Iterator[S3Endpoint]:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
-        server.stop()
+        server.terminate()
+        try:
+            server.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
 
 
 @pytest.fixture
