@@ -75,7 +75,7 @@ def test_an_epoch_is_invisible_until_its_log_entry_is_put(s3_harness: S3Harness)
 
 def test_a_second_commit_entry_of_an_epoch_changes_nothing_visible(
     s3_harness: S3Harness, s3_endpoint: S3Endpoint
-) -> None:
+) -> None:  # s3_endpoint: a client for the hand-made entry
     sink = writer(s3_harness)
     assert sink.commit(prepared(sink, 0, 1, value=1)) == OK
     other = prepared(sink, 0, 2, value=2)  # the same epoch, another batch
