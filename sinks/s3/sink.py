@@ -167,6 +167,18 @@ class S3FileSink:
         return f"{_BATCHES}{txn_id}{_SUFFIX}"
 
     def _commit(self, txn_id: SinkTxnId) -> SinkOutcome:
+        """Make ``txn_id``'s batch visible, deciding from the log as it is now.
+
+        Cases, in order:
+          * the epoch is committed by this progress log: OK (a lost reply, a
+            retry); a stale generation's batch of it is a leftover, removed;
+          * committed by another log: Fatal (MarkerMismatchError), never OK;
+          * this generation is fenced: Fatal (FencedError);
+          * no prepared batch, an unreadable one, or one another log prepared:
+            Fatal, naming it;
+          * else the commit entry is appended; a lost race re-reads the log and
+            decides again from the top two cases and the fence.
+        """
         state = self.log.refresh()
         done = self._already_committed(state, txn_id, "commit")
         if done is not None:
