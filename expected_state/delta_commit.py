@@ -258,6 +258,9 @@ def commit_files(commit: DeltaCommit, based_on: BasedOn | None = None) -> Commit
         return CommitResult(committed=False, table_version=None)
     base = table.version()
     hooks.point(BEFORE_WRITE)
+    # The log entry is created put-if-absent: a local file linked into place, or
+    # on S3 a PutObject with If-None-Match: * (delta-rs 1.x, no lock, no unsafe
+    # mode): of two writers racing for a version one wins; the loser lands below.
     try:
         table.create_write_transaction(
             _actions(commit),

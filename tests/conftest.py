@@ -31,6 +31,7 @@ if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
 
 pytest_plugins = [
     "tests.fix_sinks",
+    "tests.fix_s3",
     "tests.fix_spark",
     "tests.fix_delta",
     "tests.fix_iceberg",

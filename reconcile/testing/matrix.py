@@ -85,7 +85,7 @@ def run_row(
     faults: list[Fault],
     state_dir: Path,
     *,
-    expected_root: Path | None = None,
+    expected_root: Path | str | None = None,
 ) -> None:
     """Run one row of the matrix over ``harness`` and check every invariant.
 

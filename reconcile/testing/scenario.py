@@ -42,7 +42,7 @@ class Scenario:
         sinks: Sequence[str] = SINKS,
         *,
         nonce_base: int = 0,
-        expected_root: Path | None = None,
+        expected_root: Path | str | None = None,
     ) -> None:
         self.harness = harness
         self.state_dir = state_dir

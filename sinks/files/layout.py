@@ -13,9 +13,11 @@ from reconcile.core.contract import FatalError, SinkTxnId
 from reconcile.core.durable import fsync_path
 
 __all__ = [
+    "MAX_HEADER",
     "Fence",
     "Fences",
     "make_dirs",
+    "parse_header",
     "read_batch",
     "read_fences",
     "read_header",
@@ -23,7 +25,7 @@ __all__ = [
 ]
 
 # A header is one short JSON line; a longer first line is not a batch header.
-_MAX_HEADER = 64 * 1024
+MAX_HEADER = 64 * 1024
 # The generation below which every pipeline is fenced, read from a fence file
 # in the older format (one plain integer, shared by every pipeline of the sink).
 _FLOOR = "*"
@@ -69,12 +71,22 @@ def read_header(path: str | os.PathLike[str]) -> dict[str, Any]:
         ValueError: the first line is not a JSON object of bounded size.
     """
     with open(path, "rb") as f:
-        line = f.readline(_MAX_HEADER + 1)
-    if len(line) > _MAX_HEADER:
-        raise ValueError(f"{path}: first line longer than {_MAX_HEADER} bytes")
+        line = f.readline(MAX_HEADER + 1)
+    return parse_header(line, str(path))
+
+
+def parse_header(line: bytes, where: str) -> dict[str, Any]:
+    """A batch header from the first line of a batch (``where`` names the batch in errors).
+
+    Raises:
+        ValueError: the line is not a JSON object with a txn id, of bounded size.
+    """
+    line = line.split(b"\n", 1)[0]
+    if len(line) > MAX_HEADER:
+        raise ValueError(f"{where}: first line longer than {MAX_HEADER} bytes")
     header = json.loads(line)
     if not isinstance(header, dict) or "txn" not in header:
-        raise ValueError(f"{path}: first line is not a batch header: {line[:200]!r}")
+        raise ValueError(f"{where}: first line is not a batch header: {line[:200]!r}")
     return header
 
 

@@ -26,11 +26,15 @@ from reconcile.testing.scenario import Scenario
 
 
 def harness_for(kind: str, target: str) -> SinkHarness:
-    """The harness of ``kind`` on ``target`` (a folder, or a DSN for Postgres)."""
+    """The harness of ``kind`` on ``target`` (a folder, a bucket for S3, or a DSN for Postgres)."""
     if kind == "file":
         from tests.fix_sinks import FileHarness
 
         return FileHarness(Path(target))
+    if kind == "s3":
+        from tests.fix_s3 import S3Harness
+
+        return S3Harness(target)  # a bucket on the endpoint the environment names
     if kind == "delta":
         from tests.fix_delta import DeltaHarness
 

@@ -51,6 +51,10 @@ ICEBERG_HOOK_POINTS = [
     ("iceberg-before-catalog-commit", "iceberg_sink.commit.before_catalog:3"),
 ]
 KINDS = ["file", "delta", "iceberg", "postgres", "postgres_prepared"]
+# The file sink on S3, killed inside its own steps and right before a commit
+# entry's conditional put (the kills between the sinks' steps are the cycle's,
+# which the local file sink takes).
+S3_KILL_POINTS = [k for k in KILL_POINTS if k[0] in ("prepare-midway", "commit-first-sink")]
 
 
 def _run(
@@ -70,6 +74,9 @@ def _run(
 @pytest.fixture
 def target(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[str, str]]:
     kind = request.param
+    if kind == "s3":
+        yield kind, request.getfixturevalue("s3_bucket")  # the endpoint is in the environment
+        return
     if not kind.startswith("postgres"):
         yield kind, str(tmp_path / "sinks")
         return
@@ -109,6 +116,30 @@ def test_kill9_then_restart_converges(
         for name in SINKS:
             files = sorted(p.name for p in (Path(where) / name / "committed").iterdir())
             assert len(files) == EPOCHS, files
+
+
+@pytest.mark.parametrize("target", ["s3"], indirect=True)
+@pytest.mark.parametrize(
+    ("row", "point", "nth", "when"), S3_KILL_POINTS, ids=[k[0] for k in S3_KILL_POINTS]
+)
+def test_kill9_into_the_s3_file_sink_then_restart_converges(
+    target: tuple[str, str], row: str, point: str, nth: int, when: str, tmp_path: Path
+) -> None:
+    kind, where = target
+    _kill_then_restart(kind, where, tmp_path, (point, str(nth), when), {})
+
+
+@pytest.mark.parametrize("target", ["s3"], indirect=True)
+def test_kill9_right_before_the_s3_commit_entry_is_put(
+    target: tuple[str, str], tmp_path: Path
+) -> None:
+    # Each sink has its own log; the appends of the run are alpha's and beta's
+    # fence entries, then epoch 0's commit entries, alpha's then beta's: the
+    # 4th is killed right before its conditional put, with alpha's epoch 0 in
+    # and beta's not. The restart commits beta's from the prepared batch, once.
+    kind, where = target
+    kill_at = {"RECONCILE_KILL_AT": "s3_file_sink.log.append:4"}
+    _kill_then_restart(kind, where, tmp_path, (), kill_at)
 
 
 @pytest.mark.parametrize("target", ["delta"], indirect=True)

@@ -67,7 +67,7 @@ def test_every_backend_package_declares_itself() -> None:
     # packages under sinks/ declare, one backend per package with a backend module.
     declared = {p.parent.name for p in (REPO / "sinks").glob("*/backend.py")}
     assert {b.name for b in registry.backends()} == declared
-    assert declared == {"delta", "files", "http", "iceberg", "memory", "postgres", "sql"}
+    assert declared == {"delta", "files", "http", "iceberg", "memory", "postgres", "s3", "sql"}
     for backend in registry.backends():
         assert backend.schemes or backend.accepts is not None, backend.name
         # Every reference names something that exists (the extras are installed here).

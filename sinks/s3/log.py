@@ -1,0 +1,177 @@
+"""The S3 file sink's commit log: numbered entries, each written once by a conditional put.
+
+Object stores have no atomic rename and no lock, so the local file sink's
+"flock, check the fence, rename into committed/" cannot be copied. What S3
+does give is an atomic create: ``PutObject`` with ``If-None-Match: *`` writes
+the key only if no object has it, and of two writers racing for one key
+exactly one gets 200 and the other 412. The log is built on that, as Delta's
+own log is:
+
+- entry ``log/<seq>.json`` (``seq`` zero-padded, so listing is in order) is
+  one JSON object: a ``commit`` (an epoch's batch made visible: its txn id,
+  row count, the writer's progress log id, the batch's key) or a ``fence`` (a
+  pipeline's newest writer generation);
+- a writer reads the log up to its end, checks what it is about to do against
+  the state the entries fold into (the fence, the epoch not committed yet),
+  then puts entry ``end + 1`` with ``If-None-Match: *``. The put succeeds only
+  if nothing was appended since the read, so the check and the write are one
+  atomic step: a takeover's fence entry or another writer's commit makes the
+  put fail with 412, and the writer reads the new entries and checks again.
+
+So an epoch becomes visible exactly when its commit entry's PUT returns 200,
+all of it at once; a zombie can never append after a newer generation's fence
+entry; and each seq has exactly one winner. The fold also keeps only the first
+commit entry of an epoch (defensive: the check already refuses a second one).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from reconcile.core import hooks
+from reconcile.core.contract import FatalError, Retryable, SinkOutcome
+from sinks.files.layout import Fences
+from sinks.s3.objects import Bucket, PreconditionFailed
+
+__all__ = ["APPEND", "CommitEntry", "CommitLog", "LogState"]
+
+# The moment between the check of the log's state and the conditional put of
+# the next entry: another writer appending here must make this put fail.
+APPEND = hooks.declare("s3_file_sink.log.append")
+
+_DIR = "log/"
+_WIDTH = 20
+# A writer that loses the race for the next entry this many times in a row
+# gives up with a Retryable outcome (nothing was written): unbounded retries
+# would hide a sink that too many writers share.
+_ATTEMPTS = 32
+
+
+@dataclass(frozen=True)
+class CommitEntry:
+    """One committed epoch: the txn that committed it, its batch and its writer's log."""
+
+    seq: int
+    txn: str
+    rows: int
+    log_id: str | None
+    batch: str
+
+
+@dataclass
+class LogState:
+    """What the log's entries fold into, as of entry ``end`` (-1: empty log)."""
+
+    end: int = -1
+    fences: Fences = field(default_factory=Fences)
+    # (pipeline, sink, epoch) -> the first commit entry of that epoch.
+    committed: dict[tuple[str, str, int], CommitEntry] = field(default_factory=dict)
+
+    def fold(self, seq: int, entry: dict[str, Any], where: str) -> None:
+        """Apply entry ``seq`` (the next one) to the state."""
+        kind = entry.get("kind")
+        if kind == "fence":
+            pipeline, generation = str(entry["pipeline"]), int(entry["generation"])
+            # Monotonic: an entry can only raise a pipeline's fence.
+            if generation > self.fences.generation(pipeline).generation:
+                self.fences = self.fences.with_generation(pipeline, generation, entry["log_id"])
+        elif kind == "commit":
+            key = (str(entry["pipeline"]), str(entry["sink"]), int(entry["epoch"]))
+            # First one wins: the writers' check refuses a second commit of an
+            # epoch, and should one ever be found it changes nothing visible.
+            found = CommitEntry(
+                seq, str(entry["txn"]), int(entry["rows"]), entry["log_id"], str(entry["batch"])
+            )
+            self.committed.setdefault(key, found)
+        else:
+            raise FatalError(f"{where}: log entry {seq} has unknown kind {kind!r}", path=where)
+        self.end = seq
+
+
+class CommitLog:
+    """The log under a sink root: read to its end, and appended to by conditional put."""
+
+    def __init__(self, bucket: Bucket) -> None:
+        self.bucket = bucket
+        self.state = LogState()
+
+    def refresh(self) -> LogState:
+        """Read the entries appended since the last read; the state as of the log's end.
+
+        Raises:
+            FatalError: an entry is unreadable or out of sequence (the log is damaged:
+                it is never read past a gap, which could hide a fence).
+        """
+        start = None if self.state.end < 0 else self._name(self.state.end)
+        for relative in self.bucket.list(_DIR, start_after=start):
+            seq = self._seq(relative)
+            if seq is None:
+                continue  # not an entry (a stray object under log/)
+            where = self.bucket.uri(relative)
+            if seq != self.state.end + 1:
+                raise FatalError(
+                    f"{where}: the log skips from entry {self.state.end} to {seq}; an entry was "
+                    "removed by hand. Stop every writer of this sink and restore it.",
+                    path=where,
+                )
+            raw = self.bucket.get(relative)
+            try:
+                entry = json.loads(raw or b"")
+                if not isinstance(entry, dict):
+                    raise ValueError("not a JSON object")
+                self.state.fold(seq, entry, where)
+            except (ValueError, KeyError, TypeError) as exc:
+                raise FatalError(
+                    f"{where}: log entry {seq} is unreadable ({exc}: {(raw or b'')[:100]!r}); "
+                    "nothing is read past it, which could hide a fence",
+                    path=where,
+                ) from exc
+        return self.state
+
+    def append(
+        self, entry: dict[str, Any], check: Callable[[LogState], SinkOutcome | None]
+    ) -> SinkOutcome | None:
+        """Put ``entry`` as the log's next entry, if ``check`` passes on the state it follows.
+
+        ``check`` sees the state the entry would follow and returns an outcome
+        to stop with (the entry is not written), or None to write it. A lost
+        race (412) re-reads the new entries and checks again.
+
+        Returns:
+            None when the entry was written; else ``check``'s outcome, or
+            Retryable after too many lost races (nothing written).
+        """
+        for _ in range(_ATTEMPTS):
+            state = self.refresh()
+            stop = check(state)
+            if stop is not None:
+                return stop
+            seq = state.end + 1
+            hooks.point(APPEND)
+            try:
+                self.bucket.put(
+                    self._name(seq), json.dumps(entry, sort_keys=True).encode(), if_none_match=True
+                )
+            except PreconditionFailed:
+                continue  # another writer took entry `seq`: read it, check again
+            # Fold our own entry now: the next refresh lists only after it.
+            self.state.fold(seq, entry, self.bucket.uri(self._name(seq)))
+            return None
+        return Retryable(
+            f"{self.bucket.uri(_DIR)}: lost the race for the next log entry {_ATTEMPTS} times "
+            "(other writers append to this sink); nothing was written"
+        )
+
+    @staticmethod
+    def _name(seq: int) -> str:
+        return f"{_DIR}{seq:0{_WIDTH}d}.json"
+
+    @staticmethod
+    def _seq(relative: str) -> int | None:
+        stem = relative.removeprefix(_DIR).removesuffix(".json")
+        if len(stem) != _WIDTH or not stem.isdigit():
+            return None
+        return int(stem)
