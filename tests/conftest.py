@@ -34,6 +34,7 @@ pytest_plugins = [
     "tests.fix_spark",
     "tests.fix_delta",
     "tests.fix_pg",
+    "tests.fix_mariadb",
     "tests.fix_chaos",
     "tests.fix_schedule",
     "tests.fix_tiers",
