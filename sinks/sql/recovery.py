@@ -123,7 +123,8 @@ class _Snapshot:
         if pa.types.is_floating(field.type) and getattr(column.type, "asdecimal", False):
             # MariaDB's DOUBLE and FLOAT reflect as types that hand back a Decimal
             # rounded to ten digits: read as the server's own binary float instead.
-            return sa.type_coerce(column, sa.Double(asdecimal=False)).label(field.name)
+            coerced: sa.ColumnElement[Any] = sa.type_coerce(column, sa.Double(asdecimal=False))
+            return coerced.label(field.name)
         return column
 
     def _rows(self, statement: sa.Select[Any]) -> pa.Table:
