@@ -124,7 +124,8 @@ class _Snapshot:
             # MariaDB's DOUBLE and FLOAT reflect as types that hand back a Decimal
             # rounded to ten digits: read as the server's own binary float instead.
             coerced: sa.ColumnElement[Any] = sa.type_coerce(column, sa.Double(asdecimal=False))
-            return coerced.label(field.name)
+            labelled: sa.ColumnElement[Any] = coerced.label(field.name)
+            return labelled
         return column
 
     def _rows(self, statement: sa.Select[Any]) -> pa.Table:
