@@ -119,13 +119,12 @@ class _Snapshot:
         return sa.select(*(self._column(field) for field in self.schema))
 
     def _column(self, field: pa.Field) -> sa.ColumnElement[Any]:
-        column = self.table.c[field.name]
+        column: sa.Column[Any] = self.table.c[str(field.name)]
         if pa.types.is_floating(field.type) and getattr(column.type, "asdecimal", False):
             # MariaDB's DOUBLE and FLOAT reflect as types that hand back a Decimal
             # rounded to ten digits: read as the server's own binary float instead.
             coerced: sa.ColumnElement[Any] = sa.type_coerce(column, sa.Double(asdecimal=False))
-            labelled: sa.ColumnElement[Any] = coerced.label(field.name)
-            return labelled
+            return coerced.label(str(field.name))
         return column
 
     def _rows(self, statement: sa.Select[Any]) -> pa.Table:
