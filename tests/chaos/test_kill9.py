@@ -19,6 +19,7 @@ import pytest
 from reconcile.testing.scenario import SINKS, Scenario
 from tests.chaos.kill_pipeline import harness_for
 from tests.fix_pg import PgServer
+from tests.mariadb_server import MariadbServer
 
 pytestmark = [pytest.mark.chaos, pytest.mark.integration]
 
@@ -43,7 +44,7 @@ DELTA_HOOK_POINTS = [
     ("delta-commit-checked", "delta_sink.commit.checked:2"),
     ("delta-before-log-write", "delta.commit_files.before_write:3"),
 ]
-KINDS = ["file", "delta", "postgres", "postgres_prepared"]
+KINDS = ["file", "delta", "postgres", "postgres_prepared", "mariadb"]
 
 
 def _run(
@@ -63,6 +64,14 @@ def _run(
 @pytest.fixture
 def target(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[str, str]]:
     kind = request.param
+    if kind == "mariadb":
+        maria: MariadbServer = request.getfixturevalue("mariadb_server")
+        name = maria.create_database("k9")
+        try:
+            yield kind, maria.url(name)
+        finally:
+            maria.drop_database(name)
+        return
     if not kind.startswith("postgres"):
         yield kind, str(tmp_path / "sinks")
         return
