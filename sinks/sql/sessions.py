@@ -14,11 +14,12 @@ terminates its backend).
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
 import sqlalchemy as sa
 
-__all__ = ["SESSION_DIALECTS", "SessionNotEndedError", "end_session", "session_of"]
+__all__ = ["SESSION_DIALECTS", "Session", "SessionNotEndedError", "end_session", "session_of"]
 
 SESSION_DIALECTS = frozenset({"mysql", "mariadb"})
 _UNKNOWN_THREAD = 1094  # ER_NO_SUCH_THREAD: the session is gone already
@@ -28,17 +29,40 @@ class SessionNotEndedError(sa.exc.SQLAlchemyError):
     """The old session is still in the process list after KILL: its outcome can still change."""
 
 
-def session_of(conn: sa.Connection) -> int | None:
-    """The server's id of ``conn``'s session (MariaDB, MySQL); None elsewhere."""
+@dataclass(frozen=True)
+class Session:
+    """A server session: its id, and when (this process's monotonic clock) it was seen open."""
+
+    id: int
+    seen_at: float = field(default_factory=time.monotonic)
+
+
+def session_of(conn: sa.Connection) -> Session | None:
+    """The server's session of ``conn`` (MariaDB, MySQL); None elsewhere."""
     if conn.dialect.name not in SESSION_DIALECTS:
         return None
     dbapi: Any = conn.connection.dbapi_connection
     thread_id = getattr(dbapi, "thread_id", None)
     value = thread_id() if callable(thread_id) else None
-    return int(value) if value is not None else None
+    return Session(int(value)) if value is not None else None
 
 
-def end_session(engine: sa.Engine, session: int, timeout_s: float = 30.0) -> None:
+def _restarted_since(conn: sa.Connection, seen_at: float) -> bool:
+    """Whether the server started after ``seen_at``: its uptime is shorter than the time since.
+
+    Uptime is in whole seconds, so a restart within a second of ``seen_at``
+    reads as no restart (then the id is killed; it may name a new session).
+    """
+    uptime = conn.execute(
+        sa.text(
+            "SELECT variable_value FROM information_schema.global_status "
+            "WHERE variable_name = 'UPTIME'"
+        )
+    ).scalar_one()
+    return int(uptime) + 1 <= time.monotonic() - seen_at
+
+
+def end_session(engine: sa.Engine, session: Session, timeout_s: float = 30.0) -> None:
     """KILL ``session`` and wait until the server has finished it (its txn is decided).
 
     Raises:
@@ -46,8 +70,12 @@ def end_session(engine: sa.Engine, session: int, timeout_s: float = 30.0) -> Non
         sa.exc.SQLAlchemyError: the server cannot be reached.
     """
     with engine.connect() as conn:
+        if _restarted_since(conn, session.seen_at):
+            # The server restarted: the session died with it, and its id may now
+            # belong to another client's session, which must not be killed.
+            return
         try:
-            conn.exec_driver_sql(f"KILL CONNECTION {int(session)}")
+            conn.exec_driver_sql(f"KILL CONNECTION {int(session.id)}")
         except sa.exc.DBAPIError as err:
             code = getattr(err.orig, "args", (None,))[0]
             # Gone already (it ended with its socket, or the server restarted):
@@ -57,11 +85,11 @@ def end_session(engine: sa.Engine, session: int, timeout_s: float = 30.0) -> Non
         conn.rollback()
         deadline = time.monotonic() + timeout_s
         find = sa.text("SELECT count(*) FROM information_schema.processlist WHERE id = :id")
-        while conn.execute(find, {"id": session}).scalar_one():
+        while conn.execute(find, {"id": session.id}).scalar_one():
             conn.rollback()
             if time.monotonic() > deadline:
                 raise SessionNotEndedError(
-                    f"session {session} is still running {timeout_s:.0f} s after KILL; "
+                    f"session {session.id} is still running {timeout_s:.0f} s after KILL; "
                     "its transaction may still commit"
                 )
             time.sleep(0.02)

@@ -43,7 +43,7 @@ from sinks.open_txn import OpenTxnSink
 from .arrow_types import table_arrow_schema
 from .errors import describe_error, redact_url, rejection, sqlstate_of
 from .rows import EPOCH_COLUMN, write_rows
-from .sessions import end_session, session_of
+from .sessions import Session, end_session, session_of
 from .state import SqlState
 
 __all__ = ["EPOCH_COLUMN", "SqlSink"]
@@ -57,7 +57,7 @@ class SqlTxn:
 
     conn: sa.Connection
     txn: sa.Transaction
-    session: int | None = None  # the server's session id, where it can be ended (sessions.py)
+    session: Session | None = None  # the server's session, where it can be ended (sessions.py)
 
 
 class SqlSink(OpenTxnSink[SqlTxn, list[Any]]):
@@ -114,7 +114,7 @@ class SqlSink(OpenTxnSink[SqlTxn, list[Any]]):
         self.state = SqlState(state_schema)
         self._writer: WriterIdentity | None = None
         self._target: sa.Table | None = None
-        self._unended: dict[tuple[str, str, int], int] = {}  # epoch -> session to end first
+        self._unended: dict[tuple[str, str, int], Session] = {}  # epoch -> session to end first
         OpenTxnSink.__init__(self)
 
     # -- identity and set-up ------------------------------------------------

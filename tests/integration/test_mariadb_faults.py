@@ -7,6 +7,7 @@ marker written in the epoch's transaction decides.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -103,7 +104,7 @@ def test_a_commit_without_reply_is_settled_by_the_marker(
     outcome = sink.commit(txn(2))
     assert proxy.fired.is_set()
     # The old session was ended before the marker was read: its outcome is final.
-    assert session is not None and session not in sessions(mariadb_server)
+    assert session is not None and session.id not in sessions(mariadb_server)
     if fault == DROP_BEFORE_COMMIT:
         # The server never got the COMMIT: no marker, the epoch is replayed.
         assert isinstance(outcome, Fatal) and "did not commit" in outcome.reason
@@ -129,18 +130,51 @@ def test_a_session_cut_off_by_a_partition_is_ended_before_the_marker_is_read(
     assert sink.prepare(txn(1)) == OK
     session = sink._open[txn(1).key].held.session  # type: ignore[union-attr]
     proxy.partition()
-    assert session in sessions(mariadb_server)
+    assert session is not None and session.id in sessions(mariadb_server)
     outcome = sink.commit(txn(1))
     # Ended, so no COMMIT of it can land later: "no marker" is the final answer,
     # and the replay finds no lock of it in its way.
     assert isinstance(outcome, Fatal) and "did not commit" in outcome.reason
-    assert session not in sessions(mariadb_server)
+    assert session.id not in sessions(mariadb_server)
     direct = SqlSink(mariadb_server.url(db) + FAST_LOCKS, "orders", name="orders")
     direct.bind(WriterIdentity(PIPE, "log-1"))
     run(direct, 1)
     expect_exactly(mariadb_server, db, [1])
     direct.close()
     sink.close()
+
+
+def test_a_server_killed_between_prepare_and_commit_then_restarted(tmp_path: Any) -> None:
+    # The database restarts mid-epoch: the open transaction dies with it. Session
+    # ids start again from 1 after a restart, so the old epoch's id may now be
+    # another client's session: it must not be killed.
+    with MariadbServer() as server:
+        db = server.create_database("r")
+        with server.connect(db) as conn, conn.cursor() as cur:
+            cur.execute("CREATE TABLE orders (k VARCHAR(32) COLLATE utf8mb4_bin PRIMARY KEY, "
+                        "v BIGINT, _epoch BIGINT)")  # fmt: skip
+        sink = SqlSink(server.url(db) + FAST_LOCKS, "orders", name="orders")
+        sink.bind(WriterIdentity(PIPE, "log-1"))
+        run(sink, 1)
+        assert sink.stage(txn(2), rows(2)) == OK
+        assert sink.prepare(txn(2)) == OK
+        session = sink._open[txn(2).key].held.session  # type: ignore[union-attr]
+        assert session is not None
+        time.sleep(1.1)  # the server's uptime, in whole seconds, tells the restart apart
+        server.kill9()
+        server.start()
+        bystanders = [server.connect(db) for _ in range(session.id + 2)]
+        ids = {b.thread_id() for b in bystanders}
+        assert session.id in ids  # the old id names a new session now
+        outcome = sink.commit(txn(2))
+        assert isinstance(outcome, Fatal) and "did not commit" in outcome.reason
+        assert ids <= sessions(server), "a session of another client was killed"
+        for bystander in bystanders:
+            bystander.close()
+        assert sink.prepare(txn(2)) == OK and sink.commit(txn(2)) == OK
+        run(sink, 3)
+        expect_exactly(server, db, [1, 2, 3])
+        sink.close()
 
 
 def test_the_proxy_passes_a_password_login(mariadb_server: MariadbServer, db: str) -> None:
