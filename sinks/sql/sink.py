@@ -110,7 +110,9 @@ class SqlSink(OpenTxnSink[SqlTxn, list[Any]]):
         try:
             self.engine = sa.create_engine(parsed)
         except (sa.exc.ArgumentError, ImportError) as err:
-            raise ConfigurationError(describe_error(name, url, "cannot use the URL", err)) from None
+            extra = "mariadb" if parsed.get_backend_name() in ("mysql", "mariadb") else "sql"
+            what = f"cannot use the URL (pip install 'reconcile-engine[{extra}]')"
+            raise ConfigurationError(describe_error(name, url, what, err)) from None
         self.state = SqlState(state_schema)
         self._writer: WriterIdentity | None = None
         self._target: sa.Table | None = None

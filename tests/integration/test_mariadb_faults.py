@@ -190,3 +190,13 @@ def test_the_proxy_passes_a_password_login(mariadb_server: MariadbServer, db: st
         conn.close()
     finally:
         proxy.close()
+
+
+def test_a_missing_driver_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    from reconcile.core.contract import ConfigurationError
+
+    monkeypatch.setitem(__import__("sys").modules, "pymysql", None)  # as if not installed
+    url = "mariadb+pymysql://app:s3cret@127.0.0.1:1/shop"
+    with pytest.raises(ConfigurationError, match=r"reconcile-engine\[mariadb\]") as raised:
+        SqlSink(url, "orders", name="orders")
+    assert "s3cret" not in str(raised.value)
