@@ -54,7 +54,12 @@ def test_a_run_marks_them_slow_before_it_selects() -> None:
     )  # fmt: skip
     chosen = [line for line in proc.stdout.splitlines() if "::" in line]
     assert chosen and all(slow_tier(nodeid) for nodeid in chosen)
-    assert {n.rsplit("-", 1)[1] for n in chosen} == {"postgres_prepared]", "delta]", "file]", "mariadb]"}
+    assert {n.rsplit("-", 1)[1] for n in chosen} == {
+        "postgres_prepared]",
+        "delta]",
+        "file]",
+        "mariadb]",
+    }
     assert not any("[stage-file]" in n or "[prepare-done-file]" in n for n in chosen)
 
 
