@@ -101,6 +101,11 @@ class MariadbServer:
         if os.geteuid() == 0:
             shutil.chown(self.root, "mysql", "mysql")
         self.data = self.root / "data"
+        # Temporary files in a folder of its own: in the shared /tmp, concurrent
+        # bootstraps (a worker per core) were seen to lose each other's temp tables.
+        (self.root / "tmp").mkdir()
+        if os.geteuid() == 0:
+            shutil.chown(self.root / "tmp", "mysql", "mysql")
         self.port = free_port()
         self.settings: dict[str, Any] = {
             "innodb-log-file-size": "16M",
@@ -110,12 +115,13 @@ class MariadbServer:
             "performance-schema": "OFF",
             "character-set-server": "utf8mb4",
             "max-connections": 200,
+            "tmpdir": self.root / "tmp",
             **settings,
         }
         run_checked([
             *_as_mysql(), str(install_db), "--no-defaults", f"--datadir={self.data}",
             "--auth-root-authentication-method=normal", "--skip-test-db", "--skip-name-resolve",
-            *self._options(("innodb-log-file-size", "innodb-buffer-pool-size")),
+            *self._options(("innodb-log-file-size", "innodb-buffer-pool-size", "tmpdir")),
         ])  # fmt: skip
         self._process: subprocess.Popen[bytes] | None = None
         self.start()

@@ -50,8 +50,11 @@ def session_of(conn: sa.Connection) -> Session | None:
 def _restarted_since(conn: sa.Connection, seen_at: float) -> bool:
     """Whether the server started after ``seen_at``: its uptime is shorter than the time since.
 
-    Uptime is in whole seconds, so a restart within a second of ``seen_at``
-    reads as no restart (then the id is killed; it may name a new session).
+    Uptime is whole seconds of wall-clock time, both ends truncated: it reads
+    up to a second more or less than has passed. The margin of two seconds
+    never takes a server that kept running for a restarted one (that would
+    leave the old session alive); a restart less than three seconds after
+    ``seen_at`` reads as none (then the id is killed; it may name a new session).
     """
     uptime = conn.execute(
         sa.text(
@@ -59,7 +62,7 @@ def _restarted_since(conn: sa.Connection, seen_at: float) -> bool:
             "WHERE variable_name = 'UPTIME'"
         )
     ).scalar_one()
-    return int(uptime) + 1 <= time.monotonic() - seen_at
+    return int(uptime) + 2 <= time.monotonic() - seen_at
 
 
 def end_session(engine: sa.Engine, session: Session, timeout_s: float = 30.0) -> None:
