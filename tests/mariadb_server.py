@@ -68,11 +68,14 @@ def _as_mysql() -> list[str]:
     return ["runuser", "-u", "mysql", "--"] if os.geteuid() == 0 else []
 
 
-def _watchdog(root: Path, pid: int) -> None:
-    """Kill the server and delete its folder once this process is gone (a killed test run)."""
+def _watchdog(root: Path, group: int) -> None:
+    """Kill the server and delete its folder once this process is gone (a killed test run).
+
+    The whole process group: ``runuser`` forks, so mariadbd is its child, not itself.
+    """
     script = (
         f"while kill -0 {os.getpid()} 2>/dev/null && [ -d '{root}' ]; do sleep 1; done; "
-        f"kill -9 {pid} 2>/dev/null; rm -rf '{root}'"
+        f"kill -9 -{group} 2>/dev/null; rm -rf '{root}'"
     )
     subprocess.Popen(
         ["sh", "-c", script],
@@ -161,7 +164,7 @@ class MariadbServer:
             time.sleep(0.05)
 
     def server_pid(self) -> int:
-        """The pid of mariadbd (runuser execs it: the same process)."""
+        """The pid of mariadbd (a child of runuser, when run as root)."""
         pid_file = self.root / "mysqld.pid"
         if pid_file.exists():
             return int(pid_file.read_text().split()[0])
