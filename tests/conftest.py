@@ -36,6 +36,7 @@ pytest_plugins = [
     "tests.fix_delta",
     "tests.fix_iceberg",
     "tests.fix_pg",
+    "tests.fix_mariadb",
     "tests.fix_chaos",
     "tests.fix_schedule",
     "tests.fix_tiers",

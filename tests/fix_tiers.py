@@ -61,6 +61,16 @@ SLOW: dict[str, str] = {
     # the default tier; the one after the sink's checks repeats it a step earlier.
     r"tests/chaos/test_kill9\.py::test_kill9_inside_the_iceberg_commit\[iceberg-commit-checked":
         "kill -9 inside the Iceberg commit, after its checks",
+    # MariaDB through the SQL sink: the commit rows (the marker decides) and the zombie
+    # stay in the default tier; the rows before the commit point are the cycle's own,
+    # taken on every default backend.
+    r"tests/chaos/test_failure_matrix\.py::test_failure_matrix\[mariadb-(?!commit-|after_commit)":
+        "MariaDB at the fault points before the commit",
+    # kill -9 into MariaDB: the kills inside its prepare and commit stay in the default
+    # tier; those between the sinks' own steps are the cycle's, taken on Postgres.
+    r"tests/chaos/test_kill9\.py::test_kill9_then_restart_converges\[(stage|record_expected_state|"
+    r"prepare-midway|commit-progress-written|finalize|engine_crash-before-commit-progress)"
+    r"-mariadb\]": "kill -9 into MariaDB between the sinks' own steps",
     # Into files, the kills between the sinks' own steps (the log written, the
     # decision, finalize) repeat what transactional PostgreSQL takes at each; the
     # kills inside the file sink's stage, prepare and commit stay in the default tier.

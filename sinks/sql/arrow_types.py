@@ -5,7 +5,8 @@ By the reflected SQLAlchemy type (the same classes ``recovery.sink_kind`` reads)
 =========================================  ====================================
 SQLAlchemy type                            Arrow
 =========================================  ====================================
-Boolean                                    bool
+Boolean                                    bool (MariaDB's and MySQL's BOOLEAN
+                                           is TINYINT(1): bool there too)
 SmallInteger, Integer, BigInteger          int16, int32, int64 (every integer
                                            is int64 on SQLite, which stores
                                            64-bit integers whatever the name)
@@ -34,7 +35,7 @@ import sqlalchemy as sa
 
 from reconcile.core.decimals import arrow_decimal_type
 
-__all__ = ["arrow_type", "table_arrow_schema"]
+__all__ = ["arrow_type", "is_boolean", "table_arrow_schema"]
 
 EPOCH_COLUMN = "_epoch"
 
@@ -46,10 +47,25 @@ def _decimal(t: sa.Numeric[Any]) -> pa.DataType | None:
     return decimal if decimal is not None and t.precision <= 38 else None
 
 
+def is_boolean(t: sa.types.TypeEngine[Any], dialect: str) -> bool:
+    """A boolean column: Boolean, or on MariaDB and MySQL the TINYINT(1) that BOOLEAN is there.
+
+    Those servers keep no boolean type: ``BOOLEAN`` is a synonym of
+    ``TINYINT(1)``, and the reflected type is that; the width is what tells.
+    """
+    if isinstance(t, sa.Boolean):
+        return True
+    return (
+        dialect in ("mysql", "mariadb")
+        and type(t).__name__ == "TINYINT"
+        and getattr(t, "display_width", None) == 1
+    )
+
+
 def arrow_type(column: sa.Column[Any], dialect: str) -> pa.DataType | None:
     """The Arrow type that holds every value of ``column`` exactly; None if there is none."""
     t = column.type
-    if isinstance(t, sa.Boolean):
+    if is_boolean(t, dialect):
         return pa.bool_()
     if isinstance(t, sa.Integer):
         if dialect == "sqlite":

@@ -31,6 +31,7 @@ from reconcile.core.contract import (
 from reconcile.core.target import KeyRange, Progress, Repair
 from sinks.objects.sql_state import create_scope_keys
 
+from .arrow_types import is_boolean
 from .rows import EPOCH_COLUMN, write_rows
 from .sink import SqlSink
 
@@ -42,7 +43,7 @@ PAGE_ROWS = 50_000
 def sink_kind(column: sa.Column[Any], dialect: str) -> str:
     """The recovery kind of a reflected column, by its SQLAlchemy type."""
     t = column.type
-    if isinstance(t, sa.Boolean):
+    if is_boolean(t, dialect):
         return "bool"
     if isinstance(t, sa.Integer):
         return "int"
@@ -77,6 +78,10 @@ def _to_arrow(rows: list[tuple[Any, ...]], schema: pa.Schema) -> pa.Table:
         values = [r[i] for r in rows]
         if pa.types.is_string(field.type) or pa.types.is_large_string(field.type):
             values = [str(v) if isinstance(v, uuid.UUID) else v for v in values]
+        elif pa.types.is_boolean(field.type):
+            # MariaDB's BOOLEAN (TINYINT(1)) gives 0 and 1; any other number it may
+            # hold is no boolean, and stays an int to be flagged unconvertible.
+            values = [bool(v) if type(v) is int and v in (0, 1) else v for v in values]
         try:
             arrays.append(pa.array(values, field.type))
             continue
@@ -111,7 +116,16 @@ class _Snapshot:
         self.narrow_ranges = False
 
     def _select(self) -> sa.Select[Any]:
-        return sa.select(*(self.table.c[name] for name in self.schema.names))
+        return sa.select(*(self._column(field) for field in self.schema))
+
+    def _column(self, field: pa.Field) -> sa.ColumnElement[Any]:
+        column: sa.Column[Any] = self.table.c[str(field.name)]
+        if pa.types.is_floating(field.type) and getattr(column.type, "asdecimal", False):
+            # MariaDB's DOUBLE and FLOAT reflect as types that hand back a Decimal
+            # rounded to ten digits: read as the server's own binary float instead.
+            coerced: sa.ColumnElement[Any] = sa.type_coerce(column, sa.Double(asdecimal=False))
+            return coerced.label(str(field.name))
+        return column
 
     def _rows(self, statement: sa.Select[Any]) -> pa.Table:
         return _to_arrow([tuple(r) for r in self.conn.execute(statement)], self.schema)

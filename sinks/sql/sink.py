@@ -43,6 +43,7 @@ from sinks.open_txn import OpenTxnSink
 from .arrow_types import table_arrow_schema
 from .errors import describe_error, redact_url, rejection, sqlstate_of
 from .rows import EPOCH_COLUMN, write_rows
+from .sessions import Session, end_session, session_of
 from .state import SqlState
 
 __all__ = ["EPOCH_COLUMN", "SqlSink"]
@@ -56,6 +57,7 @@ class SqlTxn:
 
     conn: sa.Connection
     txn: sa.Transaction
+    session: Session | None = None  # the server's session, where it can be ended (sessions.py)
 
 
 class SqlSink(OpenTxnSink[SqlTxn, list[Any]]):
@@ -108,10 +110,13 @@ class SqlSink(OpenTxnSink[SqlTxn, list[Any]]):
         try:
             self.engine = sa.create_engine(parsed)
         except (sa.exc.ArgumentError, ImportError) as err:
-            raise ConfigurationError(describe_error(name, url, "cannot use the URL", err)) from None
+            extra = "mariadb" if parsed.get_backend_name() in ("mysql", "mariadb") else "sql"
+            what = f"cannot use the URL (pip install 'reconcile-engine[{extra}]')"
+            raise ConfigurationError(describe_error(name, url, what, err)) from None
         self.state = SqlState(state_schema)
         self._writer: WriterIdentity | None = None
         self._target: sa.Table | None = None
+        self._unended: dict[tuple[str, str, int], Session] = {}  # epoch -> session to end first
         OpenTxnSink.__init__(self)
 
     # -- identity and set-up ------------------------------------------------
@@ -323,7 +328,7 @@ class SqlSink(OpenTxnSink[SqlTxn, list[Any]]):
             if isinstance(err, sa.exc.OperationalError):
                 return Retryable(self._error(f"prepare({txn_id}); nothing was written", err))
             return Fatal(self._error(f"prepare({txn_id}) refused; nothing was written", err))
-        self._hold(txn_id, SqlTxn(conn, txn))
+        self._hold(txn_id, SqlTxn(conn, txn, session_of(conn)))
         return OK
 
     # -- the steps of the open-transaction lifecycle (sinks.open_txn) -----------
@@ -344,11 +349,17 @@ class SqlSink(OpenTxnSink[SqlTxn, list[Any]]):
             held.conn.close()
         # A COMMIT without a definite answer: there is no transaction id to ask
         # the database about; the marker, written in the same transaction, is
-        # the only evidence.
+        # the only evidence, once the session that ran it has ended (else its
+        # COMMIT may still land after the marker was read: sessions.py).
+        if held.session is not None:
+            self._unended[txn_id.key] = held.session
         return self._settle_by_marker(txn_id)
 
     def _settle_by_marker(self, txn_id: SinkTxnId) -> SinkOutcome:
         try:
+            if (session := self._unended.get(txn_id.key)) is not None:
+                end_session(self.engine, session)  # kept until it ended: a retry ends it first
+                del self._unended[txn_id.key]
             with self.engine.connect() as conn:
                 done = self._marker_outcome(conn, txn_id)
         except sa.exc.SQLAlchemyError as err:

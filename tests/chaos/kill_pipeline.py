@@ -5,9 +5,9 @@
 With ``RECONCILE_EXPECTED_STATE=1`` in the environment the pipeline records its
 expected state under ``ROOT/expected`` (its epochs table is then the progress log).
 
-KIND is file, delta, iceberg, postgres or postgres_prepared; TARGET is the sink
-root folder (file, delta; iceberg: its SQLite catalog and warehouse) or the
-database DSN (postgres). The pipeline dies by
+KIND is file, s3, delta, iceberg, postgres, postgres_prepared or mariadb; TARGET is
+the sink root folder (file, delta; iceberg: its SQLite catalog and warehouse), a bucket
+(s3), the database DSN (postgres) or URL (mariadb). The pipeline dies by
 SIGKILL at POINT (a fault point of the cycle or a sink); a hook point inside
 a sink can be armed instead with RECONCILE_KILL_AT in the environment. NONCE
 is the first run number of this process's outputs, so a restarted process
@@ -26,7 +26,7 @@ from reconcile.testing.scenario import Scenario
 
 
 def harness_for(kind: str, target: str) -> SinkHarness:
-    """The harness of ``kind`` on ``target`` (a folder, a bucket for S3, or a DSN for Postgres)."""
+    """The harness of ``kind`` on ``target`` (a folder, a bucket for S3, a DSN or a URL)."""
     if kind == "file":
         from tests.fix_sinks import FileHarness
 
@@ -43,6 +43,10 @@ def harness_for(kind: str, target: str) -> SinkHarness:
         from tests.fix_iceberg import IcebergHarness
 
         return IcebergHarness(Path(target))
+    if kind == "mariadb":
+        from tests.fix_mariadb import MariadbHarness
+
+        return MariadbHarness(target)
     from tests.fix_pg import PostgresHarness
 
     return PostgresHarness(target, "prepared" if kind == "postgres_prepared" else "transactional")

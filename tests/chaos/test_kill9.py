@@ -19,6 +19,7 @@ import pytest
 from reconcile.testing.scenario import SINKS, Scenario
 from tests.chaos.kill_pipeline import harness_for
 from tests.fix_pg import PgServer
+from tests.mariadb_server import MariadbServer
 
 pytestmark = [pytest.mark.chaos, pytest.mark.integration]
 
@@ -50,7 +51,7 @@ ICEBERG_HOOK_POINTS = [
     ("iceberg-commit-checked", "iceberg_sink.commit.checked:2"),
     ("iceberg-before-catalog-commit", "iceberg_sink.commit.before_catalog:3"),
 ]
-KINDS = ["file", "delta", "iceberg", "postgres", "postgres_prepared"]
+KINDS = ["file", "delta", "iceberg", "postgres", "postgres_prepared", "mariadb"]
 # The file sink on S3, killed inside its own steps and right before a commit
 # entry's conditional put (the kills between the sinks' steps are the cycle's,
 # which the local file sink takes).
@@ -76,6 +77,14 @@ def target(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[str
     kind = request.param
     if kind == "s3":
         yield kind, request.getfixturevalue("s3_bucket")  # the endpoint is in the environment
+        return
+    if kind == "mariadb":
+        maria: MariadbServer = request.getfixturevalue("mariadb_server")
+        name = maria.create_database("k9")
+        try:
+            yield kind, maria.url(name)
+        finally:
+            maria.drop_database(name)
         return
     if not kind.startswith("postgres"):
         yield kind, str(tmp_path / "sinks")

@@ -62,6 +62,7 @@ NOT_RUN = {
     ("docs/expected_state.md", "needs polars, which is not a dependency"),
     ("docs/benchmarks.md", "each benchmark runs for minutes"),
     ("docs/getting-started.md", "it installs packages"),
+    ("docs/mariadb.md", "needs a MariaDB server"),
 }
 CODE = {"python", "bash", "sh"}
 SHELL = {"bash", "sh"}

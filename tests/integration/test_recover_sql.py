@@ -1,6 +1,6 @@
 """The generic SQL path: SqlSink passes the contract suite; recover() through SQLAlchemy.
 
-On SQLite (a file) and on PostgreSQL through SQLAlchemy (not the COPY fast path).
+On SQLite (a file), on PostgreSQL through SQLAlchemy (not the COPY fast path) and on MariaDB.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from reconcile.recovery.in_parts import PART
 from reconcile.testing import check_sink
 from sinks.sql.sink import SqlSink
 from tests.fix_pg import PgServer
+from tests.mariadb_server import MariadbServer
 
 pytestmark = pytest.mark.integration
 
@@ -42,7 +43,7 @@ SCHEMA = pa.schema(
 )
 DDL = (
     "CREATE TABLE orders (id BIGINT PRIMARY KEY, name TEXT, amount NUMERIC(12, 2), "
-    "ratio {float}, day DATE, at TIMESTAMP, flag BOOLEAN, blob {blob}, _epoch BIGINT)"
+    "ratio {float}, day DATE, at {ts}, flag BOOLEAN, blob {blob}, _epoch BIGINT)"
 )
 
 
@@ -166,19 +167,30 @@ def drift(url: str) -> None:
     engine.dispose()
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
+@pytest.fixture(params=["sqlite", "postgres", "mariadb"])
 def url(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
     if request.param == "sqlite":
         path = tmp_path / "sink.db"
         engine = sa.create_engine(f"sqlite:///{path}")
         with engine.begin() as conn:
-            conn.exec_driver_sql(DDL.format(float="REAL", blob="BLOB"))
+            conn.exec_driver_sql(DDL.format(float="REAL", blob="BLOB", ts="TIMESTAMP"))
         yield f"sqlite:///{path}"
+        return
+    if request.param == "mariadb":
+        maria: MariadbServer = request.getfixturevalue("mariadb_server")
+        db = maria.create_database("sql")
+        with maria.connect(db) as mconn, mconn.cursor() as cur:
+            # DATETIME(6): MariaDB's TIMESTAMP is a time zone's, and to the second;
+            # BLOB is a reserved word there.
+            ddl = DDL.format(float="DOUBLE", blob="BLOB", ts="DATETIME(6)")
+            cur.execute(ddl.replace(" blob ", " `blob` "))
+        yield maria.url(db)
+        maria.drop_database(db)
         return
     server: PgServer = request.getfixturevalue("pg_server")
     name = server.create_database("sql")
     with server.connect(name) as conn:
-        conn.execute(DDL.format(float="DOUBLE PRECISION", blob="BYTEA"))
+        conn.execute(DDL.format(float="DOUBLE PRECISION", blob="BYTEA", ts="TIMESTAMP"))
     yield f"postgresql+psycopg://postgres@127.0.0.1:{server.port}/{name}"
     server.drop_database(name)
 
