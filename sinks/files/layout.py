@@ -4,18 +4,19 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from reconcile.core.contract import FatalError, SinkTxnId
+from reconcile.core.contract import Fatal, FatalError, SinkTxnId
 from reconcile.core.durable import fsync_path
 
 __all__ = [
     "MAX_HEADER",
     "Fence",
     "Fences",
+    "encode_rows",
     "make_dirs",
     "parse_header",
     "read_batch",
@@ -29,6 +30,20 @@ MAX_HEADER = 64 * 1024
 # The generation below which every pipeline is fenced, read from a fence file
 # in the older format (one plain integer, shared by every pipeline of the sink).
 _FLOOR = "*"
+
+
+def encode_rows(sink: str, txn_id: SinkTxnId, rows: Iterable[Any]) -> list[bytes] | Fatal:
+    """Each row as one JSON line of a batch, or the Fatal naming the first row JSON cannot hold."""
+    encoded: list[bytes] = []
+    for i, row in enumerate(rows):
+        try:
+            encoded.append(json.dumps(row, sort_keys=True, allow_nan=False).encode())
+        except (TypeError, ValueError) as exc:
+            return Fatal(
+                f"sink {sink!r}, {txn_id}: row {i} ({row!r}) cannot be written as "
+                f"JSON: {exc}. Nothing was staged."
+            )
+    return encoded
 
 
 def make_dirs(path: Path) -> None:

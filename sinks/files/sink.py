@@ -26,7 +26,14 @@ from reconcile.core.contract import (
 from reconcile.core.durable import fsync_path, write_atomically
 from reconcile.core.sink import SinkCapabilities
 from sinks.base import local_path
-from sinks.files.layout import make_dirs, read_batch, read_fences, read_header, remove_and_sync
+from sinks.files.layout import (
+    encode_rows,
+    make_dirs,
+    read_batch,
+    read_fences,
+    read_header,
+    remove_and_sync,
+)
 from sinks.ownership import WriterBinding, describe_log, foreign_commit, foreign_prepare
 
 __all__ = ["FENCE_WRITE", "FileSink", "open_uri", "read_batch", "read_header"]
@@ -84,15 +91,9 @@ class FileSink:
         self._binding.bind(writer)
 
     def stage(self, txn_id: SinkTxnId, rows: Iterable[Any]) -> SinkOutcome:
-        encoded: list[bytes] = []
-        for i, row in enumerate(rows):
-            try:
-                encoded.append(json.dumps(row, sort_keys=True, allow_nan=False).encode())
-            except (TypeError, ValueError) as exc:
-                return Fatal(
-                    f"sink {self._name!r}, {txn_id}: row {i} ({row!r}) cannot be written as "
-                    f"JSON: {exc}. Nothing was staged."
-                )
+        encoded = encode_rows(self._name, txn_id, rows)
+        if isinstance(encoded, Fatal):
+            return encoded
         self._staged[txn_id] = encoded
         return OK
 

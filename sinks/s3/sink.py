@@ -27,7 +27,7 @@ from reconcile.core.contract import (
     validate_name,
 )
 from reconcile.core.sink import SinkCapabilities
-from sinks.files.layout import MAX_HEADER, parse_header
+from sinks.files.layout import MAX_HEADER, encode_rows, parse_header
 from sinks.ownership import WriterBinding, describe_log, foreign_commit, foreign_prepare
 from sinks.s3.log import CommitEntry, CommitLog, LogState
 from sinks.s3.objects import Bucket, S3Location, parse_s3_uri
@@ -78,15 +78,9 @@ class S3FileSink:
         self._binding.bind(writer)
 
     def stage(self, txn_id: SinkTxnId, rows: Iterable[Any]) -> SinkOutcome:
-        encoded: list[bytes] = []
-        for i, row in enumerate(rows):
-            try:
-                encoded.append(json.dumps(row, sort_keys=True, allow_nan=False).encode())
-            except (TypeError, ValueError) as exc:
-                return Fatal(
-                    f"sink {self._name!r}, {txn_id}: row {i} ({row!r}) cannot be written as "
-                    f"JSON: {exc}. Nothing was staged."
-                )
+        encoded = encode_rows(self._name, txn_id, rows)
+        if isinstance(encoded, Fatal):
+            return encoded
         self._staged[txn_id] = encoded
         return OK
 
