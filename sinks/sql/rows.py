@@ -1,4 +1,12 @@
-"""Writing an epoch's rows through SQLAlchemy: each key deleted, then the upserted rows inserted."""
+"""Writing an epoch's rows through SQLAlchemy: deletes, then the upserted rows.
+
+The one upsert every database has is "delete the key, insert the row", one
+statement per key for the deletes. On MySQL and MariaDB, where a round trip per
+key bounds a big epoch (about 9k rows/s over PyMySQL), the upserts are instead
+``INSERT ... ON DUPLICATE KEY UPDATE`` in multi-row statements, and the deletes
+``DELETE ... WHERE (key) IN (...)`` in chunks, where that is the same write:
+see :func:`upserts_in_place`.
+"""
 
 from __future__ import annotations
 
@@ -6,18 +14,49 @@ from collections.abc import Sequence
 from typing import Any
 
 import sqlalchemy as sa
+from sqlalchemy.dialects import mysql
 
 from reconcile.core.contract import Change
 
-__all__ = ["EPOCH_COLUMN", "write_rows"]
+__all__ = ["EPOCH_COLUMN", "upserts_in_place", "write_rows"]
 
 EPOCH_COLUMN = "_epoch"
+# Keys per DELETE ... IN (...) statement: far under MySQL's max_allowed_packet
+# for any key, and few enough round trips for a million deleted keys.
+_DELETE_CHUNK = 1000
+_IN_PLACE_DIALECTS = frozenset({"mysql", "mariadb"})
+
+
+def upserts_in_place(
+    conn: sa.Connection, table: sa.Table, keys: list[str], rows: Sequence[dict[str, Any]]
+) -> bool:
+    """Whether ``INSERT ... ON DUPLICATE KEY UPDATE`` writes exactly what delete + insert would.
+
+    It does when:
+      * the dialect has it (MySQL, MariaDB);
+      * the key is the table's primary key, and the table has no other unique
+        index: ON DUPLICATE KEY fires on *any* unique index, so a row whose
+        other unique column clashes with another key's row would update that
+        row in place, where delete + insert fails on the constraint.
+
+    A column a row leaves out needs no condition: the update sets every
+    non-key column to ``VALUES(column)``, the value the insert would have
+    written, which for a column left out is its default, as delete + insert
+    gives it.
+    """
+    if conn.dialect.name not in _IN_PLACE_DIALECTS or not rows:
+        return False
+    if {c.name for c in table.primary_key.columns} != set(keys):
+        return False
+    unique_indexes = [ix for ix in table.indexes if ix.unique]
+    unique = [c for c in table.constraints if isinstance(c, sa.UniqueConstraint)]
+    return not unique_indexes and not unique
 
 
 def write_rows(
     conn: sa.Connection, table: sa.Table, keys: list[str], items: Sequence[Any], epoch: int
 ) -> int:
-    """Apply upserts and deletes: each key deleted, then the upserted rows inserted.
+    """Apply upserts and deletes: the deleted keys removed, the upserted rows written.
 
     Returns the rows upserted plus the keys deleted.
     """
@@ -32,14 +71,47 @@ def write_rows(
         else:
             deletes.pop(key, None)
             upserts[key] = dict(row)
+    rows = list(upserts.values())
+    if EPOCH_COLUMN in table.c:
+        for row in rows:
+            row[EPOCH_COLUMN] = epoch
+    if upserts_in_place(conn, table, keys, rows):
+        _delete_in_chunks(conn, table, keys, list(deletes))
+        _insert_or_update(conn, table, keys, rows)
+        return len(upserts) + len(deletes)
     match = sa.and_(*(table.c[k] == sa.bindparam(f"k_{k}") for k in keys))
-    gone = list(deletes.values()) + [{f"k_{k}": r[k] for k in keys} for r in upserts.values()]
+    gone = list(deletes.values()) + [{f"k_{k}": r[k] for k in keys} for r in rows]
     if gone:
         conn.execute(table.delete().where(match), gone)
-    if upserts:
-        rows = list(upserts.values())
-        if EPOCH_COLUMN in table.c:
-            for row in rows:
-                row[EPOCH_COLUMN] = epoch
+    if rows:
         conn.execute(table.insert(), rows)
     return len(upserts) + len(deletes)
+
+
+def _delete_in_chunks(
+    conn: sa.Connection, table: sa.Table, keys: list[str], gone: list[tuple[Any, ...]]
+) -> None:
+    """``DELETE ... WHERE (k1, k2) IN ((...), ...)``, ``_DELETE_CHUNK`` keys a statement."""
+    columns = sa.tuple_(*(table.c[k] for k in keys))
+    for start in range(0, len(gone), _DELETE_CHUNK):
+        conn.execute(table.delete().where(columns.in_(gone[start : start + _DELETE_CHUNK])))
+
+
+def _insert_or_update(
+    conn: sa.Connection, table: sa.Table, keys: list[str], rows: list[dict[str, Any]]
+) -> None:
+    """The rows inserted, or their key's row updated to them, in multi-row statements.
+
+    SQLAlchemy sends an executemany INSERT as multi-row VALUES pages
+    ("insertmanyvalues"), ON DUPLICATE KEY UPDATE clause included.
+    """
+    if not rows:
+        return
+    statement = mysql.insert(table)
+    # A table of key columns only: the row already there is the row, so its key
+    # is "updated" to itself (INSERT IGNORE would also turn errors into warnings).
+    others = [c.name for c in table.columns if c.name not in keys] or keys[:1]
+    statement = statement.on_duplicate_key_update(
+        {name: statement.inserted[name] for name in others}
+    )
+    conn.execute(statement, rows)

@@ -2,7 +2,8 @@
 
 ``prepare`` opens a transaction, locks and checks the writer's fence row,
 writes the epoch's rows (deletes, then each upserted key deleted and inserted:
-the one upsert every database has) and the epoch's marker, and leaves the
+the one upsert every database has; in place on MySQL and MariaDB where that is
+the same write, see ``rows.py``) and the epoch's marker, and leaves the
 transaction open; ``commit`` commits it. There is no transaction id to ask the
 database about, so a COMMIT without reply is settled by the marker alone: if
 the marker is there the epoch is in, otherwise it is replayed, and the marker's
