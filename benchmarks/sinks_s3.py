@@ -1,29 +1,23 @@
-"""Benchmark: the file sink on S3 (``sinks.s3``) against moto's S3 server on 127.0.0.1.
+"""The S3 part of the sink benchmarks: the file sink on moto's S3 server on 127.0.0.1.
 
-Run: ``.venv/bin/python -m benchmarks.sinks_s3 [--small-epochs 200] [--rows 1000000] [--out DIR]``.
-It starts moto's server (the ``test`` extra) unless ``AWS_ENDPOINT_URL`` names an endpoint
-already, and measures:
-
-- a small epoch's commit (stage, prepare, commit of 100 rows): p50 and p95 in ms;
-- one epoch of ``--rows`` rows, staged to committed: rows/s;
-- a full read-back check: every committed batch read through the log, each row hashed
-  (``reconcile.core.hashing``) and diffed against the expected rows: rows/s. The file sink
-  has no ``reconcile verify`` of its own (it is not pullable); this is the work such a check does.
-
-Its part goes under the key ``"s3_files"`` of ``sinks.json`` in ``--out`` (default
-``benchmarks/results``); other sinks' parts in that file are kept. Figures are for moto on
-this machine (an in-memory server a loopback hop away), not for AWS; no test asserts them.
+moto in server mode is a separate process a loopback hop away, in memory: the
+figures are the sink's own costs plus moto's, not AWS's (whose round trips are
+tens of milliseconds). The sink writes one JSON-lines batch object per epoch
+and makes it visible with a conditional put of a log entry. The figures:
+``benchmarks/sink_harness.py``. The verify is ``reconcile.recover`` when the
+S3 backend is pullable; otherwise a read-back check doing the same work by
+hand (every committed batch read through the log, each row hashed and diffed
+against the store's expected rows), and the report says which ran.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import socket
-import statistics
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 import uuid
@@ -32,18 +26,22 @@ from typing import Any
 
 import pyarrow as pa
 
-from benchmarks.report import RESULTS, machine, now, versions
+from benchmarks.sink_harness import PIPELINE, TABLE, Part, measure
 
-__all__ = ["main"]
+__all__ = ["WRITE_PATH", "run"]
 
-_ENV = {
-    "AWS_REGION": "us-east-1",
-    "AWS_ACCESS_KEY_ID": "bench",
-    "AWS_SECRET_ACCESS_KEY": "bench-secret",
-}
+WRITE_PATH = (
+    "an epoch is one batch object (its rows encoded as JSON lines in Python, one PutObject) "
+    "and one commit-log entry created with If-None-Match: * after the log is listed; the "
+    "verify reads every committed batch back through the log and parses its JSON"
+)
+
+# moto's test credentials; never a real account's.
+_ENV = {"AWS_REGION": "us-east-1", "AWS_ACCESS_KEY_ID": "bench",
+        "AWS_SECRET_ACCESS_KEY": "bench-secret", "AWS_ALLOW_HTTP": "true"}  # fmt: skip
 
 
-def _start_moto() -> subprocess.Popen[bytes]:
+def _start_moto() -> tuple[subprocess.Popen[bytes], str]:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
@@ -56,130 +54,70 @@ def _start_moto() -> subprocess.Popen[bytes]:
     for _ in range(300):
         try:
             with urllib.request.urlopen(f"{url}/moto-api/", timeout=1):
-                break
+                return server, url
         except OSError:
             time.sleep(0.1)
-    os.environ.update({**_ENV, "AWS_ENDPOINT_URL": url})
-    return server
+    server.kill()
+    raise RuntimeError("moto's S3 server did not start on 127.0.0.1")
 
 
-def _rows(epoch: int, count: int) -> list[dict[str, Any]]:
-    return [{"k": epoch * 10_000_000 + i, "v": f"value-{i}", "n": i * 0.5} for i in range(count)]
-
-
-def _commit(sink: Any, epoch: int, rows: list[dict[str, Any]]) -> None:
-    from reconcile.core.contract import OK, SinkTxnId
-
-    txn = SinkTxnId("bench", sink.name, epoch, 1)
-    for step in (
-        lambda: sink.stage(txn, rows),
-        lambda: sink.prepare(txn),
-        lambda: sink.commit(txn),
-    ):
-        outcome = step()
-        if outcome != OK:
-            raise RuntimeError(f"{txn}: {outcome}")
-
-
-def _hashes(rows: list[dict[str, Any]]) -> dict[int, int]:
+def _read_back(uri: str, store_root: Path, total: int) -> dict[str, Any]:
+    """Every committed batch read through the log, hashed and diffed with the expected rows."""
+    from expected_state.store import ExpectedStateStore
     from reconcile.core.hashing import row_hash_arrow
-
-    table = pa.Table.from_pylist(rows)
-    return dict(
-        zip(
-            table.column("k").to_pylist(),
-            row_hash_arrow(table, ["v", "n"]).to_pylist(),
-            strict=True,
-        )
-    )
-
-
-def run(uri: str, small_epochs: int, big_rows: int) -> dict[str, Any]:
-    """The three measurements on fresh sinks under ``uri``."""
-    from reconcile.core.contract import WriterIdentity
     from sinks.s3.sink import open_uri
 
-    small = open_uri("small", uri)
-    small.bind(WriterIdentity("bench", "bench-log"))
-    times = []
-    for epoch in range(small_epochs):
-        rows = _rows(epoch, 100)
-        start = time.perf_counter()
-        _commit(small, epoch, rows)
-        times.append((time.perf_counter() - start) * 1000)
-    quantiles = statistics.quantiles(times, n=20)
-
-    big = open_uri("big", uri)
-    big.bind(WriterIdentity("bench", "bench-log"))
-    rows = _rows(0, big_rows)
-    start = time.perf_counter()
-    _commit(big, 0, rows)
-    write_s = time.perf_counter() - start
-
-    expected = _hashes(rows)
-    start = time.perf_counter()
-    state = big.log.refresh()
+    sink = open_uri(TABLE, uri)
     found: list[dict[str, Any]] = []
-    for entry in state.committed.values():
-        body = big.bucket.get(entry.batch) or b""
+    for entry in sink.log.refresh().committed.values():
+        body = sink.bucket.get(entry.batch) or b""
         found.extend(json.loads(line) for line in body.splitlines()[1:])
-    differ = sum(1 for k, h in _hashes(found).items() if expected.get(k) != h)
-    verify_s = time.perf_counter() - start
-    if differ or len(found) != big_rows:
-        raise RuntimeError(f"read-back found {len(found)} rows, {differ} differing")
-    return {
-        "small_epoch_commit_ms": {
-            "rows": 100,
-            "epochs": small_epochs,
-            "p50": round(statistics.median(times), 2),
-            "p95": round(quantiles[18], 2),
-        },
-        "big_epoch": {
-            "rows": big_rows,
-            "seconds": round(write_s, 2),
-            "rows_per_s": round(big_rows / write_s),
-        },
-        "full_read_back_check": {
-            "rows": big_rows,
-            "seconds": round(verify_s, 2),
-            "rows_per_s": round(big_rows / verify_s),
-        },
-    }
+    pulled = pa.Table.from_pylist(found).select(["k", "v"])
+    expected = ExpectedStateStore(str(store_root), PIPELINE, TABLE, ["k"]).snapshot()
+
+    def hashes(table: pa.Table) -> dict[str, int]:
+        keys = table.column("k").to_pylist()
+        return dict(zip(keys, row_hash_arrow(table, ["v"]).to_pylist(), strict=True))
+
+    want = hashes(expected.select(["k", "v"]))
+    got = hashes(pulled)
+    differ = sum(1 for k, h in want.items() if got.get(k) != h) + len(got.keys() - want.keys())
+    if differ or len(found) != total:
+        raise RuntimeError(f"read-back found {len(found)} of {total} rows, {differ} differing")
+    return {"how": "read-back check (the S3 file sink is not pullable)"}
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    parser.add_argument("--small-epochs", type=int, default=200)
-    parser.add_argument("--rows", type=int, default=1_000_000)
-    parser.add_argument("--out", type=Path, default=RESULTS)
-    args = parser.parse_args(argv)
-    server = None if os.environ.get("AWS_ENDPOINT_URL") else _start_moto()
+def run(small_epochs: int, big_rows: int) -> dict[str, Any]:
+    """The part's figures, on a moto server and bucket started and removed here."""
+    import boto3
+
+    from sinks.base import PULLABLE
+    from sinks.registry import provides
+    from sinks.s3.sink import open_uri
+
+    server, url = _start_moto()
+    saved = {name: os.environ.get(name) for name in [*_ENV, "AWS_ENDPOINT_URL"]}
+    os.environ.update({**_ENV, "AWS_ENDPOINT_URL": url})
     try:
-        import boto3
-
         bucket = f"bench-{uuid.uuid4().hex[:12]}"
         boto3.client("s3").create_bucket(Bucket=bucket)
-        figures = run(f"s3://{bucket}/sinks", args.small_epochs, args.rows)
+        uri = f"s3://{bucket}/sinks"
+        with tempfile.TemporaryDirectory() as tmp:
+            part = Part(
+                system="S3 (moto server on 127.0.0.1)",
+                sink="S3FileSink (boto3)",
+                open=lambda: open_uri(TABLE, uri),
+                verify_uri=uri,
+                servers=(server.pid,),
+                shape=lambda table: table.to_pylist(),
+                verify=None if provides(uri, PULLABLE) else _read_back,
+            )
+            return measure(part, Path(tmp), small_epochs, big_rows)
     finally:
-        if server is not None:
-            server.terminate()
-            server.wait()
-    part = {
-        "when": now(),
-        "endpoint": "moto's S3 server on 127.0.0.1" if server is not None else "AWS_ENDPOINT_URL",
-        # The machine is shared: the load during the run says how far to trust the figures.
-        "machine": machine(load_average_1m=round(os.getloadavg()[0], 2)),
-        "versions": versions("boto3", "moto", "pyarrow"),
-        **figures,
-    }
-    path = args.out / "sinks.json"
-    report = json.loads(path.read_text()) if path.exists() else {}
-    report["s3_files"] = part  # the other sinks' parts stay as they are
-    args.out.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(report, indent=2) + "\n")
-    print(json.dumps(part, indent=2))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+        server.terminate()
+        server.wait()
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
