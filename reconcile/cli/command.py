@@ -47,7 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
         sub.add_argument(
             "--pg",
             metavar="DSN",
-            help="the sink database: libpq DSN or SQLAlchemy URL (or use --config)",
+            help="the sink: a libpq DSN, an SQLAlchemy URL or a sink URI (or use --config)",
         )
         sub.add_argument("--store", help="the expected-state store's root (or use --config)")
         sub.add_argument("--pipeline")

@@ -179,7 +179,8 @@ def read_connection(reader: TableReader, env: Mapping[str, str]) -> Connection:
     password_env = reader.get("password_env", str)
     if (dsn is None) == (url is None):
         raise reader.error(
-            "give exactly one of dsn (a libpq DSN or postgresql:// URI) or url (an SQLAlchemy URL)",
+            "give exactly one of dsn (a libpq DSN or postgresql:// URI) or url (an SQLAlchemy "
+            "URL, or a sink URI: iceberg://..., s3://...)",
             None,
         )
     if dsn is not None:
@@ -282,7 +283,11 @@ def _with_password(
     try:
         url = make_url(value)
     except ArgumentError:
-        raise reader.error("not a valid SQLAlchemy URL (dialect+driver://...)", key) from None
+        raise reader.error(
+            "not a valid URL (an SQLAlchemy URL, dialect+driver://..., or a sink URI, "
+            "scheme://...)",
+            key,
+        ) from None
     if url.password:
         secrets.append(str(url.password))
     if password is None:

@@ -130,7 +130,7 @@ def test_an_unknown_key_is_refused_with_a_hint(tmp_path: Path) -> None:
         (('table = "order_lines"\n', ""), "lines.table: is required"),
         (('table = "order_lines"', 'table = "order_lines"\nmode = "fast"'), "lines.mode: expected"),
         (('dsn = "postgresql://app@db:5432/shop"', 'url = "x"\ndsn = "y"'), "exactly one of dsn"),
-        (('dsn = "postgresql://app@db:5432/shop"', 'url = "::"'), "not a valid SQLAlchemy URL"),
+        (('dsn = "postgresql://app@db:5432/shop"', 'url = "::"'), "not a valid URL"),
         (("[pipelines.orders.sinks.lines]", "[pipelines.orders.sinks.bad-name]"), "bad-name"),
         (('root = "expected"', 'root = ""'), "store.root: must not be empty"),
         (
