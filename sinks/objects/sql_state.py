@@ -4,8 +4,10 @@ The same three facts as the Postgres sink's tables, under their own names
 (``reconcile_sql_*``) so that both sinks can share a database: a marker per
 committed epoch, the newest writer generation per (pipeline, sink), one row
 per repair. They are created through SQLAlchemy in ``state_schema`` (default:
-the connection's). No catalog check applies here: owners, triggers and
-grants are spelt differently in every database, and SQLite has none of them.
+the connection's), and checked at every bind on MySQL and MariaDB
+(``sql_checks.py``: kind, columns, triggers, other users' grants). Other
+dialects are not checked: owners, triggers and grants are spelt differently in
+every database, and SQLite has no users.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from collections.abc import Sequence
 from typing import Any
 
 import sqlalchemy as sa
+
+from sinks.objects.sql_checks import check_sql_state
 
 __all__ = [
     "SQL_FENCES",
@@ -71,9 +75,19 @@ def sql_state_tables(schema: str | None) -> tuple[sa.MetaData, sa.Table, sa.Tabl
     return metadata, markers, fences, repairs
 
 
-def create_sql_state(engine: sa.Engine, metadata: sa.MetaData) -> None:
-    """Create the tables of ``metadata`` (from ``sql_state_tables``) that are missing."""
+def create_sql_state(engine: sa.Engine, metadata: sa.MetaData, sink: str) -> None:
+    """Create the tables of ``metadata`` (``sql_state_tables``) that are missing; check them all.
+
+    The check (``sql_checks.py``) runs on every call, so on every bind, on the
+    tables found as on those just created: where the server has users and
+    grants (MySQL, MariaDB), a table another user can write is refused.
+
+    Raises:
+        ConfigurationError: a table is not as declared, or another user can write it.
+    """
     metadata.create_all(engine, checkfirst=True)
+    with engine.connect() as conn:
+        check_sql_state(conn, list(metadata.tables.values()), sink)
 
 
 def create_scope_keys(conn: sa.Connection, columns: Sequence[sa.Column[Any]]) -> sa.Table:

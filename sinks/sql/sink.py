@@ -162,7 +162,7 @@ class SqlSink(OpenTxnSink[SqlTxn, list[Any]]):
                 table = sa.Table(
                     self.table_name, sa.MetaData(schema=self.schema_name), autoload_with=self.engine
                 )
-                create_sql_state(self.engine, self.state.metadata)  # those missing
+                create_sql_state(self.engine, self.state.metadata, self._name)  # checked
             except sa.exc.NoSuchTableError:
                 raise ConfigurationError(
                     f"sql sink {self._name!r}: target table {self.table_name!r} does not exist"
