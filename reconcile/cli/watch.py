@@ -36,8 +36,9 @@ from reconcile.cli.config import Config, SinkTableConfig, load_config
 from reconcile.cli.config_sinks import split_table
 from reconcile.core import interrupts
 from reconcile.core.contract import ConfigurationError, ReconcileError
-from reconcile.core.metrics import Metrics, NullMetrics, record_refusal, record_report
+from reconcile.core.metrics import Metrics, NullMetrics, active, record_refusal, record_report
 from reconcile.recovery.options import MemoryKeywords
+from reconcile.recovery.provenance import DEFAULT_PROVENANCE_ROWS
 
 if TYPE_CHECKING:  # Spark is an optional extra: imported only for --spark
     from reconcile.cli.spark_job import OnSpark
@@ -111,6 +112,7 @@ class TableOutcome:
         found = (
             f"missing {r.missing}, extra {r.extra}, changed {r.changed}"
             + (f", repaired {r.applied} rows" if r.applied else "")
+            + (f", {r.foreign_writes} foreign writes" if getattr(r, "foreign_writes", None) else "")
             if r.drift
             else "no drift"
         )
@@ -128,6 +130,7 @@ def check_table(
     allow_mass_change: bool = False,
     spark: OnSpark | None = None,
     memory: MemoryKeywords | None = None,
+    provenance_rows: int = DEFAULT_PROVENANCE_ROWS,
 ) -> TableOutcome:
     """Verify (or repair) one sink table of a config file; never raises for that table's errors.
 
@@ -143,6 +146,8 @@ def check_table(
         spark: run it on Spark (full mode), in this session.
         memory: how full mode and a first bucket search bound memory, passed to ``recover``
             (``chunk_rows``, ``spill_dir``; default the library's).
+        provenance_rows: trace up to this many differing rows to their last
+            writer; the foreign writes among them are exported (PostgreSQL sinks).
     """
     from reconcile.cli.status import missing_store
     from reconcile.recovery import recover
@@ -179,11 +184,17 @@ def check_table(
             since_epoch=since,
             max_change_fraction=sink.max_change_fraction,
             allow_mass_change=allow_mass_change,
+            provenance_rows=provenance_rows,
             **(memory or {}),
         )
     except Exception as exc:  # one table's failure is reported; the others still run
         return _failed(sink, exc, metrics)
     record_report(sink.pipeline, report, metrics=metrics)
+    if report.foreign_writes is not None:
+        # A gauge of the latest run, as the drift rows are: the same unrepaired
+        # hand edit found again in the next round is not added up.
+        (metrics or active()).set("drift.foreign_writes", report.foreign_writes,
+                                  pipeline=sink.pipeline, table=report.table)  # fmt: skip
     return TableOutcome(sink.pipeline, sink.name, sink.table, report=report)
 
 
@@ -234,9 +245,11 @@ def check_tables(
     allow_mass_change: bool = False,
     spark: OnSpark | None = None,
     memory: MemoryKeywords | None = None,
+    provenance_rows: int = DEFAULT_PROVENANCE_ROWS,
 ) -> list[TableOutcome]:
     """:func:`check_table` for each table, in order."""
     options: dict[str, Any] = {
+        "provenance_rows": provenance_rows,
         "repair": repair,
         "mode": mode,
         "recent_epochs": recent_epochs,
@@ -294,6 +307,7 @@ def run_config_recover(args: argparse.Namespace) -> int:
     outcomes = check_tables(
         tables, repair=repair, mode=args.mode, allow_mass_change=lifted, spark=spark,
         memory={"chunk_rows": args.chunk_rows, "spill_dir": args.spill_dir},
+        provenance_rows=args.provenance_rows,
     )  # fmt: skip
     code = exit_code(outcomes)
     _print(outcomes, as_json=args.json, code=code)
