@@ -65,11 +65,17 @@ def stage_keys(snap: PgSnapshot, keys: pa.Table) -> sql.Composable:
     )
 
 
+# A row's rebuilt xid against one the engine recorded: all 64 bits, so that a
+# recorded xid 2^32 transactions older, with the same low 32 bits, is another.
+_SAME_XID = "x.xid = w.full_xid::text::pg_catalog.xid8"
+
+
 def _recorded(schema: str, table: str) -> sql.Composable:
+    """The rebuilt xids of ``w`` that a row of ``schema.table`` (markers or repairs) records."""
     return sql.SQL(
-        "SELECT x.xid FROM {} AS x WHERE x.pipeline = $1 AND x.sink = $2 "
-        "AND x.xid IN (SELECT w.full_xid::text::pg_catalog.xid8 FROM w WHERE w.rebuilt)"
-    ).format(sql.Identifier(schema, table))
+        "SELECT w.full_xid FROM w JOIN {} AS x ON x.pipeline = $1 AND x.sink = $2 AND {} "
+        "WHERE w.rebuilt"
+    ).format(sql.Identifier(schema, table), sql.SQL(_SAME_XID))
 
 
 def _exists(snap: PgSnapshot, schema: str, table: str) -> bool:
@@ -115,9 +121,7 @@ def row_writers(snap: PgSnapshot, keys: pa.Table) -> tuple[pa.Table, bool]:
     ours = (
         sql.SQL(" UNION ").join(recorded)
         if recorded
-        else sql.SQL(
-            "SELECT NULL::pg_catalog.xid8 AS xid WHERE $1::text IS NULL AND $2::text IS NULL"
-        )
+        else sql.SQL("SELECT NULL::bigint AS full_xid WHERE $1::text IS NULL AND $2::text IS NULL")
     )
     # Only a rebuilt xid has a commit time worth reading: a frozen row's xmin
     # may name a transaction whose status the server no longer keeps.
@@ -141,7 +145,7 @@ def row_writers(snap: PgSnapshot, keys: pa.Table) -> tuple[pa.Table, bool]:
         " ours AS ({ours})"
         " SELECT {names}, CASE WHEN w.rebuilt THEN w.full_xid::text END AS {xid},"
         " {committed} AS {at},"
-        " (w.rebuilt AND w.full_xid::text::pg_catalog.xid8 IN (SELECT xid FROM ours)) AS {engine}"
+        " (w.rebuilt AND w.full_xid IN (SELECT full_xid FROM ours)) AS {engine}"
         " FROM w"
     ).format(
         cols=snap._select_list(),

@@ -173,17 +173,21 @@ def test_several_key_columns_a_missing_row_and_extra_row(
 
 def test_exactly_n_and_n_plus_one_differing_rows(simple: Setup) -> None:
     hand_edit(simple.dsn, "UPDATE orders SET total = -1 WHERE id IN (1, 2, 4)")
-    assert len(verify(simple, provenance_rows=3).provenance) == 3
-    assert verify(simple, provenance_rows=3).foreign_writes == 3
-    hand_edit(simple.dsn, "DELETE FROM orders WHERE id = 6")
-    four = verify(simple, provenance_rows=3)
-    assert four.missing + four.changed == 4
-    assert [(r["kind"], r["key"]["id"]) for r in four.provenance] == [
+    exactly = verify(simple, provenance_rows=3)
+    assert [r["key"]["id"] for r in exactly.provenance] == [1, 2, 4]
+    assert exactly.foreign_writes == 3
+    hand_edit(simple.dsn, "DELETE FROM orders WHERE id = 9")  # N changed and one missing
+    one_more = verify(simple, provenance_rows=3)
+    assert one_more.missing + one_more.changed == 4
+    assert [(r["kind"], r["key"]["id"]) for r in one_more.provenance] == [
         ("changed", 1), ("changed", 2), ("changed", 4)
     ]  # fmt: skip
-    assert len(verify(simple, provenance_rows=4).provenance) == 4
+    hand_edit(simple.dsn, "UPDATE orders SET total = -1 WHERE id = 6")  # N + 1 changed
+    cut = verify(simple, provenance_rows=3)
+    assert [r["key"]["id"] for r in cut.provenance] == [1, 2, 4] and cut.foreign_writes == 3
+    assert [r["key"]["id"] for r in verify(simple, provenance_rows=5).provenance] == [1, 2, 4, 6, 9]
     off = verify(simple, provenance_rows=0)
-    assert off.provenance == () and off.foreign_writes is None and off.changed == 3
+    assert off.provenance == () and off.foreign_writes is None and off.changed == 4
 
 
 def test_a_sink_that_cannot_tell_says_so(simple: Setup) -> None:
