@@ -261,3 +261,19 @@ mode = "full"
     assert "2 foreign writes" in watched.stdout
     exported = (tmp_path / "metrics.prom").read_text()
     assert 'reconcile_drift_foreign_writes{pipeline="shop",table="public.orders"} 2.0' in exported
+
+
+def test_a_frozen_row_is_unknown_not_guessed(simple: Setup) -> None:
+    # VACUUM FREEZE moves relfrozenxid past the row's xmin: its full xid can no
+    # longer be rebuilt from 32 bits, so the report says unknown, with no xid.
+    hand_edit(simple.dsn, "UPDATE orders SET total = -1 WHERE id = 1")
+    with psycopg.connect(simple.dsn, autocommit=True) as conn:
+        conn.execute("VACUUM (FREEZE) orders")
+        frozen = conn.execute(
+            "SELECT age(o.xmin) > age(c.relfrozenxid) FROM orders o, pg_class c "
+            "WHERE o.id = 1 AND c.oid = 'orders'::regclass"
+        ).fetchone()
+    assert frozen == (True,)
+    row = by_key(verify(simple))[1]
+    assert (row["writer"], row["xid"], row["committed_at"]) == ("unknown", None, None)
+    assert "frozen" in row["note"]
