@@ -12,7 +12,9 @@ The decision for each row, as the report's ``writer``:
 
 - ``engine``: its xid is one the engine recorded for this pipeline and sink;
 - ``foreign``: it is not (a hand edit, another program, another pipeline);
-- ``unknown``: the row is frozen, so its full xid cannot be rebuilt;
+- ``unknown``: the row is frozen, so its full xid cannot be rebuilt; or it is
+  older than the sink's oldest kept marker, and not a repair's (``reconcile pg
+  prune`` deletes old markers: the epoch that wrote it may be one of them);
 - ``none``: the sink lacks the row (missing): no transaction wrote it.
 """
 
@@ -50,6 +52,7 @@ NO_COMMIT_TIMES = (
     "commit times unknown: the server does not track them (track_commit_timestamp is off)"
 )
 XID, COMMITTED_AT, ENGINE = "_writer_xid", "_writer_committed_at", "_writer_engine"
+BEFORE = "_writer_before_epoch"
 
 
 @runtime_checkable
@@ -140,7 +143,7 @@ def trace(snap: SinkSnapshot, source: ExpectedSource, diff: Diff, expected: pa.T
         wanted = pa.concat_tables(held)
         raw, tracked = snap.row_writers(wanted)
         rows, _bad = conform(raw.select(names), schema)
-        meta = raw.select([XID, COMMITTED_AT, ENGINE]).to_pylist()
+        meta = raw.select([XID, COMMITTED_AT, ENGINE, BEFORE]).to_pylist()
         for i, row in enumerate(rows.select(keys).to_pylist()):
             writers[_key(row, keys)] = meta[i]
             rows_of[_key(row, keys)] = rows.slice(i, 1)
@@ -188,17 +191,30 @@ def trace(snap: SinkSnapshot, source: ExpectedSource, diff: Diff, expected: pa.T
                 else:
                     entry["xid"] = str(found[XID])
                     # The engine's only when a marker or a repair of this pipeline
-                    # and sink recorded exactly this xid; anything else is foreign.
-                    entry["writer"] = "engine" if found[ENGINE] else "foreign"
-                    foreign += entry["writer"] == "foreign"
+                    # and sink recorded exactly this xid. Not recorded and older
+                    # than the oldest marker kept: an epoch whose marker was
+                    # pruned may have written it, so it is not called foreign.
+                    # Anything else is foreign.
+                    if found[ENGINE]:
+                        entry["writer"] = "engine"
+                    elif found[BEFORE] is not None:
+                        entry["writer"] = "unknown"
+                        entry["note"] = (
+                            "older than the sink's oldest kept marker (epoch "
+                            f"{found[BEFORE]}): an epoch whose marker was pruned, or a write "
+                            "before the pipeline's first epoch"
+                        )
+                    else:
+                        entry["writer"] = "foreign"
+                        foreign += 1
                     at = found[COMMITTED_AT]
                     if at is not None:
                         entry["committed_at"] = at.isoformat()
-                    elif not tracked:
-                        entry["note"] = NO_COMMIT_TIMES
-                    else:
+                    elif not entry["note"]:
                         entry["note"] = (
-                            "the server recorded no commit time for this transaction "
+                            NO_COMMIT_TIMES
+                            if not tracked
+                            else "the server recorded no commit time for this transaction "
                             "(it committed before track_commit_timestamp was on)"
                         )
             entries.append(entry)

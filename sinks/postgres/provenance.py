@@ -38,7 +38,8 @@ __all__ = ["STAGED_KEYS", "WRITER_COLUMNS", "row_writers", "stage_keys"]
 STAGED_KEYS = "_reconcile_scope_keys"
 # The columns ``row_writers`` adds to the pulled ones.
 XID, COMMITTED_AT, ENGINE = "_writer_xid", "_writer_committed_at", "_writer_engine"
-WRITER_COLUMNS = (XID, COMMITTED_AT, ENGINE)
+BEFORE = "_writer_before_epoch"
+WRITER_COLUMNS = (XID, COMMITTED_AT, ENGINE, BEFORE)
 # The low 32 bits of an xid8: what a row's xmin holds.
 _LOW32 = 0xFFFFFFFF
 
@@ -104,15 +105,28 @@ def row_writers(snap: PgSnapshot, keys: pa.Table) -> tuple[pa.Table, bool]:
         The rows the sink holds of those keys (a key it lacks has none), with
         the pull's columns plus ``_writer_xid`` (the full xid as text; NULL for
         a frozen row), ``_writer_committed_at`` (NULL when not tracked or not
-        recorded) and ``_writer_engine`` (a marker or a repair of this
-        pipeline and sink carries exactly that xid); and whether the server
-        tracks commit timestamps.
+        recorded), ``_writer_engine`` (a marker or a repair of this
+        pipeline and sink carries exactly that xid) and
+        ``_writer_before_epoch`` (the epoch of the sink's oldest kept marker,
+        when the row's xid is older than that marker's: its writer's marker
+        may have been pruned); and whether the server tracks commit timestamps.
     """
     tracked = commit_times_tracked(snap)
     match = stage_keys(snap, keys)
     markers = snap.markers
     recorded: list[sql.Composable] = []
+    oldest: sql.Composable = sql.SQL(
+        "SELECT NULL::bigint AS xid, NULL::bigint AS epoch WHERE false"
+    )
     if markers.schema is not None:
+        if _exists(snap, markers.schema, MARKERS_TABLE):
+            # Through the markers' key (pipeline, sink, epoch): one index probe.
+            # Epochs commit in order, each txn begun after the one before
+            # committed, so the oldest epoch's xid is the oldest kept.
+            oldest = sql.SQL(
+                "SELECT m.xid::text::bigint AS xid, m.epoch FROM {} AS m "
+                "WHERE m.pipeline = $1 AND m.sink = $2 ORDER BY m.epoch LIMIT 1"
+            ).format(sql.Identifier(markers.schema, MARKERS_TABLE))
         recorded = [
             _recorded(markers.schema, name)
             for name in (MARKERS_TABLE, REPAIRS_TABLE)
@@ -142,10 +156,11 @@ def row_writers(snap: PgSnapshot, keys: pa.Table) -> tuple[pa.Table, bool]:
         # Older than relfrozenxid: frozen, its xid can no longer be rebuilt.
         " pg_catalog.age(t.xmin) <= h.frozen_age AS rebuilt"
         " FROM {table} AS t JOIN {staged} AS k ON {match} CROSS JOIN h),"
-        " ours AS ({ours})"
+        " ours AS ({ours}), oldest AS ({oldest})"
         " SELECT {names}, CASE WHEN w.rebuilt THEN w.full_xid::text END AS {xid},"
         " {committed} AS {at},"
-        " (w.rebuilt AND w.full_xid IN (SELECT full_xid FROM ours)) AS {engine}"
+        " (w.rebuilt AND w.full_xid IN (SELECT full_xid FROM ours)) AS {engine},"
+        " (SELECT o.epoch FROM oldest o WHERE w.rebuilt AND w.full_xid < o.xid) AS {before}"
         " FROM w"
     ).format(
         cols=snap._select_list(),
@@ -154,6 +169,8 @@ def row_writers(snap: PgSnapshot, keys: pa.Table) -> tuple[pa.Table, bool]:
         staged=sql.Identifier("pg_temp", STAGED_KEYS),
         match=match,
         ours=ours,
+        oldest=oldest,
+        before=sql.Identifier(BEFORE),
         names=sql.SQL(", ").join(sql.Identifier("w", f.name) for f in snap.schema),
         xid=sql.Identifier(XID),
         committed=committed,

@@ -277,3 +277,20 @@ def test_a_frozen_row_is_unknown_not_guessed(simple: Setup) -> None:
     row = by_key(verify(simple))[1]
     assert (row["writer"], row["xid"], row["committed_at"]) == ("unknown", None, None)
     assert "frozen" in row["note"]
+
+
+def test_a_row_older_than_the_oldest_kept_marker_is_unknown(simple: Setup) -> None:
+    # `reconcile pg prune` deletes old markers: a row that epoch wrote has an
+    # xid no marker records any more, and must not be called a foreign write.
+    simple.write([{"id": 10, "name": "n10", "total": 10}])
+    with psycopg.connect(simple.dsn) as conn:
+        markers = markers_table(conn)
+        assert markers is not None
+        conn.execute(sql.SQL("DELETE FROM {} WHERE epoch = 0").format(markers))
+    xid, _ = hand_edit(simple.dsn, "UPDATE orders SET total = -4 WHERE id = 4")
+    simple.record([{"id": 2, "name": "m2", "total": 20}, {"id": 10, "name": "m10", "total": 0}])
+    rows = by_key(verify(simple))
+    assert (rows[2]["writer"], rows[2]["xid"] is not None) == ("unknown", True)
+    assert "oldest kept marker (epoch 1)" in rows[2]["note"]
+    assert (rows[4]["writer"], rows[4]["xid"]) == ("foreign", xid)
+    assert rows[10]["writer"] == "engine"
