@@ -37,8 +37,7 @@ from reconcile.cli.config_sinks import split_table
 from reconcile.core import interrupts
 from reconcile.core.contract import ConfigurationError, ReconcileError
 from reconcile.core.metrics import Metrics, NullMetrics, active, record_refusal, record_report
-from reconcile.recovery.options import MemoryKeywords
-from reconcile.recovery.provenance import DEFAULT_PROVENANCE_ROWS
+from reconcile.recovery.options import TuningKeywords
 
 if TYPE_CHECKING:  # Spark is an optional extra: imported only for --spark
     from reconcile.cli.spark_job import OnSpark
@@ -129,8 +128,7 @@ def check_table(
     metrics: Metrics | None = None,
     allow_mass_change: bool = False,
     spark: OnSpark | None = None,
-    memory: MemoryKeywords | None = None,
-    provenance_rows: int = DEFAULT_PROVENANCE_ROWS,
+    tuning: TuningKeywords | None = None,
 ) -> TableOutcome:
     """Verify (or repair) one sink table of a config file; never raises for that table's errors.
 
@@ -144,10 +142,10 @@ def check_table(
         allow_mass_change: lift the table's mass-change brake (an operator's
             explicit ``repair --allow-mass-change``; never ``watch``).
         spark: run it on Spark (full mode), in this session.
-        memory: how full mode and a first bucket search bound memory, passed to ``recover``
-            (``chunk_rows``, ``spill_dir``; default the library's).
-        provenance_rows: trace up to this many differing rows to their last
-            writer; the foreign writes among them are exported (PostgreSQL sinks).
+        tuning: passed to ``recover``: how full mode and a first bucket search
+            bound memory (``chunk_rows``, ``spill_dir``), and how many differing
+            rows are traced to their last writer (``provenance_rows``; the
+            foreign writes among them are exported); default the library's.
     """
     from reconcile.cli.status import missing_store
     from reconcile.recovery import recover
@@ -184,8 +182,7 @@ def check_table(
             since_epoch=since,
             max_change_fraction=sink.max_change_fraction,
             allow_mass_change=allow_mass_change,
-            provenance_rows=provenance_rows,
-            **(memory or {}),
+            **(tuning or {}),
         )
     except Exception as exc:  # one table's failure is reported; the others still run
         return _failed(sink, exc, metrics)
@@ -244,19 +241,17 @@ def check_tables(
     metrics: Metrics | None = None,
     allow_mass_change: bool = False,
     spark: OnSpark | None = None,
-    memory: MemoryKeywords | None = None,
-    provenance_rows: int = DEFAULT_PROVENANCE_ROWS,
+    tuning: TuningKeywords | None = None,
 ) -> list[TableOutcome]:
     """:func:`check_table` for each table, in order."""
     options: dict[str, Any] = {
-        "provenance_rows": provenance_rows,
         "repair": repair,
         "mode": mode,
         "recent_epochs": recent_epochs,
         "metrics": metrics,
         "allow_mass_change": allow_mass_change,
         "spark": spark,
-        "memory": memory,
+        "tuning": tuning,
     }
     return [check_table(t, **options) for t in tables]
 
@@ -306,8 +301,8 @@ def run_config_recover(args: argparse.Namespace) -> int:
         spark = OnSpark(session(args.master or "local[*]"), args.partitions)
     outcomes = check_tables(
         tables, repair=repair, mode=args.mode, allow_mass_change=lifted, spark=spark,
-        memory={"chunk_rows": args.chunk_rows, "spill_dir": args.spill_dir},
-        provenance_rows=args.provenance_rows,
+        tuning={"chunk_rows": args.chunk_rows, "spill_dir": args.spill_dir,
+                "provenance_rows": args.provenance_rows},
     )  # fmt: skip
     code = exit_code(outcomes)
     _print(outcomes, as_json=args.json, code=code)

@@ -12,7 +12,13 @@ from reconcile.recovery.brake import DEFAULT_MAX_CHANGE_FRACTION, Brake
 from reconcile.recovery.modes import Mode
 from reconcile.recovery.provenance import DEFAULT_PROVENANCE_ROWS
 
-__all__ = ["DEFAULT_CHUNK_ROWS", "MemoryKeywords", "RecoverKeywords", "RecoverOptions"]
+__all__ = [
+    "DEFAULT_CHUNK_ROWS",
+    "MemoryKeywords",
+    "RecoverKeywords",
+    "RecoverOptions",
+    "TuningKeywords",
+]
 
 # Rows of each side a full verify holds at once. About 150 MB of a 16-column
 # table such as TPC-H lineitem per side; a table at most this size is diffed
@@ -148,3 +154,13 @@ class MemoryKeywords(TypedDict, total=False):
 
     chunk_rows: int
     spill_dir: str | None
+
+
+class TuningKeywords(MemoryKeywords, total=False):
+    """``MemoryKeywords`` and how many differing rows are traced to their writer.
+
+    What a config file's check passes on to ``recover`` unchanged; absent keys
+    take ``RecoverOptions``' defaults.
+    """
+
+    provenance_rows: int
