@@ -48,6 +48,7 @@ __all__ = [
 # pipeline's, few enough that the query stays small.
 DEFAULT_PROVENANCE_ROWS = 10
 NOT_AVAILABLE = "not available on this sink: its rows do not carry their writing transaction"
+UNREADABLE = "provenance could not be read"
 NO_COMMIT_TIMES = (
     "commit times unknown: the server does not track them (track_commit_timestamp is off)"
 )
@@ -59,9 +60,10 @@ BEFORE = "_writer_before_epoch"
 class WriterSnapshot(Protocol):
     """A snapshot that can say who last wrote some of its rows (PostgreSQL's)."""
 
-    def row_writers(self, keys: pa.Table) -> tuple[pa.Table, bool]:
-        """(the rows of ``keys`` with ``_writer_xid``, ``_writer_committed_at`` and
-        ``_writer_engine``, whether the server tracks commit timestamps)."""
+    def row_writers(self, keys: pa.Table) -> tuple[pa.Table | None, bool, str]:
+        """(the rows of ``keys`` with ``_writer_xid``, ``_writer_committed_at``,
+        ``_writer_engine`` and ``_writer_before_epoch``, whether the server tracks
+        commit timestamps, "" or why the rows could not be read: then None)."""
         ...
 
 
@@ -141,7 +143,10 @@ def trace(snap: SinkSnapshot, source: ExpectedSource, diff: Diff, expected: pa.T
     tracked = True
     if held:
         wanted = pa.concat_tables(held)
-        raw, tracked = snap.row_writers(wanted)
+        raw, tracked, problem = snap.row_writers(wanted)
+        if raw is None:
+            # The verify goes on: what it found stands, only who wrote it is unknown.
+            return Provenance(note=f"{UNREADABLE}: {problem}")
         rows, _bad = conform(raw.select(names), schema)
         meta = raw.select([XID, COMMITTED_AT, ENGINE, BEFORE]).to_pylist()
         for i, row in enumerate(rows.select(keys).to_pylist()):

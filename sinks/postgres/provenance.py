@@ -94,8 +94,12 @@ def commit_times_tracked(snap: PgSnapshot) -> bool:
     return str(row[0]).lower() in ("on", "true", "1", "yes")
 
 
-def row_writers(snap: PgSnapshot, keys: pa.Table) -> tuple[pa.Table, bool]:
-    """The sink's rows of ``keys`` with their last writer: (rows, commit times tracked).
+def row_writers(snap: PgSnapshot, keys: pa.Table) -> tuple[pa.Table | None, bool, str]:
+    """The sink's rows of ``keys`` with their last writer: (rows, commit times tracked, problem).
+
+    Provenance never fails a verify for want of a privilege: a role without
+    TEMP on the database, or without SELECT on the engine's markers or
+    repairs, gets the problem (rows None), which the report states.
 
     Args:
         snap: the open snapshot the diff was made from.
@@ -109,8 +113,43 @@ def row_writers(snap: PgSnapshot, keys: pa.Table) -> tuple[pa.Table, bool]:
         pipeline and sink carries exactly that xid) and
         ``_writer_before_epoch`` (the epoch of the sink's oldest kept marker,
         when the row's xid is older than that marker's: its writer's marker
-        may have been pruned); and whether the server tracks commit timestamps.
+        may have been pruned); whether the server tracks commit timestamps;
+        and "" or why the session cannot trace rows.
     """
+    problem = _cannot(snap)
+    if problem:
+        return None, False, problem
+    return (*_row_writers(snap, keys), "")
+
+
+def _cannot(snap: PgSnapshot) -> str:
+    """Why this session cannot trace rows ("" if it can), asked before any statement fails.
+
+    A failed statement would end the pull's transaction (the driver refuses
+    even a rollback to a savepoint after it), and with it the verify.
+    """
+    row = snap.run(
+        "SELECT pg_catalog.has_database_privilege(pg_catalog.current_database(), 'TEMP')"
+    ).fetchone()
+    if not row[0]:
+        return (
+            "the role may not create temporary tables in this database (TEMP), where the "
+            "traced keys are staged"
+        )
+    schema = snap.markers.schema
+    for name in (MARKERS_TABLE, REPAIRS_TABLE):
+        if schema is None or not _exists(snap, schema, name):
+            continue
+        row = snap.run(
+            "SELECT pg_catalog.has_table_privilege($1, 'SELECT')",
+            (snap._text(sql.Identifier(schema, name)),),
+        ).fetchone()
+        if not row[0]:
+            return f"the role may not read {schema}.{name} (SELECT), which names the engine's xids"
+    return ""
+
+
+def _row_writers(snap: PgSnapshot, keys: pa.Table) -> tuple[pa.Table, bool]:
     tracked = commit_times_tracked(snap)
     match = stage_keys(snap, keys)
     markers = snap.markers

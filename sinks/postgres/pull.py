@@ -314,7 +314,7 @@ class PgSnapshot:
         )
         return self._fetch(query, (newer_than,))
 
-    def row_writers(self, keys: pa.Table) -> tuple[pa.Table, bool]:
+    def row_writers(self, keys: pa.Table) -> tuple[pa.Table | None, bool, str]:
         """The rows of ``keys`` with their last writing transaction (``provenance.py``)."""
         return row_writers(self, keys)
 

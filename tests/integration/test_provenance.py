@@ -294,3 +294,35 @@ def test_a_row_older_than_the_oldest_kept_marker_is_unknown(simple: Setup) -> No
     assert "oldest kept marker (epoch 1)" in rows[2]["note"]
     assert (rows[4]["writer"], rows[4]["xid"]) == ("foreign", xid)
     assert rows[10]["writer"] == "engine"
+
+
+def test_a_role_that_cannot_trace_still_verifies_and_is_told_why(simple: Setup) -> None:
+    # Without TEMP on the database the keys cannot be staged: the verify still
+    # counts the drift, and the report says why no row was traced.
+    role = f"verifier_{uuid.uuid4().hex[:8]}"
+    dbname = conninfo_to_dict(simple.dsn)["dbname"]
+    with psycopg.connect(simple.dsn, autocommit=True) as conn:
+        markers = markers_table(conn)
+        assert markers is not None
+        engine_schema = sql.Identifier(markers.as_string(conn).split(".")[0].strip('"'))
+        conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
+        conn.execute(
+            sql.SQL("REVOKE TEMP ON DATABASE {} FROM PUBLIC").format(sql.Identifier(dbname))
+        )
+        conn.execute(sql.SQL("GRANT SELECT ON orders TO {}").format(sql.Identifier(role)))
+        conn.execute(
+            sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(engine_schema, sql.Identifier(role))
+        )
+        conn.execute(
+            sql.SQL("GRANT SELECT ON ALL TABLES IN SCHEMA {} TO {}").format(
+                engine_schema, sql.Identifier(role)
+            )
+        )
+    hand_edit(simple.dsn, "UPDATE orders SET total = -1 WHERE id = 1")
+    params = conninfo_to_dict(simple.dsn)
+    params["user"] = role
+    limited = " ".join(f"{k}={v}" for k, v in params.items())
+    report = recover(limited, simple.root, simple.pipeline, simple.table, dry_run=True, mode="full")
+    assert report.changed == 1 and report.provenance == () and report.foreign_writes is None
+    assert report.provenance_note.startswith("provenance could not be read: ")
+    assert "temporary tables" in report.provenance_note
