@@ -129,10 +129,13 @@ def trace(snap: SinkSnapshot, source: ExpectedSource, diff: Diff, expected: pa.T
         epoch: the epoch the sink was compared with.
         limit: the most rows to trace; 0 traces none.
     """
-    if limit <= 0 or diff.empty:
+    if limit <= 0:
         return Provenance()
     if not isinstance(snap, WriterSnapshot):
         return Provenance(note=NOT_AVAILABLE)
+    if diff.empty:
+        # No drift is no foreign write: a watch's gauge falls back to 0 once repaired.
+        return Provenance(foreign=0)
     chosen = sample(diff, keys, limit)
     schema = source.schema
     names = list(schema.names)

@@ -47,7 +47,8 @@ class ReconcileReport:
         provenance_note: why provenance is missing or partial, e.g. "not
             available on this sink", or commit times not tracked; "" otherwise.
         foreign_writes: how many of the traced rows a foreign transaction
-            wrote; None when none were traced or the sink cannot say.
+            wrote (0 without drift); None when tracing is off or the sink
+            cannot say.
     """
 
     table: str

@@ -252,6 +252,7 @@ dsn = "{simple.dsn}"
 table = "orders"
 keys = ["id"]
 mode = "full"
+max_change_fraction = 0.5  # 10 rows: two hand edits are a fifth of the table
 """
     )
     hand_edit(simple.dsn, "UPDATE orders SET total = -1 WHERE id IN (1, 2)")
@@ -261,6 +262,14 @@ mode = "full"
     assert "2 foreign writes" in watched.stdout
     exported = (tmp_path / "metrics.prom").read_text()
     assert 'reconcile_drift_foreign_writes{pipeline="shop",table="public.orders"} 2.0' in exported
+    # Repaired in the first round, clean in the second: the gauge is back to 0.
+    again = cli("watch", "--config", str(config), "--every", "1s", "--count", "2", "--repair",
+                "--json")  # fmt: skip
+    assert again.returncode == 0, again.stderr
+    rounds = [json.loads(line)["tables"][0] for line in again.stdout.splitlines()]
+    assert [(r["foreign_writes"], r["applied"] > 0) for r in rounds] == [(2, True), (0, False)]
+    exported = (tmp_path / "metrics.prom").read_text()
+    assert 'reconcile_drift_foreign_writes{pipeline="shop",table="public.orders"} 0.0' in exported
 
 
 def test_a_frozen_row_is_unknown_not_guessed(simple: Setup) -> None:
