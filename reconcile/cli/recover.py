@@ -122,10 +122,9 @@ def provenance_lines(report: ReconcileReport) -> list[str]:
         if row["writer"] == "none":
             lines.append(f"    {row['kind']} ({key}): {row['note']}")
             continue
-        at = row["committed_at"] or "commit time unknown"
-        lines.append(
-            f"    {row['kind']} ({key}){columns}: xid {row['xid']}, committed {at}: {row['writer']}"
-        )
+        at = f"committed {row['committed_at']}" if row["committed_at"] else "commit time unknown"
+        xid = f"xid {row['xid']}" if row["xid"] else "xid unknown"
+        lines.append(f"    {row['kind']} ({key}){columns}: {xid}, {at}: {row['writer']}")
     if report.provenance_note:
         lines.append(f"    ({report.provenance_note})")
     return lines
