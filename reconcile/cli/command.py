@@ -16,6 +16,7 @@ from reconcile.cli.status import add_status_parser, read_state, run_status
 from reconcile.core import interrupts
 from reconcile.core.contract import ConfigurationError, ReconcileError
 from reconcile.recovery.options import DEFAULT_CHUNK_ROWS
+from reconcile.recovery.provenance import DEFAULT_PROVENANCE_ROWS
 
 __all__ = ["main"]
 
@@ -85,6 +86,12 @@ def build_parser() -> argparse.ArgumentParser:
         sub.add_argument(
             "--spill-dir", metavar="DIR",
             help="where the parts are spilled (default: the system's temporary folder)",
+        )  # fmt: skip
+        sub.add_argument(
+            "--provenance-rows", type=int, default=DEFAULT_PROVENANCE_ROWS, metavar="N",
+            help="trace up to N differing rows to the transaction that last wrote them (the "
+            f"engine's or foreign; PostgreSQL sinks); 0 turns it off (default "
+            f"{DEFAULT_PROVENANCE_ROWS})",
         )  # fmt: skip
         sub.add_argument("--json", action="store_true", help="print one JSON object")
     commands.choices["repair"].add_argument(

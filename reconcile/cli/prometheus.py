@@ -236,6 +236,12 @@ class PrometheusMetrics:
                 "Rows that differed from the expected state at the latest verify or repair",
                 ["pipeline", "table", "kind"],
             ),
+            "drift.foreign_writes": gauge(
+                "drift_foreign_writes",
+                "Differing rows a foreign transaction (neither a marker's nor a repair's) last "
+                "wrote, among those the latest verify or repair traced",
+                ["pipeline", "table"],
+            ),
             "ha.leader": gauge(
                 "ha_leader",
                 "1 while this instance leads the pipeline, 0 while it follows",

@@ -24,7 +24,7 @@ from reconcile.core.target import Progress
 from reconcile.recovery import ReconcileReport, recover
 from reconcile.recovery.brake import Brake
 
-__all__ = ["check_store", "run_on_spark", "run_recover", "summary"]
+__all__ = ["check_store", "provenance_lines", "run_on_spark", "run_recover", "summary"]
 
 
 def check_store(root: str) -> None:
@@ -92,6 +92,7 @@ def summary(report: ReconcileReport, *, repair: bool) -> str:
             f"be deleted or changed (the brake allows {report.brake_limit})"
             + ("; lifted for this repair" if repair else "; repair --allow-mass-change lifts it")
         )
+    lines.extend(provenance_lines(report))
     if repair:
         lines.append(
             f"  repaired: {report.applied} rows written or deleted, in one transaction"
@@ -99,6 +100,34 @@ def summary(report: ReconcileReport, *, repair: bool) -> str:
             else "  nothing to write"
         )
     return "\n".join(lines)
+
+
+def provenance_lines(report: ReconcileReport) -> list[str]:
+    """The report's provenance section: one line per traced row, and why anything is unknown."""
+    lines: list[str] = []
+    traced = report.provenance
+    if report.provenance_note and not traced:
+        return [f"  provenance: {report.provenance_note}"] if report.drift else []
+    if not traced:
+        return lines
+    differing = report.missing + report.extra + report.changed
+    foreign = report.foreign_writes or 0
+    lines.append(
+        f"  provenance of {len(traced)} of the {differing} differing rows "
+        f"({foreign} written by a foreign transaction):"
+    )
+    for row in traced:
+        key = ", ".join(f"{k}={v!r}" for k, v in row["key"].items())
+        columns = f" columns {', '.join(row['columns'])}" if row["columns"] else ""
+        if row["writer"] == "none":
+            lines.append(f"    {row['kind']} ({key}): {row['note']}")
+            continue
+        at = f"committed {row['committed_at']}" if row["committed_at"] else "commit time unknown"
+        xid = f"xid {row['xid']}" if row["xid"] else "xid unknown"
+        lines.append(f"    {row['kind']} ({key}){columns}: {xid}, {at}: {row['writer']}")
+    if report.provenance_note:
+        lines.append(f"    ({report.provenance_note})")
+    return lines
 
 
 def run_recover(args: argparse.Namespace) -> int:
@@ -114,6 +143,7 @@ def run_recover(args: argparse.Namespace) -> int:
         "allow_mass_change": repair and args.allow_mass_change,
         "chunk_rows": args.chunk_rows,
         "spill_dir": args.spill_dir,
+        "provenance_rows": args.provenance_rows,
     }
     if args.epoch is not None:
         options["target_epoch"] = args.epoch

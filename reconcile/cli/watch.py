@@ -36,8 +36,8 @@ from reconcile.cli.config import Config, SinkTableConfig, load_config
 from reconcile.cli.config_sinks import split_table
 from reconcile.core import interrupts
 from reconcile.core.contract import ConfigurationError, ReconcileError
-from reconcile.core.metrics import Metrics, NullMetrics, record_refusal, record_report
-from reconcile.recovery.options import MemoryKeywords
+from reconcile.core.metrics import Metrics, NullMetrics, active, record_refusal, record_report
+from reconcile.recovery.options import TuningKeywords
 
 if TYPE_CHECKING:  # Spark is an optional extra: imported only for --spark
     from reconcile.cli.spark_job import OnSpark
@@ -111,6 +111,7 @@ class TableOutcome:
         found = (
             f"missing {r.missing}, extra {r.extra}, changed {r.changed}"
             + (f", repaired {r.applied} rows" if r.applied else "")
+            + (f", {r.foreign_writes} foreign writes" if getattr(r, "foreign_writes", None) else "")
             if r.drift
             else "no drift"
         )
@@ -127,7 +128,7 @@ def check_table(
     metrics: Metrics | None = None,
     allow_mass_change: bool = False,
     spark: OnSpark | None = None,
-    memory: MemoryKeywords | None = None,
+    tuning: TuningKeywords | None = None,
 ) -> TableOutcome:
     """Verify (or repair) one sink table of a config file; never raises for that table's errors.
 
@@ -141,8 +142,10 @@ def check_table(
         allow_mass_change: lift the table's mass-change brake (an operator's
             explicit ``repair --allow-mass-change``; never ``watch``).
         spark: run it on Spark (full mode), in this session.
-        memory: how full mode and a first bucket search bound memory, passed to ``recover``
-            (``chunk_rows``, ``spill_dir``; default the library's).
+        tuning: passed to ``recover``: how full mode and a first bucket search
+            bound memory (``chunk_rows``, ``spill_dir``), and how many differing
+            rows are traced to their last writer (``provenance_rows``; the
+            foreign writes among them are exported); default the library's.
     """
     from reconcile.cli.status import missing_store
     from reconcile.recovery import recover
@@ -179,11 +182,16 @@ def check_table(
             since_epoch=since,
             max_change_fraction=sink.max_change_fraction,
             allow_mass_change=allow_mass_change,
-            **(memory or {}),
+            **(tuning or {}),
         )
     except Exception as exc:  # one table's failure is reported; the others still run
         return _failed(sink, exc, metrics)
     record_report(sink.pipeline, report, metrics=metrics)
+    if report.foreign_writes is not None:
+        # A gauge of the latest run, as the drift rows are: the same unrepaired
+        # hand edit found again in the next round is not added up.
+        (metrics or active()).set("drift.foreign_writes", report.foreign_writes,
+                                  pipeline=sink.pipeline, table=report.table)  # fmt: skip
     return TableOutcome(sink.pipeline, sink.name, sink.table, report=report)
 
 
@@ -233,7 +241,7 @@ def check_tables(
     metrics: Metrics | None = None,
     allow_mass_change: bool = False,
     spark: OnSpark | None = None,
-    memory: MemoryKeywords | None = None,
+    tuning: TuningKeywords | None = None,
 ) -> list[TableOutcome]:
     """:func:`check_table` for each table, in order."""
     options: dict[str, Any] = {
@@ -243,7 +251,7 @@ def check_tables(
         "metrics": metrics,
         "allow_mass_change": allow_mass_change,
         "spark": spark,
-        "memory": memory,
+        "tuning": tuning,
     }
     return [check_table(t, **options) for t in tables]
 
@@ -293,7 +301,8 @@ def run_config_recover(args: argparse.Namespace) -> int:
         spark = OnSpark(session(args.master or "local[*]"), args.partitions)
     outcomes = check_tables(
         tables, repair=repair, mode=args.mode, allow_mass_change=lifted, spark=spark,
-        memory={"chunk_rows": args.chunk_rows, "spill_dir": args.spill_dir},
+        tuning={"chunk_rows": args.chunk_rows, "spill_dir": args.spill_dir,
+                "provenance_rows": args.provenance_rows},
     )  # fmt: skip
     code = exit_code(outcomes)
     _print(outcomes, as_json=args.json, code=code)

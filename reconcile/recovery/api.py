@@ -84,7 +84,8 @@ def recover(
         **options: the keywords of :class:`~reconcile.recovery.options.RecoverOptions`:
             ``mode``, ``dry_run``, ``after_crash``, ``target_epoch``, ``keys``,
             ``schema``, ``fast_path``, ``progress``, ``sink``, ``since_epoch``,
-            ``max_change_fraction``, ``allow_mass_change``.
+            ``max_change_fraction``, ``allow_mass_change``, ``chunk_rows``,
+            ``spill_dir``, ``provenance_rows``.
 
     Returns:
         What was pulled, compared, found and applied.

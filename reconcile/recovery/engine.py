@@ -35,6 +35,7 @@ from reconcile.recovery.buckets import BucketLimits
 from reconcile.recovery.finding import Found, check_step, find_buckets, find_full, find_scoped
 from reconcile.recovery.modes import Mode, choose_mode
 from reconcile.recovery.options import MemoryKeywords, RecoverOptions
+from reconcile.recovery.provenance import trace
 from reconcile.recovery.report import ReconcileReport
 from reconcile.recovery.source import ExpectedSource, semi
 
@@ -166,6 +167,10 @@ def reconcile_table(
             else:
                 found = find_full(snap, source, schema, keys, epoch, progress, memory)
             reading = _weigh(found, snap, chosen, store, newest, epoch, keys, brake)
+            # Before any repair: who last wrote the differing rows, read in the
+            # snapshot they were diffed in (a few rows by key, not the pull).
+            traced = trace(snap, source, found.diff, found.expected, keys, epoch,
+                           options.provenance_rows)  # fmt: skip
             warnings = tuple(snap.warnings)
         if reading.exceeded and not dry_run and not brake.allow_mass_change:
             raise MassChangeError(
@@ -207,6 +212,9 @@ def reconcile_table(
             sink_rows=reading.table_rows,
             mass_change=reading.exceeded,
             warnings=warnings,
+            provenance=traced.rows,
+            provenance_note=traced.note,
+            foreign_writes=traced.foreign,
         )
     raise RetryableError(
         f"table {target.display}: epochs kept committing during {_MAX_ATTEMPTS} repair "

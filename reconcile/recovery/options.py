@@ -10,8 +10,15 @@ from reconcile.core.contract import ConfigurationError
 from reconcile.core.target import Progress
 from reconcile.recovery.brake import DEFAULT_MAX_CHANGE_FRACTION, Brake
 from reconcile.recovery.modes import Mode
+from reconcile.recovery.provenance import DEFAULT_PROVENANCE_ROWS
 
-__all__ = ["DEFAULT_CHUNK_ROWS", "MemoryKeywords", "RecoverKeywords", "RecoverOptions"]
+__all__ = [
+    "DEFAULT_CHUNK_ROWS",
+    "MemoryKeywords",
+    "RecoverKeywords",
+    "RecoverOptions",
+    "TuningKeywords",
+]
 
 # Rows of each side a full verify holds at once. About 150 MB of a 16-column
 # table such as TPC-H lineitem per side; a table at most this size is diffed
@@ -55,6 +62,9 @@ class RecoverOptions:
         spill_dir: where those parts are spilled (default: the system's
             temporary folder; the disk needs room for the table's keys and
             hashes, and for the expected rows when repairing).
+        provenance_rows: up to this many differing rows are traced to the
+            transaction that last wrote them (``provenance.py``; default 10);
+            0 traces none.
     """
 
     mode: Mode | str = Mode.AUTO
@@ -71,8 +81,18 @@ class RecoverOptions:
     allow_mass_change: bool = False
     chunk_rows: int = DEFAULT_CHUNK_ROWS
     spill_dir: str | None = None
+    provenance_rows: int = DEFAULT_PROVENANCE_ROWS
 
     def __post_init__(self) -> None:
+        if (
+            isinstance(self.provenance_rows, bool)
+            or not isinstance(self.provenance_rows, int)
+            or self.provenance_rows < 0
+        ):
+            raise ConfigurationError(
+                "recover: provenance_rows must be a number of rows (0 or more), got "
+                f"{self.provenance_rows!r}"
+            )
         if (
             isinstance(self.chunk_rows, bool)
             or not isinstance(self.chunk_rows, int)
@@ -123,6 +143,7 @@ class RecoverKeywords(TypedDict, total=False):
     allow_mass_change: bool
     chunk_rows: int
     spill_dir: str | None
+    provenance_rows: int
 
 
 class MemoryKeywords(TypedDict, total=False):
@@ -133,3 +154,13 @@ class MemoryKeywords(TypedDict, total=False):
 
     chunk_rows: int
     spill_dir: str | None
+
+
+class TuningKeywords(MemoryKeywords, total=False):
+    """``MemoryKeywords`` and how many differing rows are traced to their writer.
+
+    What a config file's check passes on to ``recover`` unchanged; absent keys
+    take ``RecoverOptions``' defaults.
+    """
+
+    provenance_rows: int

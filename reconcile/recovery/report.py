@@ -38,6 +38,17 @@ class ReconcileReport:
             refused unless the brake is lifted (and then this one went through).
         warnings: what the run found worth an operator's attention (each also
             logged), e.g. scoped mode on a table without an index on ``_epoch``.
+        provenance: up to ``provenance_rows`` differing rows, each with its
+            ``kind`` (changed, extra, missing), ``key``, differing ``columns``
+            (changed rows), last writing transaction (``xid``, as text), its
+            ``committed_at`` (ISO 8601, or None), ``writer`` (engine, foreign,
+            unknown, or none for a missing row) and a ``note`` on any None
+            (``reconcile/recovery/provenance.py``).
+        provenance_note: why provenance is missing or partial, e.g. "not
+            available on this sink", or commit times not tracked; "" otherwise.
+        foreign_writes: how many of the traced rows a foreign transaction
+            wrote (0 without drift); None when tracing is off or the sink
+            cannot say.
     """
 
     table: str
@@ -58,6 +69,9 @@ class ReconcileReport:
     sink_rows: int | None = None
     mass_change: bool = False
     warnings: tuple[str, ...] = ()
+    provenance: tuple[dict[str, Any], ...] = ()
+    provenance_note: str = ""
+    foreign_writes: int | None = None
 
     @property
     def drift(self) -> bool:

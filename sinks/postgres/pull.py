@@ -28,6 +28,7 @@ from .bucket_sums import PgBucketSums
 from .connection import PgTarget
 from .heavy import DEFAULT_STATEMENT_TIMEOUT_MS, Cancellable, hand_over, settings_sql
 from .markers import MARKERS_TABLE
+from .provenance import STAGED_KEYS, row_writers, stage_keys
 from .pull_columns import select_list, sink_columns
 from .ranges import (
     Params,
@@ -300,33 +301,22 @@ class PgSnapshot:
                 f"every row to find the later epochs' rows; create one with: "
                 f"{self._text(create)}"
             )
-        name = "_reconcile_scope_keys"
-        cur = self._conn.cursor()
-        staged = keys.select(self.keys)
-        self._statements.run(
-            lambda: cur.adbc_ingest(name, staged, mode="replace", temporary=True),
-            cur.adbc_cancel,
-        )
-        self.run(f"ANALYZE pg_temp.{name}")
-        # The staged keys have the expected state's types (a uuid kept as text,
-        # say): cast them to the column's own type, so the key's index serves.
-        match = sql.SQL(" AND ").join(
-            sql.SQL("t.{0} = k.{0}::{1}").format(
-                sql.Identifier(k), sql.SQL(self.table.columns[k].sql_type)
-            )
-            for k in self.keys
-        )
+        match = stage_keys(self, keys)
         query = sql.SQL(
             "SELECT {cols} FROM {table} AS t JOIN {keys} AS k ON {match} "
             "UNION SELECT {cols} FROM {table} AS t WHERE t.{epoch} > $1"
         ).format(
             cols=self._select_list(),
             table=self.table.ident,
-            keys=sql.Identifier("pg_temp", name),
+            keys=sql.Identifier("pg_temp", STAGED_KEYS),
             match=match,
             epoch=sql.Identifier(EPOCH_COLUMN),
         )
         return self._fetch(query, (newer_than,))
+
+    def row_writers(self, keys: pa.Table) -> tuple[pa.Table | None, bool, str]:
+        """The rows of ``keys`` with their last writing transaction (``provenance.py``)."""
+        return row_writers(self, keys)
 
     def _warn(self, text: str) -> None:
         log.warning("%s", text)
