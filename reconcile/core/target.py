@@ -18,6 +18,7 @@ from reconcile.core.conform import SinkColumn
 from reconcile.core.sink import capabilities_of
 
 __all__ = [
+    "WRITER_COLUMNS",
     "KeyRange",
     "Progress",
     "PullableSink",
@@ -26,6 +27,12 @@ __all__ = [
     "SinkSnapshot",
     "is_pullable",
 ]
+
+# The columns a sink's provenance lookup adds to the rows it pulls again (the
+# row's writing xid, its commit time, whether the engine wrote it, and whether
+# it predates the oldest kept marker): named once, for the sinks that add them
+# and for recovery, which reads them.
+WRITER_COLUMNS = ("_writer_xid", "_writer_committed_at", "_writer_engine", "_writer_before_epoch")
 
 # Called with (rows pulled so far, the table's estimated size or None).
 Progress = Callable[[int, int | None], None]

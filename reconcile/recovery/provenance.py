@@ -31,7 +31,7 @@ import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
 
 from reconcile.core.conform import conform
 from reconcile.core.hashing import row_hash_arrow
-from reconcile.core.target import SinkSnapshot
+from reconcile.core.target import WRITER_COLUMNS, SinkSnapshot
 from reconcile.recovery.diff import Diff
 from reconcile.recovery.source import ExpectedSource, semi
 
@@ -52,8 +52,7 @@ UNREADABLE = "provenance could not be read"
 NO_COMMIT_TIMES = (
     "commit times unknown: the server does not track them (track_commit_timestamp is off)"
 )
-XID, COMMITTED_AT, ENGINE = "_writer_xid", "_writer_committed_at", "_writer_engine"
-BEFORE = "_writer_before_epoch"
+XID, COMMITTED_AT, ENGINE, BEFORE = WRITER_COLUMNS
 
 
 @runtime_checkable

@@ -27,6 +27,8 @@ from typing import TYPE_CHECKING
 import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
 from psycopg import sql
 
+from reconcile.core.target import WRITER_COLUMNS
+
 from .markers import MARKERS_TABLE, REPAIRS_TABLE
 
 if TYPE_CHECKING:
@@ -37,9 +39,7 @@ __all__ = ["STAGED_KEYS", "WRITER_COLUMNS", "row_writers", "stage_keys"]
 # The temporary table (pg_temp, the session's own) that keys are staged in.
 STAGED_KEYS = "_reconcile_scope_keys"
 # The columns ``row_writers`` adds to the pulled ones.
-XID, COMMITTED_AT, ENGINE = "_writer_xid", "_writer_committed_at", "_writer_engine"
-BEFORE = "_writer_before_epoch"
-WRITER_COLUMNS = (XID, COMMITTED_AT, ENGINE, BEFORE)
+XID, COMMITTED_AT, ENGINE, BEFORE = WRITER_COLUMNS
 # The low 32 bits of an xid8: what a row's xmin holds.
 _LOW32 = 0xFFFFFFFF
 
