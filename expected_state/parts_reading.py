@@ -14,7 +14,7 @@ from collections.abc import Iterator, Sequence
 
 import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
 
-from expected_state.delta_files import iter_data_batches
+from expected_state.evolved_files import iter_store_batches
 from expected_state.layout import StoreFile
 from expected_state.merge import apply_changes
 from reconcile.core import hooks, interrupts
@@ -37,6 +37,7 @@ def read_in_parts(
     parts: int,
     where: str | None,
     epoch: int | None,
+    stored: pa.Schema | None = None,
 ) -> Iterator[tuple[int, pa.Table]]:
     """Each part's state, ``(part, rows with columns)``, after spilling every file once.
 
@@ -50,6 +51,8 @@ def read_in_parts(
         parts: how many parts.
         where: the folder for the spilled parts (None: the system's temporary folder).
         epoch: the snapshot's epoch, for the message if a file is gone.
+        stored: the table's whole stored schema, to read files written before
+            a column was added (``expected_state.evolved_files``); default ``schema``.
     """
     with (
         SpilledParts(schema, parts, where=where, name="store-base") as base,
@@ -58,7 +61,8 @@ def read_in_parts(
         for file in files:
             spill = base if file.kind == "base" else changes
             try:
-                for batch in iter_data_batches(uri, file.path, columns=schema.names):
+                for batch in iter_store_batches(uri, file.path, columns=schema.names,
+                                                stored=stored or schema):  # fmt: skip
                     # A signal the command's guard remembered ends the read here, also
                     # where it runs on a thread of its own (recovery's read-ahead).
                     interrupts.check()

@@ -27,6 +27,7 @@ from expected_state.delta_commit import (
 )
 from expected_state.delta_log import remember_written
 from expected_state.epoch_file import EpochFile, remove_epoch_file, write_epoch_file
+from expected_state.evolving import Evolving
 from expected_state.fencing import (
     check_generation,
     check_recorded_generation,
@@ -87,7 +88,9 @@ class ApplyResult:
     deleted: int = 0
 
 
-class ExpectedStateStore(StoreTable, Trusting, Reading, Reverting, Compaction, Housekeeping):
+class ExpectedStateStore(
+    StoreTable, Evolving, Trusting, Reading, Reverting, Compaction, Housekeeping
+):
     """The expected state of one sink table of one pipeline, as a merge-on-read Delta table.
 
     Layout under ``root``: ``<root>/<pipeline>/<sink>/`` is the Delta table
@@ -220,6 +223,14 @@ class ExpectedStateStore(StoreTable, Trusting, Reading, Reverting, Compaction, H
             # Another writer may have created the table, and recorded epochs in it,
             # since we found none: the order and the fence are decided on this
             # snapshot, the one the commit is based on, never on the empty look.
+            if self._already_applied(table, epoch, allow_gap=allow_gap):
+                return ApplyResult(epoch, applied=False, table_version=None)
+            check_generation(table, self._fence, self.generation, table_name=self.uri)
+        elif self._evolving is not None:
+            # The epoch brings new columns: the new schema is committed first
+            # (expected_state.evolving), and the order and fence decided again
+            # on the snapshot that holds it.
+            table = self._commit_new_columns(table, epoch)
             if self._already_applied(table, epoch, allow_gap=allow_gap):
                 return ApplyResult(epoch, applied=False, table_version=None)
             check_generation(table, self._fence, self.generation, table_name=self.uri)

@@ -31,7 +31,14 @@ from reconcile.core.contract import (
     validate_name,
 )
 from reconcile.core.metrics import Metrics, timed
+from reconcile.core.schema_change import SchemaChange
 from reconcile.core.staged import StagedEpoch
+from reconcile.engine.schema_plan import (
+    brought_schema,
+    pending_sink_change,
+    plan_epoch_change,
+    with_declared_types,
+)
 
 __all__ = ["HOUSEKEEPING", "OP_COLUMN", "ExpectedState", "as_changes"]
 
@@ -140,6 +147,8 @@ class ExpectedState:
         # and their change files being written ahead on the store's own thread
         # (until record() hands each to its table's commit).
         self._staged: dict[str, tuple[int, EpochChanges]] = {}
+        # The schema changes the staged epoch brings (sink name -> change).
+        self._changes: dict[str, SchemaChange] = {}
         self._ahead: dict[str, Future[EpochFile | None]] = {}
         # Housekeeping running between epochs on a thread of its own (see
         # maintain_in_background), and that thread, started on first use.
@@ -210,8 +219,18 @@ class ExpectedState:
             store.column_types = types
             if name not in self.schemas and store.user_schema is not None:
                 check_store_types(store.user_schema, types, table=store.uri, sink=name)
+            evolve = getattr(sinks.get(name), "evolve_schema", None)
+            if store.user_schema is not None and evolve is not None:
+                # A crash between the store's commit of an epoch that added a
+                # column and the sink's commit of it leaves the column in the
+                # store only: the epoch's replay adds it to the sink first.
+                pending = pending_sink_change(
+                    store.user_schema, types, store.key_columns, table=store.uri
+                )
+                if pending is not None:
+                    evolve(pending)
 
-    def stage(self, epoch: int, outputs: Mapping[str, Iterable[Any]]) -> None:
+    def stage(self, epoch: int, outputs: Mapping[str, Iterable[Any]]) -> dict[str, SchemaChange]:
         """Convert ``epoch``'s outputs to each table's schema, before anything is decided.
 
         The cycle calls this in its stage step, before any sink stages: a value
@@ -221,18 +240,31 @@ class ExpectedState:
         Rows that Spark executors staged (a ``StagedEpoch``) were converted by
         the executors.
 
+        An epoch whose rows bring a new nullable column (or whose ``schemas=``
+        entry declares a widening) evolves its table's schema in this epoch
+        (``reconcile.engine.schema_plan``); the changes are returned, sink by
+        sink, for the sinks to evolve their tables in the same epoch.
+
         Raises:
             InvalidInputError: naming the sink, the epoch, the column, the value
                 and both types (the store's, and the sink column's where known);
-                nothing was written.
+                or a schema change that cannot be made in place
+                (``SchemaChangeRefused``), naming the column; nothing was written.
         """
         self.discard_staged()
+        changes: dict[str, SchemaChange] = {}
         for sink, store in self.tables.items():
             rows = outputs.get(sink, ())
             if isinstance(rows, StagedEpoch):
                 continue
             try:
-                net = store.normalize(as_changes(sink, rows))
+                given = as_changes(sink, rows)
+                change = self._plan(sink, store, given)
+                if change is not None:
+                    store.evolve(change)  # in memory until record() commits it
+                    changes[sink] = change
+                    self._changes[sink] = change
+                net = store.normalize(given)
             except InvalidInputError as err:
                 details = {**err.details, "sink": sink, "epoch": epoch}
                 raise type(err)(f"sink {sink!r}, epoch {epoch}: {err.message}", **details) from None
@@ -243,6 +275,24 @@ class ExpectedState:
         worker = self._thread()
         self._ahead = {sink: worker.submit(self._tables[sink].write_ahead, epoch, net)
                        for sink, (_, net) in self._staged.items()}  # fmt: skip
+        return changes
+
+    def _plan(
+        self, sink: str, store: ExpectedStateStore, given: list[Change] | pa.Table
+    ) -> SchemaChange | None:
+        """The schema change ``given`` asks of an existing store table (``schema_plan``)."""
+        schema = store.current_schema()
+        if schema is None:
+            return None  # a first epoch creates the table with what it brings
+        types = self.sink_types.get(sink)
+        return plan_epoch_change(
+            schema,
+            brought_schema(given, types, store.uri),
+            self.schemas.get(sink),
+            store.key_columns,
+            types,
+            table=store.uri,
+        )
 
     def discard_staged(self) -> None:
         """Forget what ``stage`` converted (the epoch was aborted), and its files written ahead.
@@ -252,6 +302,9 @@ class ExpectedState:
         unknown), and is left to the table (``revert``, or vacuum once orphaned).
         """
         ahead, self._staged, self._ahead = self._ahead, {}, {}
+        self._changes = {}
+        for store in self._tables.values():
+            store.abandon_evolution()
         for sink, future in ahead.items():
             try:
                 written = future.result()
@@ -281,6 +334,12 @@ class ExpectedState:
                 from the store (see ExpectedStateStore.apply).
         """
         staged, ahead, self._staged, self._ahead = self._staged, self._ahead, {}, {}
+        changes, self._changes = self._changes, {}
+        for sink, change in changes.items():
+            # The sink takes the declared types in this epoch: planning the next
+            # epoch against its old types would ask for the change again.
+            if sink in self.sink_types:
+                self.sink_types[sink] = with_declared_types(self.sink_types[sink], change.after)
         for sink, store in self.tables.items():
             rows = outputs.get(sink, ())
             if isinstance(rows, StagedEpoch):
