@@ -21,7 +21,9 @@ import pytest
 from deltalake import DeltaTable
 
 from reconcile import CommitCycle, CommitSucceeded
+from reconcile.core.contract import OK, Ok, SinkTxnId, WriterIdentity
 from reconcile.core.results import CommitFatal
+from reconcile.core.schema_change import SchemaChange
 from reconcile.engine.expected import ExpectedState
 from reconcile.recovery import recover
 from sinks.memory import MemorySink, MemoryStore
@@ -233,3 +235,37 @@ def test_a_zombie_is_fenced_before_its_ddl(dsn: str, started: Path) -> None:
     assert not isinstance(result, CommitSucceeded)
     assert "note" not in _columns(dsn)
     assert [r[0] for r in _rows(dsn, "id")] == [1]
+
+
+def _change() -> SchemaChange:
+    before = pa.schema([pa.field("id", pa.int64(), nullable=False), pa.field("qty", pa.int32())])
+    after = before.append(pa.field("note", pa.string()))
+    return SchemaChange("orders", before, after, ("note",), ())
+
+
+@pytest.mark.parametrize("mode", ["transactional", "prepared"])
+def test_the_sinks_ddl_runs_after_its_fence_check(dsn: str, mode: str) -> None:
+    """A stale generation's epoch is refused by the fence before its ALTER TABLE runs."""
+    writer = WriterIdentity("shop", "log-1")
+    newer = postgres_sink(dsn, "orders", mode=mode, name="orders")
+    newer.bind(writer)
+    epoch0 = SinkTxnId("shop", "orders", 0, 2)
+    assert newer.stage(epoch0, [_row(1)]) == OK and newer.prepare(epoch0) == OK
+    assert newer.commit(epoch0) == OK
+    zombie = postgres_sink(dsn, "orders", mode=mode, name="orders")
+    zombie.bind(writer)
+    zombie.evolve_schema(_change())
+    stale = SinkTxnId("shop", "orders", 1, 1)
+    assert zombie.stage(stale, [_row(2, note="zombie")]) == OK
+    outcome = zombie.prepare(stale)
+    assert not isinstance(outcome, Ok) and "fence" in str(outcome).lower()
+    assert "note" not in _columns(dsn) and [r[0] for r in _rows(dsn, "id")] == [1]
+    # The same change by the current generation goes in, DDL and rows in one txn.
+    newer.evolve_schema(_change())
+    epoch1 = SinkTxnId("shop", "orders", 1, 2)
+    assert newer.stage(epoch1, [_row(2, note="yes")]) == OK and newer.prepare(epoch1) == OK
+    assert "note" not in _columns(dsn)  # not before the epoch commits
+    assert newer.commit(epoch1) == OK
+    assert _rows(dsn) == [(1, 1, "n1", None), (2, 2, "n2", "yes")]
+    newer.close()
+    zombie.close()
