@@ -9,12 +9,12 @@ base off the write path; readers merge the base and the changes.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
 from deltalake import DeltaTable
 
+from expected_state.apply_result import ApplyResult
 from expected_state.changes import EpochChanges, normalize_changes
 from expected_state.column_types import infer_user_schema
 from expected_state.compaction import Compaction
@@ -66,26 +66,6 @@ APPLY_TABLE_MISSING = hooks.declare("expected_state.apply.table_missing")
 # commit carries the same fence token) wrote nothing and is simply made again on
 # a fresh snapshot, with the same change file.
 _COMMIT_ATTEMPTS = 3
-
-
-@dataclass(frozen=True, slots=True)
-class ApplyResult:
-    """What :meth:`ExpectedStateStore.apply` did.
-
-    Attributes:
-        epoch: the epoch.
-        applied: True if this call committed it; False if it was already recorded.
-        table_version: the Delta version holding the epoch (None if unknown).
-        upserted: rows inserted or replaced (0 on a no-op).
-        deleted: delete changes recorded (0 on a no-op); a delete of a key that
-            did not exist counts too, since the write path never reads the state.
-    """
-
-    epoch: int
-    applied: bool
-    table_version: int | None
-    upserted: int = 0
-    deleted: int = 0
 
 
 class ExpectedStateStore(

@@ -18,7 +18,6 @@ from typing import Any
 import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
 
 from expected_state.changes import EpochChanges
-from expected_state.column_types import check_store_types
 from expected_state.epoch_file import EpochFile
 from expected_state.progress_log import StoreProgressLog
 from expected_state.store import ExpectedStateStore
@@ -33,12 +32,8 @@ from reconcile.core.contract import (
 from reconcile.core.metrics import Metrics, timed
 from reconcile.core.schema_change import SchemaChange
 from reconcile.core.staged import StagedEpoch
-from reconcile.engine.schema_plan import (
-    brought_schema,
-    pending_sink_change,
-    plan_epoch_change,
-    with_declared_types,
-)
+from reconcile.engine.expected_schemas import SinkSchemas
+from reconcile.engine.schema_plan import with_declared_types
 
 __all__ = ["HOUSEKEEPING", "OP_COLUMN", "ExpectedState", "as_changes"]
 
@@ -75,7 +70,7 @@ def as_changes(sink: str, rows: Iterable[Any]) -> list[Change] | pa.Table:
     return changes
 
 
-class ExpectedState:
+class ExpectedState(SinkSchemas):
     """The expected state of one pipeline: a store table per keyed sink, and the progress log.
 
     Args:
@@ -190,46 +185,6 @@ class ExpectedState:
                 f"sinks ({sorted(sinks)})"
             )
 
-    def take_sink_types(self, sinks: Mapping[str, object]) -> None:
-        """Learn each keyed sink's column types from its table (after the sinks are bound).
-
-        A sink says them with ``arrow_schema()`` (an Arrow schema, or None when
-        it has no table); a sink without the method has none. A new store table
-        takes them; an existing one (without ``schemas=``) is checked against
-        them. Idempotent.
-
-        Raises:
-            ConfigurationError: an existing store table with a column that
-                cannot hold every value of the sink's column, naming it and
-                both types (a later epoch would otherwise be refused midway).
-            ReconcileError: from a sink's ``arrow_schema()``.
-        """
-
-        for name, store in self.tables.items():
-            reader = getattr(sinks.get(name), "arrow_schema", None)
-            types = reader() if reader is not None else None
-            if types is None:
-                continue
-            if not isinstance(types, pa.Schema):
-                raise ConfigurationError(
-                    f"sink {name!r}: arrow_schema() returned {type(types).__name__}, "
-                    "not a pyarrow.Schema or None"
-                )
-            self.sink_types[name] = types
-            store.column_types = types
-            if name not in self.schemas and store.user_schema is not None:
-                check_store_types(store.user_schema, types, table=store.uri, sink=name)
-            evolve = getattr(sinks.get(name), "evolve_schema", None)
-            if store.user_schema is not None and evolve is not None:
-                # A crash between the store's commit of an epoch that added a
-                # column and the sink's commit of it leaves the column in the
-                # store only: the epoch's replay adds it to the sink first.
-                pending = pending_sink_change(
-                    store.user_schema, types, store.key_columns, table=store.uri
-                )
-                if pending is not None:
-                    evolve(pending)
-
     def stage(self, epoch: int, outputs: Mapping[str, Iterable[Any]]) -> dict[str, SchemaChange]:
         """Convert ``epoch``'s outputs to each table's schema, before anything is decided.
 
@@ -276,23 +231,6 @@ class ExpectedState:
         self._ahead = {sink: worker.submit(self._tables[sink].write_ahead, epoch, net)
                        for sink, (_, net) in self._staged.items()}  # fmt: skip
         return changes
-
-    def _plan(
-        self, sink: str, store: ExpectedStateStore, given: list[Change] | pa.Table
-    ) -> SchemaChange | None:
-        """The schema change ``given`` asks of an existing store table (``schema_plan``)."""
-        schema = store.current_schema()
-        if schema is None:
-            return None  # a first epoch creates the table with what it brings
-        types = self.sink_types.get(sink)
-        return plan_epoch_change(
-            schema,
-            brought_schema(given, types, store.uri),
-            self.schemas.get(sink),
-            store.key_columns,
-            types,
-            table=store.uri,
-        )
 
     def discard_staged(self) -> None:
         """Forget what ``stage`` converted (the epoch was aborted), and its files written ahead.

@@ -120,6 +120,10 @@ def _plan(schema: TableSchema, change: SchemaChange) -> list[tuple[str, Column, 
         if column is None:
             steps.append((name, wanted, False))
             continue
+        if name in change.added:
+            # The column is there (a replay, or a column of a type the store
+            # does not map, such as json): adding it asks nothing more.
+            continue
         holds = _holds(column, wanted)
         if holds is None:
             continue
