@@ -83,7 +83,7 @@ class SinkSchemas:
         types = self.sink_types.get(sink)
         return plan_epoch_change(
             schema,
-            brought_schema(given, types, store.uri),
+            brought_schema(given, types, store.uri, schema),
             self.schemas.get(sink),
             store.key_columns,
             types,

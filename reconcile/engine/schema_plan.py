@@ -67,26 +67,34 @@ def _inferred(name: str, values: list[Any], table: str) -> pa.DataType:
 
 
 def brought_schema(
-    rows: list[Change] | pa.Table, sink_types: pa.Schema | None, table: str
+    rows: list[Change] | pa.Table,
+    sink_types: pa.Schema | None,
+    table: str,
+    known: pa.Schema | None = None,
 ) -> pa.Schema | None:
-    """The columns the epoch's upserts bring, typed; None for an epoch without upserts."""
+    """The columns the epoch's upserts bring, typed; None for an epoch without upserts.
+
+    ``known`` (the store's schema) types the columns it has: only a new
+    column's values are gathered to infer its type, so an epoch without a new
+    column costs one pass over its rows' column names.
+    """
     if isinstance(rows, pa.Table):
         if rows.num_columns == 0:
             return None
         return pa.schema([f for f in rows.schema if f.name not in _NOT_COLUMNS])
-    values: dict[str, list[Any]] = {}
-    for change in rows:
-        if change.op == "upsert":
-            for name, value in change.row.items():
-                values.setdefault(name, []).append(value)
-    if not values:
+    upserts = [change.row for change in rows if change.op == "upsert"]
+    if not upserts:
         return None
+    names = list(dict.fromkeys(name for row in upserts for name in row))
     fields = []
-    for name, column in values.items():
-        if sink_types is not None and sink_types.get_field_index(name) >= 0:
+    for name in names:
+        if known is not None and known.get_field_index(name) >= 0:
+            fields.append(known.field(name))
+        elif sink_types is not None and sink_types.get_field_index(name) >= 0:
             fields.append(sink_types.field(name))
         else:
-            fields.append(pa.field(name, _inferred(name, column, table)))
+            values = [row.get(name) for row in upserts]
+            fields.append(pa.field(name, _inferred(name, values, table)))
     return pa.schema(fields)
 
 
