@@ -225,10 +225,8 @@ class Reading:
             return
         self.check_files(files)
         stored = stored_schema(self._schema, self.key_columns)
-        read = list(dict.fromkeys([*self.key_columns, *columns, EPOCH_COLUMN, OP_COLUMN]))
-        yield from read_in_parts(self.uri, files, pa.schema([stored.field(c) for c in read]),
-                                 self.key_columns, list(columns), parts=parts, where=where,
-                                 epoch=epoch, stored=stored)  # fmt: skip
+        yield from read_in_parts(self.uri, files, stored, self.key_columns, list(columns),
+                                 parts=parts, where=where, epoch=epoch)  # fmt: skip
 
     def snapshot(
         self,
