@@ -29,7 +29,6 @@ import psycopg
 import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
 from psycopg import sql
 
-from reconcile.core.contract import InvalidInputError
 from reconcile.core.schema_change import (
     REBUILD,
     SchemaChange,
@@ -170,8 +169,6 @@ def evolve_in_txn(cur: psycopg.Cursor[Any], schema: TableSchema, change: SchemaC
     """
     ran = False
     for name, wanted, exists in _plan(schema, change):
-        if wanted.not_null:  # pragma: no cover - pg_column never declares NOT NULL
-            raise InvalidInputError(f"column {name!r} would be NOT NULL", column=name)
         target = sql.SQL(wanted.sql_type)  # from _ARROW_PG / numeric / varchar above
         if not exists:
             statement = sql.SQL("ALTER TABLE {} ADD COLUMN IF NOT EXISTS {} {}").format(
