@@ -85,8 +85,10 @@ class ExpectedState(SinkSchemas):
     Where each store table's column types come from (they are fixed once the
     table exists: the row hash depends on them):
 
-    - ``schemas=``, if given for the sink, is taken as it is; a value that does
-      not fit it is refused when the epoch is staged;
+    - ``schemas=``, if given for the sink, is taken as it is by a new table; a
+      value that does not fit it is refused when the epoch is staged. For an
+      existing table it is the target of a schema change, evolved in place
+      or refused (``reconcile.engine.schema_plan``, docs/changing.md);
     - else an existing store table keeps its schema; ``CommitCycle.start()``
       refuses one that cannot hold every value the sink's table can (a store
       ``decimal128(5,2)`` for a sink ``numeric(12,2)``), naming the column and
