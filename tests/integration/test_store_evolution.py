@@ -14,7 +14,9 @@ import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
 import pytest
 from deltalake import DeltaTable
 
+from expected_state.evolving import SCHEMA_COMMITTED
 from expected_state.store import ExpectedStateStore
+from reconcile.core import hooks
 from reconcile.core.contract import Change, FencedError
 from reconcile.core.hashing import row_hash_arrow
 from reconcile.core.schema_change import plan_schema_change
@@ -84,3 +86,34 @@ def test_a_zombie_store_writer_adds_no_column(tmp_path: Path) -> None:
     table = DeltaTable(zombie.uri)
     assert table.version() == version
     assert "note" not in pa.schema(table.schema().to_arrow()).names
+
+
+class _Crash(Exception):
+    pass
+
+
+def _crash() -> None:
+    raise _Crash
+
+
+def test_a_crash_between_the_schema_commit_and_the_epochs_commit_leaves_a_valid_table(
+    tmp_path: Path,
+) -> None:
+    """The new column without the epoch reads NULL everywhere; the epoch's replay commits it."""
+    store = _store(tmp_path)
+    store.apply(0, [Change("upsert", {"id": 1, "v": 1})])
+    change = plan_schema_change(BEFORE, AFTER, ["id"], table=store.uri)
+    assert change is not None
+    store.evolve(change)
+    rows = [Change("upsert", {"id": 2, "v": 2, "note": "two"})]
+    with hooks.at(SCHEMA_COMMITTED, _crash), pytest.raises(_Crash):
+        store.apply(1, rows)
+    restarted = _store(tmp_path)  # a new process: what the log holds, nothing more
+    assert restarted.last_epoch() == 0
+    state = restarted.snapshot()
+    assert state.column("note").to_pylist() == [None]
+    _hashes_hold(state, ["id", "v", "note"])
+    # The replay plans against the evolved table: nothing to add; the rows go in.
+    assert plan_schema_change(restarted.current_schema(), AFTER, ["id"], table="t") is None
+    assert restarted.apply(1, rows).applied
+    assert restarted.snapshot().sort_by("id").column("note").to_pylist() == [None, "two"]
