@@ -67,9 +67,7 @@ class SinkSchemas:
                 # A crash between the store's commit of an epoch that added a
                 # column and the sink's commit of it leaves the column in the
                 # store only: the epoch's replay adds it to the sink first.
-                pending = pending_sink_change(
-                    store.user_schema, types, store.key_columns, table=store.uri
-                )
+                pending = pending_sink_change(store.user_schema, types, table=store.uri)
                 if pending is not None:
                     evolve(pending)
 

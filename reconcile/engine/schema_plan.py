@@ -191,7 +191,7 @@ def hand_schema_change(sink: object, name: str, change: SchemaChange) -> None:
 
 
 def pending_sink_change(
-    store: pa.Schema, sink_types: pa.Schema, keys: Sequence[str], *, table: str
+    store: pa.Schema, sink_types: pa.Schema, *, table: str
 ) -> SchemaChange | None:
     """A change the store made and the sink's table lacks: its columns, to add on restart.
 
