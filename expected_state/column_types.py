@@ -4,7 +4,9 @@ A store table's types are fixed once it exists (Delta requires it, and the row
 hash depends on them: ``docs/hashing.md``), so they must be wide enough for
 every value a later epoch may bring. In order of precedence:
 
-1. a schema given explicitly (``schemas=`` / ``schema=``) is taken as it is;
+1. a schema given explicitly (``schemas=`` / ``schema=``) is taken as it is by a
+   new table; for an existing one it is the target of a schema change, which
+   the commit cycle evolves in place or refuses (``reconcile.core.schema_change``);
 2. an existing table keeps its schema;
 3. a sink with a table says its columns' types (``arrow_schema()``: the
    Postgres and SQL sinks reflect their target, the Delta sink its table):

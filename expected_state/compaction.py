@@ -26,7 +26,7 @@ from expected_state.delta_commit import (
     commit_files,
     write_data_file,
 )
-from expected_state.delta_files import read_data_files
+from expected_state.evolved_files import read_store_files
 from expected_state.fencing import check_generation
 from expected_state.layout import StoreFile, base_file_name, merged_file_name, stored_schema
 from expected_state.live import live_files
@@ -175,7 +175,8 @@ class Compaction:
                     # A merge of a damaged file would record the damage as the truth:
                     # the files are checked against their log entries first.
                     self.check_files(run)
-                    rows = read_data_files(self.uri, [f.path for f in run], columns=schema.names)
+                    rows = read_store_files(self.uri, [f.path for f in run], columns=schema.names,
+                                            stored=schema)  # fmt: skip
                     newest = pa.table(last_per_key(rows, self.key_columns).columns, schema=schema)
                     name = merged_file_name(run[0].first, run[-1].epoch)
                     added.append(write_data_file(self.uri, name, newest))
@@ -253,11 +254,12 @@ class Compaction:
         # A fold of a damaged file would record the damage as the truth.
         self.check_files([*bases, *folded])
         base = (
-            read_data_files(self.uri, [f.path for f in bases], columns=columns)
+            read_store_files(self.uri, [f.path for f in bases], columns=columns, stored=schema)
             if bases
             else schema.empty_table()
         )
-        changes = read_data_files(self.uri, [f.path for f in folded], columns=columns)
+        changes = read_store_files(self.uri, [f.path for f in folded], columns=columns,
+                                   stored=schema)  # fmt: skip
         state = pa.table(apply_changes(base, changes, self.key_columns).columns, schema=schema)
         per_row = max(1, state.nbytes // max(1, state.num_rows))
         per_file = max(1, (target_size or DEFAULT_TARGET_SIZE) // per_row)

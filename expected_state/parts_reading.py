@@ -14,8 +14,8 @@ from collections.abc import Iterator, Sequence
 
 import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
 
-from expected_state.delta_files import iter_data_batches
-from expected_state.layout import StoreFile
+from expected_state.evolved_files import iter_store_batches
+from expected_state.layout import EPOCH_COLUMN, OP_COLUMN, StoreFile
 from expected_state.merge import apply_changes
 from reconcile.core import hooks, interrupts
 from reconcile.core.contract import InvalidInputError
@@ -30,7 +30,7 @@ SPILLED = hooks.declare("store.parts_spilled")
 def read_in_parts(
     uri: str,
     files: Sequence[StoreFile],
-    schema: pa.Schema,
+    stored: pa.Schema,
     keys: Sequence[str],
     columns: Sequence[str],
     *,
@@ -44,13 +44,17 @@ def read_in_parts(
         uri: the store table's root.
         files: the snapshot's files, base first, then change files oldest epoch
             first (the order ``live_files`` gives, which the merge relies on).
-        schema: the stored columns to read (keys, ``columns``, ``_epoch``, ``_op``).
+        stored: the table's whole stored schema; the keys, ``columns``,
+            ``_epoch`` and ``_op`` are read (files written before a column was
+            added through ``expected_state.evolved_files``).
         keys: the key columns.
         columns: the columns each part returns.
         parts: how many parts.
         where: the folder for the spilled parts (None: the system's temporary folder).
         epoch: the snapshot's epoch, for the message if a file is gone.
     """
+    read = list(dict.fromkeys([*keys, *columns, EPOCH_COLUMN, OP_COLUMN]))
+    schema = pa.schema([stored.field(c) for c in read])
     with (
         SpilledParts(schema, parts, where=where, name="store-base") as base,
         SpilledParts(schema, parts, where=where, name="store-changes") as changes,
@@ -58,7 +62,8 @@ def read_in_parts(
         for file in files:
             spill = base if file.kind == "base" else changes
             try:
-                for batch in iter_data_batches(uri, file.path, columns=schema.names):
+                for batch in iter_store_batches(uri, file.path, columns=schema.names,
+                                                stored=stored):  # fmt: skip
                     # A signal the command's guard remembered ends the read here, also
                     # where it runs on a thread of its own (recovery's read-ahead).
                     interrupts.check()

@@ -10,7 +10,8 @@ import pyarrow.compute as pc  # type: ignore[import-untyped, unused-ignore]
 from deltalake import DeltaTable
 from deltalake.exceptions import DeltaError, TableNotFoundError
 
-from expected_state.delta_files import data_file_rows, read_data_files, read_data_files_where
+from expected_state.delta_files import data_file_rows
+from expected_state.evolved_files import read_store_files, read_store_files_where
 from expected_state.layout import (
     EPOCH_COLUMN,
     OP_COLUMN,
@@ -152,9 +153,9 @@ class Reading:
         paths = [f.path for f in files]
         try:
             if keep is not None:  # filtered batch by batch: memory follows the rows kept
-                return read_data_files_where(self.uri, paths, columns=columns, keep=keep,
-                                             empty=empty)  # fmt: skip
-            return read_data_files(self.uri, paths, columns=columns)
+                return read_store_files_where(self.uri, paths, columns=columns, keep=keep,
+                                              empty=empty, stored=stored)  # fmt: skip
+            return read_store_files(self.uri, paths, columns=columns, stored=stored)
         except (OSError, FileNotFoundError) as exc:
             raise InvalidInputError(
                 f"table {self.uri!r}: the files of epoch {epoch} are gone (vacuumed?): {exc}",
@@ -224,10 +225,8 @@ class Reading:
             return
         self.check_files(files)
         stored = stored_schema(self._schema, self.key_columns)
-        read = list(dict.fromkeys([*self.key_columns, *columns, EPOCH_COLUMN, OP_COLUMN]))
-        yield from read_in_parts(self.uri, files, pa.schema([stored.field(c) for c in read]),
-                                 self.key_columns, list(columns), parts=parts, where=where,
-                                 epoch=epoch)  # fmt: skip
+        yield from read_in_parts(self.uri, files, stored, self.key_columns, list(columns),
+                                 parts=parts, where=where, epoch=epoch)  # fmt: skip
 
     def snapshot(
         self,

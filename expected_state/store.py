@@ -9,12 +9,12 @@ base off the write path; readers merge the base and the changes.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
 from deltalake import DeltaTable
 
+from expected_state.apply_result import ApplyResult
 from expected_state.changes import EpochChanges, normalize_changes
 from expected_state.column_types import infer_user_schema
 from expected_state.compaction import Compaction
@@ -27,6 +27,7 @@ from expected_state.delta_commit import (
 )
 from expected_state.delta_log import remember_written
 from expected_state.epoch_file import EpochFile, remove_epoch_file, write_epoch_file
+from expected_state.evolving import Evolving
 from expected_state.fencing import (
     check_generation,
     check_recorded_generation,
@@ -67,27 +68,9 @@ APPLY_TABLE_MISSING = hooks.declare("expected_state.apply.table_missing")
 _COMMIT_ATTEMPTS = 3
 
 
-@dataclass(frozen=True, slots=True)
-class ApplyResult:
-    """What :meth:`ExpectedStateStore.apply` did.
-
-    Attributes:
-        epoch: the epoch.
-        applied: True if this call committed it; False if it was already recorded.
-        table_version: the Delta version holding the epoch (None if unknown).
-        upserted: rows inserted or replaced (0 on a no-op).
-        deleted: delete changes recorded (0 on a no-op); a delete of a key that
-            did not exist counts too, since the write path never reads the state.
-    """
-
-    epoch: int
-    applied: bool
-    table_version: int | None
-    upserted: int = 0
-    deleted: int = 0
-
-
-class ExpectedStateStore(StoreTable, Trusting, Reading, Reverting, Compaction, Housekeeping):
+class ExpectedStateStore(
+    StoreTable, Evolving, Trusting, Reading, Reverting, Compaction, Housekeeping
+):
     """The expected state of one sink table of one pipeline, as a merge-on-read Delta table.
 
     Layout under ``root``: ``<root>/<pipeline>/<sink>/`` is the Delta table
@@ -220,6 +203,14 @@ class ExpectedStateStore(StoreTable, Trusting, Reading, Reverting, Compaction, H
             # Another writer may have created the table, and recorded epochs in it,
             # since we found none: the order and the fence are decided on this
             # snapshot, the one the commit is based on, never on the empty look.
+            if self._already_applied(table, epoch, allow_gap=allow_gap):
+                return ApplyResult(epoch, applied=False, table_version=None)
+            check_generation(table, self._fence, self.generation, table_name=self.uri)
+        elif self._evolving is not None:
+            # The epoch brings new columns: the new schema is committed first
+            # (expected_state.evolving), and the order and fence decided again
+            # on the snapshot that holds it.
+            table = self._commit_new_columns(table, epoch)
             if self._already_applied(table, epoch, allow_gap=allow_gap):
                 return ApplyResult(epoch, applied=False, table_version=None)
             check_generation(table, self._fence, self.generation, table_name=self.uri)

@@ -107,8 +107,10 @@ class StoreTable:
             stored = pa.schema(table.schema().to_arrow())
             check_stored_schema(stored, table=self.uri)
             self._table = table
-            if self._schema is None:
-                self._schema = user_schema_of(stored)
+            # An existing table's schema is its own: a schema given (``schema=``)
+            # that differs is a change that the commit cycle plans and evolves
+            # (``reconcile.core.schema_change``), never one taken silently.
+            self._schema = user_schema_of(stored)
         elif refresh:
             self._table.update_incremental()
         return self._table

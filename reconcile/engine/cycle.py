@@ -36,6 +36,7 @@ from reconcile.engine.faults import FaultPlan
 from reconcile.engine.progress_file import open_progress_log
 from reconcile.engine.replay import ReplayRows
 from reconcile.engine.restart import Restart
+from reconcile.engine.schema_plan import hand_schema_change
 from reconcile.engine.steps import SinkSteps, StepFailed, failed_at_commit_point, run_step
 
 __all__ = [
@@ -323,7 +324,12 @@ class CommitCycle:
         decided (an InvalidInputError: the epoch stops, nothing was written).
         """
         if self.expected_state is not None:
-            self.expected_state.stage(epoch, outputs)
+            changes = self.expected_state.stage(epoch, outputs)
+            # A schema change is handed to its sink before the sink stages the
+            # rows that carry it; the sink makes it in its epoch txn, after its
+            # fence check (a sink that cannot refuses here: nothing is written).
+            for name, change in changes.items():
+                hand_schema_change(self.sinks[name], name, change)
         self._steps.each("stage", txns, lambda n: (outputs.get(n, ()),))
 
     def _decide(self, epoch: int, outputs: Mapping[str, Iterable[Any]], generation: int) -> None:

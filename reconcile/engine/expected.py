@@ -18,7 +18,6 @@ from typing import Any
 import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
 
 from expected_state.changes import EpochChanges
-from expected_state.column_types import check_store_types
 from expected_state.epoch_file import EpochFile
 from expected_state.progress_log import StoreProgressLog
 from expected_state.store import ExpectedStateStore
@@ -31,7 +30,10 @@ from reconcile.core.contract import (
     validate_name,
 )
 from reconcile.core.metrics import Metrics, timed
+from reconcile.core.schema_change import SchemaChange
 from reconcile.core.staged import StagedEpoch
+from reconcile.engine.expected_schemas import SinkSchemas
+from reconcile.engine.schema_plan import with_declared_types
 
 __all__ = ["HOUSEKEEPING", "OP_COLUMN", "ExpectedState", "as_changes"]
 
@@ -68,7 +70,7 @@ def as_changes(sink: str, rows: Iterable[Any]) -> list[Change] | pa.Table:
     return changes
 
 
-class ExpectedState:
+class ExpectedState(SinkSchemas):
     """The expected state of one pipeline: a store table per keyed sink, and the progress log.
 
     Args:
@@ -83,8 +85,10 @@ class ExpectedState:
     Where each store table's column types come from (they are fixed once the
     table exists: the row hash depends on them):
 
-    - ``schemas=``, if given for the sink, is taken as it is; a value that does
-      not fit it is refused when the epoch is staged;
+    - ``schemas=``, if given for the sink, is taken as it is by a new table; a
+      value that does not fit it is refused when the epoch is staged. For an
+      existing table it is the target of a schema change, evolved in place
+      or refused (``reconcile.engine.schema_plan``, docs/changing.md);
     - else an existing store table keeps its schema; ``CommitCycle.start()``
       refuses one that cannot hold every value the sink's table can (a store
       ``decimal128(5,2)`` for a sink ``numeric(12,2)``), naming the column and
@@ -140,6 +144,8 @@ class ExpectedState:
         # and their change files being written ahead on the store's own thread
         # (until record() hands each to its table's commit).
         self._staged: dict[str, tuple[int, EpochChanges]] = {}
+        # The schema changes the staged epoch brings (sink name -> change).
+        self._changes: dict[str, SchemaChange] = {}
         self._ahead: dict[str, Future[EpochFile | None]] = {}
         # Housekeeping running between epochs on a thread of its own (see
         # maintain_in_background), and that thread, started on first use.
@@ -181,37 +187,7 @@ class ExpectedState:
                 f"sinks ({sorted(sinks)})"
             )
 
-    def take_sink_types(self, sinks: Mapping[str, object]) -> None:
-        """Learn each keyed sink's column types from its table (after the sinks are bound).
-
-        A sink says them with ``arrow_schema()`` (an Arrow schema, or None when
-        it has no table); a sink without the method has none. A new store table
-        takes them; an existing one (without ``schemas=``) is checked against
-        them. Idempotent.
-
-        Raises:
-            ConfigurationError: an existing store table with a column that
-                cannot hold every value of the sink's column, naming it and
-                both types (a later epoch would otherwise be refused midway).
-            ReconcileError: from a sink's ``arrow_schema()``.
-        """
-
-        for name, store in self.tables.items():
-            reader = getattr(sinks.get(name), "arrow_schema", None)
-            types = reader() if reader is not None else None
-            if types is None:
-                continue
-            if not isinstance(types, pa.Schema):
-                raise ConfigurationError(
-                    f"sink {name!r}: arrow_schema() returned {type(types).__name__}, "
-                    "not a pyarrow.Schema or None"
-                )
-            self.sink_types[name] = types
-            store.column_types = types
-            if name not in self.schemas and store.user_schema is not None:
-                check_store_types(store.user_schema, types, table=store.uri, sink=name)
-
-    def stage(self, epoch: int, outputs: Mapping[str, Iterable[Any]]) -> None:
+    def stage(self, epoch: int, outputs: Mapping[str, Iterable[Any]]) -> dict[str, SchemaChange]:
         """Convert ``epoch``'s outputs to each table's schema, before anything is decided.
 
         The cycle calls this in its stage step, before any sink stages: a value
@@ -221,18 +197,31 @@ class ExpectedState:
         Rows that Spark executors staged (a ``StagedEpoch``) were converted by
         the executors.
 
+        An epoch whose rows bring a new nullable column (or whose ``schemas=``
+        entry declares a widening) evolves its table's schema in this epoch
+        (``reconcile.engine.schema_plan``); the changes are returned, sink by
+        sink, for the sinks to evolve their tables in the same epoch.
+
         Raises:
             InvalidInputError: naming the sink, the epoch, the column, the value
                 and both types (the store's, and the sink column's where known);
-                nothing was written.
+                or a schema change that cannot be made in place
+                (``SchemaChangeRefused``), naming the column; nothing was written.
         """
         self.discard_staged()
+        changes: dict[str, SchemaChange] = {}
         for sink, store in self.tables.items():
             rows = outputs.get(sink, ())
             if isinstance(rows, StagedEpoch):
                 continue
             try:
-                net = store.normalize(as_changes(sink, rows))
+                given = as_changes(sink, rows)
+                change = self._plan(sink, store, given)
+                if change is not None:
+                    store.evolve(change)  # in memory until record() commits it
+                    changes[sink] = change
+                    self._changes[sink] = change
+                net = store.normalize(given)
             except InvalidInputError as err:
                 details = {**err.details, "sink": sink, "epoch": epoch}
                 raise type(err)(f"sink {sink!r}, epoch {epoch}: {err.message}", **details) from None
@@ -243,6 +232,7 @@ class ExpectedState:
         worker = self._thread()
         self._ahead = {sink: worker.submit(self._tables[sink].write_ahead, epoch, net)
                        for sink, (_, net) in self._staged.items()}  # fmt: skip
+        return changes
 
     def discard_staged(self) -> None:
         """Forget what ``stage`` converted (the epoch was aborted), and its files written ahead.
@@ -252,6 +242,9 @@ class ExpectedState:
         unknown), and is left to the table (``revert``, or vacuum once orphaned).
         """
         ahead, self._staged, self._ahead = self._ahead, {}, {}
+        self._changes = {}
+        for store in self._tables.values():
+            store.abandon_evolution()
         for sink, future in ahead.items():
             try:
                 written = future.result()
@@ -281,6 +274,12 @@ class ExpectedState:
                 from the store (see ExpectedStateStore.apply).
         """
         staged, ahead, self._staged, self._ahead = self._staged, self._ahead, {}, {}
+        changes, self._changes = self._changes, {}
+        for sink, change in changes.items():
+            # The sink takes the declared types in this epoch: planning the next
+            # epoch against its old types would ask for the change again.
+            if sink in self.sink_types:
+                self.sink_types[sink] = with_declared_types(self.sink_types[sink], change.after)
         for sink, store in self.tables.items():
             rows = outputs.get(sink, ())
             if isinstance(rows, StagedEpoch):
