@@ -45,7 +45,7 @@ class SinkColumn:
     Attributes:
         name: the column name.
         kind: int, numeric, float8, float4, bool, text, uuid, date, timestamp,
-            timestamptz, bytes, or other.
+            timestamptz, bytes, json (any value: a schemaless sink's), or other.
         sql_type: the database's own spelling of its type, for messages.
     """
 
@@ -72,6 +72,11 @@ def _fits(kind: str, typ: pa.DataType) -> bool:
         "timestamptz": t.is_timestamp(typ) and typ.tz is not None,
         "bytes": t.is_binary(typ) or t.is_large_binary(typ),
     }
+    if kind == "json":
+        # A schemaless sink (JSON lines): its values are converted to the
+        # expected type as they are read, and one that does not convert is
+        # drift of its row, not a schema mismatch of the table.
+        return True
     return bool(fits.get(kind, False))
 
 

@@ -9,11 +9,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from reconcile.core.contract import Fatal, FatalError, SinkTxnId
+from reconcile.core.contract import Change, Fatal, FatalError, SinkTxnId
 from reconcile.core.durable import fsync_path
 
 __all__ = [
+    "DELETE",
     "MAX_HEADER",
+    "OP",
     "Fence",
     "Fences",
     "encode_rows",
@@ -25,6 +27,8 @@ __all__ = [
     "remove_and_sync",
 ]
 
+# A batch line that is a delete of its key (see encode_rows).
+OP, DELETE = "_op", "delete"
 # A header is one short JSON line; a longer first line is not a batch header.
 MAX_HEADER = 64 * 1024
 # The generation below which every pipeline is fenced, read from a fence file
@@ -33,9 +37,22 @@ _FLOOR = "*"
 
 
 def encode_rows(sink: str, txn_id: SinkTxnId, rows: Iterable[Any]) -> list[bytes] | Fatal:
-    """Each row as one JSON line of a batch, or the Fatal naming the first row JSON cannot hold."""
+    """Each row as one JSON line of a batch, or the Fatal naming the first row JSON cannot hold.
+
+    A row is any JSON value; a ``Change`` is its row, and a delete is its key
+    columns with ``"_op": "delete"`` (``OP``), which a pull of the sink folds
+    as the key's removal. ``_op`` is reserved in a dict row for that reason.
+    """
     encoded: list[bytes] = []
     for i, row in enumerate(rows):
+        if isinstance(row, Change):
+            row = {**row.row, OP: DELETE} if row.op == "delete" else row.row
+        elif isinstance(row, dict) and OP in row:
+            return Fatal(
+                f"sink {sink!r}, {txn_id}: row {i} has a column {OP!r}, which the file "
+                "sinks reserve to mark a delete (pass a Change('delete', key) instead). "
+                "Nothing was staged."
+            )
         try:
             encoded.append(json.dumps(row, sort_keys=True, allow_nan=False).encode())
         except (TypeError, ValueError) as exc:

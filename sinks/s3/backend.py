@@ -7,7 +7,7 @@ the environment.
 
 from __future__ import annotations
 
-from sinks.base import Backend
+from sinks.base import PULLABLE, Backend
 
 __all__ = ["BACKEND"]
 
@@ -17,4 +17,5 @@ BACKEND = Backend(
     open="sinks.s3.sink:open_uri",
     extra="s3",
     requires=("boto3",),
+    capabilities={PULLABLE: "sinks.s3.sink:pullable_sink"},
 )

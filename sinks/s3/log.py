@@ -9,8 +9,9 @@ own log is:
 
 - entry ``log/<seq>.json`` (``seq`` zero-padded, so listing is in order) is
   one JSON object: a ``commit`` (an epoch's batch made visible: its txn id,
-  row count, the writer's progress log id, the batch's key) or a ``fence`` (a
-  pipeline's newest writer generation);
+  row count, the writer's progress log id, the batch's key), a ``fence`` (a
+  pipeline's newest writer generation) or a ``repair`` (a batch of upserts and
+  deletes that ``reconcile repair`` wrote, and the epochs it stands for);
 - a writer reads the log up to its end, checks what it is about to do against
   the state the entries fold into (the fence, the epoch not committed yet),
   then puts entry ``end + 1`` with ``If-None-Match: *``. The put succeeds only
@@ -36,7 +37,7 @@ from reconcile.core.contract import FatalError, Retryable, SinkOutcome
 from sinks.files.layout import Fences
 from sinks.s3.objects import Bucket, PreconditionFailed
 
-__all__ = ["APPEND", "CommitEntry", "CommitLog", "LogState"]
+__all__ = ["APPEND", "CommitEntry", "CommitLog", "LogState", "RepairEntry"]
 
 # The moment between the check of the log's state and the conditional put of
 # the next entry: another writer appending here must make this put fail.
@@ -61,6 +62,26 @@ class CommitEntry:
     batch: str
 
 
+@dataclass(frozen=True)
+class RepairEntry:
+    """One repair: its batch, the epoch it brings the sink to, and the epochs it stands for.
+
+    A repair written by ``reconcile repair`` after epochs were lost stands for
+    ``first_epoch`` to ``epoch`` of its pipeline and sink, as the markers the
+    database sinks write for them: a later replay of one of those epochs must
+    find it committed, or its old rows would be folded over the repair's.
+    """
+
+    seq: int
+    pipeline: str
+    sink: str
+    first_epoch: int | None  # None: the repair stands for no epoch (rows only)
+    epoch: int
+    log_id: str | None
+    batch: str
+    repair_id: str
+
+
 @dataclass
 class LogState:
     """What the log's entries fold into, as of entry ``end`` (-1: empty log)."""
@@ -69,6 +90,33 @@ class LogState:
     fences: Fences = field(default_factory=Fences)
     # (pipeline, sink, epoch) -> the first commit entry of that epoch.
     committed: dict[tuple[str, str, int], CommitEntry] = field(default_factory=dict)
+    repairs: list[RepairEntry] = field(default_factory=list)
+
+    def newest(self, pipeline: str, sink: str) -> int | None:
+        """The newest epoch of ``pipeline`` and ``sink``: committed, or stood for by a repair."""
+        epochs = [e for (p, s, e) in self.committed if p == pipeline and s == sink]
+        for repair in self.repairs:
+            if (repair.pipeline, repair.sink) == (
+                pipeline,
+                sink,
+            ) and repair.first_epoch is not None:
+                epochs.append(repair.epoch)
+        return max(epochs, default=None)
+
+    def covering(self, pipeline: str, sink: str, epoch: int) -> RepairEntry | None:
+        """The repair that stands for ``epoch`` (the first in the log), if one does."""
+        for repair in self.repairs:
+            if (repair.pipeline, repair.sink) != (pipeline, sink) or repair.first_epoch is None:
+                continue
+            if repair.first_epoch <= epoch <= repair.epoch:
+                return repair
+        return None
+
+    def batches(self) -> list[tuple[int, str, int]]:
+        """(seq, batch, epoch) of every commit and repair in log order: what the sink holds."""
+        found = [(c.seq, c.batch, key[2]) for key, c in self.committed.items()]
+        found += [(r.seq, r.batch, r.epoch) for r in self.repairs]
+        return sorted(found)
 
     def fold(self, seq: int, entry: dict[str, Any], where: str) -> None:
         """Apply entry ``seq`` (the next one) to the state."""
@@ -86,6 +134,13 @@ class LogState:
                 seq, str(entry["txn"]), int(entry["rows"]), entry["log_id"], str(entry["batch"])
             )
             self.committed.setdefault(key, found)
+        elif kind == "repair":
+            first = entry.get("first_epoch")
+            self.repairs.append(RepairEntry(
+                seq, str(entry["pipeline"]), str(entry["sink"]),
+                None if first is None else int(first), int(entry["epoch"]), entry["log_id"],
+                str(entry["batch"]), str(entry["repair_id"]),
+            ))  # fmt: skip
         else:
             raise FatalError(f"{where}: log entry {seq} has unknown kind {kind!r}", path=where)
         self.end = seq

@@ -32,7 +32,7 @@ from sinks.ownership import WriterBinding, describe_log, foreign_commit, foreign
 from sinks.s3.log import CommitEntry, CommitLog, LogState
 from sinks.s3.objects import Bucket, S3Location, parse_s3_uri
 
-__all__ = ["S3FileSink", "open_uri"]
+__all__ = ["S3FileSink", "open_uri", "pullable_sink"]
 
 _SUFFIX = ".batch"
 _BATCHES = "batches/"
@@ -68,6 +68,8 @@ class S3FileSink:
         self.log = CommitLog(self.bucket)
         self._staged: dict[SinkTxnId, list[bytes]] = {}
         self._binding = WriterBinding(f"file sink {self._name!r} on S3")
+        # The rows' key, for pull-and-diff (a sink that only writes needs none).
+        self.key: list[str] | None = None
 
     @property
     def name(self) -> str:
@@ -155,6 +157,23 @@ class S3FileSink:
                 stranded.append(txn)  # prepared, not the batch its epoch committed
         return sorted(stranded)
 
+    def recovery_target(
+        self,
+        pipeline: str,
+        generation: int | None,
+        *,
+        write: bool,
+        key: Sequence[str] | None = None,
+    ) -> Any:
+        """This sink's rows as a pull-and-diff target (``reconcile.recovery``), keyed by ``key``."""
+        from sinks.s3.recovery import S3RecoveryTarget
+
+        return S3RecoveryTarget(self, pipeline, generation, key if key is not None else self.key)
+
+    def close(self) -> None:
+        """Forget staged rows (the S3 client is shared by the process)."""
+        self._staged.clear()
+
     # ------------------------------------------------------------ internals
 
     def _batch(self, txn_id: SinkTxnId) -> str:
@@ -176,9 +195,11 @@ class S3FileSink:
         state = self.log.refresh()
         done = self._already_committed(state, txn_id, "commit")
         if done is not None:
-            if done and state.committed[txn_id.key].txn != str(txn_id):
-                # Committed before by another generation of this log: this
-                # txn's prepared batch is a stale leftover that no entry names.
+            found = state.committed.get(txn_id.key)
+            if done and (found is None or found.txn != str(txn_id)):
+                # Committed before by another generation of this log (or stood
+                # for by a repair): this txn's prepared batch is a stale
+                # leftover that no entry names.
                 self.bucket.delete(self._batch(txn_id))
             return done
         fenced = self._fenced(state, txn_id)
@@ -270,25 +291,53 @@ class S3FileSink:
     def _already_committed(
         self, state: LogState, txn_id: SinkTxnId, where: str
     ) -> SinkOutcome | None:
-        """None if the epoch is not committed; OK if this log committed it; else Fatal."""
+        """None if the epoch is not committed; OK if this log committed it; else Fatal.
+
+        An epoch a repair stands for is committed: the repair brought the sink
+        to it, and a replay's rows folded after the repair's would undo it.
+        """
         entry: CommitEntry | None = state.committed.get(txn_id.key)
-        if entry is None:
-            return None
-        if entry.log_id == self._binding.log_id:
+        if entry is not None:
+            found_txn, found_log, seq = entry.txn, entry.log_id, entry.seq
+        else:
+            repair = state.covering(*txn_id.key)
+            if repair is None:
+                return None
+            found_txn, found_log, seq = f"repair {repair.repair_id}", repair.log_id, repair.seq
+        if found_log == self._binding.log_id:
             return OK
         return foreign_commit(
             f"file sink {self._name!r}",
             txn_id,
             where,
-            found_txn=entry.txn,
-            found_log=entry.log_id,
+            found_txn=found_txn,
+            found_log=found_log,
             log_id=self._binding.log_id,
-            location=self.bucket.uri(f"log/{entry.seq:020d}.json"),
+            location=self.bucket.uri(f"log/{seq:020d}.json"),
             advice=(
                 "to write this pipeline's epochs again, give this pipeline another sink "
                 f"prefix than {self.location.uri()}."
             ),
         )
+
+
+def pullable_sink(
+    dsn: str,
+    table: str,
+    *,
+    name: str,
+    schema: str | None = None,
+    key: Sequence[str] | None = None,
+) -> S3FileSink:
+    """The sink recovery pulls from: ``name``'s objects under ``dsn`` (``s3://bucket/prefix``).
+
+    What ``reconcile verify|repair|watch`` gets from the registry. A file sink
+    has no tables: its folder is the sink's name, and ``table`` and
+    ``schema`` name nothing in it; ``key`` is the rows' key.
+    """
+    sink = open_uri(name, dsn)
+    sink.key = None if key is None else list(key)
+    return sink
 
 
 def open_uri(name: str, uri: str) -> S3FileSink:
