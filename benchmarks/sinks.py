@@ -39,8 +39,9 @@ _PACKAGES = ("psycopg", "sqlalchemy", "PyMySQL", "pyiceberg", "boto3", "moto", "
 def bound(figure: dict[str, Any]) -> str:
     """What a figure's wall time went to, from its client and server CPU seconds.
 
-    A side busy most of the wall time bounds it; neither busy means waits: on
-    the disk (fsync) or on round trips between the two.
+    A side busy most of the wall time bounds it; the two busy in turn, the
+    round trips between them; neither busy means waits: on the disk (fsync),
+    or on the network.
     """
     wall = max(figure["seconds"], 1e-9)
     client, server = figure["client_cpu_s"] / wall, figure["server_cpu_s"] / wall
@@ -49,6 +50,8 @@ def bound(figure: dict[str, Any]) -> str:
         return f"the client's CPU ({shares})"
     if server >= 0.6:
         return f"the server's CPU ({shares})"
+    if client + server >= 0.6:
+        return f"the two CPUs in turn, each waiting on the other's reply ({shares})"
     return f"waits: fsync or round trips ({shares})"
 
 

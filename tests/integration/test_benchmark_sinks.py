@@ -40,8 +40,8 @@ def test_one_command_measures_every_sink_beside_postgres(tmp_path: Path) -> None
 
 @pytest.mark.parametrize(
     ("client", "server", "says"),
-    [(0.9, 0.1, "the client's CPU"), (0.2, 0.7, "the server's CPU"), (0.3, 0.3, "waits"),
-     (0.6, 0.6, "the client's CPU"), (0.59, 0.59, "waits")],
+    [(0.9, 0.1, "the client's CPU"), (0.2, 0.7, "the server's CPU"), (0.2, 0.3, "waits"),
+     (0.6, 0.6, "the client's CPU"), (0.59, 0.59, "the two CPUs"), (0.3, 0.3, "the two CPUs")],
 )  # fmt: skip
 def test_what_bounds_a_figure(client: float, server: float, says: str) -> None:
     figure = {"seconds": 2.0, "client_cpu_s": 2 * client, "server_cpu_s": 2 * server}
