@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -26,6 +27,7 @@ __all__ = [
     "check_columns",
     "conform",
     "hash_pulled",
+    "values_to_arrow",
     "wants_text",
 ]
 
@@ -194,3 +196,32 @@ def hash_pulled(
         return hashes
     raw = hashes.to_numpy()
     return pa.array(np.where(bad, raw ^ _UNCONVERTIBLE, raw), pa.int64())
+
+
+def values_to_arrow(columns: Sequence[list[Any]], schema: pa.Schema) -> pa.Table:
+    """Python values (a list per column of ``schema``) in its types; a misfit is flagged.
+
+    A column whose values all convert is built in one call; otherwise each
+    value is tried alone, a misfit becomes NULL and its row is flagged in the
+    ``UNCONVERTIBLE`` column, which ``conform`` reads (drift, never a lost row).
+    """
+    rows = len(columns[0]) if columns else 0
+    arrays = []
+    bad = np.zeros(rows, dtype=bool)
+    for field, values in zip(schema, columns, strict=True):
+        try:
+            arrays.append(pa.array(values, field.type))
+            continue
+        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError):
+            pass
+        kept = []
+        for j, value in enumerate(values):
+            try:
+                pa.array([value], field.type)
+                kept.append(value)
+            except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError):
+                kept.append(None)
+                bad[j] = True
+        arrays.append(pa.array(kept, field.type))
+    table = pa.Table.from_arrays(arrays, schema=schema)
+    return table.append_column(UNCONVERTIBLE, pa.array(bad))

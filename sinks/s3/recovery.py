@@ -27,10 +27,9 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
 
-from reconcile.core.conform import UNCONVERTIBLE, SinkColumn
+from reconcile.core.conform import SinkColumn, values_to_arrow
 from reconcile.core.contract import (
     ConfigurationError,
     FatalError,
@@ -62,26 +61,7 @@ class _AnyColumn(dict[str, SinkColumn]):
 
 def _to_arrow(rows: list[dict[str, Any]], schema: pa.Schema) -> pa.Table:
     """Rows (dicts) in the expected state's types; a value that does not fit is flagged."""
-    arrays = []
-    bad = np.zeros(len(rows), dtype=bool)
-    for field in schema:
-        values = [row.get(field.name) for row in rows]
-        try:
-            arrays.append(pa.array(values, field.type))
-            continue
-        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError):
-            pass
-        kept = []
-        for j, value in enumerate(values):
-            try:
-                pa.array([value], field.type)
-                kept.append(value)
-            except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError):
-                kept.append(None)
-                bad[j] = True
-        arrays.append(pa.array(kept, field.type))
-    table = pa.Table.from_arrays(arrays, schema=schema)
-    return table.append_column(UNCONVERTIBLE, pa.array(bad))
+    return values_to_arrow([[row.get(f.name) for row in rows] for f in schema], schema)
 
 
 class _Snapshot:

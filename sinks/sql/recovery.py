@@ -16,11 +16,10 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-import numpy as np
 import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
 import sqlalchemy as sa
 
-from reconcile.core.conform import UNCONVERTIBLE, SinkColumn
+from reconcile.core.conform import SinkColumn, values_to_arrow
 from reconcile.core.contract import (
     Change,
     FencedError,
@@ -72,8 +71,7 @@ def sink_kind(column: sa.Column[Any], dialect: str) -> str:
 
 def _to_arrow(rows: list[tuple[Any, ...]], schema: pa.Schema) -> pa.Table:
     """Python values in the expected state's types; values that do not fit are flagged."""
-    arrays = []
-    bad = np.zeros(len(rows), dtype=bool)
+    columns = []
     for i, field in enumerate(schema):
         values = [r[i] for r in rows]
         if pa.types.is_string(field.type) or pa.types.is_large_string(field.type):
@@ -82,22 +80,8 @@ def _to_arrow(rows: list[tuple[Any, ...]], schema: pa.Schema) -> pa.Table:
             # MariaDB's BOOLEAN (TINYINT(1)) gives 0 and 1; any other number it may
             # hold is no boolean, and stays an int to be flagged unconvertible.
             values = [bool(v) if type(v) is int and v in (0, 1) else v for v in values]
-        try:
-            arrays.append(pa.array(values, field.type))
-            continue
-        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError):
-            pass
-        kept = []
-        for j, value in enumerate(values):
-            try:
-                pa.array([value], field.type)
-                kept.append(value)
-            except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError):
-                kept.append(None)
-                bad[j] = True
-        arrays.append(pa.array(kept, field.type))
-    table = pa.Table.from_arrays(arrays, schema=schema)
-    return table.append_column(UNCONVERTIBLE, pa.array(bad))
+        columns.append(values)
+    return values_to_arrow(columns, schema)
 
 
 class _Snapshot:
