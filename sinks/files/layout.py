@@ -9,13 +9,24 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from reconcile.core.contract import Change, Fatal, FatalError, SinkTxnId
+from reconcile.core.contract import (
+    OK,
+    Change,
+    Fatal,
+    FatalError,
+    SinkOutcome,
+    SinkTxnId,
+    WriterIdentity,
+    validate_name,
+)
 from reconcile.core.durable import fsync_path
+from sinks.ownership import WriterBinding
 
 __all__ = [
     "DELETE",
     "MAX_HEADER",
     "OP",
+    "BatchStaging",
     "Fence",
     "Fences",
     "encode_rows",
@@ -61,6 +72,35 @@ def encode_rows(sink: str, txn_id: SinkTxnId, rows: Iterable[Any]) -> list[bytes
                 f"JSON: {exc}. Nothing was staged."
             )
     return encoded
+
+
+class BatchStaging:
+    """What the file sinks share, on a local disk or on S3: a name, a writer binding, staged rows.
+
+    Staged rows are kept encoded (``encode_rows``) in this process until
+    ``prepare`` writes them as one batch; a sink subclasses this for the
+    rest of the contract.
+    """
+
+    def __init__(self, name: str, what: str) -> None:
+        self._name = validate_name("sink", name)
+        self._staged: dict[SinkTxnId, list[bytes]] = {}
+        self._binding = WriterBinding(what.format(name=repr(self._name)))
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    def bind(self, writer: WriterIdentity) -> None:
+        """Serve ``writer`` (idempotent); see :class:`sinks.ownership.WriterBinding`."""
+        self._binding.bind(writer)
+
+    def stage(self, txn_id: SinkTxnId, rows: Iterable[Any]) -> SinkOutcome:
+        encoded = encode_rows(self._name, txn_id, rows)
+        if isinstance(encoded, Fatal):
+            return encoded
+        self._staged[txn_id] = encoded
+        return OK
 
 
 def make_dirs(path: Path) -> None:

@@ -6,9 +6,8 @@ import contextlib
 import fcntl
 import json
 import os
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
 
 from reconcile.core import hooks
 from reconcile.core.contract import (
@@ -20,21 +19,19 @@ from reconcile.core.contract import (
     SinkOutcome,
     SinkTxnId,
     TxnIdParseError,
-    WriterIdentity,
-    validate_name,
 )
 from reconcile.core.durable import fsync_path, write_atomically
 from reconcile.core.sink import SinkCapabilities
 from sinks.base import local_path
 from sinks.files.layout import (
-    encode_rows,
+    BatchStaging,
     make_dirs,
     read_batch,
     read_fences,
     read_header,
     remove_and_sync,
 )
-from sinks.ownership import WriterBinding, describe_log, foreign_commit, foreign_prepare
+from sinks.ownership import describe_log, foreign_commit, foreign_prepare
 
 __all__ = ["FENCE_WRITE", "FileSink", "open_uri", "read_batch", "read_header"]
 
@@ -45,7 +42,7 @@ FENCE_WRITE = hooks.declare("file_sink.fence.write")
 _SUFFIX = ".batch"
 
 
-class FileSink:
+class FileSink(BatchStaging):
     """A TwoPhaseSink that writes one JSON-lines batch file per epoch.
 
     Layout under ``root/<sink name>/``:
@@ -72,30 +69,13 @@ class FileSink:
     capabilities = SinkCapabilities(durable_prepare=True)
 
     def __init__(self, name: str, root: str | os.PathLike[str]) -> None:
-        self._name = validate_name("sink", name)
+        BatchStaging.__init__(self, name, "file sink {name}")
         self.directory = Path(root) / name
         self.prepared_dir = self.directory / "prepared"
         self.committed_dir = self.directory / "committed"
         for d in (self.prepared_dir, self.committed_dir):
             make_dirs(d)
         self._fence_path = self.directory / "fence"
-        self._staged: dict[SinkTxnId, list[bytes]] = {}
-        self._binding = WriterBinding(f"file sink {self._name!r}")
-
-    @property
-    def name(self) -> str:
-        return self._name
-
-    def bind(self, writer: WriterIdentity) -> None:
-        """Serve ``writer`` (idempotent); see :class:`sinks.ownership.WriterBinding`."""
-        self._binding.bind(writer)
-
-    def stage(self, txn_id: SinkTxnId, rows: Iterable[Any]) -> SinkOutcome:
-        encoded = encode_rows(self._name, txn_id, rows)
-        if isinstance(encoded, Fatal):
-            return encoded
-        self._staged[txn_id] = encoded
-        return OK
 
     def prepare(self, txn_id: SinkTxnId) -> SinkOutcome:
         with self._fence(txn_id) as fenced:

@@ -10,7 +10,7 @@ entry in the sink's commit log (``sinks.s3.log``), which also carries the fence.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from reconcile.core.contract import (
@@ -23,12 +23,10 @@ from reconcile.core.contract import (
     SinkOutcome,
     SinkTxnId,
     TxnIdParseError,
-    WriterIdentity,
-    validate_name,
 )
 from reconcile.core.sink import SinkCapabilities
-from sinks.files.layout import MAX_HEADER, encode_rows, parse_header
-from sinks.ownership import WriterBinding, describe_log, foreign_commit, foreign_prepare
+from sinks.files.layout import MAX_HEADER, BatchStaging, parse_header
+from sinks.ownership import describe_log, foreign_commit, foreign_prepare
 from sinks.s3.log import CommitEntry, CommitLog, LogState
 from sinks.s3.objects import Bucket, S3Location, parse_s3_uri
 
@@ -38,7 +36,7 @@ _SUFFIX = ".batch"
 _BATCHES = "batches/"
 
 
-class S3FileSink:
+class S3FileSink(BatchStaging):
     """A TwoPhaseSink that writes one JSON-lines batch object per epoch to S3.
 
     Layout under ``s3://bucket/prefix/<sink name>/``:
@@ -62,29 +60,12 @@ class S3FileSink:
     capabilities = SinkCapabilities(durable_prepare=True)
 
     def __init__(self, name: str, root: S3Location) -> None:
-        self._name = validate_name("sink", name)
+        BatchStaging.__init__(self, name, "file sink {name} on S3")
         self.location = root.child(name)
         self.bucket = Bucket(self.location)
         self.log = CommitLog(self.bucket)
-        self._staged: dict[SinkTxnId, list[bytes]] = {}
-        self._binding = WriterBinding(f"file sink {self._name!r} on S3")
         # The rows' key, for pull-and-diff (a sink that only writes needs none).
         self.key: list[str] | None = None
-
-    @property
-    def name(self) -> str:
-        return self._name
-
-    def bind(self, writer: WriterIdentity) -> None:
-        """Serve ``writer`` (idempotent); see :class:`sinks.ownership.WriterBinding`."""
-        self._binding.bind(writer)
-
-    def stage(self, txn_id: SinkTxnId, rows: Iterable[Any]) -> SinkOutcome:
-        encoded = encode_rows(self._name, txn_id, rows)
-        if isinstance(encoded, Fatal):
-            return encoded
-        self._staged[txn_id] = encoded
-        return OK
 
     def prepare(self, txn_id: SinkTxnId) -> SinkOutcome:
         try:
