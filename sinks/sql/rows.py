@@ -27,9 +27,7 @@ _DELETE_CHUNK = 1000
 _IN_PLACE_DIALECTS = frozenset({"mysql", "mariadb"})
 
 
-def upserts_in_place(
-    conn: sa.Connection, table: sa.Table, keys: list[str], rows: Sequence[dict[str, Any]]
-) -> bool:
+def upserts_in_place(conn: sa.Connection, table: sa.Table, keys: list[str]) -> bool:
     """Whether ``INSERT ... ON DUPLICATE KEY UPDATE`` writes exactly what delete + insert would.
 
     It does when:
@@ -44,7 +42,7 @@ def upserts_in_place(
     written, which for a column left out is its default, as delete + insert
     gives it.
     """
-    if conn.dialect.name not in _IN_PLACE_DIALECTS or not rows:
+    if conn.dialect.name not in _IN_PLACE_DIALECTS:
         return False
     if {c.name for c in table.primary_key.columns} != set(keys):
         return False
@@ -75,7 +73,7 @@ def write_rows(
     if EPOCH_COLUMN in table.c:
         for row in rows:
             row[EPOCH_COLUMN] = epoch
-    if upserts_in_place(conn, table, keys, rows):
+    if upserts_in_place(conn, table, keys):
         _delete_in_chunks(conn, table, keys, list(deletes))
         _insert_or_update(conn, table, keys, rows)
         return len(upserts) + len(deletes)
