@@ -90,8 +90,9 @@ class Cpu:
 
     def start(self) -> Callable[[], dict[str, float]]:
         """Start counting; the returned call stops and gives the three figures."""
-        wall, client = time.perf_counter(), time.process_time()
+        # The server's baseline first: reading /proc is not the sink's time.
         server = _tree_cpu(self.servers) if self.servers else 0.0
+        wall, client = time.perf_counter(), time.process_time()
 
         def stop() -> dict[str, float]:
             took = time.perf_counter() - wall
