@@ -51,6 +51,7 @@ from reconcile.ha.takeover import (
 from reconcile.rebuild.apply import DEFAULT_PART_ROWS, apply_rebase, rebuild_mode
 from reconcile.rebuild.plan import TablePlan, plan_table
 from reconcile.rebuild.report import Clock, RebuildReport, TableReport
+from reconcile.rebuild.rollback import rollback_label
 from reconcile.rebuild.writer import (
     PreemptibleLease,
     append_step,
@@ -178,6 +179,17 @@ def rebuild(
                     f"{newest.describe()} is unfinished: finish it with logic version "
                     f"{newest.logic_version!r}, or roll it back, before a rebuild to "
                     f"{logic_version!r}; nothing was written"
+                )
+            # A rollback that rebased a store table back before it was killed left
+            # the old state in the store under the rebuild's step: a resume would
+            # take it for the new logic's and switch to it. Only a rollback ends it.
+            rolled = [n for n, s in stores.items()
+                      if s.rebased_by(rollback_label(newest.rebuild)) is not None]  # fmt: skip
+            if rolled:
+                raise ConfigurationError(
+                    f"{newest.describe()}: a rollback of it was interrupted after it put the "
+                    f"old state back in the store of {', '.join(rolled)}; run the rollback "
+                    "again to finish it; nothing was written"
                 )
             report.resumed = True
             return _resume(cycle, stores, journal, newest, recompute, report, clock,
