@@ -165,10 +165,12 @@ def _converged(dsn: str, root: str, logic: str, *, same_epochs: bool = True) -> 
             "SELECT count(*), count(DISTINCT id), count(_epoch) FROM orders"
         ).fetchone() or (0, 0, 0)
         assert count == keys == epochs == len(expected)
-        epochs_of = dict(conn.execute("SELECT id, _epoch FROM orders").fetchall())
+        epochs_of: dict[int, int | None] = dict(
+            conn.execute("SELECT id, _epoch FROM orders").fetchall()
+        )
         if same_epochs:
             assert epochs_of == stored
-        assert all(0 <= e <= 2 for e in epochs_of.values())
+        assert all(e is not None and 0 <= e <= 2 for e in epochs_of.values())
         while True:  # Postgres's own count of live rows: no duplicate hides anywhere
             conn.execute("SELECT pg_stat_clear_snapshot()")
             live = conn.execute(
