@@ -27,6 +27,9 @@ A resume after a kill in step 4 does not know which parts landed: it brings
 each sink to the store by a full pull-and-diff (its mass-change brake lifted:
 the rebuild changes what it changes). ``rollback`` rebases each store table
 back to the version before the rebuild and brings the sinks to it the same way.
+A rollback killed once it rebased a store table is finished by the next
+``rollback`` only: a ``rebuild`` over it is refused, since the store no longer
+holds the new logic's state.
 """
 
 from __future__ import annotations
