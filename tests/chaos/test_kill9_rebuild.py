@@ -91,7 +91,7 @@ def _others_gone(dsn: str) -> None:
         while True:
             row = conn.execute(
                 "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-                "AND pid <> pg_backend_pid()"
+                "AND pid <> pg_backend_pid() AND backend_type = 'client backend'"
             ).fetchone()
             if row is not None and row[0] == 0:
                 return

@@ -22,7 +22,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from hypothesis import HealthCheck, Phase, given, seed, settings
+from hypothesis import HealthCheck, Phase, example, given, seed, settings
 from hypothesis import strategies as st
 
 from expected_state.rebasing import REBASE_WRITTEN
@@ -83,7 +83,7 @@ OPS = st.lists(
 )
 
 # No shrinking: each example costs real database round trips; the failing ops are printed.
-SETTINGS = settings(max_examples=12, deadline=None, database=None,
+SETTINGS = settings(max_examples=8, deadline=None, database=None,
                     phases=[Phase.explicit, Phase.reuse, Phase.generate],
                     suppress_health_check=[HealthCheck.function_scoped_fixture])  # fmt: skip
 
@@ -144,6 +144,11 @@ def test_any_sequence_of_epochs_and_rebuilds_converges_to_a_fresh_run_of_the_las
     @seed(SEED)
     @SETTINGS
     @given(ops=OPS)
+    # Both ways out of an interrupted rebuild, whatever the seed draws: resumed
+    # after some parts landed, rolled back once the store was rebased.
+    @example(ops=[("run", 1), ("rebuild", Logic(1, 5, 7, None), (PART_APPLIED, 2, "resume"), 2)])
+    @example(ops=[("rebuild", Logic(10, 0, 3, "b"), (REBUILD_STORED, 1, "rollback"), 5),
+                  ("run", 1)])  # fmt: skip
     def check(ops: list[tuple[Any, ...]]) -> None:
         totals["examples"] += 1
         name = pg_server.create_database("rb")
