@@ -111,19 +111,23 @@ def _written(dsn: str) -> int:
     return int(row[0])
 
 
-def _run(dsn: str, root: str, tmp_path: Path, what: str, point: str, nth: int) -> None:
-    """Run the rebuild (or rollback) process, killed by SIGKILL at the nth hit of ``point``."""
-    once = tmp_path / f"killed-{what}"
+def _run(dsn: str, root: str, tmp_path: Path, what: str, point: str | None, nth: int = 1) -> None:
+    """Run the rebuild (or rollback) process, killed by SIGKILL at the nth hit of ``point``
+    (None: to its end)."""
+    once = tmp_path / f"killed-{what}-{point}-{nth}"
+    kill = {"RECONCILE_KILL_AT": f"{point}:{nth}", "RECONCILE_KILL_ONCE": str(once)}
     done = subprocess.run(
         [sys.executable, "-m", "tests.integration.rebuild_pipeline", dsn, root, "v2", what,
          str(PART_ROWS)],
         cwd=REPO,
-        env={**os.environ, "PYTHONPATH": str(REPO), "RECONCILE_KILL_AT": f"{point}:{nth}",
-             "RECONCILE_KILL_ONCE": str(once)},
+        env={**os.environ, "PYTHONPATH": str(REPO), **(kill if point else {})},
         capture_output=True,
         text=True,
         timeout=180,
     )  # fmt: skip
+    if point is None:
+        assert done.returncode == 0, done.stderr[-2000:]
+        return
     assert done.returncode == -signal.SIGKILL, done.stderr[-2000:]
     assert once.read_text().split()[1] == point  # the kill fired, there
     _others_gone(dsn)
@@ -275,3 +279,19 @@ def test_a_rollback_killed_in_its_sink_transaction_is_finished_by_the_next_rollb
     assert rollback(build(dsn, root)).step == "rolled_back"
     _converged(dsn, root, "v1", same_epochs=False)
     _v1_runs_on(dsn, root)
+
+
+def test_a_resume_killed_in_its_own_pull_and_diff_is_resumed_again_by_a_new_process(
+    shop: tuple[str, str], tmp_path: Path
+) -> None:
+    dsn, root = shop
+    _run(dsn, root, tmp_path, "apply", "rebuild.part.applied", 1)
+    # The resume brings the sink to the store by a full pull-and-diff, in one
+    # transaction; it dies inside it, before its COMMIT.
+    left = _sink(dsn)
+    _run(dsn, root, tmp_path, "apply", "pg.repair.applied", 1)
+    assert _sink(dsn) == left
+    _refused_or_whole(dsn, root, "stored")
+    _run(dsn, root, tmp_path, "apply", None)
+    assert RebuildLog(root, PIPELINE).newest().step == "switched"  # type: ignore[union-attr]
+    _converged(dsn, root, "v2")
