@@ -17,7 +17,12 @@ from reconcile.rebuild.writer import (
     tables_of,
 )
 
-__all__ = ["rollback"]
+__all__ = ["rollback", "rollback_label"]
+
+
+def rollback_label(rebuild: str) -> str:
+    """The label of the store commits that roll rebuild ``rebuild`` back."""
+    return f"{rebuild}-rollback"
 
 
 def rollback(
@@ -53,7 +58,7 @@ def rollback(
         before = newest.detail.get("tables", {})
         report.tables = {n: TableReport(store_before=before.get(n, {}).get("before"))
                          for n in stores}  # fmt: skip
-        label = f"{newest.rebuild}-rollback"
+        label = rollback_label(newest.rebuild)
         for name, store in stores.items():
             still_leading()
             table = report.tables[name]

@@ -27,6 +27,9 @@ A resume after a kill in step 4 does not know which parts landed: it brings
 each sink to the store by a full pull-and-diff (its mass-change brake lifted:
 the rebuild changes what it changes). ``rollback`` rebases each store table
 back to the version before the rebuild and brings the sinks to it the same way.
+A rollback killed once it rebased a store table is finished by the next
+``rollback`` only: a ``rebuild`` over it is refused, since the store no longer
+holds the new logic's state.
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ from reconcile.engine.cycle import CommitCycle
 from reconcile.rebuild.apply import DEFAULT_PART_ROWS, Rebased, apply_rebase, rebuild_mode
 from reconcile.rebuild.plan import TablePlan, plan_table
 from reconcile.rebuild.report import Clock, RebuildReport, TableReport
+from reconcile.rebuild.rollback import rollback_label
 from reconcile.rebuild.writer import (
     PreemptibleLease,
     append_step,
@@ -181,6 +185,17 @@ def rebuild(
                     f"{newest.describe()} is unfinished: finish it with logic version "
                     f"{newest.logic_version!r}, or roll it back, before a rebuild to "
                     f"{logic_version!r}; nothing was written"
+                )
+            # A rollback that rebased a store table back before it was killed left
+            # the old state in the store under the rebuild's step: a resume would
+            # take it for the new logic's and switch to it. Only a rollback ends it.
+            rolled = [n for n, s in stores.items()
+                      if s.rebased_by(rollback_label(newest.rebuild)) is not None]  # fmt: skip
+            if rolled:
+                raise ConfigurationError(
+                    f"{newest.describe()}: a rollback of it was interrupted after it put the "
+                    f"old state back in the store of {', '.join(rolled)}; run the rollback "
+                    "again to finish it; nothing was written"
                 )
             report.resumed = True
             return _resume(cycle, stores, (journal, newest), recompute, report, clock,
