@@ -16,6 +16,7 @@ import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
 import pyarrow.compute as pc  # type: ignore[import-untyped, unused-ignore]
 
 from expected_state.layout import EPOCH_COLUMN, OP_COLUMN
+from reconcile.core.keys import all_distinct
 
 __all__ = ["apply_changes", "last_per_key", "member_mask", "resolve"]
 
@@ -41,7 +42,7 @@ def last_per_key(data: pa.Table, keys: Sequence[str]) -> pa.Table:
     """Keep the last row of every key; the order of ``data`` decides which is last."""
     if data.num_rows <= 1:
         return data
-    if len(keys) == 1 and pc.count_distinct(data.column(keys[0])).as_py() == data.num_rows:
+    if len(keys) == 1 and all_distinct(data.column(keys[0])):
         return data  # the common case: no key repeats, nothing to drop
     indexed = data.append_column("_seq", pa.array(np.arange(data.num_rows, dtype=np.int64)))
     last = indexed.group_by(list(keys), use_threads=False).aggregate([("_seq", "max")])

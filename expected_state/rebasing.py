@@ -1,56 +1,87 @@
 """Rebasing a store table: a new expected state as of an epoch, in one fenced commit (a rebuild).
 
-A rebuild recomputes a sink table's expected state with new logic. The store
-takes it as ONE Delta commit that replaces every live file with new base
-files holding the new state as of the newest epoch: a reader sees the old
-state or the new one, never a mix. The commit carries the writer's fence
-token (a zombie's rebase fails, as its epochs do) and the labels the rebuild
-gives it (its id and the logic version), which is how a resumed rebuild finds
-a rebase it made before it was killed. The state before is still the
-version before the commit (time travel), which is what a rollback reads.
+A rebuild recomputes a sink table's expected state with new logic.
+``prepare_rebase`` finds what that changes: the new rows are converted and
+hashed once, the old state is read as its keys and stored row hashes only,
+and the two are joined by key. ``rebase`` commits the difference as ONE
+Delta commit: the file holding the newest epoch (its change file, or the
+merged file ending with it) is replaced by its rows with the difference on
+top (upserts, and a tombstone per deleted key, stamped with that epoch). A
+reader sees the old state or the new one, never a mix, and what is written
+follows the difference, not the table: a row the new logic leaves alone is
+not rewritten and keeps its ``_epoch``.
 
-A row keeps the ``_epoch`` it had when the new logic gives it the same values
-(same row hash); a row the rebuild inserts or changes carries the epoch the
-state is as of. ``dataChange`` is true: unlike a compaction, the state changes.
+The commit carries the writer's fence token (a zombie's rebase fails, as its
+epochs do) and the label the rebuild gives it (its id, and the logic version),
+which is how a resumed rebuild finds a rebase it made before it was killed.
+The state before is the version before the commit (time travel), which is
+what a rollback reads. ``dataChange`` is true: unlike a compaction, the state
+changes.
 """
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
 import pyarrow.compute as pc  # type: ignore[import-untyped, unused-ignore]
 from deltalake import DeltaTable
 
-from expected_state.changes import normalize_changes
-from expected_state.compaction import DEFAULT_TARGET_SIZE
+from expected_state.changes import EpochChanges, change_rows, normalize_changes
 from expected_state.delta_commit import BasedOn, DataFile, DeltaCommit, commit_files
 from expected_state.delta_files import write_data_file
 from expected_state.evolved_files import read_store_files
 from expected_state.fencing import check_generation
 from expected_state.layout import (
-    EPOCH_COLUMN,
     OP_COLUMN,
     ROW_HASH_COLUMN,
     StoreFile,
-    base_file_name,
+    change_file_name,
+    merged_file_name,
     stored_schema,
 )
 from expected_state.live import live_files
-from expected_state.merge import apply_changes
+from expected_state.merge import apply_changes, last_per_key, member_mask
 from reconcile.core import hooks
 from reconcile.core.contract import InvalidInputError, RetryableError
 from reconcile.core.hashing import row_hash_arrow
 
-__all__ = ["REBASE_WRITTEN", "REBUILD_LABEL", "Rebasing"]
+__all__ = ["REBASE_WRITTEN", "REBUILD_LABEL", "Rebase", "Rebasing"]
 
-# The new base files are written; the commit that makes them the table is next.
+# The rebase's file is written; the commit that makes it part of the table is next.
 REBASE_WRITTEN = hooks.declare("expected_state.rebase.written")
 
 REBUILD_LABEL = "reconcile.rebuild"  # commitInfo key: the rebuild (or rollback) that rebased
 _COMMIT_ATTEMPTS = 3
+_NEW_HASH, _OLD_HASH = "_new_hash", "_old_hash"
+
+
+@dataclass(frozen=True)
+class Rebase:
+    """What a new state changes in a store table as of epoch ``through`` (nothing written yet).
+
+    Attributes:
+        through: the epoch the new state is as of.
+        upserts: the new rows (user columns) of the keys inserted or changed.
+        hashes: their row hashes, in order.
+        deletes: the key columns of the keys the new state lacks.
+        inserted: the key columns of the keys only the new state has.
+        changed: the key columns of the keys both have, with other values.
+    """
+
+    through: int
+    upserts: pa.Table
+    hashes: pa.Array | pa.ChunkedArray
+    deletes: pa.Table
+    inserted: pa.Table
+    changed: pa.Table
+
+    @property
+    def rows(self) -> int:
+        """Every row the rebase writes: upserted or deleted."""
+        return int(self.upserts.num_rows + self.deletes.num_rows)
 
 
 class Rebasing:
@@ -64,6 +95,7 @@ class Rebasing:
     _schema: pa.Schema | None
     _delta: Callable[..., DeltaTable | None]
     _token: Callable[[DeltaTable], int | None]
+    snapshot: Callable[..., pa.Table]  # provided by the store (Reading)
 
     def check_files(self, files: list[StoreFile]) -> None:  # provided by the store
         raise NotImplementedError
@@ -100,36 +132,25 @@ class Rebasing:
                 return int(commit["version"])
         return None
 
-    def rebase(
-        self, new: pa.Table, *, through: int, label: str, metadata: Mapping[str, Any]
-    ) -> int:
-        """Make ``new`` the table's state as of epoch ``through``, in ONE fenced commit.
+    def prepare_rebase(self, new: pa.Table, *, through: int) -> Rebase:
+        """What making ``new`` the state as of epoch ``through`` changes; nothing is written.
 
-        Args:
-            new: the new state: the table's user columns (keys and values), one
-                row per key; its values are converted to the table's types as an
-                epoch's are (a value that does not fit is refused, named).
-            through: the newest epoch; no later epoch may be recorded.
-            label: the rebuild's id, recorded in the commit (see ``rebased_by``).
-            metadata: more commitInfo entries (the logic version).
-
-        Returns:
-            The Delta version of the commit.
+        ``new``'s values are converted to the table's types as an epoch's are,
+        and hashed once, with the store's row hash; the old state is read as its
+        keys and stored row hashes only (no value is read or hashed again), and
+        the two are joined by key.
 
         Raises:
             InvalidInputError: other columns than the table's, a repeated or NULL
-                key, a value that does not fit, or an epoch after ``through``
-                recorded; nothing was written.
-            FencedError: a newer generation has taken over; nothing was written.
-            RetryableError: the table changed under the rebase; nothing was written.
+                key, a value that does not fit, or no epoch recorded.
         """
-        table = self._delta()
-        if table is None or self._schema is None:
+        self._delta()
+        user = self._schema
+        if user is None:
             raise InvalidInputError(
                 f"table {self.uri!r} holds no epoch: there is nothing to rebuild",
                 table=self.uri,
             )
-        user = self._schema
         if set(new.column_names) != set(user.names):
             raise InvalidInputError(
                 f"table {self.uri!r}: a rebuild keeps the table's columns {user.names}; the "
@@ -148,6 +169,46 @@ class Rebasing:
                 "repeated keys; a rebuild needs one row per key; nothing was written",
                 table=self.uri,
             )
+        keys = self.key_columns
+        hashes = row_hash_arrow(net.upserts, user.names)
+        old = self.snapshot(through, [*keys, ROW_HASH_COLUMN])
+        probe = net.upserts.select(keys).append_column(_NEW_HASH, hashes)
+        joined = probe.join(old.rename_columns([*keys, _OLD_HASH]), keys, join_type="full outer",
+                            coalesce_keys=True)  # fmt: skip
+        has_new, has_old = (
+            pc.is_valid(joined.column(_NEW_HASH)),
+            pc.is_valid(joined.column(_OLD_HASH)),
+        )
+        inserted = joined.filter(pc.invert(has_old)).select(keys)
+        changed = joined.filter(pc.and_(pc.and_(has_new, has_old), pc.not_equal(
+            joined.column(_NEW_HASH), joined.column(_OLD_HASH)))).select(keys)  # fmt: skip
+        deleted = joined.filter(pc.invert(has_new)).select(keys)
+        wanted = member_mask(net.upserts, pa.concat_tables([inserted, changed]), keys)
+        return Rebase(through, net.upserts.filter(wanted), pc.filter(hashes, wanted), deleted,
+                      inserted, changed)  # fmt: skip
+
+    def rebase(self, rebase: Rebase, *, label: str, metadata: Mapping[str, Any]) -> int:
+        """Commit ``rebase`` in ONE fenced Delta commit; its Delta version.
+
+        The difference goes into the file that holds epoch ``through``: that
+        epoch's change file (or the merged file that ends with it) is replaced
+        by one holding its rows with the difference on top, the newest change
+        of each key winning; with none, a new change file of that epoch holds
+        the difference alone. No other file is read or written, so the cost
+        follows the difference and that one file, not the table.
+
+        Raises:
+            InvalidInputError: an epoch after ``through`` is recorded; nothing was
+                written.
+            FencedError: a newer generation has taken over; nothing was written.
+            RetryableError: the table changed under the rebase; nothing was written.
+        """
+        user = self._schema
+        assert user is not None, "prepare_rebase() read the table's schema"
+        keys, through = self.key_columns, rebase.through
+        stored = stored_schema(user, keys)
+        diff = change_rows(EpochChanges(rebase.upserts, rebase.deletes), user, stored, keys,
+                           through, row_hashes=rebase.hashes)  # fmt: skip
         for attempt in range(_COMMIT_ATTEMPTS):
             table = self._delta()
             assert table is not None
@@ -160,30 +221,30 @@ class Rebasing:
                     table=self.uri,
                     epoch=last,
                 )
-            files = live_files(table, name=self.uri)
-            rows = self._rebased_rows(net.upserts, self._state_of(files), through)
-            added = self._write(rows, through)
+            # The ranges of live change files never overlap: one file at most ends here.
+            holder = [f for f in live_files(table, name=self.uri)
+                      if f.kind == "change" and f.epoch == through]  # fmt: skip
+            added = (
+                self._write_over(holder, diff, stored, through) if diff.num_rows or holder else []
+            )
             hooks.point(REBASE_WRITTEN)
-            landed = self._landed({f.path for f in added})
-
             try:
                 commit = DeltaCommit(
                     table_uri=self.uri,
-                    schema=stored_schema(user, self.key_columns),
+                    schema=stored,
                     app_id=self._fence,
                     version=self.generation,
                     add=added,
-                    remove=[DataFile(f.path, f.size, 0, "", 0) for f in files],
+                    remove=[DataFile(f.path, f.size, 0, "", 0) for f in holder],
                     fence=(self._fence, self.generation),
                     custom_metadata={
                         **metadata,
                         REBUILD_LABEL: label,
-                        "reconcile.compacted_through": through,
                         "reconcile.generation": self.generation,
                     },
                     check_schema=False,  # written from the stored schema here
                 )
-                done = commit_files(commit, BasedOn(table, landed=landed))
+                done = commit_files(commit, BasedOn(table, landed=self._landed(label)))
                 found = done.table_version
                 if found is None:
                     found = self.rebased_by(label)
@@ -191,54 +252,27 @@ class Rebasing:
                     raise RetryableError(f"table {self.uri!r}: the rebase did not land")
                 return found
             except RetryableError:
-                # An apply of the same writer (a compaction's commit) landed between
-                # the read and the commit: the files we replace may be gone; again.
+                # A commit of the same writer (a compaction) landed between the read and
+                # the commit: the file we replace may be gone; again, on a fresh snapshot.
                 if attempt == _COMMIT_ATTEMPTS - 1:
                     raise
         raise AssertionError("unreachable")  # pragma: no cover
 
-    def _landed(self, names: set[str]) -> Callable[[], bool]:
+    def _landed(self, label: str) -> Callable[[], bool]:
         def landed() -> bool:
-            fresh = DeltaTable(self.uri)
-            return names <= {f.path for f in live_files(fresh, name=self.uri)}
+            return self.rebased_by(label) is not None
 
         return landed
 
-    def _rebased_rows(self, upserts: pa.Table, old: pa.Table, through: int) -> pa.Table:
-        """The new stored rows: an unchanged row keeps its ``_epoch``, the others get ``through``.
-
-        Same means the same row hash as the old state's row of that key.
-        """
-        assert self._schema is not None
-        keys = self.key_columns
-        hashes = row_hash_arrow(upserts, self._schema.names)
-        probe = upserts.select(keys).append_column(ROW_HASH_COLUMN, hashes)
-        probe = probe.append_column("_position", pa.array(range(upserts.num_rows), pa.int64()))
-        before = old.select([*keys, ROW_HASH_COLUMN, EPOCH_COLUMN]).rename_columns(
-            [*keys, "_old_hash", "_old_epoch"]
-        )
-        joined = probe.join(before, keys, join_type="left outer").sort_by("_position")
-        same = pc.fill_null(pc.equal(joined.column(ROW_HASH_COLUMN), joined.column("_old_hash")),
-                            False)  # fmt: skip
-        epochs = pc.if_else(same, joined.column("_old_epoch"), pa.scalar(through, pa.int64()))
-        schema = stored_schema(self._schema, keys)
-        return pa.table(
-            [
-                *upserts.columns,
-                hashes,
-                epochs.cast(pa.int64()),
-                pa.repeat(pa.scalar("upsert"), upserts.num_rows),
-            ],
-            schema=schema,
-        )
-
-    def _write(self, rows: pa.Table, through: int) -> list[DataFile]:
-        per_row = max(1, rows.nbytes // max(1, rows.num_rows))
-        per_file = max(1, DEFAULT_TARGET_SIZE // per_row)
-        tag = uuid.uuid4().hex
-        added = []
-        for part, start in enumerate(range(0, max(rows.num_rows, 1), per_file)):
-            chunk = rows.slice(start, per_file)
-            if chunk.num_rows or part == 0:
-                added.append(write_data_file(self.uri, base_file_name(through, tag, part), chunk))
-        return added
+    def _write_over(
+        self, holder: list[StoreFile], diff: pa.Table, stored: pa.Schema, through: int
+    ) -> list[DataFile]:
+        """The file of the rebase: ``holder``'s rows (if any) with ``diff`` on top."""
+        if not holder:
+            return [write_data_file(self.uri, change_file_name(through), diff)]
+        [file] = holder
+        self.check_files([file])  # a rebase over a damaged file would record the damage
+        rows = read_store_files(self.uri, [file.path], columns=stored.names, stored=stored)
+        merged = last_per_key(pa.concat_tables([rows, diff.select(stored.names)]), self.key_columns)
+        name = merged_file_name(file.first, through) if file.merged else change_file_name(through)
+        return [write_data_file(self.uri, name, pa.table(merged.columns, schema=stored))]

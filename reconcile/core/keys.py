@@ -22,11 +22,19 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+import numpy as np
 import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
+import pyarrow.compute as pc  # type: ignore[import-untyped, unused-ignore]
 
 from reconcile.core.contract import InvalidInputError
 
-__all__ = ["FLOAT_SQL_TYPES", "check_arrow_keys", "check_sql_keys", "float_key_error"]
+__all__ = [
+    "FLOAT_SQL_TYPES",
+    "all_distinct",
+    "check_arrow_keys",
+    "check_sql_keys",
+    "float_key_error",
+]
 
 # PostgreSQL's names for its floating-point types, as format_type() and
 # information_schema give them (float(p) is one of these two).
@@ -65,3 +73,23 @@ def check_sql_keys(
         type_name = types.get(key, "").lower()
         if type_name in FLOAT_SQL_TYPES or type_name.startswith("float"):
             raise float_key_error(where, key, type_name, error)
+
+
+def all_distinct(column: pa.ChunkedArray | pa.Array) -> bool:
+    """Whether no value of a key column repeats (NULLs count as one value).
+
+    Sorted unique integers (the usual key) are seen in one pass; other
+    integers are sorted; anything else is hashed by ``pc.unique``. Arrow's
+    ``count_distinct`` hashes too, but took several times longer than either
+    on ten million keys here.
+    """
+    if len(column) < 2:
+        return True
+    if pa.types.is_integer(column.type) and column.null_count == 0:
+        values = np.asarray(column.to_numpy() if isinstance(column, pa.Array)
+                            else column.combine_chunks().to_numpy())  # fmt: skip
+        if bool(np.all(values[1:] > values[:-1])):
+            return True
+        ordered = np.sort(values)
+        return bool(np.all(ordered[1:] != ordered[:-1]))
+    return len(pc.unique(column)) == len(column)

@@ -1,10 +1,11 @@
-"""A rebuild's apply: the rows two store versions differ by, into the sink, in bounded parts.
+"""A rebuild's apply: the rows the new state differs by, into the sink, in bounded parts.
 
-The store was rebased (``expected_state.rebasing``): the version before holds
-the old logic's state, the version after the new one's, both as of the same
-epoch. What the sink must change is the difference of the two, which is
-taken from the store alone; the sink held the old state (the rebuild brought
-it there before the rebase, as a takeover does).
+What the sink must change is what the store's rebase changed
+(``expected_state.rebasing``): the difference ``prepare_rebase`` found, or,
+for a rebuild resumed after its process died, the difference of the store's
+versions before and after the rebase. It is taken from the store alone; the
+sink held the old state (the rebuild brought it there before the rebase, as a
+takeover does).
 
 Each part is ONE sink transaction through the sink's recovery target, exactly
 as a repair: the fence row locked and checked (a newer writer makes it fail),
@@ -26,6 +27,7 @@ from dataclasses import dataclass
 import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
 
 from expected_state.layout import ROW_HASH_COLUMN
+from expected_state.rebasing import Rebase
 from expected_state.store import ExpectedStateStore
 from reconcile.core import hooks
 from reconcile.core.contract import RetryableError
@@ -33,8 +35,8 @@ from reconcile.core.target import PullableSink, Repair
 from reconcile.recovery import diff_tables
 from reconcile.recovery.source import semi
 
-__all__ = ["DEFAULT_PART_ROWS", "PART_APPLIED", "Applied", "Rebased", "apply_rebase",
-           "rebuild_mode"]  # fmt: skip
+__all__ = ["DEFAULT_PART_ROWS", "PART_APPLIED", "Applied", "Difference", "apply_difference",
+           "difference_of", "difference_of_versions", "rebuild_mode"]  # fmt: skip
 
 log = logging.getLogger("reconcile.rebuild")
 
@@ -66,37 +68,65 @@ class Applied:
 
 
 @dataclass(frozen=True)
-class Rebased:
-    """A store table's rebase, as the apply takes it.
+class Difference:
+    """What a sink table must change: the rows to upsert and the keys to delete.
 
     Attributes:
-        before: the store's Delta version before the rebase (the old state).
-        after: the rebase's Delta version (the new state).
+        upserts: the new rows (user columns) of the keys inserted or changed.
+        deletes: the key columns of the keys to delete.
+        counts: missing (inserted), extra (deleted) and changed, for the record.
         epoch: the epoch both states are as of; the sink's newest marker.
         mode: what each part's repairs row records (``rebuild_mode``).
     """
 
-    before: int
-    after: int
+    upserts: pa.Table
+    deletes: pa.Table
+    counts: dict[str, int]
     epoch: int
     mode: str
 
 
-def apply_rebase(
+def difference_of(rebase: Rebase, mode: str) -> Difference:
+    """The difference a store's rebase found (``prepare_rebase``), as the sink takes it."""
+    counts = {"missing": rebase.inserted.num_rows, "extra": rebase.deletes.num_rows,
+              "changed": rebase.changed.num_rows}  # fmt: skip
+    return Difference(rebase.upserts, rebase.deletes, counts, rebase.through, mode)
+
+
+def difference_of_versions(
+    store: ExpectedStateStore, before: int, after: int, epoch: int, mode: str
+) -> Difference:
+    """What store version ``after`` changed from ``before``: both states read whole.
+
+    For a rebuild resumed after its process died with the store rebased: the
+    difference it found then is gone with it.
+    """
+    keys = store.key_columns
+    old, new = store.state_at_version(before), store.state_at_version(after)
+    hashed = [*keys, ROW_HASH_COLUMN]
+    diff = diff_tables(new.select(hashed), old.select(hashed), keys)
+    wanted = pa.concat_tables([diff.missing, diff.changed])
+    assert store.user_schema is not None
+    names = store.user_schema.names
+    upserts = semi(new, wanted, keys).select(names) if wanted.num_rows else new.slice(0, 0)
+    return Difference(upserts.select(names), diff.extra.select(keys), diff.counts, epoch, mode)
+
+
+def apply_difference(
     sink: PullableSink,
     store: ExpectedStateStore,
     generation: int,
-    rebased: Rebased,
+    difference: Difference,
     part_rows: int = DEFAULT_PART_ROWS,
     on_part: Callable[[int, int], None] | None = None,
 ) -> Applied:
-    """Apply to ``sink`` what store version ``rebased.after`` changed from ``before``, in parts.
+    """Apply ``difference`` to ``sink`` in parts of ``part_rows`` rows, each one transaction.
 
     Args:
         sink: the sink table's pullable client, bound to the pipeline's writer.
         store: its store table.
         generation: the writer generation of the rebuild.
-        rebased: the two store versions, their epoch, and the mode to record.
+        difference: what to write, as of which epoch, and the mode to record.
         part_rows: rows per transaction.
         on_part: called with (parts done, parts in all) after each part.
 
@@ -105,21 +135,11 @@ def apply_rebase(
         RetryableError: an epoch committed in the sink since (no writer should:
             the rebuild holds the fence), or the database failed.
     """
-    keys = store.key_columns
-    epoch, mode = rebased.epoch, rebased.mode
-    old, new = store.state_at_version(rebased.before), store.state_at_version(rebased.after)
-    hashed = [*keys, ROW_HASH_COLUMN]
-    diff = diff_tables(new.select(hashed), old.select(hashed), keys)
-    wanted = pa.concat_tables([diff.missing, diff.changed])
-    assert store.user_schema is not None
-    names = store.user_schema.names
-    upserts = semi(new, wanted, keys).select(names) if wanted.num_rows else new.slice(0, 0)
-    upserts = upserts.select(names)
-    deletes = diff.extra.select(keys)
+    upserts, deletes = difference.upserts, difference.deletes
+    epoch, mode, counts = difference.epoch, difference.mode, difference.counts
     step = max(1, part_rows)
     total = max(1, -(-(upserts.num_rows + deletes.num_rows) // step))
     target = sink.recovery_target(sink.pipeline or store.pipeline, generation, write=True)
-    counts = diff.counts
     done = 0
     # Deletes first, in their own parts: a key the new logic moved (deleted
     # under one key, inserted under another) never collides with a unique

@@ -13,8 +13,10 @@ from typing import Any
 import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
 import pyarrow.compute as pc  # type: ignore[import-untyped, unused-ignore]
 
+from expected_state.rebasing import Rebase
 from reconcile.core.contract import InvalidInputError
 from reconcile.core.hashing import row_hash_arrow
+from reconcile.core.keys import all_distinct
 from reconcile.recovery import diff_tables
 
 _HASH = "_row_hash"
@@ -47,10 +49,12 @@ def _hashed(rows: pa.Table, keys: Sequence[str], what: str, table: str) -> pa.Ta
     return rows.select(list(keys)).append_column(_HASH, hashed)
 
 
-def _unique(rows: pa.Table, keys: Sequence[str], table: str) -> None:
+def check_unique(rows: pa.Table, keys: Sequence[str], table: str) -> None:
     """Refuse new logic that gives a key twice: a sink table holds one row per key."""
     if not rows.num_rows or any(k not in rows.schema.names for k in keys):
-        return  # a missing key column is named by _hashed
+        return  # a missing key column is named where the columns are checked
+    if len(keys) == 1 and all_distinct(rows.column(keys[0])):
+        return  # the usual case, without a group-by of every row
     counts = rows.group_by(list(keys)).aggregate([([], "count_all")])
     repeated = counts.filter(pc.greater(counts.column("count_all"), 1))
     if repeated.num_rows:
@@ -82,7 +86,7 @@ def plan_table(
         InvalidInputError: a side lacks a key column, or holds a NULL key; the new
             state holds a key twice.
     """
-    _unique(new, keys, table)
+    check_unique(new, keys, table)
     diff = diff_tables(_hashed(new, keys, "new", table), _hashed(old, keys, "old", table), keys)
     return TablePlan(
         table=table,
@@ -93,5 +97,24 @@ def plan_table(
             "insert": diff.missing.slice(0, sample).to_pylist(),
             "update": diff.changed.slice(0, sample).to_pylist(),
             "delete": diff.extra.slice(0, sample).to_pylist(),
+        },
+    )
+
+
+def plan_of(table: str, rebase: Rebase, sample: int = 5) -> TablePlan:
+    """The plan of a store table's rebase (``prepare_rebase``): its counts and a sample of keys.
+
+    The rebuild plans from the rebase itself, with the store's own row hash, so
+    that its plan and its writes are one computation.
+    """
+    return TablePlan(
+        table=table,
+        inserts=rebase.inserted.num_rows,
+        updates=rebase.changed.num_rows,
+        deletes=rebase.deletes.num_rows,
+        sample={
+            "insert": rebase.inserted.slice(0, sample).to_pylist(),
+            "update": rebase.changed.slice(0, sample).to_pylist(),
+            "delete": rebase.deletes.slice(0, sample).to_pylist(),
         },
     )

@@ -68,10 +68,11 @@ def rollback(
                 continue
             old = store.state_at_version(table.store_before)
             assert store.user_schema is not None
+            back = store.prepare_rebase(old.select(store.user_schema.names),
+                                        through=newest.base_epoch)  # fmt: skip
             table.store_after = store.rebase(
-                old.select(store.user_schema.names), through=newest.base_epoch, label=label,
-                metadata={"reconcile.logic_version": newest.previous or ""},
-            )  # fmt: skip
+                back, label=label, metadata={"reconcile.logic_version": newest.previous or ""}
+            )
         clock.step("store")
         if newest.step != "started":
             converge(cycle, stores, report, still_leading)

@@ -43,14 +43,21 @@ from typing import cast
 import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
 from deltalake import DeltaTable
 
+from expected_state.rebasing import Rebase
 from expected_state.rebuilds import RebuildEntry, RebuildLog
 from expected_state.store import ExpectedStateStore
 from reconcile.core import hooks
 from reconcile.core.contract import ConfigurationError, InvalidInputError
 from reconcile.core.target import PullableSink
 from reconcile.engine.cycle import CommitCycle
-from reconcile.rebuild.apply import DEFAULT_PART_ROWS, Rebased, apply_rebase, rebuild_mode
-from reconcile.rebuild.plan import TablePlan, plan_table
+from reconcile.rebuild.apply import (
+    DEFAULT_PART_ROWS,
+    apply_difference,
+    difference_of,
+    difference_of_versions,
+    rebuild_mode,
+)
+from reconcile.rebuild.plan import TablePlan, check_unique, plan_of
 from reconcile.rebuild.report import Clock, RebuildReport, TableReport
 from reconcile.rebuild.rollback import rollback_label
 from reconcile.rebuild.writer import (
@@ -88,17 +95,11 @@ def _announce(progress: Progress | None, what: str) -> Callable[[int, int], None
     return lambda done, total: progress(what, done, total)
 
 
-def _state(store: ExpectedStateStore, epoch: int) -> pa.Table:
-    schema = store.user_schema
-    if schema is None:
-        return pa.table({})
-    return store.snapshot(epoch, schema.names)
-
-
-def _plans(
+def _prepare(
     stores: dict[str, ExpectedStateStore], recompute: Recompute, epoch: int, sample: int
-) -> tuple[dict[str, pa.Table], dict[str, TablePlan]]:
-    news, plans = {}, {}
+) -> tuple[dict[str, Rebase], dict[str, TablePlan]]:
+    """Each table's rebase, found from the new logic's state (nothing written), and its plan."""
+    prepared, plans = {}, {}
     for name, store in stores.items():
         new = recompute(name)
         if not isinstance(new, pa.Table):
@@ -106,9 +107,11 @@ def _plans(
                 f"rebuild of sink {name!r}: the new logic gave {type(new).__name__}, not an "
                 "Arrow table of the sink's rows"
             )
-        news[name] = new
-        plans[name] = plan_table(name, _state(store, epoch), new, store.key_columns, sample)
-    return news, plans
+        check_unique(new, store.key_columns, name)
+        prepared[name] = store.prepare_rebase(new, through=epoch)
+        del new  # the rebase keeps the rows it writes only
+        plans[name] = plan_of(name, prepared[name], sample)
+    return prepared, plans
 
 
 def plan(build: Callable[[], CommitCycle], recompute: Recompute, *, logic_version: str,
@@ -127,7 +130,7 @@ def plan(build: Callable[[], CommitCycle], recompute: Recompute, *, logic_versio
         report = RebuildReport(cycle.pipeline, logic_version,
                                newest.logic_in_force if newest else None, epoch)  # fmt: skip
         clock = Clock(report)
-        _, plans = _plans(tables_of(cycle), recompute, epoch, sample)
+        _, plans = _prepare(tables_of(cycle), recompute, epoch, sample)
         report.tables = {name: TableReport(plan=p) for name, p in plans.items()}
         clock.step("plan")
         return report
@@ -206,7 +209,7 @@ def rebuild(
         recover_sinks(cycle)  # every sink at the newest decided epoch: the old state
         epoch = report.base_epoch = decided_epoch(cycle)
         clock.step("recover")
-        news, plans = _plans(stores, recompute, epoch, sample)
+        prepared, plans = _prepare(stores, recompute, epoch, sample)
         clock.step("recompute_and_plan")
         # When it began (UTC), and a random tail for two begun in the same second.
         report.rebuild = f"{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-{secrets.token_hex(2)}"
@@ -216,12 +219,11 @@ def rebuild(
         }
         entry = append_step(journal, report, "started", cycle)
         hooks.point(REBUILD_STARTED)
-        _rebase_all(stores, news, entry, report, still_leading)
-        del news
+        _rebase_all(stores, prepared, entry, report, still_leading)
         clock.step("store")
         append_step(journal, report, "stored", cycle)
         hooks.point(REBUILD_STORED)
-        _apply_all(cycle, stores, report, (part_rows, progress), still_leading)
+        _apply_all(cycle, stores, report, prepared, (part_rows, progress), still_leading)
         clock.step("apply")
         return _finish(journal, report, cycle, still_leading, clock)
 
@@ -230,7 +232,7 @@ def _version(store: ExpectedStateStore) -> int:
     return int(DeltaTable(store.uri).version())
 
 
-def _rebase_all(stores: dict[str, ExpectedStateStore], news: dict[str, pa.Table],
+def _rebase_all(stores: dict[str, ExpectedStateStore], prepared: dict[str, Rebase],
                 entry: RebuildEntry, report: RebuildReport,
                 still_leading: Callable[[], None]) -> None:  # fmt: skip
     for name, store in stores.items():
@@ -239,30 +241,33 @@ def _rebase_all(stores: dict[str, ExpectedStateStore], news: dict[str, pa.Table]
         table.store_after = store.rebased_by(entry.rebuild)
         if table.store_after is None:
             table.store_after = store.rebase(
-                news[name], through=entry.base_epoch, label=entry.rebuild,
+                prepared[name], label=entry.rebuild,
                 metadata={"reconcile.logic_version": entry.logic_version},
             )  # fmt: skip
 
 
 def _apply_all(cycle: CommitCycle, stores: dict[str, ExpectedStateStore], report: RebuildReport,
-               parts: tuple[int, Progress | None],
+               prepared: dict[str, Rebase], parts: tuple[int, Progress | None],
                still_leading: Callable[[], None]) -> None:  # fmt: skip
-    """Each sink: the difference of its store table's versions, in bounded transactions."""
+    """Each sink: what its store table's rebase changed, in bounded transactions.
+
+    The difference found by this process when it has one; else (a rebase made
+    before a kill) the difference of the store's versions before and after.
+    """
     assert report.rebuild is not None and report.base_epoch is not None
     mode = rebuild_mode(report.rebuild, report.logic_version)
     for name, store in stores.items():
         still_leading()
         table = report.tables[name]
-        assert table.store_before is not None and table.store_after is not None
-        rebased = Rebased(table.store_before, table.store_after, report.base_epoch, mode)
-        done = apply_rebase(
-            cast(PullableSink, cycle.sinks[name]),
-            store,
-            report.generation or 0,
-            rebased,
-            parts[0],
-            _announce(parts[1], f"applying {name}"),
-        )
+        if name in prepared:
+            difference = difference_of(prepared[name], mode)
+        else:
+            assert table.store_before is not None and table.store_after is not None
+            difference = difference_of_versions(store, table.store_before, table.store_after,
+                                                report.base_epoch, mode)  # fmt: skip
+        done = apply_difference(cast(PullableSink, cycle.sinks[name]), store,
+                                report.generation or 0, difference, parts[0],
+                                _announce(parts[1], f"applying {name}"))  # fmt: skip
         table.applied, table.parts, table.how = done.rows, done.parts, "diff"
 
 
@@ -286,13 +291,14 @@ def _resume(cycle: CommitCycle, stores: dict[str, ExpectedStateStore],
     if newest.step == "started":
         # No sink was touched yet (the apply begins once "stored" is durable):
         # rebase what is left, then apply the difference as a first run does.
-        news = {n: recompute(n) for n, s in stores.items() if s.rebased_by(newest.rebuild) is None}
+        left = {n: s for n, s in stores.items() if s.rebased_by(newest.rebuild) is None}
+        prepared, _ = _prepare(left, recompute, newest.base_epoch, 0)
         clock.step("recompute_and_plan")
-        _rebase_all(stores, news, newest, report, still_leading)
+        _rebase_all(stores, prepared, newest, report, still_leading)
         clock.step("store")
         append_step(journal, report, "stored", cycle)
         hooks.point(REBUILD_STORED)
-        _apply_all(cycle, stores, report, parts, still_leading)
+        _apply_all(cycle, stores, report, prepared, parts, still_leading)
     elif newest.step == "stored":
         converge(cycle, stores, report, still_leading)
     clock.step("apply")

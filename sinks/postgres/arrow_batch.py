@@ -9,6 +9,7 @@ import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
 import pyarrow.compute as pc  # type: ignore[import-untyped, unused-ignore]
 
 from reconcile.core.decimals import DecimalFitError, check_decimal_array
+from reconcile.core.keys import all_distinct
 
 from . import values
 from .schema import TableSchema
@@ -29,14 +30,6 @@ def hashable_key(key: tuple[Any, ...]) -> Any:
     except TypeError:
         return repr(key)
     return key
-
-
-def _strictly_increasing(column: pa.ChunkedArray) -> bool:
-    """True for sorted unique integer keys (the usual case): O(n), no hashing."""
-    if not pa.types.is_integer(column.type) or len(column) < 2:
-        return len(column) < 2
-    values = column.combine_chunks()
-    return bool(pc.all(pc.greater(values[1:], values[:-1])).as_py())
 
 
 def arrow_row_bytes(table: pa.Table) -> np.ndarray[Any, np.dtype[np.int64]]:
@@ -121,14 +114,8 @@ def validate_arrow(
             table = table.set_column(table.schema.get_field_index(name), name, exact)
     _check_row_sizes(check, table)
     keys = list(schema.key)
-    if len(keys) == 1:
-        column = table.column(keys[0])
-        duplicated = not _strictly_increasing(column)
-        if duplicated:  # the fast check failed: count (hash) to be sure
-            duplicated = pc.count_distinct(column).as_py() != table.num_rows
-    else:
-        duplicated = True
-    if duplicated:
+    # One key column: the fast check; several: the group-by below finds repeats.
+    if len(keys) != 1 or not all_distinct(table.column(keys[0])):
         counts = table.select(keys).group_by(keys).aggregate([([], "count_all")])
         dups = counts.filter(pc.greater(counts.column("count_all"), 1))
         if dups.num_rows:
