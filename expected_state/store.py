@@ -38,6 +38,7 @@ from expected_state.layout import (
 )
 from expected_state.parts import PartWriter
 from expected_state.reading import Reading
+from expected_state.rebasing import Rebasing
 from expected_state.reverting import Reverting
 from expected_state.store_table import StoreTable
 from expected_state.trust import Trusting
@@ -69,7 +70,7 @@ _COMMIT_ATTEMPTS = 3
 
 
 class ExpectedStateStore(
-    StoreTable, Evolving, Trusting, Reading, Reverting, Compaction, Housekeeping
+    StoreTable, Evolving, Trusting, Reading, Reverting, Rebasing, Compaction, Housekeeping
 ):
     """The expected state of one sink table of one pipeline, as a merge-on-read Delta table.
 

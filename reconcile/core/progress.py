@@ -198,6 +198,11 @@ class StateBackedLog:
     def claim_generation(self) -> int:
         return int(self._append({"t": "gen"})["gen"])
 
+    def check_writer(self, generation: int) -> None:
+        """Raise FencedError if a generation newer than ``generation`` has claimed since."""
+        self._refresh()
+        self._state.check_generation(generation)
+
     @property
     def log_id(self) -> str:
         if self._state.log_id is None:

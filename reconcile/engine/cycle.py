@@ -33,6 +33,7 @@ from reconcile.core.results import (
 from reconcile.core.sink import TwoPhaseSink, check_sinks, has_durable_prepare
 from reconcile.engine.expected import ExpectedState
 from reconcile.engine.faults import FaultPlan
+from reconcile.engine.logic import check_logic
 from reconcile.engine.progress_file import open_progress_log
 from reconcile.engine.replay import ReplayRows
 from reconcile.engine.restart import Restart
@@ -99,6 +100,7 @@ class CommitCycle:
       reached the decision wins, always.
         faults: a fault plan (tests and chaos runs).
         commit_attempts: how often an idempotent sink operation is tried in a row.
+        logic_version: the logic this writer runs (``reconcile.engine.logic``).
     """
 
     def __init__(
@@ -111,6 +113,7 @@ class CommitCycle:
         metrics: Metrics | None = None,
         faults: FaultPlan | None = None,
         commit_attempts: int = 3,
+        logic_version: str | None = None,
     ) -> None:
         self.pipeline = validate_name("pipeline", pipeline)
         if not sinks:
@@ -129,6 +132,8 @@ class CommitCycle:
         self.faults = faults or FaultPlan()
         self.commit_attempts = commit_attempts
         self.generation: int | None = None
+        self.logic_version = logic_version
+        self.rebuilding = False  # set by a rebuild, which may start on its own mix
         self._steps = SinkSteps(self.sinks, self.metrics, commit_attempts)
 
     # ------------------------------------------------------------------ start
@@ -154,6 +159,8 @@ class CommitCycle:
             FatalError: a sink cannot resolve a stranded txn.
         """
         with timed(self.metrics, "cycle.start"):
+            if self.expected_state is not None and not self.rebuilding:
+                check_logic(self.expected_state.root, self.pipeline, self.logic_version)
             restart = Restart(
                 self.pipeline,
                 self.sinks,

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
+import pyarrow.compute as pc  # type: ignore[import-untyped, unused-ignore]
 
 from reconcile.core.contract import InvalidInputError
 from reconcile.core.hashing import row_hash_arrow
@@ -46,6 +47,21 @@ def _hashed(rows: pa.Table, keys: Sequence[str], what: str, table: str) -> pa.Ta
     return rows.select(list(keys)).append_column(_HASH, hashed)
 
 
+def _unique(rows: pa.Table, keys: Sequence[str], table: str) -> None:
+    """Refuse new logic that gives a key twice: a sink table holds one row per key."""
+    if not rows.num_rows or any(k not in rows.schema.names for k in keys):
+        return  # a missing key column is named by _hashed
+    counts = rows.group_by(list(keys)).aggregate([([], "count_all")])
+    repeated = counts.filter(pc.greater(counts.column("count_all"), 1))
+    if repeated.num_rows:
+        first = repeated.slice(0, 1).select(list(keys)).to_pylist()[0]
+        raise InvalidInputError(
+            f"rebuild of {table}: the new logic gives {repeated.num_rows} keys more than once "
+            f"(the first: {first}); a sink table holds one row per key; nothing was written",
+            table=table,
+        )
+
+
 def plan_table(
     table: str, old: pa.Table, new: pa.Table, keys: Sequence[str], sample: int = 5
 ) -> TablePlan:
@@ -63,8 +79,10 @@ def plan_table(
         (in old only), and a sample of each.
 
     Raises:
-        InvalidInputError: a side lacks a key column, or holds a NULL key.
+        InvalidInputError: a side lacks a key column, or holds a NULL key; the new
+            state holds a key twice.
     """
+    _unique(new, keys, table)
     diff = diff_tables(_hashed(new, keys, "new", table), _hashed(old, keys, "old", table), keys)
     return TablePlan(
         table=table,

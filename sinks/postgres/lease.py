@@ -164,6 +164,35 @@ class PgLease:
         self._tenure, self._valid_until = state.tenure, sent + self.term_s
         return state
 
+    def preempt(self) -> LeaseState:
+        """Take the lease now, from whoever holds it (a rebuild makes the pipeline step aside).
+
+        The holder's next renewal finds the row no longer its own and steps
+        down (its held() runs out within a term on its own clock); a standby
+        finds it held and waits. The holder's writes are stopped by the
+        generation the preempting instance claims next, not by this row.
+        """
+        row, sent = self._timed(
+            sql.SQL(
+                "INSERT INTO {t} AS l (pipeline, holder, tenure, acquired_at, renewed_at, "
+                "expires_at, backend_pid) VALUES (%(p)s, %(h)s, 1, clock_timestamp(), "
+                "clock_timestamp(), clock_timestamp() + make_interval(secs => %(term)s), "
+                "pg_backend_pid()) "
+                "ON CONFLICT (pipeline) DO UPDATE SET holder = excluded.holder, "
+                "tenure = CASE WHEN l.holder = excluded.holder THEN l.tenure "
+                "ELSE l.tenure + 1 END, acquired_at = clock_timestamp(), "
+                "renewed_at = clock_timestamp(), expires_at = excluded.expires_at, "
+                "backend_pid = excluded.backend_pid "
+                "RETURNING pipeline, holder, tenure, expires_at, "
+                "extract(epoch FROM expires_at - clock_timestamp())"
+            ),
+            {"p": self.pipeline, "h": self.holder, "term": self.term_s},
+        )
+        assert row is not None  # an upsert without a WHERE always returns its row
+        state = _state(row)
+        self._tenure, self._valid_until = state.tenure, sent + self.term_s
+        return state
+
     def renew(self) -> bool:
         """Extend our lease by a term; False if it is no longer ours (then we do not hold it).
 

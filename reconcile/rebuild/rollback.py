@@ -1,0 +1,75 @@
+"""Rolling an unfinished rebuild back: the old logic's state whole again, in the store and sinks."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from expected_state.rebuilds import RebuildLog
+from reconcile.core.contract import ConfigurationError
+from reconcile.engine.cycle import CommitCycle
+from reconcile.rebuild.report import Clock, RebuildReport, TableReport
+from reconcile.rebuild.writer import (
+    PreemptibleLease,
+    append_step,
+    as_writer,
+    converge,
+    store_root,
+    tables_of,
+)
+
+__all__ = ["rollback"]
+
+
+def rollback(
+    build: Callable[[], CommitCycle], *, lease: PreemptibleLease | None = None
+) -> RebuildReport:
+    """Undo the pipeline's unfinished rebuild: the old logic's state back in the store and sinks.
+
+    Each store table the rebuild rebased is rebased again to the state of its
+    version before the rebuild (one fenced commit); then every sink is brought
+    to the store by a full pull-and-diff, unless the rebuild never reached its
+    apply (the sinks were not touched). The log's last step: ``rolled_back``.
+
+    Raises:
+        ConfigurationError: the newest rebuild is finished (a switched rebuild is
+            undone by a rebuild to the old logic), or there is none.
+    """
+    report = RebuildReport("", "", None, None)
+    clock = Clock(report)
+    with as_writer(build, lease, clock) as (cycle, still_leading):
+        report.pipeline, report.generation = cycle.pipeline, cycle.generation
+        journal = RebuildLog(store_root(cycle), cycle.pipeline)
+        newest = journal.newest()
+        if newest is None or newest.finished:
+            raise ConfigurationError(
+                f"pipeline {cycle.pipeline!r}: "
+                + ("no rebuild to roll back" if newest is None else
+                   f"{newest.describe()} is finished: rebuild to the old logic instead")
+                + "; nothing was written"
+            )  # fmt: skip
+        report.rebuild, report.logic_version = newest.rebuild, newest.logic_version
+        report.previous, report.base_epoch = newest.previous, newest.base_epoch
+        stores = tables_of(cycle)
+        before = newest.detail.get("tables", {})
+        report.tables = {n: TableReport(store_before=before.get(n, {}).get("before"))
+                         for n in stores}  # fmt: skip
+        label = f"{newest.rebuild}-rollback"
+        for name, store in stores.items():
+            still_leading()
+            table = report.tables[name]
+            rebased = store.rebased_by(newest.rebuild)
+            if rebased is None or table.store_before is None or store.rebased_by(label):
+                table.store_after, table.how = store.rebased_by(label), "untouched"
+                continue
+            old = store.state_at_version(table.store_before)
+            assert store.user_schema is not None
+            table.store_after = store.rebase(
+                old.select(store.user_schema.names), through=newest.base_epoch, label=label,
+                metadata={"reconcile.logic_version": newest.previous or ""},
+            )  # fmt: skip
+        clock.step("store")
+        if newest.step != "started":
+            converge(cycle, stores, report, still_leading)
+        clock.step("apply")
+        append_step(journal, report, "rolled_back", cycle)
+        return report

@@ -1,0 +1,280 @@
+"""Rebuild by diff: bring a pipeline's sinks to new logic, writing only the rows that differ.
+
+``rebuild(build, recompute, logic_version=...)`` runs the steps below as the
+pipeline's writer. Each step is durable in the store's rebuild log
+(``expected_state.rebuilds``) before the next one begins, and while the log's
+newest step is unfinished no writer may start (``CommitCycle.start()``
+refuses): a kill anywhere leaves either the old logic whole (the store and the
+sinks untouched, or rolled back) or a mix the log names, which the next
+``rebuild`` with the same logic version resumes, or ``rollback`` undoes.
+
+1. The lease, taken from whoever holds it (``preempt``): a running main steps
+   down at its next renewal, a standby keeps waiting. Then the takeover's
+   steps: the old writer's sessions ended, a generation claimed (the store's
+   fence), every sink fenced, every sink brought to the newest decided epoch
+   E (scoped pull-and-diff). From here a zombie is rejected everywhere.
+2. ``recompute(sink)``: each table's expected state under the new logic as of
+   E (from the retained input). The plan: what it changes against the store
+   (``plan_table``). Nothing written yet. Log: ``started``.
+3. Each store table rebased: one fenced Delta commit replaces its state with
+   the new one, labelled with the rebuild and the logic version. Log: ``stored``.
+4. Each sink: the rows the two store versions differ by, in bounded fenced
+   transactions (``reconcile.rebuild.apply``). Log: ``applied``.
+5. The switch. Log: ``switched``: from now on only a writer of the new
+   logic version may start (``reconcile.engine.logic``); it resumes at E+1.
+
+A resume after a kill in step 4 does not know which parts landed: it brings
+each sink to the store by a full pull-and-diff (its mass-change brake lifted:
+the rebuild changes what it changes). ``rollback`` rebases each store table
+back to the version before the rebuild and brings the sinks to it the same way.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Callable
+from typing import cast
+
+import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
+from deltalake import DeltaTable
+
+from expected_state.rebuilds import RebuildEntry, RebuildLog
+from expected_state.store import ExpectedStateStore
+from reconcile.core import hooks
+from reconcile.core.contract import ConfigurationError, InvalidInputError
+from reconcile.core.target import PullableSink
+from reconcile.engine.cycle import CommitCycle
+from reconcile.ha.takeover import (
+    recover_sinks,
+)
+from reconcile.rebuild.apply import DEFAULT_PART_ROWS, apply_rebase, rebuild_mode
+from reconcile.rebuild.plan import TablePlan, plan_table
+from reconcile.rebuild.report import Clock, RebuildReport, TableReport
+from reconcile.rebuild.writer import (
+    PreemptibleLease,
+    append_step,
+    as_writer,
+    converge,
+    decided_epoch,
+    store_root,
+    tables_of,
+)
+
+__all__ = [
+    "REBUILD_APPLIED",
+    "REBUILD_STARTED",
+    "REBUILD_STORED",
+    "plan",
+    "rebuild",
+]
+
+log = logging.getLogger("reconcile.rebuild")
+
+# After each step is durable in the rebuild log (the kill points of its tests).
+REBUILD_STARTED = hooks.declare("rebuild.started")
+REBUILD_STORED = hooks.declare("rebuild.stored")
+REBUILD_APPLIED = hooks.declare("rebuild.applied")
+
+Recompute = Callable[[str], pa.Table]
+
+
+def _state(store: ExpectedStateStore, epoch: int) -> pa.Table:
+    schema = store.user_schema
+    if schema is None:
+        return pa.table({})
+    return store.snapshot(epoch, schema.names)
+
+
+def _plans(
+    stores: dict[str, ExpectedStateStore], recompute: Recompute, epoch: int, sample: int
+) -> tuple[dict[str, pa.Table], dict[str, TablePlan]]:
+    news, plans = {}, {}
+    for name, store in stores.items():
+        new = recompute(name)
+        if not isinstance(new, pa.Table):
+            raise InvalidInputError(
+                f"rebuild of sink {name!r}: the new logic gave {type(new).__name__}, not an "
+                "Arrow table of the sink's rows"
+            )
+        news[name] = new
+        plans[name] = plan_table(name, _state(store, epoch), new, store.key_columns, sample)
+    return news, plans
+
+
+def plan(build: Callable[[], CommitCycle], recompute: Recompute, *, logic_version: str,
+         sample: int = 5) -> RebuildReport:  # fmt: skip
+    """What a rebuild to ``logic_version`` would write: per table, the rows it would
+    insert, update and delete, with a sample. Reads only: no lease, no generation.
+
+    Raises:
+        InvalidInputError: nothing was decided yet, or the new logic's rows do not
+            fit (a repeated or NULL key; naming the table).
+    """
+    cycle = build()
+    try:
+        newest = RebuildLog(store_root(cycle), cycle.pipeline).newest()
+        epoch = decided_epoch(cycle)
+        report = RebuildReport(cycle.pipeline, logic_version,
+                               newest.logic_in_force if newest else None, epoch)  # fmt: skip
+        clock = Clock(report)
+        _, plans = _plans(tables_of(cycle), recompute, epoch, sample)
+        report.tables = {name: TableReport(plan=p) for name, p in plans.items()}
+        clock.step("plan")
+        return report
+    finally:
+        cycle.close()
+
+
+def rebuild(
+    build: Callable[[], CommitCycle],
+    recompute: Recompute,
+    *,
+    logic_version: str,
+    lease: PreemptibleLease | None = None,
+    apply: bool = True,
+    part_rows: int = DEFAULT_PART_ROWS,
+    previous: str | None = None,
+    sample: int = 5,
+) -> RebuildReport:
+    """Converge every sink of the pipeline to ``recompute``'s new logic (see the module docs).
+
+    Args:
+        build: a new ``CommitCycle`` of the pipeline (its sinks and expected state).
+        recompute: sink name -> its expected state under the new logic as of the
+            newest decided epoch (the user columns, one row per key).
+        logic_version: the new logic's name; only a writer of it may start after.
+        lease: the pipeline's lease, taken first (None: the caller made sure no
+            writer runs; the generation fences one that does).
+        apply: False: only ``plan``.
+        part_rows: rows per sink transaction.
+        previous: the logic in force, when no earlier rebuild named it.
+        sample: keys per kind in each table's plan.
+
+    Returns:
+        The report; ``step`` is "switched" once done.
+
+    Raises:
+        ConfigurationError: an unfinished rebuild to another logic version (finish
+            or roll it back first), a sink that cannot be pulled from.
+        InvalidInputError: nothing decided yet; the new rows do not fit a table.
+        FencedError, LeadershipLostError: another writer took over; run it again.
+        RetryableError: a database or the store failed; run it again (it resumes).
+    """
+    if not logic_version or not isinstance(logic_version, str):
+        raise ConfigurationError(f"logic_version must be a non-empty string, got {logic_version!r}")
+    if not apply:
+        return plan(build, recompute, logic_version=logic_version, sample=sample)
+    report = RebuildReport("", logic_version, previous, None)
+    clock = Clock(report)
+    with as_writer(build, lease, clock) as (cycle, still_leading):
+        report.pipeline, report.generation = cycle.pipeline, cycle.generation
+        journal = RebuildLog(store_root(cycle), cycle.pipeline)
+        newest = journal.newest()
+        stores = tables_of(cycle)
+        if newest is not None and not newest.finished:
+            if newest.logic_version != logic_version:
+                raise ConfigurationError(
+                    f"{newest.describe()} is unfinished: finish it with logic version "
+                    f"{newest.logic_version!r}, or roll it back, before a rebuild to "
+                    f"{logic_version!r}; nothing was written"
+                )
+            report.resumed = True
+            return _resume(cycle, stores, journal, newest, recompute, report, clock,
+                           still_leading, part_rows)  # fmt: skip
+        report.previous = newest.logic_in_force if newest is not None else previous
+        recover_sinks(cycle)  # every sink at the newest decided epoch: the old state
+        epoch = report.base_epoch = decided_epoch(cycle)
+        clock.step("recover")
+        news, plans = _plans(stores, recompute, epoch, sample)
+        clock.step("recompute_and_plan")
+        report.rebuild = uuid.uuid4().hex[:12]
+        report.tables = {
+            name: TableReport(plan=plans[name], store_before=_version(store))
+            for name, store in stores.items()
+        }
+        entry = append_step(journal, report, "started", cycle)
+        hooks.point(REBUILD_STARTED)
+        _rebase_all(stores, news, entry, report, still_leading)
+        del news
+        clock.step("store")
+        append_step(journal, report, "stored", cycle)
+        hooks.point(REBUILD_STORED)
+        _apply_all(cycle, stores, report, part_rows, still_leading)
+        clock.step("apply")
+        return _finish(journal, report, cycle, still_leading, clock)
+
+
+def _version(store: ExpectedStateStore) -> int:
+    return int(DeltaTable(store.uri).version())
+
+
+def _rebase_all(stores: dict[str, ExpectedStateStore], news: dict[str, pa.Table],
+                entry: RebuildEntry, report: RebuildReport,
+                still_leading: Callable[[], None]) -> None:  # fmt: skip
+    for name, store in stores.items():
+        still_leading()
+        table = report.tables[name]
+        table.store_after = store.rebased_by(entry.rebuild)
+        if table.store_after is None:
+            table.store_after = store.rebase(
+                news[name], through=entry.base_epoch, label=entry.rebuild,
+                metadata={"reconcile.logic_version": entry.logic_version},
+            )  # fmt: skip
+
+
+def _apply_all(cycle: CommitCycle, stores: dict[str, ExpectedStateStore], report: RebuildReport,
+               part_rows: int, still_leading: Callable[[], None]) -> None:  # fmt: skip
+    """Each sink: the difference of its store table's versions, in bounded transactions."""
+    assert report.rebuild is not None and report.base_epoch is not None
+    mode = rebuild_mode(report.rebuild, report.logic_version)
+    for name, store in stores.items():
+        still_leading()
+        table = report.tables[name]
+        assert table.store_before is not None and table.store_after is not None
+        done = apply_rebase(cast(PullableSink, cycle.sinks[name]), store, report.generation or 0,
+                            before=table.store_before, after=table.store_after,
+                            epoch=report.base_epoch, mode=mode, part_rows=part_rows)  # fmt: skip
+        table.applied, table.parts, table.how = done.rows, done.parts, "diff"
+
+
+def _resume(cycle: CommitCycle, stores: dict[str, ExpectedStateStore], journal: RebuildLog,
+            newest: RebuildEntry, recompute: Recompute, report: RebuildReport, clock: Clock,
+            still_leading: Callable[[], None], part_rows: int) -> RebuildReport:  # fmt: skip
+    """Finish an unfinished rebuild from its newest step."""
+    report.rebuild, report.previous = newest.rebuild, newest.previous
+    report.base_epoch, report.step = newest.base_epoch, newest.step
+    if decided_epoch(cycle) != newest.base_epoch:
+        raise InvalidInputError(
+            f"{newest.describe()}: the newest decided epoch is {decided_epoch(cycle)}, not the "
+            "rebuild's; the store was changed by hand: roll it back; nothing was written"
+        )
+    before = newest.detail.get("tables", {})
+    report.tables = {n: TableReport(store_before=before.get(n, {}).get("before"),
+                                    store_after=before.get(n, {}).get("after"))
+                     for n in stores}  # fmt: skip
+    if newest.step == "started":
+        # No sink was touched yet (the apply begins once "stored" is durable):
+        # rebase what is left, then apply the difference as a first run does.
+        news = {n: recompute(n) for n, s in stores.items() if s.rebased_by(newest.rebuild) is None}
+        clock.step("recompute_and_plan")
+        _rebase_all(stores, news, newest, report, still_leading)
+        clock.step("store")
+        append_step(journal, report, "stored", cycle)
+        hooks.point(REBUILD_STORED)
+        _apply_all(cycle, stores, report, part_rows, still_leading)
+    elif newest.step == "stored":
+        converge(cycle, stores, report, still_leading)
+    clock.step("apply")
+    return _finish(journal, report, cycle, still_leading, clock)
+
+
+def _finish(journal: RebuildLog, report: RebuildReport, cycle: CommitCycle,
+            still_leading: Callable[[], None], clock: Clock) -> RebuildReport:  # fmt: skip
+    if report.step != "applied":
+        append_step(journal, report, "applied", cycle)
+    hooks.point(REBUILD_APPLIED)
+    still_leading()
+    append_step(journal, report, "switched", cycle)
+    clock.step("switch")
+    return report
