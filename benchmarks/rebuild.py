@@ -73,17 +73,6 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def _rebuild_call() -> tuple[Callable[..., Any], str]:
-    """The engine's ``rebuild`` and its name, else the benchmark's temporary stand-in."""
-    try:
-        from reconcile.rebuild import rebuild  # type: ignore[attr-defined, unused-ignore]
-    except ImportError:
-        from benchmarks.rebuild_standin import rebuild
-
-        return rebuild, "benchmarks.rebuild_standin.rebuild (TEMPORARY stand-in)"
-    return rebuild, "reconcile.rebuild.rebuild"
-
-
 def _cycle(dsn: str, root: Path) -> Any:
     from reconcile.engine.cycle import CommitCycle
     from reconcile.engine.expected import ExpectedState
@@ -169,19 +158,23 @@ def side_table_swap(dsn: str, new: pa.Table) -> Steps:
 
 def by_diff(dsn: str, root: Path, new: pa.Table, part_rows: int) -> tuple[Steps, dict[str, Any]]:
     """``rebuild(build, recompute, logic_version="v2")``; its report's steps and plan."""
-    call, name = _rebuild_call()
+    from reconcile.rebuild import rebuild
+
     cycles: list[Any] = []
 
     def build() -> Any:
         cycles.append(_cycle(dsn, root))
         return cycles[-1]
 
-    report = call(build, lambda sink: new, logic_version="v2", apply=True, part_rows=part_rows)
-    for cycle in cycles:  # the sink's sessions end: each sends its counters as it exits
-        cycle.close()
+    report = rebuild(build, lambda sink: new, logic_version="v2", apply=True, part_rows=part_rows)
+    for cycle in cycles:  # the sink's sessions end (rebuild closes them too): each sends
+        cycle.close()  # its counters to the statistics as it exits
     table = report.tables[SINK]
     plan = table.plan
-    figures = {"call": name, "part_rows": part_rows, "applied": table.applied,
+    assert plan is not None, f"the rebuild reported no plan for {SINK!r}: {report!r}"
+    figures = {"call": "reconcile.rebuild.rebuild", "part_rows": part_rows,
+               "applied": table.applied, "parts": table.parts, "how": table.how,
+               "step": report.step,
                "plan": {"inserts": plan.inserts, "updates": plan.updates,
                         "deletes": plan.deletes, "changed": plan.changed}}  # fmt: skip
     return {k: float(v) for k, v in report.seconds.items()}, figures

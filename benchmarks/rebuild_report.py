@@ -18,9 +18,12 @@ HOW = {
     "logic into the table with its primary key",
     "side_table_swap": "a new table without a key, a CSV COPY of every row, ADD PRIMARY KEY, "
     "then one transaction renames the old table away and the new one in and drops the old",
-    "rebuild": "the engine's rebuild: the old expected state read from the store, diffed "
-    "with the new one by key and row hash, only the differing rows applied to the sink and "
-    "the store in fenced transactions",
+    "rebuild": "`reconcile.rebuild.rebuild`: take over as the pipeline's writer (a new "
+    "generation, the sink fenced), bring the sink to the newest decided epoch, read the old "
+    "expected state from the store and diff it with the new one by key and row hash (the "
+    "plan), rebase the store table to the new state in one fenced Delta commit, apply only the "
+    "rows the two store versions differ by to the sink in bounded fenced transactions, and "
+    "switch the pipeline to the new logic version",
 }
 
 
@@ -94,7 +97,9 @@ def markdown(report: dict[str, Any]) -> str:
     lines += [
         "",
         f"The rebuild's plan: {plan['inserts']:,} inserts, {plan['updates']:,} updates, "
-        f"{plan['deletes']:,} deletes; {by['applied']:,} rows applied.",
+        f"{plan['deletes']:,} deletes; {by['applied']:,} rows applied in {by['parts']:,} "
+        f"transaction(s) of at most {by['part_rows']:,} rows; the rebuild ended at step "
+        f"`{by['step']}`.",
         "",
         "## How it was measured",
         "",

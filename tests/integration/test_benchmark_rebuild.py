@@ -97,6 +97,7 @@ def test_quick_run_reports_both_ratios_and_the_rebuild_writes_only_the_changed_r
         assert method["seconds"] > 0 and method["reader"]["found"] > 0, name
     by = methods["rebuild"]
     assert by["plan"] == {"inserts": 0, "updates": 500, "deletes": 0, "changed": 500}
+    assert by["step"] == "switched" and by["how"] == "diff" and by["applied"] == 500
     assert scale["changed_rows"] <= by["rows_written"] <= 1.1 * scale["changed_rows"]
     assert report["rows_written_vs_changed"] <= 1.1
     # The two full reloads write every row: the counters see them.

@@ -27,7 +27,8 @@ def _method(seconds: float, written: int, gap: float) -> dict[str, Any]:
 
 def _report(by_written: int, by_seconds: float) -> dict[str, Any]:
     by = _method(by_seconds, by_written, 0.01) | {
-        "call": "reconcile.rebuild.rebuild", "part_rows": 50_000, "applied": 100,
+        "call": "reconcile.rebuild.rebuild", "part_rows": 50_000, "applied": 100, "parts": 1,
+        "how": "diff", "step": "switched",
         "plan": {"inserts": 0, "updates": 100, "deletes": 0, "changed": 100},
     }  # fmt: skip
     return {
