@@ -26,11 +26,14 @@ random keys saw (``benchmarks/rebuild_measure.py``). Reports:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
+import os
 import sys
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +52,7 @@ from benchmarks.rebuild_measure import (
     written,
 )
 from benchmarks.report import RESULTS, machine, now, versions, write_report
+from reconcile.rebuild import rebuild  # imported here: its import is not the rebuild's time
 
 __all__ = ["main", "matches_new_logic", "parser"]
 
@@ -68,6 +72,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--epochs", type=int, default=10, help="epochs the setup writes the rows in")
     p.add_argument("--part-rows", type=int, default=50_000, help="rows per rebuild transaction")
     p.add_argument("--out", type=Path, default=RESULTS, help="where the reports go")
+    p.add_argument("--profile", action="store_true",
+                   help="sample the rebuild with py-spy (rebuild_profile.txt)")  # fmt: skip
     p.add_argument("--quick", action="store_true",
                    help="50,000 rows in 5 epochs: a check that it runs, not figures")  # fmt: skip
     return p
@@ -158,8 +164,6 @@ def side_table_swap(dsn: str, new: pa.Table) -> Steps:
 
 def by_diff(dsn: str, root: Path, new: pa.Table, part_rows: int) -> tuple[Steps, dict[str, Any]]:
     """``rebuild(build, recompute, logic_version="v2")``; its report's steps and plan."""
-    from reconcile.rebuild import rebuild
-
     cycles: list[Any] = []
 
     def build() -> Any:
@@ -191,31 +195,50 @@ def matches_new_logic(dsn: str, rows: int, step: int) -> bool:
     return bool(count == distinct == rows and wrong == 0 and low == 0 and high == rows - 1)
 
 
-def measure(dsn: str, rows: int, step: int, action: Callable[[], Any]) -> dict[str, Any]:
-    """One method from a settled table: its wall time, rows written, the reader's figures."""
-    with psycopg.connect(dsn, autocommit=True) as conn:
+@dataclass(frozen=True)
+class Bench:
+    """The table under test: its server and what its rows must be after each method."""
+
+    dsn: str
+    rows: int
+    step: int
+    server_pid: int
+
+
+def measure(bench: Bench, action: Callable[[], Any], profile: Path | None = None) -> dict[str, Any]:
+    """One method from a settled table: wall time, CPU, rows written, the reader's figures."""
+    from benchmarks.rebuild_profile import Profile, summary
+    from benchmarks.sink_harness import Cpu
+
+    with psycopg.connect(bench.dsn, autocommit=True) as conn:
         # Every method starts from a table without dead rows and a fresh checkpoint.
         conn.execute(sql.SQL("VACUUM (ANALYZE) {}").format(sql.Identifier(TABLE)))
         conn.execute("CHECKPOINT")
-    before = settled_writes(dsn)
-    with Reader(dsn, rows) as reader:
-        began = time.perf_counter()
+    before = settled_writes(bench.dsn)
+    with Reader(bench.dsn, bench.rows) as reader, contextlib.ExitStack() as stack:
+        if profile is not None:
+            stack.enter_context(Profile(profile))
+        stop = Cpu((bench.server_pid,)).start()
         outcome = action()
-        seconds = time.perf_counter() - began
+        cpu = stop()
     steps, extra = outcome if isinstance(outcome, tuple) else (outcome, {})
-    tables = written(before, settled_writes(dsn))
+    tables = written(before, settled_writes(bench.dsn))
     return {
-        "seconds": round(seconds, 3),
+        "seconds": round(cpu["seconds"], 3),
+        "client_cpu_s": round(cpu["client_cpu_s"], 2),
+        "server_cpu_s": round(cpu["server_cpu_s"], 2),
         "steps_s": {k: round(v, 3) for k, v in steps.items()},
         "rows_written": sum(sum(t.values()) for t in tables.values()),
         "rows_written_by_table": tables,
         "reader": reader.figures,
-        "sink_matches_new_logic": matches_new_logic(dsn, rows, step),
+        "sink_matches_new_logic": matches_new_logic(bench.dsn, bench.rows, bench.step),
+        **({"profile": summary(profile)} if profile is not None else {}),
         **extra,
     }
 
 
-def run(rows: int, changed: float, epochs: int, part_rows: int) -> dict[str, Any]:
+def run(rows: int, changed: float, epochs: int, part_rows: int,
+        profile: Path | None = None) -> dict[str, Any]:  # fmt: skip
     """Every method on one server; the report's figures."""
     from reconcile.demo.embedded_pg import EmbeddedPostgres
 
@@ -231,20 +254,27 @@ def run(rows: int, changed: float, epochs: int, part_rows: int) -> dict[str, Any
         with server.connect(db) as conn:
             conn.execute(sql.SQL("CREATE TABLE {} (k bigint PRIMARY KEY, v bigint, w text, "
                                  "_epoch bigint)").format(sql.Identifier(TABLE)))  # fmt: skip
-            server_version = str(conn.execute("SHOW server_version").fetchone()[0])  # type: ignore[index]
+            show = sql.SQL("SELECT current_setting(%s)")
+            settings = {
+                name: str((conn.execute(show, (name,)).fetchone() or ("",))[0])
+                for name in ("server_version", "wal_level", "shared_buffers", "max_wal_size")
+            }
+        bench = Bench(dsn, rows, step, server.postmaster_pid())
+        load_before = os.getloadavg()
         began = time.perf_counter()
         load_through_engine(dsn, Path(tmp) / "store", old, epochs)
         setup_s = time.perf_counter() - began
         print(f"setup: {rows:,} rows through the engine in {setup_s:.1f} s", flush=True)
         # The rebuild first: it moves the store to the new logic; the other two
         # start from the old-logic table reloaded, which needs no store.
-        methods["rebuild"] = measure(dsn, rows, step, lambda: by_diff(dsn, Path(tmp) / "store",
-                                                                   new, part_rows))  # fmt: skip
+        methods["rebuild"] = measure(
+            bench, lambda: by_diff(dsn, Path(tmp) / "store", new, part_rows), profile
+        )
         for name, method in (("truncate_reload", truncate_reload),
                              ("side_table_swap", side_table_swap)):  # fmt: skip
             print(f"rebuild: {methods['rebuild']['seconds']:.1f} s; now {name}", flush=True)
             reload_old(dsn, old, epochs)
-            methods[name] = measure(dsn, rows, step, lambda m=method: m(dsn, new_rows))  # type: ignore[misc]
+            methods[name] = measure(bench, lambda m=method: m(dsn, new_rows))  # type: ignore[misc]
     by = methods["rebuild"]
     return {
         "benchmark": "rebuild",
@@ -266,7 +296,11 @@ def run(rows: int, changed: float, epochs: int, part_rows: int) -> dict[str, Any
         "benchmark's own writers call pg_stat_force_next_flush(), the engine's sessions are "
         "closed (a backend sends its counters as it exits), and each read follows "
         "pg_stat_clear_snapshot(), until two reads 0.5 s apart agree",
-        "machine": machine(postgres=server_version.split()[0]),
+        "machine": machine(
+            postgres=settings.pop("server_version").split()[0],
+            postgres_settings=settings,
+            load_avg_1m_before_after=[round(load_before[0], 2), round(os.getloadavg()[0], 2)],
+        ),
         "versions": versions("pyarrow", "psycopg", "deltalake", "numpy"),
     }
 
@@ -279,7 +313,8 @@ def main(argv: list[str] | None = None) -> int:
     rows, epochs = (50_000, 5) if args.quick else (args.rows, args.epochs)
     if rows < 2 or not 0 < args.changed <= 1 or epochs < 1 or args.part_rows < 1:
         raise SystemExit("--rows >= 2, 0 < --changed <= 1, --epochs >= 1, --part-rows >= 1")
-    report = run(rows, args.changed, epochs, args.part_rows)
+    profile = args.out / "rebuild_profile.txt" if args.profile else None
+    report = run(rows, args.changed, epochs, args.part_rows, profile)
     write_report("rebuild", report, markdown(report), args.out)
     plot(report, args.out)
     print(markdown(report), flush=True)

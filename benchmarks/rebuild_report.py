@@ -39,6 +39,27 @@ def _steps(figures: dict[str, Any]) -> str:
     return ", ".join(f"{name} {s:.2f} s ({100 * s / total:.0f} %)" for name, s in steps.items())
 
 
+def _profile(profile: dict[str, Any] | None) -> list[str]:
+    if not profile or not profile["samples"]:
+        return []
+    lines = [
+        "",
+        f"Where the rebuild's client time went (py-spy, {profile['samples']:,} samples at "
+        f"{profile['rate_hz']} Hz; a call into C++ or Rust counts on the Python function that "
+        "made it; `rebuild_profile.txt` has the stacks):",
+        "",
+        "| function | on the stack | innermost |",
+        "|---|---|---|",
+    ]
+    itself = dict(profile["self"])
+    for function, share in profile["inclusive"]:
+        own = itself.get(function)
+        lines.append(f"| `{function}` | {100 * share:.0f} % | "
+                     f"{'' if own is None else f'{100 * own:.0f} %'} |")  # fmt: skip
+    innermost = ", ".join(f"`{f}` {100 * share:.0f} %" for f, share in profile["self"][:8])
+    return [*lines, "", f"Innermost frames: {innermost}."]
+
+
 def markdown(report: dict[str, Any]) -> str:
     """The report as Markdown: targets first, then each method's figures and where its time went."""
     scale = report["scale"]
@@ -74,14 +95,15 @@ def markdown(report: dict[str, Any]) -> str:
         "",
         "## The three methods",
         "",
-        "| method | wall s | rows written | longest read gap s | reads failed | reads "
-        "that found no row | sink holds the new logic |",
-        "|---|---|---|---|---|---|---|",
+        "| method | wall s | client CPU s | server CPU s | rows written | longest read gap s | "
+        "reads failed | reads that found no row | sink holds the new logic |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for name, m in methods.items():
         reader = m["reader"]
         lines.append(
-            f"| {LABELS[name]} | {m['seconds']:.2f} | {m['rows_written']:,} | "
+            f"| {LABELS[name]} | {m['seconds']:.2f} | {m.get('client_cpu_s', 0):.2f} | "
+            f"{m.get('server_cpu_s', 0):.2f} | {m['rows_written']:,} | "
             f"{reader['longest_gap_s']:.3f} | {sum(reader['failed'].values()):,} of "
             f"{reader['reads']:,} | {reader['missing']:,} | {m['sink_matches_new_logic']} |"
         )
@@ -100,6 +122,7 @@ def markdown(report: dict[str, Any]) -> str:
         f"{plan['deletes']:,} deletes; {by['applied']:,} rows applied in {by['parts']:,} "
         f"transaction(s) of at most {by['part_rows']:,} rows; the rebuild ended at step "
         f"`{by['step']}`.",
+        *_profile(by.get("profile")),
         "",
         "## How it was measured",
         "",
@@ -114,6 +137,8 @@ def markdown(report: dict[str, Any]) -> str:
         "`statement_timeout` 200 ms; the longest gap is between two reads that found their "
         "row, from before the method starts until after it ends. A failed read is a lock or "
         "statement timeout (by SQLSTATE in the JSON).",
+        "- CPU: this process's (the client's: every thread, C++ and Rust included) and the "
+        "PostgreSQL server's processes' (from `/proc`; the reader's backend is among them).",
         "- Whether the sink holds the new logic is read from the server after each method: "
         "every key once, each row with the new logic's values.",
         "",
