@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from reconcile.cli.demo import add_demo_parser, run_demo_command
+from reconcile.cli.rebuild import add_rebuild_parser
 from reconcile.cli.run import add_run_parser
 from reconcile.cli.status import add_status_parser, read_state, run_status
 from reconcile.core import interrupts
@@ -31,6 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_demo_parser(commands)
     add_run_parser(commands)
+    add_rebuild_parser(commands)
 
     add_status_parser(commands)
 
@@ -170,6 +172,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from reconcile.cli.run import run_command
 
             return run_command(args)
+        if args.command == "rebuild":
+            from reconcile.cli.rebuild import run_rebuild
+
+            return run_rebuild(args)
         return run_status(args)
     except KeyboardInterrupt as exc:
         stopped = interrupts.interrupted(exc)
@@ -178,7 +184,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ReconcileError as exc:
         return report_failure(args, exc)
     except Exception as exc:
-        if args.command not in ("verify", "repair", "watch", "run"):
+        if args.command not in ("verify", "repair", "watch", "run", "rebuild"):
             raise
         # verify/repair run from cron, run as a service: any failure is exit 2
         # and one line (run has logged the traceback).

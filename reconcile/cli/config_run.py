@@ -5,6 +5,7 @@ Read by :func:`reconcile.cli.config.load_config` into :class:`RunSettings`
 
     [pipelines.orders.run]
     app = "shop.stream:orders"          # f(spark, pipeline) -> a streaming DataFrame
+    logic_version = "2026-11-orders"    # the app's logic; default: the app itself
     checkpoint = "state/checkpoints/orders"
     staging = "state/staging/orders"    # default: <checkpoint>.staging, beside it
     trigger = "1 second"                # or "available-now"; default: back to back
@@ -36,8 +37,8 @@ from sinks.base import LEASE
 __all__ = ["RUN_KEYS", "RunSettings", "provides", "read_run"]
 
 RUN_KEYS = (
-    "app", "checkpoint", "staging", "trigger", "via", "collect_max_bytes", "lease_term_s",
-    "lease_dsn", "master", "spark",
+    "app", "logic_version", "checkpoint", "staging", "trigger", "via", "collect_max_bytes",
+    "lease_term_s", "lease_dsn", "master", "spark",
 )  # fmt: skip
 VIA = ("auto", "executors", "driver")
 AVAILABLE_NOW = "available-now"
@@ -66,6 +67,9 @@ class RunSettings:
         lease_term_s: how long a lease lasts without renewal.
         master: the Spark master.
         spark: Spark conf, (key, value) in file order.
+        logic_version: the name of the app's logic (default: ``app``). After a
+            rebuild (``reconcile rebuild``) only a run of the rebuild's logic
+            version may write the pipeline.
     """
 
     app: str
@@ -79,6 +83,12 @@ class RunSettings:
     lease_term_s: float = DEFAULT_TERM_S
     master: str = DEFAULT_MASTER
     spark: tuple[tuple[str, str], ...] = ()
+    logic_version: str = ""
+
+    @property
+    def logic(self) -> str:
+        """The logic version writers of this run table run: ``logic_version``, else ``app``."""
+        return self.logic_version or self.app
 
     @property
     def trigger_args(self) -> dict[str, Any] | None:
@@ -123,6 +133,7 @@ def read_run(
     app = reader.get("app", str, required=True)
     if not _APP.fullmatch(app):
         raise reader.error(f'expected "package.module:function", got {app!r}', "app")
+    logic_version = _nonempty(reader, "logic_version") or ""
     checkpoint = _nonempty(reader, "checkpoint", required=True)
     assert checkpoint is not None
     checkpoint = local_path(checkpoint, base)
@@ -157,6 +168,7 @@ def read_run(
         lease_term_s=float(term) if term is not None else DEFAULT_TERM_S,
         master=master,
         spark=spark,
+        logic_version=logic_version,
     )
 
 

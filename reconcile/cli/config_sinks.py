@@ -73,14 +73,18 @@ def cycle_builder(
 
     The cycle's expected state is the pipeline's store, every sink keyed by
     its ``keys``; its epochs table is the progress log (shared by every
-    instance that runs the pipeline).
+    instance that runs the pipeline). Its logic version is the run table's
+    (``RunSettings.logic``): a pipeline rebuilt to another logic refuses it.
     """
     check_writable(pipeline, file)
+
+    logic = pipeline.run.logic if pipeline.run is not None else None
 
     def build() -> CommitCycle:
         keys = {sink.name: list(sink.keys) for sink in pipeline.sinks}
         expected = ExpectedState(pipeline.store, pipeline.name, keys)
         sinks = [table_sink_of(sink) for sink in pipeline.sinks]
-        return CommitCycle(pipeline.name, sinks, expected_state=expected, metrics=metrics)
+        return CommitCycle(pipeline.name, sinks, expected_state=expected, metrics=metrics,
+                           logic_version=logic)  # fmt: skip
 
     return build

@@ -114,7 +114,12 @@ def load_app(spec: str, where: str = "app") -> Callable[..., Any]:
 
 
 def call_app(
-    app: Callable[..., Any], spark: Any, pipeline: PipelineConfig, where: str = "app"
+    app: Callable[..., Any],
+    spark: Any,
+    pipeline: PipelineConfig,
+    where: str = "app",
+    *,
+    streaming: bool = True,
 ) -> tuple[Any, dict[str, Any] | None]:
     """Call the app; its streaming DataFrame and its outputs (None: the batch into every sink).
 
@@ -138,10 +143,16 @@ def call_app(
                 "(DataFrame, {sink name: transform})"
             )
         made, outputs = made
-    if not getattr(made, "isStreaming", False):
+    if getattr(made, "isStreaming", None) is not streaming:
+        # A rebuild calls the app with a session whose readStream reads in batch.
         what = "a batch DataFrame" if hasattr(made, "isStreaming") else type(made).__name__
+        if streaming or not hasattr(made, "isStreaming"):
+            raise ConfigurationError(
+                f"{where}: returned {what}, not a streaming DataFrame (spark.readStream...)"
+            )
         raise ConfigurationError(
-            f"{where}: returned {what}, not a streaming DataFrame (spark.readStream...)"
+            f"{where}: returned a streaming DataFrame when replayed in batch: read the "
+            "stream's input with spark.readStream, which the rebuild replays file by file"
         )
     if outputs is None:
         return made, None

@@ -1,4 +1,4 @@
-"""``reconcile verify|repair`` as a Spark job: the file to give ``spark-submit``.
+"""``reconcile verify|repair|rebuild`` as a Spark job: the file to give ``spark-submit``.
 
 It takes the command's own arguments and runs them on Spark, whether or not
 ``--spark`` is given, in the session spark-submit set up (its master). On a
@@ -20,6 +20,7 @@ import sys
 from collections.abc import Sequence
 
 from reconcile.cli.command import build_parser, report_failure, run_verify_repair
+from reconcile.cli.rebuild import run_rebuild
 from reconcile.cli.spark_job import session
 
 __all__ = ["main"]
@@ -28,9 +29,14 @@ __all__ = ["main"]
 def main(argv: Sequence[str] | None = None) -> int:
     """``spark-submit`` entry point: the CLI's verify/repair arguments; Spark's own master."""
     args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
-    if args.command not in ("verify", "repair"):
-        print("reconcile: error: the Spark job runs verify or repair", file=sys.stderr)
+    if args.command not in ("verify", "repair", "rebuild"):
+        print("reconcile: error: the Spark job runs verify, repair or rebuild", file=sys.stderr)
         return 2
+    if args.command == "rebuild":
+        try:  # spark-submit's session: the rebuild uses it and leaves it to spark-submit
+            return run_rebuild(args, spark=session(args.master))
+        except Exception as exc:
+            return report_failure(args, exc)
     args.spark = True  # submitted, it runs on Spark whether or not --spark was given
     try:
         # The session first: spark-submit has set the master, and getOrCreate()
