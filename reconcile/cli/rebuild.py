@@ -31,7 +31,8 @@ import json
 import logging
 import os
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -125,14 +126,35 @@ def run_rebuild(args: argparse.Namespace, spark: Any = None) -> int:
             if args.plan:
                 report = plan(build, recompute, logic_version=logic, sample=args.sample)
             else:
-                report = rebuild(build, recompute, logic_version=logic, lease=lease(),
-                                 part_rows=args.part_rows, previous=settings.logic,
-                                 sample=args.sample)  # fmt: skip
+                with _bar(sys.stderr.isatty() and not args.json) as progress:
+                    report = rebuild(build, recompute, logic_version=logic, lease=lease(),
+                                     part_rows=args.part_rows, previous=settings.logic,
+                                     sample=args.sample, progress=progress)  # fmt: skip
         finally:
             if started:
                 spark.stop()
     print_report(report, json_out=args.json)
     return 0
+
+
+@contextmanager
+def _bar(enabled: bool) -> Iterator[Callable[[str, int, int], None] | None]:
+    """A progress bar of the sink transactions on stderr, only when it is a terminal."""
+    if not enabled:
+        yield None
+        return
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+    with Progress("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), transient=True) as bar:  # fmt: skip
+        tasks: dict[str, Any] = {}
+
+        def update(what: str, done: int, total: int) -> None:
+            if what not in tasks:
+                tasks[what] = bar.add_task(what, total=total)
+            bar.update(tasks[what], completed=done, total=total)
+
+        yield update
 
 
 def _spark(pipeline: PipelineConfig, settings: RunSettings, master: str | None) -> Any:

@@ -77,6 +77,13 @@ REBUILD_STORED = hooks.declare("rebuild.stored")
 REBUILD_APPLIED = hooks.declare("rebuild.applied")
 
 Recompute = Callable[[str], pa.Table]
+Progress = Callable[[str, int, int], None]  # (what, done, in all)
+
+
+def _announce(progress: Progress | None, what: str) -> Callable[[int, int], None] | None:
+    if progress is None:
+        return None
+    return lambda done, total: progress(what, done, total)
 
 
 def _state(store: ExpectedStateStore, epoch: int) -> pa.Table:
@@ -136,6 +143,7 @@ def rebuild(
     part_rows: int = DEFAULT_PART_ROWS,
     previous: str | None = None,
     sample: int = 5,
+    progress: Progress | None = None,
 ) -> RebuildReport:
     """Converge every sink of the pipeline to ``recompute``'s new logic (see the module docs).
 
@@ -150,6 +158,7 @@ def rebuild(
         part_rows: rows per sink transaction.
         previous: the logic in force, when no earlier rebuild named it.
         sample: keys per kind in each table's plan.
+        progress: called with (what, done, in all) after each sink transaction.
 
     Returns:
         The report; ``step`` is "switched" once done.
@@ -181,7 +190,7 @@ def rebuild(
                 )
             report.resumed = True
             return _resume(cycle, stores, journal, newest, recompute, report, clock,
-                           still_leading, part_rows)  # fmt: skip
+                           still_leading, (part_rows, progress))  # fmt: skip
         report.previous = newest.logic_in_force if newest is not None else previous
         recover_sinks(cycle)  # every sink at the newest decided epoch: the old state
         epoch = report.base_epoch = decided_epoch(cycle)
@@ -200,7 +209,7 @@ def rebuild(
         clock.step("store")
         append_step(journal, report, "stored", cycle)
         hooks.point(REBUILD_STORED)
-        _apply_all(cycle, stores, report, part_rows, still_leading)
+        _apply_all(cycle, stores, report, (part_rows, progress), still_leading)
         clock.step("apply")
         return _finish(journal, report, cycle, still_leading, clock)
 
@@ -224,7 +233,8 @@ def _rebase_all(stores: dict[str, ExpectedStateStore], news: dict[str, pa.Table]
 
 
 def _apply_all(cycle: CommitCycle, stores: dict[str, ExpectedStateStore], report: RebuildReport,
-               part_rows: int, still_leading: Callable[[], None]) -> None:  # fmt: skip
+               parts: tuple[int, Progress | None],
+               still_leading: Callable[[], None]) -> None:  # fmt: skip
     """Each sink: the difference of its store table's versions, in bounded transactions."""
     assert report.rebuild is not None and report.base_epoch is not None
     mode = rebuild_mode(report.rebuild, report.logic_version)
@@ -234,13 +244,15 @@ def _apply_all(cycle: CommitCycle, stores: dict[str, ExpectedStateStore], report
         assert table.store_before is not None and table.store_after is not None
         done = apply_rebase(cast(PullableSink, cycle.sinks[name]), store, report.generation or 0,
                             before=table.store_before, after=table.store_after,
-                            epoch=report.base_epoch, mode=mode, part_rows=part_rows)  # fmt: skip
+                            epoch=report.base_epoch, mode=mode, part_rows=parts[0],
+                            on_part=_announce(parts[1], f"applying {name}"))  # fmt: skip
         table.applied, table.parts, table.how = done.rows, done.parts, "diff"
 
 
 def _resume(cycle: CommitCycle, stores: dict[str, ExpectedStateStore], journal: RebuildLog,
             newest: RebuildEntry, recompute: Recompute, report: RebuildReport, clock: Clock,
-            still_leading: Callable[[], None], part_rows: int) -> RebuildReport:  # fmt: skip
+            still_leading: Callable[[], None],
+            parts: tuple[int, Progress | None]) -> RebuildReport:  # fmt: skip
     """Finish an unfinished rebuild from its newest step."""
     report.rebuild, report.previous = newest.rebuild, newest.previous
     report.base_epoch, report.step = newest.base_epoch, newest.step
@@ -262,7 +274,7 @@ def _resume(cycle: CommitCycle, stores: dict[str, ExpectedStateStore], journal: 
         clock.step("store")
         append_step(journal, report, "stored", cycle)
         hooks.point(REBUILD_STORED)
-        _apply_all(cycle, stores, report, part_rows, still_leading)
+        _apply_all(cycle, stores, report, parts, still_leading)
     elif newest.step == "stored":
         converge(cycle, stores, report, still_leading)
     clock.step("apply")
