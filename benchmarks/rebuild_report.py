@@ -45,8 +45,11 @@ def _profile(profile: dict[str, Any] | None) -> list[str]:
     lines = [
         "",
         f"Where the rebuild's client time went (py-spy, {profile['samples']:,} samples at "
-        f"{profile['rate_hz']} Hz; a call into C++ or Rust counts on the Python function that "
-        "made it; `rebuild_profile.txt` has the stacks):",
+        f"{profile['rate_hz']} Hz, so about {profile['samples'] / profile['rate_hz']:.1f} s "
+        "of a Python thread running: py-spy leaves out the samples where a thread waits, on "
+        "Arrow's or Delta's own threads, on a disk or on the server. A call into C++ or Rust "
+        "that runs on the calling thread counts on the Python function that made it; "
+        "`rebuild_profile.txt` has the stacks):",
         "",
         "| function | on the stack | innermost |",
         "|---|---|---|",
@@ -58,6 +61,14 @@ def _profile(profile: dict[str, Any] | None) -> list[str]:
                      f"{'' if own is None else f'{100 * own:.0f} %'} |")  # fmt: skip
     innermost = ", ".join(f"`{f}` {100 * share:.0f} %" for f, share in profile["self"][:8])
     return [*lines, "", f"Innermost frames: {innermost}."]
+
+
+def _load(machine: dict[str, Any]) -> list[str]:
+    load = machine.get("load_avg_1m_before_after")
+    if not load:
+        return []
+    return [f"- The machine is shared: the load average (1 min) was {load[0]} before the "
+            f"run and {load[1]} after it."]  # fmt: skip
 
 
 def markdown(report: dict[str, Any]) -> str:
@@ -136,9 +147,11 @@ def markdown(report: dict[str, Any]) -> str:
         "WHERE k = $1` for a random key every 5 ms with `lock_timeout` 50 ms and "
         "`statement_timeout` 200 ms; the longest gap is between two reads that found their "
         "row, from before the method starts until after it ends. A failed read is a lock or "
-        "statement timeout (by SQLSTATE in the JSON).",
+        "statement timeout (by SQLSTATE in the JSON). A gap without failed reads was no lock "
+        "(a lock fails a read after 50 ms): the reader waited for a CPU, or its reads were slow.",
         "- CPU: this process's (the client's: every thread, C++ and Rust included) and the "
         "PostgreSQL server's processes' (from `/proc`; the reader's backend is among them).",
+        *_load(report["machine"]),
         "- Whether the sink holds the new logic is read from the server after each method: "
         "every key once, each row with the new logic's values.",
         "",
@@ -165,14 +178,18 @@ def plot(report: dict[str, Any], out: Path) -> None:
     ]
     fig, axes = plt.subplots(1, 3, figsize=(11, 3.8))
     for ax, (title, values, log) in zip(axes, panels, strict=True):
-        ax.bar(labels, values, color=colors)
+        bars = ax.bar(labels, values, color=colors)
+        ax.bar_label(
+            bars, labels=[f"{v:,.0f}" if v >= 100 else f"{v:.3g}" for v in values], fontsize=8
+        )
         if log:
             ax.set_yscale("log")
+            ax.set_ylim(min(values) / 10, max(values) * 5)  # the smallest bar stays visible
         ax.set_title(title)
         ax.tick_params(axis="x", labelsize=8)
     changed = report["scale"]["changed_rows"]
     axes[0].axhline(changed, color="tab:red", linestyle="--", label=f"changed rows {changed:,}")
-    axes[0].legend(fontsize=8)
+    axes[0].legend(fontsize=8, loc="center left", framealpha=0.9)
     fig.suptitle(f"Bringing {report['scale']['rows']:,} rows to new logic "
                  f"({100 * report['scale']['changed_fraction']:g} % changed)")  # fmt: skip
     fig.tight_layout()
