@@ -78,6 +78,9 @@ class CommitCycle:
         expected_state: the expected state of the keyed sinks (instead of
             ``progress``: its epochs table is then the progress log). See below.
         metrics: where counters and step timings go.
+        faults: a fault plan (tests and chaos runs).
+        commit_attempts: how often an idempotent sink operation is tried in a row.
+        logic_version: the logic this writer runs (``reconcile.engine.logic``).
 
     With an expected state, the commit point records the epoch's outputs in
     the store (one tokened commit per sink table), THEN writes the decision
@@ -91,16 +94,12 @@ class CommitCycle:
     - a crash after some tables were recorded but before the decision leaves
       an epoch that no one decided: ``start()`` reverts it in the store and
       aborts it in the sinks; the epoch runs again, possibly with other rows
-      (a transform need not be deterministic), and nothing of the first run
-      remains;
+      (a transform need not be deterministic), nothing of the first run left;
     - a crash after the decision and before a sink's commit leaves a sink
       behind the store: a sink with a durable prepare commits its prepared txn
       (the same run's rows); a sink without one (an open Postgres transaction
-      that died) is given the RECORDED changes of that epoch, so the run that
+      that died) is given the RECORDED changes of that epoch: the run that
       reached the decision wins, always.
-        faults: a fault plan (tests and chaos runs).
-        commit_attempts: how often an idempotent sink operation is tried in a row.
-        logic_version: the logic this writer runs (``reconcile.engine.logic``).
     """
 
     def __init__(
@@ -132,8 +131,8 @@ class CommitCycle:
         self.faults = faults or FaultPlan()
         self.commit_attempts = commit_attempts
         self.generation: int | None = None
-        self.logic_version = logic_version
-        self.rebuilding = False  # set by a rebuild, which may start on its own mix
+        # A rebuild sets ``rebuilding``: it may start on the mix its own steps left.
+        self.logic_version, self.rebuilding = logic_version, False
         self._steps = SinkSteps(self.sinks, self.metrics, commit_attempts)
 
     # ------------------------------------------------------------------ start
@@ -149,7 +148,8 @@ class CommitCycle:
 
         Raises:
             ConfigurationError: a sink's target is unusable (no retry can help),
-                or the expected state cannot hold every value of a sink's table.
+                or the expected state cannot hold every value of a sink's table, or
+                a rebuild is unfinished or ran another logic (``check_logic``).
             RetryableError: a sink cannot be reached now, or cannot list its
                 stranded txns now; retry later.
             OutcomeUnknownError: a stranded txn whose epoch the progress log no
@@ -161,14 +161,8 @@ class CommitCycle:
         with timed(self.metrics, "cycle.start"):
             if self.expected_state is not None and not self.rebuilding:
                 check_logic(self.expected_state.root, self.pipeline, self.logic_version)
-            restart = Restart(
-                self.pipeline,
-                self.sinks,
-                self.progress,
-                self._steps,
-                self.metrics,
-                self.expected_state,
-            )
+            restart = Restart(self.pipeline, self.sinks, self.progress, self._steps,
+                              self.metrics, self.expected_state)  # fmt: skip
             restart.bind_sinks()
             if self.expected_state is not None:
                 # The store must know the sink tables' types before its first

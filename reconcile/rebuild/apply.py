@@ -33,7 +33,8 @@ from reconcile.core.target import PullableSink, Repair
 from reconcile.recovery import diff_tables
 from reconcile.recovery.source import semi
 
-__all__ = ["DEFAULT_PART_ROWS", "PART_APPLIED", "Applied", "apply_rebase", "rebuild_mode"]
+__all__ = ["DEFAULT_PART_ROWS", "PART_APPLIED", "Applied", "Rebased", "apply_rebase",
+           "rebuild_mode"]  # fmt: skip
 
 log = logging.getLogger("reconcile.rebuild")
 
@@ -64,28 +65,38 @@ class Applied:
         return self.upserted + self.deleted
 
 
+@dataclass(frozen=True)
+class Rebased:
+    """A store table's rebase, as the apply takes it.
+
+    Attributes:
+        before: the store's Delta version before the rebase (the old state).
+        after: the rebase's Delta version (the new state).
+        epoch: the epoch both states are as of; the sink's newest marker.
+        mode: what each part's repairs row records (``rebuild_mode``).
+    """
+
+    before: int
+    after: int
+    epoch: int
+    mode: str
+
+
 def apply_rebase(
     sink: PullableSink,
     store: ExpectedStateStore,
     generation: int,
-    *,
-    before: int,
-    after: int,
-    epoch: int,
-    mode: str,
+    rebased: Rebased,
     part_rows: int = DEFAULT_PART_ROWS,
     on_part: Callable[[int, int], None] | None = None,
 ) -> Applied:
-    """Apply to ``sink`` what store version ``after`` changed from ``before``, in parts.
+    """Apply to ``sink`` what store version ``rebased.after`` changed from ``before``, in parts.
 
     Args:
         sink: the sink table's pullable client, bound to the pipeline's writer.
         store: its store table.
         generation: the writer generation of the rebuild.
-        before: the store's Delta version before the rebase (the old state).
-        after: the rebase's Delta version (the new state).
-        epoch: the epoch both states are as of; the sink's newest marker.
-        mode: what each part's repairs row records (``rebuild_mode``).
+        rebased: the two store versions, their epoch, and the mode to record.
         part_rows: rows per transaction.
         on_part: called with (parts done, parts in all) after each part.
 
@@ -95,7 +106,8 @@ def apply_rebase(
             the rebuild holds the fence), or the database failed.
     """
     keys = store.key_columns
-    old, new = store.state_at_version(before), store.state_at_version(after)
+    epoch, mode = rebased.epoch, rebased.mode
+    old, new = store.state_at_version(rebased.before), store.state_at_version(rebased.after)
     hashed = [*keys, ROW_HASH_COLUMN]
     diff = diff_tables(new.select(hashed), old.select(hashed), keys)
     wanted = pa.concat_tables([diff.missing, diff.changed])

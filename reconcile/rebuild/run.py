@@ -32,7 +32,8 @@ back to the version before the rebuild and brings the sinks to it the same way.
 from __future__ import annotations
 
 import logging
-import uuid
+import secrets
+import time
 from collections.abc import Callable
 from typing import cast
 
@@ -45,10 +46,7 @@ from reconcile.core import hooks
 from reconcile.core.contract import ConfigurationError, InvalidInputError
 from reconcile.core.target import PullableSink
 from reconcile.engine.cycle import CommitCycle
-from reconcile.ha.takeover import (
-    recover_sinks,
-)
-from reconcile.rebuild.apply import DEFAULT_PART_ROWS, apply_rebase, rebuild_mode
+from reconcile.rebuild.apply import DEFAULT_PART_ROWS, Rebased, apply_rebase, rebuild_mode
 from reconcile.rebuild.plan import TablePlan, plan_table
 from reconcile.rebuild.report import Clock, RebuildReport, TableReport
 from reconcile.rebuild.writer import (
@@ -139,7 +137,6 @@ def rebuild(
     *,
     logic_version: str,
     lease: PreemptibleLease | None = None,
-    apply: bool = True,
     part_rows: int = DEFAULT_PART_ROWS,
     previous: str | None = None,
     sample: int = 5,
@@ -154,7 +151,6 @@ def rebuild(
         logic_version: the new logic's name; only a writer of it may start after.
         lease: the pipeline's lease, taken first (None: the caller made sure no
             writer runs; the generation fences one that does).
-        apply: False: only ``plan``.
         part_rows: rows per sink transaction.
         previous: the logic in force, when no earlier rebuild named it.
         sample: keys per kind in each table's plan.
@@ -172,8 +168,6 @@ def rebuild(
     """
     if not logic_version or not isinstance(logic_version, str):
         raise ConfigurationError(f"logic_version must be a non-empty string, got {logic_version!r}")
-    if not apply:
-        return plan(build, recompute, logic_version=logic_version, sample=sample)
     report = RebuildReport("", logic_version, previous, None)
     clock = Clock(report)
     with as_writer(build, lease, clock) as (cycle, still_leading):
@@ -189,15 +183,18 @@ def rebuild(
                     f"{logic_version!r}; nothing was written"
                 )
             report.resumed = True
-            return _resume(cycle, stores, journal, newest, recompute, report, clock,
+            return _resume(cycle, stores, (journal, newest), recompute, report, clock,
                            still_leading, (part_rows, progress))  # fmt: skip
         report.previous = newest.logic_in_force if newest is not None else previous
+        from reconcile.ha.takeover import recover_sinks  # the driver: see writer.as_writer
+
         recover_sinks(cycle)  # every sink at the newest decided epoch: the old state
         epoch = report.base_epoch = decided_epoch(cycle)
         clock.step("recover")
         news, plans = _plans(stores, recompute, epoch, sample)
         clock.step("recompute_and_plan")
-        report.rebuild = uuid.uuid4().hex[:12]
+        # When it began (UTC), and a random tail for two begun in the same second.
+        report.rebuild = f"{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-{secrets.token_hex(2)}"
         report.tables = {
             name: TableReport(plan=plans[name], store_before=_version(store))
             for name, store in stores.items()
@@ -242,18 +239,24 @@ def _apply_all(cycle: CommitCycle, stores: dict[str, ExpectedStateStore], report
         still_leading()
         table = report.tables[name]
         assert table.store_before is not None and table.store_after is not None
-        done = apply_rebase(cast(PullableSink, cycle.sinks[name]), store, report.generation or 0,
-                            before=table.store_before, after=table.store_after,
-                            epoch=report.base_epoch, mode=mode, part_rows=parts[0],
-                            on_part=_announce(parts[1], f"applying {name}"))  # fmt: skip
+        rebased = Rebased(table.store_before, table.store_after, report.base_epoch, mode)
+        done = apply_rebase(
+            cast(PullableSink, cycle.sinks[name]),
+            store,
+            report.generation or 0,
+            rebased,
+            parts[0],
+            _announce(parts[1], f"applying {name}"),
+        )
         table.applied, table.parts, table.how = done.rows, done.parts, "diff"
 
 
-def _resume(cycle: CommitCycle, stores: dict[str, ExpectedStateStore], journal: RebuildLog,
-            newest: RebuildEntry, recompute: Recompute, report: RebuildReport, clock: Clock,
-            still_leading: Callable[[], None],
+def _resume(cycle: CommitCycle, stores: dict[str, ExpectedStateStore],
+            unfinished: tuple[RebuildLog, RebuildEntry], recompute: Recompute,
+            report: RebuildReport, clock: Clock, still_leading: Callable[[], None],
             parts: tuple[int, Progress | None]) -> RebuildReport:  # fmt: skip
-    """Finish an unfinished rebuild from its newest step."""
+    """Finish an unfinished rebuild (the log and its newest step) from that step."""
+    journal, newest = unfinished
     report.rebuild, report.previous = newest.rebuild, newest.previous
     report.base_epoch, report.step = newest.base_epoch, newest.step
     if decided_epoch(cycle) != newest.base_epoch:

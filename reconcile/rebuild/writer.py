@@ -17,8 +17,6 @@ from reconcile.core.contract import ConfigurationError, InvalidInputError
 from reconcile.core.lease import Lease, LeaseState
 from reconcile.core.sink import capabilities_of
 from reconcile.engine.cycle import CommitCycle
-from reconcile.ha.leading import Heartbeat
-from reconcile.ha.takeover import LeadershipLostError, fence_sinks, terminate_old_sessions
 from reconcile.rebuild.report import Clock, RebuildReport, TableReport
 from reconcile.recovery.api import recover_sink
 from reconcile.recovery.modes import Mode
@@ -81,6 +79,11 @@ def as_writer(
     build: Callable[[], CommitCycle], lease: PreemptibleLease | None, clock: Clock
 ) -> Iterator[tuple[CommitCycle, Callable[[], None]]]:
     """The pipeline's writer: the lease taken, a generation claimed, every sink fenced."""
+    # Here, not at the top: the takeover's steps need the Postgres driver, and
+    # the command line imports this package whether or not it rebuilds.
+    from reconcile.ha.leading import Heartbeat
+    from reconcile.ha.takeover import LeadershipLostError, fence_sinks, terminate_old_sessions
+
     heartbeat = None
     if lease is not None:
         lease.preempt()

@@ -115,8 +115,13 @@ def test_a_rebuild_writes_only_the_changed_rows_and_switches_the_logic(
     assert modes == [(f"rebuild {report.rebuild} logic v2", 2)]
     # The store holds the new state, labelled with the logic version.
     expected = ExpectedState(root, PIPELINE, {"orders": ["id"]}).tables["orders"]
-    stored = expected.snapshot(2, ["id", "total", "tag"]).to_pylist()
+    stored = expected.snapshot(2, ["id", "total", "tag", "_epoch"]).to_pylist()
     assert {r["id"]: (r["total"], r["tag"]) for r in stored} == new
+    # A row the new logic left as it was keeps the epoch that wrote it; the rest: epoch 2.
+    last_written = {i: e for e, events in enumerate(epochs) for i, _ in events}
+    assert {r["id"]: r["_epoch"] for r in stored} == {
+        k: (last_written[k] if old.get(k) == new[k] else 2) for k in new
+    }
     history = DeltaTable(expected.uri).history(1)[0]
     assert history["reconcile.logic_version"] == "v2"
     assert history["reconcile.rebuild"] == report.rebuild

@@ -180,3 +180,19 @@ def test_the_examples_commented_run_table_loads_once_uncommented(tmp_path: Path)
     assert run.trigger_args == {"processingTime": "1 second"}
     assert run.spark_conf == {"spark.sql.shuffle.partitions": "4"}
     assert run.lease_from == "pipelines.audit.run.lease_dsn"
+
+
+def test_the_logic_version_is_the_app_unless_named(tmp_path: Path) -> None:
+    from reconcile.cli.config_sinks import cycle_builder
+
+    assert run_of(tmp_path, MINIMAL + RUN).logic == "shop.stream:orders"
+    named = run_of(tmp_path, MINIMAL + RUN + 'logic_version = "2026-11-fix"\n')
+    assert (named.logic, named.app) == ("2026-11-fix", "shop.stream:orders")
+    config = load_config(write(tmp_path, MINIMAL + RUN + 'logic_version = "v2"\n'), env=ENV)
+    cycle = cycle_builder(config.pipeline("orders"))()
+    try:
+        assert cycle.logic_version == "v2"  # what the cycle's start() checks
+    finally:
+        cycle.close()
+    with pytest.raises(Exception, match="logic_version"):
+        run_of(tmp_path, MINIMAL + RUN + 'logic_version = ""\n')
