@@ -170,7 +170,7 @@ def by_diff(dsn: str, root: Path, new: pa.Table, part_rows: int) -> tuple[Steps,
         cycles.append(_cycle(dsn, root))
         return cycles[-1]
 
-    report = rebuild(build, lambda sink: new, logic_version="v2", apply=True, part_rows=part_rows)
+    report = rebuild(build, lambda sink: new, logic_version="v2", part_rows=part_rows)
     for cycle in cycles:  # the sink's sessions end (rebuild closes them too): each sends
         cycle.close()  # its counters to the statistics as it exits
     table = report.tables[SINK]
