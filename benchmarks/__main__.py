@@ -9,7 +9,7 @@ fails is reported and the others still run; the exit status is 1 if any
 failed.
 
 Benchmarks, in the order they run: hashing, postgres_write, expected_state,
-recovery, spark, latency, failover, scale (the last takes an hour or more).
+recovery, rebuild, spark, latency, failover, scale (the last takes an hour or more).
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ from benchmarks.report import RESULTS
 __all__ = ["BENCHMARKS", "QUICK", "main"]
 
 BENCHMARKS = (
-    "hashing", "postgres_write", "expected_state", "recovery", "spark", "latency", "failover",
-    "scale",
+    "hashing", "postgres_write", "expected_state", "recovery", "rebuild", "spark", "latency",
+    "failover", "scale",
 )  # fmt: skip
 
 # Small sizes per benchmark (each module's own options; see its --help).
@@ -40,6 +40,7 @@ QUICK: dict[str, list[str]] = {
     "postgres_write": ["--rows", "20000", "--repeats", "1", "--small-epochs", "20"],
     "expected_state": ["--scale", "0.01", "--epochs", "20", "--baseline-epochs", "2"],
     "recovery": ["--rows", "200000", "--small", "20000"],
+    "rebuild": ["--quick"],
     "spark": ["--rows", "200000", "--batches", "4", "--batch-rows", "1000"],
     "latency": ["--quick", "--epochs", "6", "--crash-epochs", "8", "--triggers", "1",
                 "--checkpoints", "1"],
