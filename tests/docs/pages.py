@@ -62,7 +62,11 @@ def blocks(page: Path) -> Iterator[Block]:
             i += 1
             continue
         indent = opened.group("indent")
-        lang, _, tag = opened.group("info").strip().partition(" ")
+        info = opened.group("info").strip()
+        if info.startswith("{"):  # {.python .postgres}: how the docs site takes a tagged block
+            lang, _, tag = info.strip("{} ").replace(".", "").partition(" ")
+        else:
+            lang, _, tag = info.partition(" ")
         end = i + 1
         while end < len(lines) and lines[end].strip() != "```":
             end += 1

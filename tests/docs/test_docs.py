@@ -5,11 +5,11 @@ and the HTML comment on the line above it:
 
 - the ```python blocks of a page form one program (later blocks use names that earlier
   ones define), run in order in one namespace, from the repository's root;
-- the ```python postgres and ```bash blocks of a page form a second program, run in page
+- the ```{.python .postgres} and ```bash blocks of a page form a second program, run in page
   order against a fresh database of the shared throwaway server (its DSN in ``SHOP_DSN``)
   from a temporary folder; a bash block runs under ``bash -euo pipefail`` with this venv's
   ``reconcile`` first on PATH, so a command that exits non-zero fails the test;
-- the ```python spark blocks of a page form a third, run on the shared Spark session;
+- the ```{.python .spark} blocks of a page form a third, run on the shared Spark session;
 - ```toml and ```json blocks must parse;
 - a block marked ``<!-- not run: REASON -->`` is not run. ``NOT_RUN`` names every such
   block, so marking one more is a deliberate change of this file; the test prints them.
