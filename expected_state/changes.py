@@ -16,7 +16,14 @@ from reconcile.core.contract import Change, InvalidInputError
 from reconcile.core.decimals import DecimalFitError, check_decimal, check_decimal_array
 from reconcile.core.hashing import row_hash_arrow
 
-__all__ = ["OP_COLUMN", "RESERVED_COLUMNS", "EpochChanges", "change_rows", "normalize_changes"]
+__all__ = [
+    "OP_COLUMN",
+    "RESERVED_COLUMNS",
+    "EpochChanges",
+    "change_rows",
+    "conform_upserts",
+    "normalize_changes",
+]
 
 OP_COLUMN = "_op"
 RESERVED_COLUMNS = ("_row_hash", "_epoch")
@@ -324,6 +331,36 @@ def normalize_changes(
     delete_rows = net.filter(pc.equal(net_ops, "delete")).select(list(keys))
     deletes = _conform(delete_rows, key_schema, table=table, what="deletes", types=types)
     return EpochChanges(upserts=upserts, deletes=deletes), schema
+
+
+def conform_upserts(
+    rows: pa.Table, *, keys: Sequence[str], schema: pa.Schema, table: str,
+    types: pa.Schema | None = None,
+) -> pa.Table:  # fmt: skip
+    """Rows that are all upserts, converted to ``schema`` as an epoch's are (``normalize_changes``).
+
+    For a whole new state (a rebuild), where every row is an upsert: no ``_op``
+    to compare row by row. The caller checks that no key repeats.
+
+    Raises:
+        InvalidInputError: a key column missing or NULL, or a value that does not fit
+            (naming the column and the value); nothing was written.
+    """
+    for key in keys:
+        if key not in rows.column_names:
+            raise InvalidInputError(
+                f"table {table!r}: the rows lack key column {key!r}; nothing was written",
+                table=table,
+                column=key,
+            )
+        if rows.column(key).null_count:
+            raise InvalidInputError(
+                f"table {table!r}: key column {key!r} is NULL in {rows.column(key).null_count} "
+                "row(s); nothing was written",
+                table=table,
+                column=key,
+            )
+    return _conform(rows, schema, table=table, what="upserts", types=types)
 
 
 def change_rows(

@@ -15,7 +15,7 @@ import numpy as np
 import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
 import pyarrow.compute as pc  # type: ignore[import-untyped, unused-ignore]
 
-from expected_state.layout import EPOCH_COLUMN, OP_COLUMN
+from expected_state.layout import EPOCH_COLUMN, OP_COLUMN, ROW_HASH_COLUMN
 from reconcile.core.keys import all_distinct
 
 __all__ = ["apply_changes", "last_per_key", "member_mask", "resolve"]
@@ -74,8 +74,19 @@ def apply_changes(base: pa.Table, changes: pa.Table, keys: Sequence[str]) -> pa.
     net = changes if single_epoch else last_per_key(changes, keys)
     if base.num_rows:
         base = base.filter(pc.invert(member_mask(base, net, keys)))
-    upserts = net.filter(pc.equal(net.column(OP_COLUMN), "upsert"))
+    upserts = net if _no_tombstone(net) else net.filter(pc.equal(net.column(OP_COLUMN), "upsert"))
     return pa.concat_tables([base, upserts])
+
+
+def _no_tombstone(rows: pa.Table) -> bool:
+    """Whether ``rows`` surely hold no tombstone, seen without comparing every ``_op``.
+
+    A tombstone's ``_row_hash`` is NULL and an upsert's never is (``change_rows``):
+    a hash column without a NULL holds none. Without the column, nothing is known.
+    """
+    if ROW_HASH_COLUMN not in rows.column_names:
+        return False
+    return bool(rows.column(ROW_HASH_COLUMN).null_count == 0)
 
 
 def resolve(rows: pa.Table, keys: Sequence[str]) -> pa.Table:

@@ -14,12 +14,14 @@ sinks untouched, or rolled back) or a mix the log names, which the next
    fence), every sink fenced, every sink brought to the newest decided epoch
    E (scoped pull-and-diff). From here a zombie is rejected everywhere.
 2. ``recompute(sink)``: each table's expected state under the new logic as of
-   E (from the retained input). The plan: what it changes against the store
-   (``plan_table``). Nothing written yet. Log: ``started``.
-3. Each store table rebased: one fenced Delta commit replaces its state with
-   the new one, labelled with the rebuild and the logic version. Log: ``stored``.
-4. Each sink: the rows the two store versions differ by, in bounded fenced
-   transactions (``reconcile.rebuild.apply``). Log: ``applied``.
+   E (from the retained input), and what it changes against the store
+   (``prepare_rebase``: the new rows hashed once, the old state's stored
+   hashes read), which is the plan. Nothing written yet. Log: ``started``.
+3. Each store table rebased: one fenced Delta commit puts that difference in
+   the file of epoch E, labelled with the rebuild and the logic version. Log:
+   ``stored``.
+4. Each sink: that same difference, in bounded fenced transactions
+   (``reconcile.rebuild.apply``). Log: ``applied``.
 5. The switch. Log: ``switched``: from now on only a writer of the new
    logic version may start (``reconcile.engine.logic``); it resumes at E+1.
 
@@ -38,6 +40,7 @@ import logging
 import secrets
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import cast
 
 import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
@@ -66,6 +69,7 @@ from reconcile.rebuild.writer import (
     as_writer,
     converge,
     decided_epoch,
+    fresh_tables,
     store_root,
     tables_of,
 )
@@ -206,10 +210,15 @@ def rebuild(
         report.previous = newest.logic_in_force if newest is not None else previous
         from reconcile.ha.takeover import recover_sinks  # the driver: see writer.as_writer
 
-        recover_sinks(cycle)  # every sink at the newest decided epoch: the old state
         epoch = report.base_epoch = decided_epoch(cycle)
-        clock.step("recover")
-        prepared, plans = _prepare(stores, recompute, epoch, sample)
+        # The new state is compared with the store alone, which bringing the sinks
+        # to epoch E does not change: the two run side by side, each on store
+        # objects of its own (a store object has one user at a time).
+        with ThreadPoolExecutor(1, thread_name_prefix="rebuild-prepare") as pool:
+            planning = pool.submit(_prepare, fresh_tables(cycle, stores), recompute, epoch, sample)
+            recover_sinks(cycle)  # every sink at the newest decided epoch: the old state
+            clock.step("recover")
+            prepared, plans = planning.result()
         clock.step("recompute_and_plan")
         # When it began (UTC), and a random tail for two begun in the same second.
         report.rebuild = f"{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-{secrets.token_hex(2)}"

@@ -28,6 +28,7 @@ __all__ = [
     "check_generation",
     "converge",
     "decided_epoch",
+    "fresh_tables",
     "store_root",
     "tables_of",
 ]
@@ -58,6 +59,26 @@ def tables_of(cycle: CommitCycle) -> dict[str, ExpectedStateStore]:
                 "cannot be rebuilt by diff; nothing was written"
             )
     return dict(sorted(stores.items()))
+
+
+def fresh_tables(
+    cycle: CommitCycle, stores: dict[str, ExpectedStateStore]
+) -> dict[str, ExpectedStateStore]:
+    """New objects of ``stores``' tables, as the cycle's expected state opens them."""
+    expected = cycle.expected_state
+    assert expected is not None
+    return {
+        name: ExpectedStateStore(
+            expected.root,
+            cycle.pipeline,
+            name,
+            store.key_columns,
+            schema=expected.schemas.get(name),
+            generation=store.generation,
+            column_types=store.column_types,
+        )
+        for name, store in stores.items()
+    }
 
 
 def store_root(cycle: CommitCycle) -> str:
