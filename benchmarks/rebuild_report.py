@@ -19,10 +19,10 @@ HOW = {
     "side_table_swap": "a new table without a key, a CSV COPY of every row, ADD PRIMARY KEY, "
     "then one transaction renames the old table away and the new one in and drops the old",
     "rebuild": "`reconcile.rebuild.rebuild`: take over as the pipeline's writer (a new "
-    "generation, the sink fenced), bring the sink to the newest decided epoch, read the old "
-    "expected state from the store and diff it with the new one by key and row hash (the "
-    "plan), rebase the store table to the new state in one fenced Delta commit, apply only the "
-    "rows the two store versions differ by to the sink in bounded fenced transactions, and "
+    "generation, the sink fenced), bring the sink to the newest decided epoch while the new "
+    "state is hashed and compared by key with the store's keys and stored row hashes (the "
+    "plan), commit the difference into the store's file of that epoch in one fenced Delta "
+    "commit, apply the same difference to the sink in bounded fenced transactions, and "
     "switch the pipeline to the new logic version",
 }
 
