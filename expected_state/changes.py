@@ -287,20 +287,7 @@ def normalize_changes(
             column=OP_COLUMN,
             value=repr(value),
         )
-    for key in keys:
-        if key not in data.column_names:
-            raise InvalidInputError(
-                f"table {table!r}: the changes lack key column {key!r}; nothing was written",
-                table=table,
-                column=key,
-            )
-        if data.column(key).null_count:
-            raise InvalidInputError(
-                f"table {table!r}: key column {key!r} is NULL in "
-                f"{data.column(key).null_count} change(s); nothing was written",
-                table=table,
-                column=key,
-            )
+    _check_keys(data, keys, table, ("changes", "change(s)"))
     if schema is None:
         upsert_rows = data.filter(is_upsert).drop_columns([OP_COLUMN])
         # An Arrow table carries its columns' types even without upserts (an
@@ -333,6 +320,24 @@ def normalize_changes(
     return EpochChanges(upserts=upserts, deletes=deletes), schema
 
 
+def _check_keys(data: pa.Table, keys: Sequence[str], table: str, what: tuple[str, str]) -> None:
+    """Refuse rows that lack a key column or hold a NULL key; ``what``: how to name them."""
+    for key in keys:
+        if key not in data.column_names:
+            raise InvalidInputError(
+                f"table {table!r}: the {what[0]} lack key column {key!r}; nothing was written",
+                table=table,
+                column=key,
+            )
+        if data.column(key).null_count:
+            raise InvalidInputError(
+                f"table {table!r}: key column {key!r} is NULL in "
+                f"{data.column(key).null_count} {what[1]}; nothing was written",
+                table=table,
+                column=key,
+            )
+
+
 def conform_upserts(
     rows: pa.Table, *, keys: Sequence[str], schema: pa.Schema, table: str,
     types: pa.Schema | None = None,
@@ -346,20 +351,7 @@ def conform_upserts(
         InvalidInputError: a key column missing or NULL, or a value that does not fit
             (naming the column and the value); nothing was written.
     """
-    for key in keys:
-        if key not in rows.column_names:
-            raise InvalidInputError(
-                f"table {table!r}: the rows lack key column {key!r}; nothing was written",
-                table=table,
-                column=key,
-            )
-        if rows.column(key).null_count:
-            raise InvalidInputError(
-                f"table {table!r}: key column {key!r} is NULL in {rows.column(key).null_count} "
-                "row(s); nothing was written",
-                table=table,
-                column=key,
-            )
+    _check_keys(rows, keys, table, ("rows", "row(s)"))
     return _conform(rows, schema, table=table, what="upserts", types=types)
 
 

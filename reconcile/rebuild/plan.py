@@ -88,15 +88,21 @@ def plan_table(
     """
     check_unique(new, keys, table)
     diff = diff_tables(_hashed(new, keys, "new", table), _hashed(old, keys, "old", table), keys)
+    return _plan(table, (diff.missing, diff.changed, diff.extra), sample)
+
+
+def _plan(table: str, kinds: tuple[pa.Table, pa.Table, pa.Table], sample: int) -> TablePlan:
+    """The plan of the keys inserted, updated and deleted, with the first few of each."""
+    inserted, updated, deleted = kinds
     return TablePlan(
         table=table,
-        inserts=diff.missing.num_rows,
-        updates=diff.changed.num_rows,
-        deletes=diff.extra.num_rows,
+        inserts=inserted.num_rows,
+        updates=updated.num_rows,
+        deletes=deleted.num_rows,
         sample={
-            "insert": diff.missing.slice(0, sample).to_pylist(),
-            "update": diff.changed.slice(0, sample).to_pylist(),
-            "delete": diff.extra.slice(0, sample).to_pylist(),
+            "insert": inserted.slice(0, sample).to_pylist(),
+            "update": updated.slice(0, sample).to_pylist(),
+            "delete": deleted.slice(0, sample).to_pylist(),
         },
     )
 
@@ -107,14 +113,4 @@ def plan_of(table: str, rebase: Rebase, sample: int = 5) -> TablePlan:
     The rebuild plans from the rebase itself, with the store's own row hash, so
     that its plan and its writes are one computation.
     """
-    return TablePlan(
-        table=table,
-        inserts=rebase.inserted.num_rows,
-        updates=rebase.changed.num_rows,
-        deletes=rebase.deletes.num_rows,
-        sample={
-            "insert": rebase.inserted.slice(0, sample).to_pylist(),
-            "update": rebase.changed.slice(0, sample).to_pylist(),
-            "delete": rebase.deletes.slice(0, sample).to_pylist(),
-        },
-    )
+    return _plan(table, (rebase.inserted, rebase.changed, rebase.deletes), sample)

@@ -38,13 +38,15 @@ from reconcile.engine.expected import ExpectedState
 from reconcile.rebuild import rebuild, rollback
 from reconcile.recovery import recover
 from tests.integration.rebuild_pipeline import (
-    DDL,
     LOGICS,
     PIPELINE,
     build,
     inputs,
     recompute,
+    rows_written,
+    rows_written_since,
     run_epochs,
+    seed,
     state,
 )
 
@@ -97,18 +99,6 @@ def _others_gone(dsn: str) -> None:
                 return
             assert time.monotonic() < deadline, "a session of the killed process stays"
             time.sleep(0.1)
-
-
-def _written(dsn: str) -> int:
-    """Rows inserted, updated and deleted in ``orders`` so far, as Postgres counts them."""
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute("SELECT pg_stat_clear_snapshot()")
-        row = conn.execute(
-            "SELECT n_tup_ins + n_tup_upd + n_tup_del FROM pg_stat_user_tables "
-            "WHERE relname = 'orders'"
-        ).fetchone()
-    assert row is not None
-    return int(row[0])
 
 
 def _run(dsn: str, root: str, tmp_path: Path, what: str, point: str | None, nth: int = 1) -> None:
@@ -186,24 +176,10 @@ def _converged(dsn: str, root: str, logic: str, *, same_epochs: bool = True) -> 
         assert live is not None and live[0] == len(expected)
 
 
-def _writes_once_settled(dsn: str, before: int, expected: int) -> int:
-    """Rows written since ``before``, once the sessions that wrote them have reported them."""
-    deadline = time.monotonic() + 15
-    while True:
-        now = _written(dsn) - before
-        if now >= expected or time.monotonic() > deadline:
-            return now
-        time.sleep(0.2)
-
-
 @pytest.fixture
 def shop(pg_db: str, tmp_path: Path) -> tuple[str, str]:
     """Three epochs of logic v1 in the sink and the store."""
-    with psycopg.connect(pg_db, autocommit=True) as conn:
-        conn.execute(DDL)
-    root = str(tmp_path / "store")
-    run_epochs(pg_db, root, "v1", inputs())
-    return pg_db, root
+    return seed(pg_db, str(tmp_path / "store"))
 
 
 def _rebuild_v2(dsn: str, root: str) -> None:
@@ -221,12 +197,12 @@ def test_a_rebuild_killed_at_any_step_blocks_writers_then_resumes_to_the_new_log
     _run(dsn, root, tmp_path, "apply", point, nth)
     _refused_or_whole(dsn, root, step)
     left = _sink(dsn)
-    before = _written(dsn)
+    before = rows_written(dsn)
     _rebuild_v2(dsn, root)
     _converged(dsn, root, "v2")
     # The resume wrote exactly what the killed process had not: nothing twice.
     missing = _changed(left, state(LOGICS["v2"], inputs()))
-    assert _writes_once_settled(dsn, before, missing) == missing
+    assert rows_written_since(dsn, before, missing) == missing
     assert RebuildLog(root, PIPELINE).newest().step == "switched"  # type: ignore[union-attr]
     run_epochs(dsn, root, "v2", inputs(4)[3:], first=3)  # only the new logic runs on
     assert _sink(dsn) == state(LOGICS["v2"], inputs(4))

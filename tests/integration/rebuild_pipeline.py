@@ -11,9 +11,11 @@ Run as a module, it rebuilds in a process of its own (the kill -9 tests):
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import psycopg
 import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
 
 from reconcile import CommitCycle
@@ -99,6 +101,40 @@ def run_epochs(dsn: str, root: str, logic: str, epochs: Sequence[Sequence[tuple[
             cycle.run_epoch(first + n, {"orders": outputs(LOGICS[logic], events)})
     finally:
         cycle.close()
+
+
+def seed(dsn: str, root: str) -> tuple[str, str]:
+    """The sink table, and three epochs of logic v1 in it and in the store at ``root``."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(DDL)
+    run_epochs(dsn, root, "v1", inputs())
+    return dsn, root
+
+
+def rows_written(dsn: str) -> int:
+    """Rows inserted, updated and deleted in ``orders`` so far, as Postgres counts them."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("SELECT pg_stat_clear_snapshot()")
+        row = conn.execute(
+            "SELECT n_tup_ins + n_tup_upd + n_tup_del FROM pg_stat_user_tables "
+            "WHERE relname = 'orders'"
+        ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def rows_written_since(dsn: str, before: int, expected: int) -> int:
+    """Rows written since ``before``, once the sessions that wrote them reported them.
+
+    A backend sends its counters at its exit or a second after its last report:
+    wait (15 s at most) until ``expected`` rows show, then say how many did.
+    """
+    deadline = time.monotonic() + 15
+    while True:
+        now = rows_written(dsn) - before
+        if now >= expected or time.monotonic() > deadline:
+            return now
+        time.sleep(0.2)
 
 
 def main(argv: list[str]) -> int:

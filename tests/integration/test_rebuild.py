@@ -27,14 +27,16 @@ from reconcile.rebuild.apply import PART_APPLIED
 from reconcile.rebuild.run import REBUILD_APPLIED, REBUILD_STARTED, REBUILD_STORED
 from reconcile.recovery import recover
 from tests.integration.rebuild_pipeline import (
-    DDL,
     LOGICS,
     PIPELINE,
     build,
     inputs,
     outputs,
     recompute,
+    rows_written,
+    rows_written_since,
     run_epochs,
+    seed,
     state,
 )
 
@@ -51,39 +53,12 @@ def _sink(dsn: str) -> dict[int, tuple[Any, ...]]:
     return {r[0]: (r[1], r[2]) for r in rows}
 
 
-def _written(dsn: str) -> int:
-    """Rows inserted, updated and deleted in ``orders`` so far, as Postgres counts them."""
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute("SELECT pg_stat_clear_snapshot()")
-        row = conn.execute(
-            "SELECT n_tup_ins + n_tup_upd + n_tup_del FROM pg_stat_user_tables "
-            "WHERE relname = 'orders'"
-        ).fetchone()
-    assert row is not None
-    return int(row[0])
-
-
-def _settled_written(dsn: str, before: int, expected_at_least: int) -> int:
-    """``_written`` once the rebuild's sessions have reported their counts (they flush on exit)."""
-    import time
-
-    deadline = time.monotonic() + 15
-    while True:
-        now = _written(dsn) - before
-        if now >= expected_at_least or time.monotonic() > deadline:
-            return now
-        time.sleep(0.2)
-
-
 @pytest.fixture
 def shop(pg_db: str, tmp_path: Path) -> tuple[str, str]:
     """Three epochs of logic v1 in the sink and the store."""
-    with psycopg.connect(pg_db, autocommit=True) as conn:
-        conn.execute(DDL)
-    root = str(tmp_path / "store")
-    run_epochs(pg_db, root, "v1", inputs())
-    assert _sink(pg_db) == state(LOGICS["v1"], inputs())
-    return pg_db, root
+    dsn, root = seed(pg_db, str(tmp_path / "store"))
+    assert _sink(dsn) == state(LOGICS["v1"], inputs())
+    return dsn, root
 
 
 def _changed(old: dict[int, Any], new: dict[int, Any]) -> int:
@@ -98,12 +73,12 @@ def test_a_rebuild_writes_only_the_changed_rows_and_switches_the_logic(
     old, new = state(LOGICS["v1"], epochs), state(LOGICS["v2"], epochs)
     changed = _changed(old, new)
     assert changed > 2  # several updates and several deletes: a boundary worth testing
-    before = _written(dsn)
+    before = rows_written(dsn)
     report = rebuild(build(dsn, root), lambda _: recompute(LOGICS["v2"], epochs),
                      logic_version="v2", part_rows=4)  # fmt: skip
     assert _sink(dsn) == new
     # Postgres's own count of rows written: exactly the rows that changed.
-    assert _settled_written(dsn, before, changed) == changed
+    assert rows_written_since(dsn, before, changed) == changed
     table = report.tables["orders"]
     assert table.plan is not None and table.plan.changed == changed == table.applied
     upserts = table.plan.inserts + table.plan.updates

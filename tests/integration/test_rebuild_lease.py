@@ -26,13 +26,12 @@ from reconcile.rebuild import rebuild
 from reconcile.rebuild.run import REBUILD_STORED
 from sinks.postgres.lease import PgLease
 from tests.integration.rebuild_pipeline import (
-    DDL,
     LOGICS,
     PIPELINE,
     build,
     inputs,
     recompute,
-    run_epochs,
+    seed,
     state,
 )
 
@@ -48,11 +47,7 @@ class Boom(Exception):
 @pytest.fixture
 def shop(pg_db: str, tmp_path: Path) -> tuple[str, str]:
     """Three epochs of logic v1 in the sink and the store."""
-    with psycopg.connect(pg_db, autocommit=True) as conn:
-        conn.execute(DDL)
-    root = str(tmp_path / "store")
-    run_epochs(pg_db, root, "v1", inputs())
-    return pg_db, root
+    return seed(pg_db, str(tmp_path / "store"))
 
 
 def _start(dsn: str, root: str, logic: str) -> None:
