@@ -180,6 +180,7 @@ def run_on_spark(args: argparse.Namespace, spark: Any = None) -> int:
                 dry_run=args.command != "repair",
                 partitions=args.partitions,
                 brake=Brake(allow_mass_change=getattr(args, "allow_mass_change", False)),
+                provenance_rows=args.provenance_rows,
             )
     except KeyboardInterrupt:
         # The executors' tasks are cancelled (their pulls end with their

@@ -23,6 +23,7 @@ from reconcile.cli.config import SinkTableConfig
 from reconcile.cli.config_sinks import split_table
 from reconcile.core.contract import ConfigurationError
 from reconcile.recovery.brake import Brake
+from reconcile.recovery.provenance import DEFAULT_PROVENANCE_ROWS
 from reconcile.spark.verify import SparkReport, spark_recover
 from sinks import registry
 from sinks.base import SPARK_PULL
@@ -78,6 +79,7 @@ class OnSpark:
 
     spark: Any  # SparkSession
     partitions: int | None = None
+    provenance_rows: int = DEFAULT_PROVENANCE_ROWS  # differing rows traced to their writer
 
 
 def spark_check(
@@ -116,4 +118,5 @@ def spark_check(
         dry_run=not repair,
         partitions=on.partitions,
         brake=Brake(sink.max_change_fraction, allow_mass_change=allow_mass_change),
+        provenance_rows=on.provenance_rows,
     )

@@ -298,7 +298,8 @@ def run_config_recover(args: argparse.Namespace) -> int:
         from reconcile.cli.spark_job import OnSpark, check_spark_flags, session
 
         check_spark_flags(args)  # before the session starts: it takes seconds
-        spark = OnSpark(session(args.master or "local[*]"), args.partitions)
+        spark = OnSpark(session(args.master or "local[*]"), args.partitions,
+                        args.provenance_rows)  # fmt: skip
     outcomes = check_tables(
         tables, repair=repair, mode=args.mode, allow_mass_change=lifted, spark=spark,
         tuning={"chunk_rows": args.chunk_rows, "spill_dir": args.spill_dir,

@@ -9,6 +9,7 @@ from typing import Any, TypedDict
 
 from reconcile.engine.driver import RetryPolicy
 from reconcile.recovery.brake import Brake
+from reconcile.recovery.provenance import DEFAULT_PROVENANCE_ROWS
 from reconcile.spark.outputs import Transform
 
 __all__ = ["SparkRecoverKeywords", "SparkRecoverOptions", "StreamKeywords", "StreamOptions"]
@@ -80,6 +81,8 @@ class SparkRecoverOptions:
         batch_rows: rows per repair transaction.
         samples: keys shown per kind of difference.
         brake: the mass-change brake (``reconcile.recovery.brake``); default 10 %.
+        provenance_rows: differing rows traced to their last writer on the driver
+            (``reconcile.recovery.provenance``); 0 traces none.
     """
 
     sink: str | None = None
@@ -90,6 +93,7 @@ class SparkRecoverOptions:
     batch_rows: int = 50_000
     samples: int = 5
     brake: Brake | None = None
+    provenance_rows: int = DEFAULT_PROVENANCE_ROWS
 
 
 class SparkRecoverKeywords(TypedDict, total=False):
@@ -103,3 +107,4 @@ class SparkRecoverKeywords(TypedDict, total=False):
     batch_rows: int
     samples: int
     brake: Brake | None
+    provenance_rows: int

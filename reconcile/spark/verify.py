@@ -37,7 +37,7 @@ from __future__ import annotations
 import logging
 import re
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import pairwise
 from typing import Any, Unpack
 
@@ -51,7 +51,10 @@ from reconcile.core.contract import InvalidInputError, MassChangeError, validate
 from reconcile.core.expected import ExpectedStore
 from reconcile.core.target import KeyRange
 from reconcile.recovery.brake import Brake, BrakeReading, refusal
+from reconcile.recovery.diff import Diff
+from reconcile.recovery.provenance import Provenance, trace
 from reconcile.recovery.report import ReconcileReport
+from reconcile.recovery.source import ExpectedSource
 from reconcile.spark.hashing import row_hash_column
 from reconcile.spark.options import SparkRecoverKeywords, SparkRecoverOptions
 from reconcile.spark.tasks import ACTUAL, BAD, HASH, KIND, ApplyJob, PullJob, SinkAt
@@ -298,12 +301,18 @@ def spark_recover(
             expected_store.check_version(expected_store.version_of(epoch))
             try:
                 pull = PullJob(job_sink, user_schema, shared, ranges)
-                found = _run_job(spark, pull, expected_store, epoch, newest, request)
+                # Enough keys of each kind for the provenance, cut back to ``samples`` after.
+                wide = replace(request, samples=max(request.samples, request.provenance_rows))
+                found = _run_job(spark, pull, expected_store, epoch, newest, wide)
             except Exception as exc:
                 rebuilt = _from_executor(exc)
                 if rebuilt is exc:
                     raise
                 raise rebuilt from exc
+            # The rows found, traced on the driver in the snapshot the executors read
+            # (a repair's commits since are not in it: who wrote the drift is told).
+            traced = _provenance(snap, expected_store, found.samples, key_columns, epoch,
+                                 request.provenance_rows)  # fmt: skip
         display = target.display
     finally:
         target.close()
@@ -331,5 +340,21 @@ def spark_recover(
         partitions=len(ranges),
         transactions=found.transactions,
         stale=found.stale,
-        samples=found.samples,
+        samples={kind: keys[: request.samples] for kind, keys in found.samples.items()},
+        provenance=traced.rows,
+        provenance_note=traced.note,
+        foreign_writes=traced.foreign,
     )
+
+
+def _provenance(snap: Any, store: ExpectedStateStore, samples: dict[str, list[dict[str, Any]]],
+                keys: list[str], epoch: int, limit: int) -> Provenance:  # fmt: skip
+    """The sampled differing keys traced to their last writer (``recovery.provenance.trace``)."""
+    source = ExpectedSource(store)
+    key_schema = pa.schema([source.schema.field(k) for k in keys])
+
+    def kind(name: str) -> pa.Table:
+        return pa.Table.from_pylist(samples.get(name, [])[: max(limit, 0)], schema=key_schema)
+
+    diff = Diff(missing=kind("missing"), extra=kind("extra"), changed=kind("changed"))
+    return trace(snap, source, diff, key_schema.empty_table(), keys, epoch, limit)

@@ -68,3 +68,27 @@ def test_spark_repair_checks_the_store_and_holds_the_brake(
         err = capsys.readouterr().err
         assert "lost rows" in err and "(epoch 1)" in err, err
     assert sink_rows(setup) == repaired and len(repaired) == 400
+
+
+def test_spark_verify_traces_the_drift_to_its_last_writer(
+    spark: Any, pg_db: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    setup = make_setup(pg_db, str(tmp_path), "orders", SIMPLE_SCHEMA, SIMPLE_DDL, ["id"])
+    setup.write([{"id": i, "name": f"n{i}", "total": i} for i in range(100)])
+    setup.execute("UPDATE {t} SET total = -1 WHERE id = 7")  # a hand edit: a foreign xid
+    setup.execute("DELETE FROM {t} WHERE id = 9")
+    base = ["--pg", pg_db, "--store", str(tmp_path), "--pipeline", "shop", "--table", "orders",
+            "--spark", "--partitions", "2"]  # fmt: skip
+    assert cli.main(["verify", *base, "--json"]) == 1
+    found = json.loads(capsys.readouterr().out)
+    by_kind = {row["kind"]: row for row in found["provenance"]}
+    changed, missing = by_kind["changed"], by_kind["missing"]
+    assert (changed["key"], changed["columns"], changed["writer"]) == ({"id": 7}, ["total"],
+                                                                       "foreign")  # fmt: skip
+    assert changed["xid"] is not None
+    assert (missing["key"], missing["writer"]) == ({"id": 9}, "none")
+    assert found["foreign_writes"] == 1
+    assert cli.main(["verify", *base]) == 1
+    assert "foreign" in capsys.readouterr().out  # the table view names the writer too
+    assert cli.main(["verify", *base, "--json", "--provenance-rows", "0"]) == 1
+    assert json.loads(capsys.readouterr().out)["provenance"] == []
