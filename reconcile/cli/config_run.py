@@ -6,6 +6,7 @@ Read by :func:`reconcile.cli.config.load_config` into :class:`RunSettings`
     [pipelines.orders.run]
     app = "shop.stream:orders"          # f(spark, pipeline) -> a streaming DataFrame
     logic_version = "2026-11-orders"    # the app's logic; default: the app itself
+    rebuild_input = "archive/orders"    # what a rebuild replays if the source keeps no file list
     checkpoint = "state/checkpoints/orders"
     staging = "state/staging/orders"    # default: <checkpoint>.staging, beside it
     trigger = "1 second"                # or "available-now"; default: back to back
@@ -38,7 +39,7 @@ __all__ = ["RUN_KEYS", "RunSettings", "provides", "read_run"]
 
 RUN_KEYS = (
     "app", "logic_version", "checkpoint", "staging", "trigger", "via", "collect_max_bytes",
-    "lease_term_s", "lease_dsn", "master", "spark",
+    "lease_term_s", "lease_dsn", "master", "spark", "rebuild_input",
 )  # fmt: skip
 VIA = ("auto", "executors", "driver")
 AVAILABLE_NOW = "available-now"
@@ -70,6 +71,9 @@ class RunSettings:
         logic_version: the name of the app's logic (default: ``app``). After a
             rebuild (``reconcile rebuild``) only a run of the rebuild's logic
             version may write the pipeline.
+        rebuild_input: a folder (or file) of the stream's retained input that
+            ``reconcile rebuild`` reads whole through the app, for a source whose
+            checkpoint keeps no file list; "": the checkpoint's file list.
     """
 
     app: str
@@ -84,6 +88,7 @@ class RunSettings:
     master: str = DEFAULT_MASTER
     spark: tuple[tuple[str, str], ...] = ()
     logic_version: str = ""
+    rebuild_input: str = ""
 
     @property
     def logic(self) -> str:
@@ -134,6 +139,8 @@ def read_run(
     if not _APP.fullmatch(app):
         raise reader.error(f'expected "package.module:function", got {app!r}', "app")
     logic_version = _nonempty(reader, "logic_version") or ""
+    rebuild_input = _nonempty(reader, "rebuild_input")
+    rebuild_input = local_path(rebuild_input, base) if rebuild_input else ""
     checkpoint = _nonempty(reader, "checkpoint", required=True)
     assert checkpoint is not None
     checkpoint = local_path(checkpoint, base)
@@ -169,6 +176,7 @@ def read_run(
         master=master,
         spark=spark,
         logic_version=logic_version,
+        rebuild_input=rebuild_input,
     )
 
 

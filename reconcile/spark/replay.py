@@ -78,6 +78,11 @@ def file_source_batches(checkpoint: str, through: int) -> dict[int, list[str]]:
             if not line.strip():
                 continue
             record = json.loads(line)
+            if not isinstance(record, dict) or "path" not in record or "batchId" not in record:
+                raise ConfigurationError(
+                    f"checkpoint {checkpoint}: {entry} is not a file source log (its source keeps "
+                    "no file list): name the retained input in the run table's rebuild_input"
+                )
             batch = int(record["batchId"])
             if batch <= through:
                 paths = batches.setdefault(batch, [])
@@ -189,8 +194,15 @@ def replay(
     through: int,
     tables: Mapping[str, tuple[Sequence[str], Sequence[str]]],
     on_batch: Callable[[int, int], None] | None = None,
+    retained: str | None = None,
 ) -> dict[str, pa.Table]:
     """Each sink table's state after the micro-batches up to ``through``, under ``app``.
+
+    With ``retained`` (the config's ``run.rebuild_input``: a folder or file of the
+    retained input, for a stream whose source keeps no file list), the app reads
+    that whole, as one batch numbered ``through``, instead. Its keys are not
+    folded: which of two rows of a key came last is not known without the
+    micro-batches, so a key that repeats is refused by the rebuild, named.
 
     Args:
         spark: the SparkSession.
@@ -208,7 +220,10 @@ def replay(
         ConfigurationError: see ``file_source_batches``.
         InvalidInputError: a transform's rows lack a column of the table (named).
     """
-    batches = file_source_batches(checkpoint, through)
+    if retained is not None:
+        batches: dict[int, list[str]] = {through: [retained]}
+    else:
+        batches = file_source_batches(checkpoint, through)
     parts: dict[str, list[pa.Table]] = {sink: [] for sink in tables}
     for done, (batch_id, rows) in enumerate(_batches(spark, app, batches, list(tables)), 1):
         for sink, table in rows.items():
@@ -226,6 +241,9 @@ def replay(
     for sink, chunks in parts.items():
         keys = list(tables[sink][0])
         rows = pa.concat_tables(chunks, promote_options="permissive")
-        state[sink] = last_per_key(rows, keys)  # the last write of a key wins, as in the sink
-    log.info("replayed %d micro-batches of %s up to epoch %d", len(batches), checkpoint, through)
+        # The last write of a key wins, as in the sink; one batch of everything
+        # has no order to tell which came last, and is left for the rebuild to refuse.
+        state[sink] = rows if retained is not None else last_per_key(rows, keys)
+    log.info("replayed %d micro-batches of %s up to epoch %d", len(batches),
+             retained or checkpoint, through)  # fmt: skip
     return state

@@ -196,3 +196,9 @@ def test_the_logic_version_is_the_app_unless_named(tmp_path: Path) -> None:
         cycle.close()
     with pytest.raises(Exception, match="logic_version"):
         run_of(tmp_path, MINIMAL + RUN + 'logic_version = ""\n')
+
+
+def test_the_rebuild_input_is_a_path_from_the_files_folder(tmp_path: Path) -> None:
+    assert run_of(tmp_path, MINIMAL + RUN).rebuild_input == ""
+    run = run_of(tmp_path, MINIMAL + RUN + 'rebuild_input = "archive/orders"\n')
+    assert run.rebuild_input == str((tmp_path / "archive" / "orders").resolve())
