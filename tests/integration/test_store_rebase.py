@@ -16,7 +16,9 @@ from typing import Any
 
 import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
 import pytest
+from deltalake import DeltaTable
 
+from expected_state.live import live_files
 from expected_state.store import ExpectedStateStore
 from reconcile.core.contract import InvalidInputError
 from reconcile.core.hashing import row_hash_arrow
@@ -50,6 +52,10 @@ def _check(store: ExpectedStateStore, new: pa.Table, keys: list[str]) -> None:
     names = store.user_schema.names  # type: ignore[union-attr]
     assert rebase.hashes.to_pylist() == row_hash_arrow(rebase.upserts, names).to_pylist()
     store.rebase(rebase, label="test-rebase", metadata={})
+    # One live file holds epoch ``through``, as merge-on-read needs: the rebase's.
+    holding = [f for f in live_files(DeltaTable(store.uri), name=store.uri)
+               if f.kind == "change" and f.epoch == through]  # fmt: skip
+    assert len(holding) == 1
     after = _rows(store.snapshot(), keys)
     assert {k: {c: v for c, v in r.items() if not c.startswith("_")} for k, r in after.items()} == {
         k: {c: r[c] for c in sorted(r)} for k, r in wanted.items()
