@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any
+from typing import Any, Final, LiteralString
 
 import psycopg
 from psycopg import sql
@@ -57,6 +57,27 @@ from sinks.objects.postgres import open_lease_table
 from sinks.postgres.connection import PgTarget
 
 __all__ = ["PgLease"]
+
+
+# The upsert that takes the lease, before the condition of taking it (try_acquire's,
+# or none for preempt), and what it returns.
+_UPSERT: Final = (
+    "INSERT INTO {t} AS l (pipeline, holder, tenure, acquired_at, renewed_at, "
+    "expires_at, backend_pid) VALUES (%(p)s, %(h)s, 1, clock_timestamp(), "
+    "clock_timestamp(), clock_timestamp() + make_interval(secs => %(term)s), "
+    "pg_backend_pid()) "
+    "ON CONFLICT (pipeline) DO UPDATE SET holder = excluded.holder, "
+    "tenure = CASE WHEN l.holder = excluded.holder AND l.expires_at > "
+    "clock_timestamp() THEN l.tenure ELSE l.tenure + 1 END, "
+    "acquired_at = CASE WHEN l.holder = excluded.holder AND l.expires_at > "
+    "clock_timestamp() THEN l.acquired_at ELSE clock_timestamp() END, "
+    "renewed_at = clock_timestamp(), expires_at = excluded.expires_at, "
+    "backend_pid = excluded.backend_pid "
+)
+_RETURNING: Final = (
+    "RETURNING pipeline, holder, tenure, expires_at, "
+    "extract(epoch FROM expires_at - clock_timestamp())"
+)
 
 
 class PgLease:
@@ -135,34 +156,12 @@ class PgLease:
         wins: the row is locked by the upsert, and the loser's condition is
         checked again on the winner's row, which has not expired.
         """
-        row, sent = self._timed(
-            sql.SQL(
-                "INSERT INTO {t} AS l (pipeline, holder, tenure, acquired_at, renewed_at, "
-                "expires_at, backend_pid) VALUES (%(p)s, %(h)s, 1, clock_timestamp(), "
-                "clock_timestamp(), clock_timestamp() + make_interval(secs => %(term)s), "
-                "pg_backend_pid()) "
-                "ON CONFLICT (pipeline) DO UPDATE SET holder = excluded.holder, "
-                "tenure = CASE WHEN l.holder = excluded.holder AND l.expires_at > "
-                "clock_timestamp() THEN l.tenure ELSE l.tenure + 1 END, "
-                "acquired_at = CASE WHEN l.holder = excluded.holder AND l.expires_at > "
-                "clock_timestamp() THEN l.acquired_at ELSE clock_timestamp() END, "
-                "renewed_at = clock_timestamp(), expires_at = excluded.expires_at, "
-                "backend_pid = excluded.backend_pid "
-                "WHERE l.expires_at <= clock_timestamp() OR l.holder = excluded.holder "
-                "OR (l.renewed_at < clock_timestamp() - make_interval(secs => %(grace)s) "
-                "AND l.backend_pid IS NOT NULL "
-                "AND NOT EXISTS (SELECT FROM pg_stat_activity a WHERE a.pid = l.backend_pid)) "
-                "RETURNING pipeline, holder, tenure, expires_at, "
-                "extract(epoch FROM expires_at - clock_timestamp())"
-            ),
-            {"p": self.pipeline, "h": self.holder, "term": self.term_s, "grace": self.term_s / 2},
+        return self._take(
+            "WHERE l.expires_at <= clock_timestamp() OR l.holder = excluded.holder "
+            "OR (l.renewed_at < clock_timestamp() - make_interval(secs => %(grace)s) "
+            "AND l.backend_pid IS NOT NULL "
+            "AND NOT EXISTS (SELECT FROM pg_stat_activity a WHERE a.pid = l.backend_pid)) "
         )
-        if row is None:
-            self._tenure = None
-            return None
-        state = _state(row)
-        self._tenure, self._valid_until = state.tenure, sent + self.term_s
-        return state
 
     def preempt(self) -> LeaseState:
         """Take the lease now, from whoever holds it (a rebuild makes the pipeline step aside).
@@ -172,23 +171,22 @@ class PgLease:
         finds it held and waits. The holder's writes are stopped by the
         generation the preempting instance claims next, not by this row.
         """
+        state = self._take("")
+        assert state is not None  # an upsert without a WHERE always returns its row
+        return state
+
+    def _take(self, when: LiteralString) -> LeaseState | None:
+        """The lease upserted as ours where the row is absent or ``when`` holds on it.
+
+        A new holder gets the next tenure; taking our own live lease again keeps it.
+        """
         row, sent = self._timed(
-            sql.SQL(
-                "INSERT INTO {t} AS l (pipeline, holder, tenure, acquired_at, renewed_at, "
-                "expires_at, backend_pid) VALUES (%(p)s, %(h)s, 1, clock_timestamp(), "
-                "clock_timestamp(), clock_timestamp() + make_interval(secs => %(term)s), "
-                "pg_backend_pid()) "
-                "ON CONFLICT (pipeline) DO UPDATE SET holder = excluded.holder, "
-                "tenure = CASE WHEN l.holder = excluded.holder THEN l.tenure "
-                "ELSE l.tenure + 1 END, acquired_at = clock_timestamp(), "
-                "renewed_at = clock_timestamp(), expires_at = excluded.expires_at, "
-                "backend_pid = excluded.backend_pid "
-                "RETURNING pipeline, holder, tenure, expires_at, "
-                "extract(epoch FROM expires_at - clock_timestamp())"
-            ),
-            {"p": self.pipeline, "h": self.holder, "term": self.term_s},
+            sql.SQL(_UPSERT + when + _RETURNING),
+            {"p": self.pipeline, "h": self.holder, "term": self.term_s, "grace": self.term_s / 2},
         )
-        assert row is not None  # an upsert without a WHERE always returns its row
+        if row is None:
+            self._tenure = None
+            return None
         state = _state(row)
         self._tenure, self._valid_until = state.tenure, sent + self.term_s
         return state
