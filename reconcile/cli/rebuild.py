@@ -38,7 +38,7 @@ from typing import Any
 
 import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
 
-from reconcile.cli.config import Config, PipelineConfig, RunSettings, load_config
+from reconcile.cli.config import PipelineConfig, RunSettings, load_config
 from reconcile.core import interrupts
 from reconcile.core.contract import ConfigurationError
 from reconcile.rebuild import DEFAULT_PART_ROWS, RebuildReport
@@ -78,25 +78,17 @@ def add_rebuild_parser(commands: Any) -> None:
     rebuild.add_argument("--json", action="store_true", help="print one JSON object")
 
 
-def _settings(config: Config, name: str) -> tuple[PipelineConfig, RunSettings]:
-    pipeline = config.pipeline(name)
-    if pipeline.run is None:
-        raise ConfigurationError(
-            f"{config.path}: pipelines.{name}.run: is required by reconcile rebuild (its app "
-            "and checkpoint say what to replay)"
-        )
-    return pipeline, pipeline.run
-
-
 def run_rebuild(args: argparse.Namespace, spark: Any = None) -> int:
     """``reconcile rebuild``; the exit code. ``spark``: a session to use (spark-submit's)."""
     from reconcile.cli.config_sinks import check_writable, cycle_builder
-    from reconcile.cli.run import load_app
+    from reconcile.cli.run import load_app, run_settings
     from reconcile.ha import open_lease
     from reconcile.rebuild import plan, rebuild, rollback
 
     config = load_config(args.config)
-    pipeline, settings = _settings(config, args.pipeline)
+    pipeline, settings = run_settings(
+        config, args.pipeline, "rebuild", "its app and checkpoint say what to replay"
+    )
     check_writable(pipeline, config.path)
     if args.part_rows < 1:
         raise ConfigurationError(

@@ -56,7 +56,15 @@ if TYPE_CHECKING:
     from reconcile.core.metrics import Metrics
     from reconcile.engine.cycle import CommitCycle
 
-__all__ = ["EXIT_ERROR", "EXIT_REJECTED", "add_run_parser", "call_app", "load_app", "run_command"]
+__all__ = [
+    "EXIT_ERROR",
+    "EXIT_REJECTED",
+    "add_run_parser",
+    "call_app",
+    "load_app",
+    "run_command",
+    "run_settings",
+]
 
 log = logging.getLogger("reconcile.run")
 
@@ -186,12 +194,17 @@ def _as_is(batch: Any) -> Any:
     return batch
 
 
-def _settings(config: Config, name: str) -> tuple[PipelineConfig, RunSettings]:
+def run_settings(
+    config: Config,
+    name: str,
+    command: str = "run",
+    why: str = "[pipelines.NAME.run] with app and checkpoint; see examples/reconcile.toml",
+) -> tuple[PipelineConfig, RunSettings]:
+    """The pipeline and its run table, which ``reconcile <command>`` requires (``why``)."""
     pipeline = config.pipeline(name)
     if pipeline.run is None:
         raise ConfigurationError(
-            f"{config.path}: pipelines.{name}.run: is required by reconcile run "
-            "([pipelines.NAME.run] with app and checkpoint; see examples/reconcile.toml)"
+            f"{config.path}: pipelines.{name}.run: is required by reconcile {command} ({why})"
         )
     return pipeline, pipeline.run
 
@@ -237,7 +250,7 @@ def run_command(args: argparse.Namespace) -> int:
     from reconcile.cli.config_sinks import check_writable
 
     config = load_config(args.config)
-    pipeline, settings = _settings(config, args.pipeline)
+    pipeline, settings = run_settings(config, args.pipeline)
     check_writable(pipeline, config.path)
 
     def redact(text: str) -> str:
