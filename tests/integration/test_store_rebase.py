@@ -19,8 +19,10 @@ import pytest
 from deltalake import DeltaTable
 
 from expected_state.live import live_files
+from expected_state.rebasing import REBASE_WRITTEN
 from expected_state.store import ExpectedStateStore
-from reconcile.core.contract import InvalidInputError
+from reconcile.core import hooks
+from reconcile.core.contract import FencedError, InvalidInputError
 from reconcile.core.hashing import row_hash_arrow
 
 pytestmark = pytest.mark.integration
@@ -99,3 +101,17 @@ def test_a_new_state_that_repeats_a_key_is_refused(tmp_path: Path) -> None:
     two = _store(tmp_path / "two", ["a", "b"], [pa.table({"a": [1], "b": [1], "v": [1]})])
     with pytest.raises(InvalidInputError, match="1 repeated keys"):
         two.prepare_rebase(pa.table({"a": [1, 1], "b": [2, 2], "v": [1, 2]}), through=0)
+
+
+def test_a_takeover_that_lands_before_the_rebases_commit_fences_it(tmp_path: Path) -> None:
+    store = _store(tmp_path, ["id"], [pa.table({"id": [1, 2], "v": [1, 2]})])
+    rebase = store.prepare_rebase(pa.table({"id": [1, 2], "v": [1, 20]}), through=0)
+
+    def takeover() -> None:
+        ExpectedStateStore(str(tmp_path), "shop", "t", ["id"], generation=2).claim()
+
+    with hooks.at(REBASE_WRITTEN, takeover) as armed, pytest.raises(FencedError):
+        store.rebase(rebase, label="zombie", metadata={})
+    assert armed.fired == 1
+    assert store.rebased_by("zombie") is None  # no commit of it in the Delta log
+    assert {r["id"]: r["v"] for r in store.snapshot(0, ["id", "v"]).to_pylist()} == {1: 1, 2: 2}
