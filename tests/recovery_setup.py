@@ -157,6 +157,13 @@ def make_setup(
     return Setup(dsn, root, table, schema, keys, state=f"{root}/progress")
 
 
+def read_connection(dsn: str) -> psycopg.Connection[Any]:
+    """A connection of the test's own that reads values the same whatever the defaults."""
+    return psycopg.connect(
+        dsn, autocommit=True, options="-c DateStyle=ISO -c bytea_output=hex -c extra_float_digits=3"
+    )
+
+
 def _norm(value: Any) -> Any:
     if isinstance(value, uuid.UUID):
         return str(value)
@@ -168,7 +175,7 @@ def _norm(value: Any) -> Any:
 def sink_rows(setup: Setup) -> dict[tuple[Any, ...], dict[str, Any]]:
     """What the sink table holds, read with psycopg (not through recovery)."""
     names = setup.schema.names
-    with psycopg.connect(setup.dsn, autocommit=True) as conn:
+    with read_connection(setup.dsn) as conn:
         cur = conn.execute(
             sql.SQL("SELECT {} FROM {}").format(
                 sql.SQL(", ").join(map(sql.Identifier, names)), sql.Identifier(setup.table)

@@ -13,13 +13,37 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from reconcile.core.contract import ConfigurationError, ReconcileError, RetryableError
 from reconcile.core.logs import scrub
 
-__all__ = ["SECRET_PARAMS", "PgTarget", "connect_failure", "redact_text"]
+__all__ = ["SECRET_PARAMS", "SESSION_SETTINGS", "PgTarget", "connect_failure", "redact_text"]
 
 REDACTED = "***"
 
 # libpq parameters whose values are secrets: kept out of ``params`` (and so out
 # of every repr), and redacted from every message by literal value.
 SECRET_PARAMS = ("password", "sslpassword")
+
+# The settings every session of the engine pins, whatever the server, database or
+# role says (ALTER ROLE/DATABASE ... SET): what is read and written as text must
+# not depend on them. DateStyle decides how psycopg parses a date or timestamp
+# the server sends as text (it cannot parse 'SQL, DMY'); TimeZone how a
+# timestamptz reads and what a timestamp literal means; IntervalStyle how an
+# interval reads; extra_float_digits whether a float8 read as text round-trips
+# (below 1 it is rounded); bytea_output how a bytea reads as text;
+# standard_conforming_strings whether a backslash in a literal is an escape.
+# They go into the startup packet's options, which take precedence over every
+# per-role and per-database default, so no extra round trip is needed and no
+# connection, however it is opened, runs without them. A user's own options
+# come first: ours come last and win.
+SESSION_SETTINGS: tuple[tuple[str, str], ...] = (
+    ("DateStyle", "ISO, MDY"),
+    ("IntervalStyle", "postgres"),
+    ("TimeZone", "UTC"),
+    ("extra_float_digits", "3"),
+    ("bytea_output", "hex"),
+    ("standard_conforming_strings", "on"),
+)
+_SESSION_OPTIONS = " ".join(
+    f"-c {name}={value.replace(' ', '')}" for name, value in SESSION_SETTINGS
+)
 
 # postgresql+psycopg://, postgresql+psycopg2://, postgres+asyncpg://: the
 # SQLAlchemy dialect+driver prefix. libpq understands only the bare scheme.
@@ -124,6 +148,7 @@ class PgTarget:
         params: dict[str, Any] = dict(self.params)
         params.update(self._all_secrets())
         params.update({k: v for k, v in overrides.items() if v is not None})
+        params["options"] = f"{params.get('options') or ''} {_SESSION_OPTIONS}".strip()
         return make_conninfo(**params)
 
     def _all_secrets(self) -> dict[str, str]:
