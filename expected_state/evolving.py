@@ -33,6 +33,7 @@ import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake.exceptions import CommitFailedError, DeltaError
 
+from expected_state.column_types import check_column_names
 from expected_state.delta_commit import make_durable
 from expected_state.evolved_files import ADDED_EPOCH
 from expected_state.fencing import check_generation
@@ -84,6 +85,7 @@ class Evolving:
                     table=self.uri,
                     column=name,
                 )
+        check_column_names(change.after.names, table=self.uri)
         before = self._schema
         assert before is not None
         fields = [before.field(n) if before.get_field_index(n) >= 0 else None
