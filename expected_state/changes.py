@@ -11,10 +11,12 @@ import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
 import pyarrow.compute as pc  # type: ignore[import-untyped, unused-ignore]
 
 from expected_state.column_types import infer_user_schema, sql_type, type_names
+from expected_state.forms import check_refused, formed, formed_values
 from expected_state.merge import last_per_key
 from reconcile.core.contract import Change, InvalidInputError
 from reconcile.core.decimals import DecimalFitError, check_decimal, check_decimal_array
 from reconcile.core.hashing import row_hash_arrow
+from reconcile.core.value_forms import forms_of
 
 __all__ = [
     "OP_COLUMN",
@@ -136,13 +138,15 @@ def _conform(
     return pa.table(columns, schema=schema)
 
 
-def _from_change_objects(
-    changes: Iterable[Change], keys: Sequence[str], known: pa.Schema | None, table: str
-) -> pa.Table:
+def _from_change_objects(changes: Iterable[Change], keys: Sequence[str], known: pa.Schema | None,
+                         table: str, types: pa.Schema | None) -> pa.Table:  # fmt: skip
     """Arrow rows with ``_op`` from Change objects (small epochs; a Python loop is fine).
 
     ``known``: the table's types (or the sink's), for values Arrow cannot infer.
+    Values of a column with a form (``types``) are put in it first: a ``uuid.UUID``
+    becomes its text, a dict its JSON text.
     """
+    forms = forms_of(types, known)
     rows: list[dict[str, Any]] = []
     for change in changes:
         if not isinstance(change, Change):
@@ -158,9 +162,9 @@ def _from_change_objects(
     # Every column any row names, in first-seen order: from_pylist alone would
     # take the columns of the first row only (a delete's keys, say).
     names = list(dict.fromkeys(name for row in rows for name in row))
-    return pa.table(
-        {name: _column(name, [row.get(name) for row in rows], known, table) for name in names}
-    )
+    values = {name: formed_values(name, [row.get(name) for row in rows], forms.get(name),
+                                  types, table) for name in names}  # fmt: skip
+    return pa.table({name: _column(name, values[name], known, table) for name in names})
 
 
 def _column(name: str, values: list[Any], known: pa.Schema | None, table: str) -> pa.Array:
@@ -245,11 +249,15 @@ def normalize_changes(
         InvalidInputError: a missing/extra/mistyped column, a NULL key, a bad
             ``_op``, or a reserved column name; nothing was written.
     """
+    # Values are put into their column's form first (``value_forms``): a key
+    # given as 'ABC…' and as 'abc…' is then one key, netted as one.
     if isinstance(changes, pa.Table):
-        data = changes
+        check_refused(changes.column_names, types, table)
+        data = formed(changes, forms_of(types, schema), types, table)
     else:
         known = schema if schema is not None else types
-        data = _from_change_objects(changes, keys, known, table)
+        data = _from_change_objects(changes, keys, known, table, types)
+        check_refused(data.column_names, types, table)
     empty = data.num_rows == 0 and data.num_columns == 0
     if empty and schema is None:
         schema = _sink_schema(types, keys, table)
@@ -351,6 +359,7 @@ def conform_upserts(
         InvalidInputError: a key column missing or NULL, or a value that does not fit
             (naming the column and the value); nothing was written.
     """
+    rows = formed(rows, forms_of(types, schema), types, table)
     _check_keys(rows, keys, table, ("rows", "row(s)"))
     return _conform(rows, schema, table=table, what="upserts", types=types)
 

@@ -102,9 +102,17 @@ KINDS: dict[str, str] = {
     "timestamptz": "timestamptz",
     "text": "text",
     "varchar": "text",
+    "citext": "text",
+    # Held as their value form's text (reconcile.core.value_forms): the field is
+    # that text, which the server side reads as the column gives it back.
+    "bpchar": "char",
+    "json": "jsontext",
+    "jsonb": "jsonb",
     "uuid": "uuid",
     "bytea": "bytes",
 }
+# Kinds whose field is the text the expected state holds, as for ``text``.
+_TEXT_KINDS = frozenset({"text", "char", "jsontext", "jsonb"})
 _SUPPORTED = frozenset(KINDS.values())
 _SEP = "|"
 _MASK32 = np.uint32(0xFFFFFFFF)
@@ -230,7 +238,7 @@ def _field_arrow(column: str, arr: pa.Array, kind: str) -> pa.Array:
         micros = raw // 1000 if unit == "ns" else raw * _US_PER_UNIT[unit]
         out = _big_endian_hex((micros - _EPOCH_2000_US).astype(np.int64), 8)
         return pc.if_else(valid, out, pa.scalar(None, pa.string()))
-    if kind == "text":
+    if kind in _TEXT_KINDS:
         text = arr.cast(pa.large_string())
         lengths = pc.binary_length(text).cast(pa.string()).cast(pa.large_string())
         return pc.binary_join_element_wise(lengths, text, pa.scalar(":", pa.large_string()))

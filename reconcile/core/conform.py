@@ -46,8 +46,10 @@ class SinkColumn:
 
     Attributes:
         name: the column name.
-        kind: int, numeric, float8, float4, bool, text, uuid, date, timestamp,
-            timestamptz, bytes, json (any value: a schemaless sink's), or other.
+        kind: int, numeric, float8, float4, bool, text, char (blank-padded
+            text), jsontext (JSON text as given), jsonb (canonical JSON text),
+            uuid, date, timestamp, timestamptz, bytes, json (any value: a
+            schemaless sink's), or other.
         sql_type: the database's own spelling of its type, for messages.
     """
 
@@ -68,6 +70,10 @@ def _fits(kind: str, typ: pa.DataType) -> bool:
         "float4": t.is_float32(typ),
         "bool": t.is_boolean(typ),
         "text": stringy,
+        # Text in a value form (reconcile.core.value_forms): char(n), json, jsonb.
+        "char": stringy,
+        "jsontext": stringy,
+        "jsonb": stringy,
         "uuid": stringy or (t.is_fixed_size_binary(typ) and typ.byte_width == 16),
         "date": t.is_date(typ),
         "timestamp": t.is_timestamp(typ) and typ.tz is None,
@@ -131,9 +137,10 @@ def wants_text(kind: str, typ: pa.DataType) -> bool:
     """Whether the sink column is best read as text to reach ``typ`` exactly.
 
     numeric is read as its text (an exact decimal); a uuid kept as a string in
-    the expected state is read as its canonical (lowercase, hyphenated) text.
+    the expected state is read as its canonical (lowercase, hyphenated) text;
+    json and jsonb as their text, which is their value form (``value_forms``).
     """
-    return kind == "numeric" or (
+    return kind in ("numeric", "jsontext", "jsonb") or (
         kind == "uuid" and (pa.types.is_string(typ) or pa.types.is_large_string(typ))
     )
 

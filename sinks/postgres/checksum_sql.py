@@ -45,6 +45,16 @@ def _field_sql(column: str, kind: str, alias: str | None) -> sql.Composable:
         )
     if kind == "text":
         return sql.SQL("pg_catalog.octet_length({c})::text || ':' || {c}::text").format(c=c)
+    if kind in ("jsonb", "jsontext"):
+        # Their text is their form: jsonb's canonical output, json's text as given.
+        return sql.SQL("pg_catalog.octet_length({c}::text)::text || ':' || {c}::text").format(c=c)
+    if kind == "char":
+        # char(n) with its padding, as the expected state holds it: a cast to
+        # text would drop the trailing blanks.
+        return sql.SQL(
+            "pg_catalog.octet_length({c})::text || ':' || "
+            "pg_catalog.textin(pg_catalog.bpcharout({c}))"
+        ).format(c=c)
     # bytes: 'x' first, so that an empty value is not the empty field of a NULL.
     return sql.SQL("'x' || pg_catalog.encode({}, 'hex')").format(c)
 

@@ -1,9 +1,11 @@
 """The target's columns as recovery sees them, and how a pull selects each of them.
 
-A column's recovery kind comes from its ``pg_type.typname``; a pull selects
-a value as text where the expected state keeps it as text (``wants_text``), a
-uuid as its 16 bytes, and every other column as it is, so that Arrow gets
-each value in the expected state's own type.
+A column's recovery kind comes from its ``pg_type.typname`` (``arrow_types``);
+a pull selects a value as text where the expected state keeps it as text
+(``wants_text``: numeric, uuid, json, jsonb), a uuid as its 16 bytes where the
+store keeps bytes, and every other column as it is (a ``char(n)`` with its
+padding, which a cast to text would drop), so that Arrow gets each value in
+the expected state's own type and form.
 """
 
 from __future__ import annotations
@@ -13,32 +15,16 @@ from psycopg import sql
 
 from reconcile.core.conform import SinkColumn, wants_text
 
+from .arrow_types import recovery_kind
 from .schema import TableSchema
 
 __all__ = ["select_list", "sink_columns"]
-
-_KINDS = {
-    "int2": "int",
-    "int4": "int",
-    "int8": "int",
-    "numeric": "numeric",
-    "float8": "float8",
-    "float4": "float4",
-    "bool": "bool",
-    "text": "text",
-    "varchar": "text",
-    "uuid": "uuid",
-    "date": "date",
-    "timestamp": "timestamp",
-    "timestamptz": "timestamptz",
-    "bytea": "bytes",
-}
 
 
 def sink_columns(table: TableSchema) -> dict[str, SinkColumn]:
     """The target's columns as recovery sees them (kind by pg_type.typname)."""
     return {
-        name: SinkColumn(name, _KINDS.get(col.typname, "other"), col.sql_type)
+        name: SinkColumn(name, recovery_kind(col.typname), col.sql_type)
         for name, col in table.columns.items()
     }
 

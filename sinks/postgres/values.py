@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import datetime as dt
 import decimal
-import json
 import uuid
 from typing import Any
 
@@ -13,7 +12,9 @@ from psycopg.types.json import Json, Jsonb
 
 from reconcile.core.contract import InvalidInputError
 from reconcile.core.decimals import DecimalFitError, check_decimal
+from reconcile.core.value_forms import FormError
 
+from .arrow_types import column_form
 from .schema import Column, TableSchema
 
 __all__ = [
@@ -127,18 +128,15 @@ def coerce_value(col: Column, value: Any) -> Any:
             raise BadValue(f"expected a str for {col.sql_type}")
         if "\x00" in value:
             raise BadValue("text cannot contain NUL characters")
+        if col.typname == "bpchar":
+            # Padded here as the server pads it: the expected state holds this form.
+            return _formed(col, value)
         if col.max_length is not None and len(value) > col.max_length:
             raise BadValue(f"longer than {col.sql_type} allows")
         return value
     if kind == "uuid":
-        if isinstance(value, uuid.UUID):
-            return value
-        if isinstance(value, str):
-            try:
-                return uuid.UUID(value)
-            except ValueError:
-                raise BadValue("not a UUID") from None
-        raise BadValue("expected a UUID or a UUID string")
+        # Any spelling, in the one form the store holds (reconcile.core.value_forms).
+        return uuid.UUID(_formed(col, value))
     if kind == "date":
         if isinstance(value, dt.datetime) or not isinstance(value, dt.date):
             raise BadValue("expected a datetime.date")
@@ -151,17 +149,16 @@ def coerce_value(col: Column, value: Any) -> Any:
             raise BadValue("naive datetime for timestamptz: give a timezone-aware datetime")
         if kind == "timestamp" and aware:
             raise BadValue("timezone-aware datetime for timestamp without time zone")
-        return value
+        return _formed(col, value)  # timestamp(p) would round a finer value: refused
     if kind == "time":
         if not isinstance(value, dt.time):
             raise BadValue("expected a datetime.time")
         return value
     if kind == "json":
-        try:
-            text = json.dumps(value)
-        except (TypeError, ValueError):
-            raise BadValue("not JSON-serializable") from None
-        # Keep the text: it is sent as is (not dumped twice) and measured.
+        # A str is JSON text (not a JSON string); anything else is dumped. The
+        # text sent is the one the expected state holds (its form): jsonb's
+        # canonical text, json's text as given. Kept, so it is not dumped twice.
+        text = _formed(col, value)
         wrapper = Jsonb if col.typname == "jsonb" else Json
         return wrapper(value, dumps=DumpedJson(text))
     if kind == "bytes":
@@ -175,6 +172,17 @@ def coerce_value(col: Column, value: Any) -> Any:
     if not isinstance(value, str):
         raise BadValue(f"type {col.sql_type} takes its text form: give a str")
     return value
+
+
+def _formed(col: Column, value: Any) -> Any:
+    """``value`` in the column's value form (as is without one); a misfit says why."""
+    form = column_form(col)
+    if form is None:
+        return value
+    try:
+        return form.of_python(value)
+    except FormError as err:
+        raise ValueMisfit(f"does not fit {col.sql_type}: {err.reason}") from None
 
 
 def arrow_type_fits(col: Column, typ: pa.DataType) -> bool:
