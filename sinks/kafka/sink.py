@@ -470,11 +470,19 @@ class KafkaSink(OpenTxnSink[KafkaTxn, list[Record]]):
                 break
         # A COMMIT without a definite answer: the producer is thrown away, and
         # a new one with the same transactional.id makes the broker finish the
-        # old transaction before it answers; then the marker decides.
+        # old transaction before it answers; then the marker decides. Not for a
+        # generation that a newer one fenced off: its new producer would fence
+        # the live writer's in turn; the marker alone answers it.
         if self._producer is not None and self._producer.producer is held.producer:
             self._producer = None
         try:
-            _, state = self._producer_for(txn_id, self.markers(txn_id.pipeline).read())
+            state = self.markers(txn_id.pipeline).read()
+            found = self._marker_outcome(state, txn_id)
+            if found is None:
+                found = self._fenced(state, txn_id)
+            if found is not None:
+                return found
+            _, state = self._producer_for(txn_id, state)
         except RetryableError as err:
             return Retryable.of(err)
         found = self._marker_outcome(state, txn_id)

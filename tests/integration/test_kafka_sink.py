@@ -13,11 +13,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pytest
 from confluent_kafka import Producer
 
 from reconcile import CommitCycle, CommitSucceeded, recover
-from reconcile.core.contract import Change, ConfigurationError
+from reconcile.core.contract import OK, Change, ConfigurationError, SinkTxnId
+from reconcile.core.target import Repair
 from reconcile.engine.expected import ExpectedState
 from reconcile.testing.kafka_broker import KafkaBroker
 from sinks.kafka.records import decode_key, decode_value, encode_key, encode_value
@@ -99,3 +101,57 @@ def test_a_topic_that_does_not_exist_is_named_at_start(
     with pytest.raises(ConfigurationError, match="topic 'no-such-topic' does not exist"):
         cycle.start()
     cycle.close()
+
+
+def test_a_zombie_producer_is_fenced_by_the_broker(
+    kafka_broker: KafkaBroker, kafka_topic: Callable[..., str]
+) -> None:
+    """A paused writer's open transaction never commits once a newer writer took over.
+
+    The zombie prepared epoch 5 (its records are in the log, uncommitted); a newer
+    generation's producer takes the same transactional.id, which makes the broker
+    abort the zombie's transaction and refuse its commit.
+    """
+    topic = kafka_topic("zombie")
+    options: dict[str, Any] = {
+        "name": "orders",
+        "key": ["id"],
+        "marker_topic": f"{topic}-markers",
+        "transactional_prefix": topic,
+    }
+    zombie = KafkaSink(kafka_broker.bootstrap, topic, **options)
+    newer = KafkaSink(kafka_broker.bootstrap, topic, **options)
+    old, new = SinkTxnId("shop", "orders", 5, 1), SinkTxnId("shop", "orders", 5, 2)
+    assert zombie.stage(old, [{"id": 1, "v": "zombie"}]) == zombie.prepare(old) == OK
+    assert newer.stage(new, [{"id": 1, "v": "newer"}]) == newer.prepare(new) == OK
+    assert newer.commit(new) == OK
+    # The broker refused the zombie's commit; the epoch is in (the newer writer's
+    # marker), so its commit answers OK, and nothing of the zombie's is visible.
+    assert zombie.commit(old) == OK
+    after = SinkTxnId("shop", "orders", 6, 2)  # and the zombie did not fence the newer writer
+    assert newer.stage(after, [{"id": 2, "v": "next"}]) == newer.prepare(after) == OK
+    assert newer.commit(after) == OK
+    rows = [decode_value(v or b"") for _, v, _ in read_topic(kafka_broker, topic)]
+    assert rows == [{"id": 1, "v": "newer"}, {"id": 2, "v": "next"}]
+    assert len(read_topic(kafka_broker, topic, committed=False)) > len(rows)  # the zombie's
+    zombie.close()
+    newer.close()
+
+
+def test_a_repair_whose_marker_moved_since_the_pull_writes_nothing(
+    kafka_broker: KafkaBroker, kafka_topic: Callable[..., str], tmp_path: Path
+) -> None:
+    topic = kafka_topic("moved", **{"cleanup.policy": "compact"})
+    write_epochs(kafka_broker, topic, tmp_path, 2)
+    sink = KafkaSink(kafka_broker.bootstrap, topic, name="orders", key=["id"],
+                     marker_topic=f"{topic}-markers", transactional_prefix=topic)  # fmt: skip
+    target = sink.recovery_target("shop", None, write=True)
+    before = read_topic(kafka_broker, topic)
+    upserts = pa.table({"id": [7000], "name": ["x"], "total": [1]})
+    stale = Repair(upserts, pa.table({"id": pa.array([], pa.int64())}), 1, seen_newest=0)
+    assert target.apply(stale) is None  # the sink's newest marker is 1, not 0
+    assert read_topic(kafka_broker, topic) == before
+    current = Repair(upserts, pa.table({"id": pa.array([], pa.int64())}), 1, seen_newest=1)
+    assert target.apply(current) == 1
+    assert len(read_topic(kafka_broker, topic)) == len(before) + 1
+    sink.close()
