@@ -5,9 +5,15 @@ The same three facts as the Postgres sink's tables, under their own names
 committed epoch, the newest writer generation per (pipeline, sink), one row
 per repair. They are created through SQLAlchemy in ``state_schema`` (default:
 the connection's), and checked at every bind on MySQL and MariaDB
-(``sql_checks.py``: kind, columns, triggers, other users' grants). Other
-dialects are not checked: owners, triggers and grants are spelt differently in
-every database, and SQLite has no users.
+(``sql_checks.py``: kind, engine, columns, triggers, other users' grants).
+Other dialects are not checked: owners, triggers and grants are spelt
+differently in every database, and SQLite has no users.
+
+On MySQL and MariaDB they are InnoDB tables whatever the server's default
+engine (a MyISAM marker would survive the rollback of its epoch, which would
+then never be written), and the pipeline and sink names are ``ascii_bin``
+(the database's default collation would take ``Shop`` and ``shop`` for one
+pipeline).
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import sqlalchemy as sa
+from sqlalchemy.dialects import mysql
 
 from sinks.objects.sql_checks import check_sql_state
 
@@ -24,6 +31,7 @@ __all__ = [
     "SQL_MARKERS",
     "SQL_REPAIRS",
     "SQL_SCOPE_KEYS",
+    "STATE_ENGINE",
     "create_scope_keys",
     "create_sql_state",
     "sql_state_tables",
@@ -34,6 +42,16 @@ SQL_FENCES = "reconcile_sql_fences"
 SQL_REPAIRS = "reconcile_sql_repairs"
 # Scoped pull-and-diff stages the keys it looks up in this temporary table.
 SQL_SCOPE_KEYS = "_reconcile_scope_keys"
+# The only storage engine of MySQL and MariaDB whose writes roll back with
+# their transaction (and the one every server has).
+STATE_ENGINE = "InnoDB"
+_MYSQL = ("mysql", "mariadb")  # SQLAlchemy's two names for the dialect
+
+
+def _name_type() -> sa.types.TypeEngine[str]:
+    """A pipeline's or sink's name: binary on MySQL and MariaDB (text compares without case)."""
+    binary = mysql.VARCHAR(63, charset="ascii", collation="ascii_bin")
+    return sa.String(63).with_variant(binary, *_MYSQL)
 
 
 def sql_state_tables(schema: str | None) -> tuple[sa.MetaData, sa.Table, sa.Table, sa.Table]:
@@ -42,28 +60,32 @@ def sql_state_tables(schema: str | None) -> tuple[sa.MetaData, sa.Table, sa.Tabl
     markers = sa.Table(
         SQL_MARKERS,
         metadata,
-        sa.Column("pipeline", sa.String(63), primary_key=True),
-        sa.Column("sink", sa.String(63), primary_key=True),
+        sa.Column("pipeline", _name_type(), primary_key=True),
+        sa.Column("sink", _name_type(), primary_key=True),
         sa.Column("epoch", sa.BigInteger, primary_key=True, autoincrement=False),
         sa.Column("target_table", sa.Text, nullable=False),
         sa.Column("log_id", sa.Text, nullable=True),
         sa.Column("generation", sa.BigInteger, nullable=False),
         sa.Column("row_count", sa.BigInteger, nullable=False),
+        mysql_engine=STATE_ENGINE,
+        mariadb_engine=STATE_ENGINE,
     )
     fences = sa.Table(
         SQL_FENCES,
         metadata,
-        sa.Column("pipeline", sa.String(63), primary_key=True),
-        sa.Column("sink", sa.String(63), primary_key=True),
+        sa.Column("pipeline", _name_type(), primary_key=True),
+        sa.Column("sink", _name_type(), primary_key=True),
         sa.Column("generation", sa.BigInteger, nullable=False),
         sa.Column("log_id", sa.Text, nullable=True),
+        mysql_engine=STATE_ENGINE,
+        mariadb_engine=STATE_ENGINE,
     )
     repairs = sa.Table(
         SQL_REPAIRS,
         metadata,
         sa.Column("repair_id", sa.String(36), primary_key=True),
-        sa.Column("pipeline", sa.String(63), nullable=False),
-        sa.Column("sink", sa.String(63), nullable=False),
+        sa.Column("pipeline", _name_type(), nullable=False),
+        sa.Column("sink", _name_type(), nullable=False),
         sa.Column("epoch", sa.BigInteger, nullable=False),
         sa.Column("target_table", sa.Text, nullable=False),
         sa.Column("mode", sa.String(16), nullable=False),
@@ -71,6 +93,8 @@ def sql_state_tables(schema: str | None) -> tuple[sa.MetaData, sa.Table, sa.Tabl
         sa.Column("extra", sa.BigInteger, nullable=False),
         sa.Column("changed", sa.BigInteger, nullable=False),
         sa.Column("applied", sa.BigInteger, nullable=False),
+        mysql_engine=STATE_ENGINE,
+        mariadb_engine=STATE_ENGINE,
     )
     return metadata, markers, fences, repairs
 
