@@ -128,10 +128,13 @@ class MariadbTenants:
         """The SQLAlchemy URL of the database as ``user`` (default: the sink's)."""
         return self.server.url(self.db).replace("//root@", f"//{user or self.app}@") + query
 
-    def connect(self, user: str | None = None) -> pymysql.connections.Connection[Any]:
-        """An autocommit connection as ``user`` (None: root)."""
+    def connect(
+        self, user: str | None = None, *, in_db: bool = True
+    ) -> pymysql.connections.Connection[Any]:
+        """An autocommit connection as ``user`` (None: root); in the database if ``in_db``."""
         return pymysql.connect(host="127.0.0.1", port=self.server.port, user=user or "root",
-                               database=self.db, autocommit=True, connect_timeout=5)  # fmt: skip
+                               database=self.db if in_db else None, autocommit=True,
+                               connect_timeout=5)  # fmt: skip
 
     def run(self, user: str | None, *statements: str) -> None:
         """Run statements as ``user`` (None: root); {db}, {app} and {cotenant} filled in."""
