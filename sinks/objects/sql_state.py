@@ -46,6 +46,7 @@ SQL_SCOPE_KEYS = "_reconcile_scope_keys"
 # their transaction (and the one every server has).
 STATE_ENGINE = "InnoDB"
 _MYSQL = ("mysql", "mariadb")  # SQLAlchemy's two names for the dialect
+_ON_MYSQL: dict[str, Any] = {f"{d}_engine": STATE_ENGINE for d in _MYSQL}
 
 
 def _name_type() -> sa.types.TypeEngine[str]:
@@ -67,8 +68,7 @@ def sql_state_tables(schema: str | None) -> tuple[sa.MetaData, sa.Table, sa.Tabl
         sa.Column("log_id", sa.Text, nullable=True),
         sa.Column("generation", sa.BigInteger, nullable=False),
         sa.Column("row_count", sa.BigInteger, nullable=False),
-        mysql_engine=STATE_ENGINE,
-        mariadb_engine=STATE_ENGINE,
+        **_ON_MYSQL,
     )
     fences = sa.Table(
         SQL_FENCES,
@@ -77,8 +77,7 @@ def sql_state_tables(schema: str | None) -> tuple[sa.MetaData, sa.Table, sa.Tabl
         sa.Column("sink", _name_type(), primary_key=True),
         sa.Column("generation", sa.BigInteger, nullable=False),
         sa.Column("log_id", sa.Text, nullable=True),
-        mysql_engine=STATE_ENGINE,
-        mariadb_engine=STATE_ENGINE,
+        **_ON_MYSQL,
     )
     repairs = sa.Table(
         SQL_REPAIRS,
@@ -93,8 +92,7 @@ def sql_state_tables(schema: str | None) -> tuple[sa.MetaData, sa.Table, sa.Tabl
         sa.Column("extra", sa.BigInteger, nullable=False),
         sa.Column("changed", sa.BigInteger, nullable=False),
         sa.Column("applied", sa.BigInteger, nullable=False),
-        mysql_engine=STATE_ENGINE,
-        mariadb_engine=STATE_ENGINE,
+        **_ON_MYSQL,
     )
     return metadata, markers, fences, repairs
 

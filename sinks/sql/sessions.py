@@ -227,8 +227,8 @@ def end_writer_sessions(
         try:
             # A connection each: one that a failure took down spares no other session.
             with engine.connect() as conn:
-                if not _holds(conn, session):
-                    continue  # ended meanwhile
+                # Found by its mark a moment ago: its id cannot name another
+                # session before a restart, which would end this connection too.
                 _kill(conn, session_id)
                 deadline = time.monotonic() + wait_s
                 while (still := _holds(conn, session)) and time.monotonic() < deadline:

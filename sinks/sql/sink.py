@@ -348,7 +348,7 @@ class SqlSink(OpenTxnSink[SqlTxn, list[Any]]):
         try:
             if (session := self._unended.get(txn_id.key)) is not None:
                 end_session(self.engine, session)  # kept until it ended: a retry ends it first
-                del self._unended[txn_id.key]
+                self._unended.pop(txn_id.key, None)
             with self.engine.connect() as conn:
                 done = self._marker_outcome(conn, txn_id)
         except sa.exc.SQLAlchemyError as err:

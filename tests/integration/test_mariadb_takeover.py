@@ -5,8 +5,10 @@ the fence row's lock. The new writer's ``terminate_old_sessions`` ends that
 session, recognised by the mark the writer's sessions hold (a named lock with
 the session's own id in it), not by its id: a session of the same user
 without the mark, one marked for another pipeline, and a co-tenant's session
-that took a lock named like the writer's mark, all live on. The new writer's
-epoch then gets the fence row at once, where it used to wait out the lock.
+that took a lock named like the writer's mark, all live on. The sink runs as
+an administrator here, who could end any of them: only the check spares them.
+The new writer's epoch then gets the fence row at once, where it used to wait
+out the lock.
 """
 
 from __future__ import annotations
@@ -38,7 +40,8 @@ def _alive(tenants: MariadbTenants) -> set[int]:
 
 
 def _cycle(tenants: MariadbTenants, progress: Path) -> CommitCycle:
-    return CommitCycle(PIPE, [SqlSink(tenants.url(query=FAST_LOCKS), "t", name="t")], progress)
+    url = tenants.url("root", query=FAST_LOCKS)
+    return CommitCycle(PIPE, [SqlSink(url, "t", name="t")], progress)
 
 
 def test_a_takeover_ends_the_paused_old_mains_session_and_no_other(
@@ -46,7 +49,8 @@ def test_a_takeover_ends_the_paused_old_mains_session_and_no_other(
 ) -> None:
     tenants = mariadb_tenants
     tenants.run(None, "CREATE TABLE `{db}`.t (k VARCHAR(8) COLLATE utf8mb4_nopad_bin "
-                      "PRIMARY KEY, v INT, _epoch BIGINT)")  # fmt: skip
+                      "PRIMARY KEY, v INT, _epoch BIGINT)",
+                "REVOKE ALL ON `{db}`.* FROM {app}")  # root's database alone  # fmt: skip
     progress = tmp_path / "progress"
     old = _cycle(tenants, progress)
     old.start()
@@ -62,8 +66,8 @@ def test_a_takeover_ends_the_paused_old_mains_session_and_no_other(
     assert held is not None and held.session is not None
     log_id = old.progress.log_id
     bystanders: dict[str, Any] = {
-        "unmarked": tenants.connect(tenants.app),
-        "other_pipeline": tenants.connect(tenants.app),
+        "unmarked": tenants.connect(),
+        "other_pipeline": tenants.connect(),
         "impostor": tenants.connect(tenants.cotenant, in_db=False),
     }
     ids = {name: conn.thread_id() for name, conn in bystanders.items()}

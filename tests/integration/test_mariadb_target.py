@@ -81,13 +81,14 @@ def test_hostile_session_defaults_change_nothing_written_or_read(
 ) -> None:
     # What a server's or a user's defaults could be: no strict mode (1000 into
     # TINYINT is clipped to 127 and committed), ANSI quotes, another time zone,
-    # one row per SELECT.
+    # one row per SELECT, CHECK constraints off.
     _run(mariadb_server, db, f"CREATE TABLE t (k VARCHAR(8) {NOPAD} PRIMARY KEY, v TINYINT, "
-                             "at TIMESTAMP(6) NULL, _epoch BIGINT)")  # fmt: skip
+                             "at TIMESTAMP(6) NULL, _epoch BIGINT, CONSTRAINT v_positive "
+                             "CHECK (v > 0))")  # fmt: skip
     url = _hostile(
         mariadb_server.url(db),
         "SET SESSION sql_mode = 'ANSI_QUOTES,EMPTY_STRING_IS_NULL', time_zone = '+05:00', "
-        "sql_select_limit = 1",
+        "sql_select_limit = 1, check_constraint_checks = 0",
     )
     sink = _sink(url)
     at = datetime.datetime(2024, 1, 1, 12, 0, 0)
@@ -97,6 +98,10 @@ def test_hostile_session_defaults_change_nothing_written_or_read(
     rejected = rejection_of(refused.error)
     assert rejected is not None and rejected.details["column"] == "v"
     assert "column v" in str(rejected) and "epoch 2" in str(rejected)
+    unchecked = _epoch(sink, 2, [{"k": "c", "v": -1, "at": at}])
+    assert isinstance(unchecked, Fatal), unchecked
+    rejected = rejection_of(unchecked.error)
+    assert rejected is not None and rejected.details["constraint"] == "v_positive"
     # The server's own rows: the timestamp as UTC, nothing of epoch 2.
     assert _rows(mariadb_server, db, "SELECT k, v, at FROM t ORDER BY k") == [
         ("a", 1, at), ("b", 2, at)

@@ -203,3 +203,16 @@ def test_the_sink_users_own_grants_are_not_another_users(tenants: MariadbTenants
     _bind(tenants)
     tenants.run(None, "GRANT UPDATE ON `{db}`.reconcile_sql_fences TO {app}")
     _bind(tenants)
+
+
+def test_pipelines_whose_names_differ_only_in_case_are_two(tenants: MariadbTenants) -> None:
+    # The database's default collation would take Shop's fence row for shop's.
+    for pipeline, log in (("Shop", "log-a"), ("shop", "log-b")):
+        sink = _sink(tenants)
+        try:
+            sink.bind(WriterIdentity(pipeline, log))
+        finally:
+            sink.close()
+    with tenants.connect() as conn, conn.cursor() as cur:
+        cur.execute("SELECT pipeline, log_id FROM reconcile_sql_fences ORDER BY BINARY pipeline")
+        assert cur.fetchall() == (("Shop", "log-a"), ("shop", "log-b"))
