@@ -34,8 +34,8 @@ def run(small_epochs: int, big_rows: int) -> dict[str, Any]:
     with MariadbServer(**durable) as server, tempfile.TemporaryDirectory() as tmp:
         db = server.create_database("bench")
         with server.connect(db) as conn, conn.cursor() as cur:
-            cur.execute(f"CREATE TABLE {TABLE} (k VARCHAR(32) COLLATE utf8mb4_nopad_bin PRIMARY KEY, "
-                        "v BIGINT, _epoch BIGINT)")  # fmt: skip
+            cur.execute(f"CREATE TABLE {TABLE} (k VARCHAR(32) COLLATE utf8mb4_nopad_bin "
+                        "PRIMARY KEY, v BIGINT, _epoch BIGINT)")  # fmt: skip
             cur.execute("SELECT version()")
             version = str(cur.fetchone()[0])  # type: ignore[index]
         url = server.url(db)

@@ -116,7 +116,10 @@ def create_scope_keys(conn: sa.Connection, columns: Sequence[sa.Column[Any]]) ->
     """A fresh temporary table of ``columns`` (the keys scoped mode looks up), in this session.
 
     On PostgreSQL it is qualified with ``pg_temp``, never left to the
-    search_path; a leftover of this session is dropped first.
+    search_path; a leftover of this session is dropped first. On MySQL and
+    MariaDB by ``DROP TEMPORARY TABLE``, which never reaches a real table of
+    that name and needs no privilege (``checkfirst`` would ``DESCRIBE`` it,
+    which needs SELECT on the database).
     """
     dialect = conn.dialect.name
     table = sa.Table(
@@ -126,6 +129,10 @@ def create_scope_keys(conn: sa.Connection, columns: Sequence[sa.Column[Any]]) ->
         prefixes=["TEMPORARY"],
         schema="pg_temp" if dialect == "postgresql" else None,
     )
-    table.drop(conn, checkfirst=True)
+    if dialect in _MYSQL:
+        name = conn.dialect.identifier_preparer.format_table(table)
+        conn.exec_driver_sql(f"DROP TEMPORARY TABLE IF EXISTS {name}")
+    else:
+        table.drop(conn, checkfirst=True)
     table.create(conn)
     return table

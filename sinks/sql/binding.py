@@ -117,7 +117,7 @@ def reflect_target(
     problems = [] if shape is None else bind_problems(shape, keys)
     if problems:
         raise ConfigurationError(
-            f"sql sink {sink!r}: cannot write table {shown}: {'; '.join(problems)}. Nothing "
+            f"sql sink {sink!r}: cannot use table {shown}: {'; '.join(problems)}. Nothing "
             "was written"
         )
     return table, shape
