@@ -165,16 +165,19 @@ def _grant_problems(
                 f"'{row['Host']}' (database `{row['Db']}`.*: a database-level grant reaches "
                 "every table in it)"
             )
-    for table, user, host, privileges in conn.exec_driver_sql(
-        "SELECT Table_name, User, Host, CONCAT_WS(',', NULLIF(Table_priv, ''), "
-        f"NULLIF(Column_priv, '')) FROM mysql.tables_priv WHERE Db = %s AND Table_name IN "
-        f"({marks}) AND {others} UNION ALL SELECT Table_name, User, Host, Column_priv FROM "
-        f"mysql.columns_priv WHERE Db = %s AND Table_name IN ({marks}) AND {others}",
+    # A column grant is listed per column in columns_priv (and summed up in
+    # tables_priv's Column_priv, which adds nothing here).
+    tables = f"FROM mysql.tables_priv WHERE Db = %s AND Table_name IN ({marks}) AND {others}"
+    columns = f"FROM mysql.columns_priv WHERE Db = %s AND Table_name IN ({marks}) AND {others}"
+    for table, user, host, privileges, column in conn.exec_driver_sql(
+        f"SELECT Table_name, User, Host, Table_priv, NULL {tables} "
+        f"UNION ALL SELECT Table_name, User, Host, Column_priv, Column_name {columns}",
         (schema, *names, *me, schema, *names, *me),
     ):
         if privileges:
+            on = "" if column is None else f" (column {column})"
             problems.append(
-                f"{shown[str(table)]} grants {str(privileges).upper()} to '{user}'@'{host}'"
+                f"{shown[str(table)]} grants {str(privileges).upper()}{on} to '{user}'@'{host}'"
             )
     return problems
 

@@ -75,7 +75,7 @@ def test_clean_tables_bind_again(tenants: MariadbTenants) -> None:
         ("GRANT SELECT ON `{db}`.reconcile_sql_fences TO {cotenant}",
          "reconcile_sql_fences` grants SELECT to {cotenant}"),
         ("GRANT UPDATE (generation) ON `{db}`.reconcile_sql_fences TO {cotenant}",
-         "reconcile_sql_fences` grants UPDATE to {cotenant}"),
+         "reconcile_sql_fences` grants UPDATE (column generation) to {cotenant}"),
         ("GRANT INSERT ON `{db}`.reconcile_sql_commits TO PUBLIC",
          "reconcile_sql_commits` grants INSERT to 'PUBLIC'@''"),
     ],
