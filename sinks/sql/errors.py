@@ -2,12 +2,39 @@
 
 from __future__ import annotations
 
+import re
+
 import sqlalchemy as sa
 
-from reconcile.core.contract import RejectedError
+from reconcile.core.contract import Fatal, RejectedError, Retryable, SinkOutcome, SinkTxnId
+from reconcile.core.decisions import is_rejection_sqlstate
 from reconcile.core.logs import scrub
 
-__all__ = ["describe_error", "redact", "redact_url", "rejection", "sqlstate_of"]
+__all__ = [
+    "describe_error",
+    "prepare_failure",
+    "redact",
+    "redact_url",
+    "rejection",
+    "sqlstate_of",
+]
+
+# What MySQL and MariaDB name in a refusal's message (they send no separate
+# column or constraint): "... for column 'v' at row 1", "... for column
+# `db`.`t`.`v` at row 1", "Column 'v' cannot be null", "CONSTRAINT `c` failed
+# for `db`.`t`", "Duplicate entry '...' for key 'PRIMARY'".
+_MYSQL_COLUMN = re.compile(r"[Cc]olumn (?:[`'][^`']*[`']\.)*[`']([^`']+)[`']")
+_MYSQL_CONSTRAINT = re.compile(r"CONSTRAINT [`']([^`']+)[`'] failed|for key [`']([^`']+)[`']")
+
+
+def _named_by_mysql(said: str) -> tuple[str | None, str | None]:
+    """(constraint, column) that a MySQL or MariaDB error message names, if any."""
+    constraint = _MYSQL_CONSTRAINT.search(said)
+    column = _MYSQL_COLUMN.search(said)
+    return (
+        None if constraint is None else constraint.group(1) or constraint.group(2),
+        None if column is None else column.group(1),
+    )
 
 
 def redact_url(url: str) -> str:
@@ -48,18 +75,46 @@ def rejection(
 
     SQLAlchemy's IntegrityError and DataError are the DB-API's, whatever
     the driver; a driver that gives a SQLSTATE (psycopg, and the
-    constraint and column with it) gets it named, as the Postgres sink does.
+    constraint and column with it) gets it named, as the Postgres sink does;
+    MySQL's and MariaDB's are read from the message.
     """
     orig = getattr(err, "orig", None)
     diag = getattr(orig, "diag", None)
     said = str(orig if orig is not None else err).strip().splitlines()
     reason = redact(url, said[0] if said else type(err).__name__)
+    constraint, column = _named_by_mysql(reason) if diag is None else (None, None)
     return RejectedError.of(
         epoch=epoch,
         table=table,
         sqlstate=sqlstate_of(err),
         reason=reason,
         sink=sink,
-        constraint=getattr(diag, "constraint_name", None),
-        column=getattr(diag, "column_name", None),
+        constraint=getattr(diag, "constraint_name", None) or constraint,
+        column=getattr(diag, "column_name", None) or column,
     )
+
+
+def prepare_failure(
+    err: sa.exc.SQLAlchemyError, txn: SinkTxnId, *, table: str, sink: str, url: str
+) -> SinkOutcome:
+    """What a prepare of ``txn`` that failed with ``err`` returns; nothing of it was written.
+
+    The cases:
+
+    - a definite refusal by the database (a value, a constraint such as a
+      CHECK, NOT NULL or a unique key, a privilege: a DataError or IntegrityError,
+      or a rejecting SQLSTATE, ``reconcile.core.decisions``) stops the
+      pipeline, naming the table and what the database named;
+    - a lock wait that ran out, a deadlock, a lost connection (OperationalError
+      of any other SQLSTATE, or no statement at all) is tried again;
+    - anything else a statement raised (a bug, a table that changed) stops it.
+    """
+    said = describe_error(sink, url, f"prepare({txn}) refused; nothing was written", err)
+    if isinstance(err, sa.exc.StatementError) and (
+        isinstance(err, sa.exc.DataError | sa.exc.IntegrityError)
+        or is_rejection_sqlstate(sqlstate_of(err))
+    ):
+        return Fatal(said, rejection(err, epoch=txn.epoch, table=table, sink=sink, url=url))
+    if isinstance(err, sa.exc.OperationalError) or not isinstance(err, sa.exc.StatementError):
+        return Retryable(describe_error(sink, url, f"prepare({txn}); nothing was written", err))
+    return Fatal(said)
