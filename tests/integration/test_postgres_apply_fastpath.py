@@ -403,3 +403,45 @@ def test_no_ddl_can_change_the_table_between_the_catalog_read_and_the_copy(
     assert refused == ["RULE", "TRIGGER", "TABLE"]
     assert query(pg_db, "SELECT count(*) FROM t") == [(20_000,)]
     assert query(pg_db, "SELECT count(*) FROM audit") == [(0,)]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_another_unique_index_refuses_the_epoch_at_every_size(
+    pg_server: PgServer, mode: str
+) -> None:
+    # ON CONFLICT (id) does not cover a unique index on another column: the
+    # general path is refused on it. The fast path must give the same
+    # rejection, never take it for a concurrent writer's key and retry.
+    def setup(conn: psycopg.Connection[Any]) -> None:
+        conn.execute("CREATE TABLE t (id bigint PRIMARY KEY, v bigint UNIQUE)")
+        conn.execute("INSERT INTO t VALUES (-1, 7)")  # outside the epoch's key range
+
+    for n in SIZES:
+        got = run_case(pg_server, mode, n, setup, arrow_rows(n), counts)
+        assert isinstance(got.outcome, Fatal), (n, got.outcome)
+        assert isinstance(got.outcome.error, RejectedError), (n, got.outcome)
+        assert got.outcome.error.details.get("constraint") == "t_v_key", got.outcome.error.details
+        assert got.state == {"rows": 1, "markers": 0}, n
+
+
+def test_a_fast_path_epoch_writes_its_rows_with_the_marker_s_xid(pg_db: str) -> None:
+    # No subtransaction: every row carries the xid its marker records, which
+    # is how provenance tells the engine's rows from a hand edit's.
+    with psycopg.connect(pg_db, autocommit=True) as conn:
+        conn.execute("CREATE TABLE t (id bigint PRIMARY KEY, v bigint)")
+    sink = PostgresSink(pg_db, "t", name="t", pipeline=PIPE)
+    try:
+        assert one_epoch(sink, arrow_rows(20_000)) == OK
+        assert stage_tables(pg_db) == 0  # the fast path: no temp staging table
+    finally:
+        sink.close()
+    with psycopg.connect(pg_db, autocommit=True) as conn:
+        table = markers_table(conn)
+        assert table is not None
+        found = conn.execute(
+            sql.SQL(
+                "SELECT count(*) FILTER (WHERE t.xmin::text = "
+                "(m.xid::text::bigint % 4294967296)::text), count(*) FROM t, {} m"
+            ).format(table)
+        ).fetchone()
+    assert found == (20_000, 20_000)
