@@ -39,7 +39,9 @@ def tracking_server() -> Iterator[PgServer]:
 
 
 @pytest.fixture
-def fast(tracking_server: PgServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Setup]:
+def fast(
+    tracking_server: PgServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Setup]:
     """``orders`` with rows 0..ROWS-1 written by epoch 0 through the direct COPY (asserted)."""
     name = tracking_server.create_database()
     setup = make_setup(tracking_server.dsn(name), str(tmp_path), "orders", SIMPLE_SCHEMA,
