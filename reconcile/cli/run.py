@@ -55,6 +55,7 @@ from reconcile.cli.config import Config, PipelineConfig, RunSettings, load_confi
 from reconcile.core import interrupts
 from reconcile.core.contract import ConfigurationError, ReconcileError
 from reconcile.core.decisions import Failure, classify
+from reconcile.core.redaction import Redactor
 
 if TYPE_CHECKING:
     from reconcile.core.metrics import Metrics
@@ -263,8 +264,14 @@ def run_command(args: argparse.Namespace) -> int:
     pipeline, settings = run_settings(config, args.pipeline)
     check_writable(pipeline, config.path)
 
-    def redact(text: str) -> str:
-        return _redact(pipeline, settings, text)
+    # One redaction of every secret of the file's connections, in every form
+    # (as written, percent-encoded, repr- and JSON-escaped, base64), and of every
+    # secret shape: each log line, traceback and the last line pass through it.
+    redact = Redactor(
+        secret
+        for connection in (settings.lease, *(sink.connection for sink in pipeline.sinks))
+        for secret in connection.secrets()
+    )
 
     _configure_logs(config, args.verbose, redact)
     try:
@@ -289,9 +296,9 @@ def run_command(args: argparse.Namespace) -> int:
 
 def _stop_line(text: str, redact: Callable[[str], str], code: int) -> int:
     """Say why it stopped, on one line of stderr (the last one), secrets out; the exit code."""
-    from sinks.postgres.connection import redact_text
-
-    print(f"reconcile: error: {' '.join(redact_text(redact(text)).split())}", file=sys.stderr)
+    # Redacted as it is, then once joined into one line: a secret that a
+    # message wrapped over two lines is whole again there.
+    print(f"reconcile: error: {redact(' '.join(redact(text).split()))}", file=sys.stderr)
     return code
 
 
@@ -332,12 +339,6 @@ def _run(config: Config, pipeline: PipelineConfig, settings: RunSettings, args: 
             spark.stop()
         if exporter is not None:
             exporter.close()
-
-
-def _redact(pipeline: PipelineConfig, settings: RunSettings, text: str) -> str:
-    for connection in (settings.lease, *(sink.connection for sink in pipeline.sinks)):
-        text = connection.redact(text)
-    return text
 
 
 def _spark(pipeline: PipelineConfig, settings: RunSettings) -> Any:
