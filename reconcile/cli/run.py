@@ -55,7 +55,7 @@ from reconcile.cli.config import Config, PipelineConfig, RunSettings, load_confi
 from reconcile.core import interrupts
 from reconcile.core.contract import ConfigurationError, ReconcileError
 from reconcile.core.decisions import Failure, classify
-from reconcile.core.redaction import Redactor
+from reconcile.core.redaction import Redactor, remember
 
 if TYPE_CHECKING:
     from reconcile.core.metrics import Metrics
@@ -261,6 +261,7 @@ def run_command(args: argparse.Namespace) -> int:
     from reconcile.cli.config_sinks import check_writable
 
     config = load_config(args.config)
+    remember(*config.secrets())  # every scrub of this process removes them
     pipeline, settings = run_settings(config, args.pipeline)
     check_writable(pipeline, config.path)
 

@@ -23,7 +23,9 @@ backend, command and log formatter uses (none keeps a copy of its own):
   text gives them (:class:`Redactor`, :func:`redact`): percent-encoded, as a
   Python repr or a JSON string escapes them, and in base64 (standard and
   URL-safe, at any of the three alignments inside a longer base64 text, such
-  as an HTTP Basic header's ``user:password``).
+  as an HTTP Basic header's ``user:password``). A command registers its
+  config file's secrets once (:func:`remember`): from then on every
+  :func:`scrub` of the process, each log line's included, removes them too.
 
 What is left in place of a secret is ``***``. The rules err on the side of
 hiding: a value whose name merely looks secret is hidden too.
@@ -34,6 +36,7 @@ from __future__ import annotations
 import base64
 import json
 import re
+import threading
 from collections.abc import Iterable
 from urllib.parse import quote, quote_plus, unquote
 
@@ -44,6 +47,7 @@ __all__ = [
     "is_secret_name",
     "redact",
     "redact_uri",
+    "remember",
     "scrub",
 ]
 
@@ -155,13 +159,37 @@ def _encoded(match: re.Match[str]) -> str:
     return match[0] if cleaned == decoded else quote(cleaned, safe="*")
 
 
+# The forms of the secrets a command was given (its config file's): every
+# scrub removes them too, so that a log line or an error of any code in the
+# process, an app's or a driver's included, never carries them. Longest first.
+_REMEMBERED: list[str] = []
+_LOCK = threading.Lock()
+
+
+def remember(*secrets: str | None) -> None:
+    """Make every :func:`scrub` of this process remove ``secrets`` too, in every form.
+
+    For a command, with its config file's secrets, once loaded: the log
+    formatters, the one-line errors and every sink's redaction end with
+    ``scrub``. A library caller's own secrets stay with the objects that hold
+    them (a sink's target redacts its password from its own messages).
+    """
+    found = {f for secret in secrets if secret for f in forms(secret)}
+    with _LOCK:
+        _REMEMBERED[:] = sorted(found.union(_REMEMBERED), key=len, reverse=True)
+
+
 def scrub(text: str) -> str:
-    """``text`` with every secret-shaped part replaced by ``***`` (see the module's text).
+    """``text`` with every secret-shaped part replaced by ``***`` (see the module's text),
+    and every secret this process was told to :func:`remember`.
 
     Safe on any text: a log line, an error, a connection string of any scheme.
     """
     if not text:
         return text
+    for form in _REMEMBERED:
+        if form in text:
+            text = text.replace(form, REDACTED)
     text = _ENCODED_URI.sub(_encoded, text)
     text = _URI.sub(_userinfo, text)
     text = _AUTH_SCHEME.sub(lambda m: f"{m[1]} {REDACTED}", text)

@@ -205,3 +205,20 @@ def test_an_iceberg_uri_error_and_repr_never_show_a_property_secret() -> None:
     with pytest.raises(ConfigurationError) as loading:
         parse_uri(uri.replace("type=rest", "type=no-such-type"), default_table="t").load_catalog()
     assert SECRET not in str(loading.value), loading.value
+
+
+def test_a_remembered_secret_is_gone_from_every_scrub_of_the_process() -> None:
+    import logging
+    import secrets
+
+    from reconcile.core.logs import JsonFormatter
+    from reconcile.core.redaction import remember
+
+    # What a command does with its config file's secrets once it has loaded it.
+    value = f"r{secrets.token_hex(6)}'\"\\"
+    remember(value)
+    said = f"a driver said {json.dumps(value)} and {base64.b64encode(value.encode()).decode()}"
+    assert value not in scrub(said) and json.dumps(value)[1:-1] not in scrub(said)
+    record = logging.LogRecord("app", logging.ERROR, __file__, 1, "%s", (repr(value),), None)
+    line = JsonFormatter().format(record)
+    assert repr(value)[1:-1] not in line and "***" in line, line
