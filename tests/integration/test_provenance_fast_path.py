@@ -111,6 +111,7 @@ def test_fast_path_rows_are_the_engines_and_a_hand_edit_is_foreign(fast: Setup) 
     assert report.foreign_writes == 3
 
 
+@pytest.mark.slow
 def test_watch_exports_the_foreign_rows_only(fast: Setup, tmp_path: Path) -> None:
     config = tmp_path / "reconcile.toml"
     config.write_text(

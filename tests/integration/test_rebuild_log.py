@@ -216,6 +216,22 @@ def test_a_rebuild_killed_between_two_tables_rebases_resumes_into_every_sink(
         assert {r["id"]: (r["total"], r["tag"]) for r in stored} == state(LOGICS["v2"], epochs)
 
 
+def test_another_pipelines_steps_are_neither_read_nor_counted_here(tmp_path: Path) -> None:
+    from reconcile.engine.logic import check_logic
+
+    root = str(tmp_path)
+    step = {"generation": 0, "logic_version": "v2", "previous": "v1", "base_epoch": 0}
+    shop = RebuildLog(root, "shop").append(rebuild="R1", step="started", **step)
+    assert RebuildLog(root, "depot").newest() is None
+    check_logic(root, "depot", "v1", ["stock"])  # shop's unfinished rebuild is not depot's
+    with pytest.raises(ConfigurationError, match=r"R1.*unfinished"):
+        check_logic(root, "shop", "v1", ["orders"])
+    depot = RebuildLog(root, "depot").append(rebuild="R2", step="started", **step)
+    assert (shop.seq, depot.seq) == (0, 0)  # each pipeline numbers its own steps
+    assert [e.rebuild for e in RebuildLog(root, "depot").entries()] == ["R2"]
+
+
+@pytest.mark.slow
 def test_one_pipelines_unfinished_rebuild_blocks_no_other_pipeline(
     pg_db: str, tmp_path: Path
 ) -> None:
