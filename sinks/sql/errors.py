@@ -8,7 +8,8 @@ import sqlalchemy as sa
 
 from reconcile.core.contract import Fatal, RejectedError, Retryable, SinkOutcome, SinkTxnId
 from reconcile.core.decisions import is_rejection_sqlstate
-from reconcile.core.logs import scrub
+from reconcile.core.redaction import is_secret_name, redact_uri
+from reconcile.core.redaction import redact as core_redact
 
 __all__ = [
     "describe_error",
@@ -47,7 +48,9 @@ def redact_url(url: str) -> str:
         # The user info was cut at its first '@': the rest of a password with an
         # unencoded '@' became the host. Nothing of it is shown.
         return f"{parsed.drivername}://<user info with an unencoded '@'>"
-    return parsed.render_as_string(hide_password=True)
+    # The core's redaction on top: a secret-named query parameter (a mistyped
+    # sink scheme lands here, with its credential= or secret-access-key=).
+    return redact_uri(parsed.render_as_string(hide_password=True))
 
 
 def sqlstate_of(err: BaseException) -> str:
@@ -58,9 +61,17 @@ def sqlstate_of(err: BaseException) -> str:
 
 
 def redact(url: str, text: str) -> str:
-    """``text`` without the URL's password (and any other the scrub knows)."""
-    password = sa.make_url(url).password
-    return scrub(text.replace(str(password), "***") if password else text)
+    """``text`` without the URL's secrets: its password and secret-named parameters'
+    values (in every form, ``reconcile.core.redaction``), and any secret shape."""
+    try:
+        parsed = sa.make_url(url)
+    except sa.exc.ArgumentError:
+        return core_redact(text)
+    secrets = [parsed.password] + [
+        str(v) for k, vs in parsed.query.items() if is_secret_name(k)
+        for v in ((vs,) if isinstance(vs, str) else vs)
+    ]  # fmt: skip
+    return core_redact(text, *(str(s) for s in secrets if s))
 
 
 def describe_error(name: str, url: str, what: str, err: BaseException) -> str:
