@@ -44,6 +44,7 @@ from reconcile.core.contract import (
     Ok,
     Retryable,
     RetryableError,
+    RowsRejectedError,
     SinkOutcome,
     SinkTxnId,
     WriterIdentity,
@@ -219,7 +220,18 @@ class KafkaSink(ProducerSteps, OpenTxnSink[KafkaTxn, list[Record]]):
                     )
                 records.append(Record(key, value))
         except InvalidInputError as err:
-            return Fatal.of(err)
+            # A row the topic cannot take is the epoch's rejection, whoever finds it
+            # (the same exit code and metric as a broker's refusal).
+            return Fatal.of(
+                RowsRejectedError.of(
+                    epoch=txn_id.epoch,
+                    table=self.topic,
+                    sqlstate="",
+                    reason=err.message,
+                    sink=self._name,
+                    column=err.details.get("column"),
+                )
+            )
         self._staged[txn_id.key] = records
         return OK
 

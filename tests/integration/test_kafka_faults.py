@@ -27,6 +27,7 @@ from reconcile.core.contract import (
     Fatal,
     InvalidInputError,
     RejectedError,
+    RowsRejectedError,
     SinkOutcome,
     SinkTxnId,
 )
@@ -101,7 +102,8 @@ def test_a_key_that_cannot_be_written_is_refused_at_stage_naming_it(
     topic = kafka_topic("badkey")
     sink = kafka_sink(kafka_broker.bootstrap, topic)
     outcome = sink.stage(SinkTxnId("shop", "out", 0, 1), [{"id": object(), "v": 1}])
-    assert isinstance(outcome, Fatal) and isinstance(outcome.error, InvalidInputError)
+    assert isinstance(outcome, Fatal) and isinstance(outcome.error, RowsRejectedError)
+    assert isinstance(outcome.error, InvalidInputError) and outcome.error.epoch == 0
     assert f"kafka topic {topic!r}: column 'id' holds a object" in outcome.reason
     nulls = sink.stage(SinkTxnId("shop", "out", 0, 1), [{"id": None, "v": 1}])
     assert isinstance(nulls, Fatal) and "no value for key column 'id'" in nulls.reason
