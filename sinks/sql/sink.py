@@ -43,6 +43,7 @@ from sinks.open_txn import OpenTxnSink
 
 from .arrow_types import table_arrow_schema
 from .errors import describe_error, redact_url, rejection, sqlstate_of
+from .pg_session import pin_postgres_sessions
 from .rows import EPOCH_COLUMN, write_rows
 from .sessions import Session, end_session, session_of
 from .state import SqlState
@@ -114,6 +115,7 @@ class SqlSink(OpenTxnSink[SqlTxn, list[Any]]):
             extra = "mariadb" if parsed.get_backend_name() in ("mysql", "mariadb") else "sql"
             what = f"cannot use the URL (pip install 'reconcile-engine[{extra}]')"
             raise ConfigurationError(describe_error(name, url, what, err)) from None
+        pin_postgres_sessions(self.engine)  # a role's DateStyle etc. change nothing read
         self.state = SqlState(state_schema)
         self._writer: WriterIdentity | None = None
         self._target: sa.Table | None = None
