@@ -36,7 +36,8 @@ from deltalake.exceptions import CommitFailedError, DeltaError
 from expected_state.delta_commit import make_durable
 from expected_state.evolved_files import ADDED_EPOCH
 from expected_state.fencing import check_generation
-from expected_state.layout import stored_schema, user_schema_of
+from expected_state.layout import check_column_names, stored_schema, user_schema_of
+from expected_state.refusals import store_refusal
 from reconcile.core import hooks
 from reconcile.core.contract import RetryableError
 from reconcile.core.schema_change import REBUILD, SchemaChange, SchemaChangeRefused
@@ -84,6 +85,7 @@ class Evolving:
                     table=self.uri,
                     column=name,
                 )
+        check_column_names(change.after.names, table=self.uri)
         before = self._schema
         assert before is not None
         fields = [before.field(n) if before.get_field_index(n) >= 0 else None
@@ -148,7 +150,12 @@ class Evolving:
                     app_transactions=[Transaction(app_id=self._fence, version=self.generation)],
                 ),
             )
-        except (CommitFailedError, DeltaError) as exc:
+        except Exception as exc:
+            refused = store_refusal(exc, table=self.uri, what=f"new columns {missing}")
+            if refused is not None:
+                raise refused from None  # a schema it cannot take: no retry takes it either
+            if not isinstance(exc, CommitFailedError | DeltaError):
+                raise
             raise RetryableError(
                 f"table {self.uri!r}: adding columns {missing} for epoch {epoch} lost to a "
                 f"concurrent commit ({exc}); nothing was written",
