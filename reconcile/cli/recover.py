@@ -86,6 +86,12 @@ def summary(report: ReconcileReport, *, repair: bool) -> str:
         + f" in {report.seconds:.2f}s",
         *(f"  warning: {text}" for text in report.warnings),
     ]
+    if report.repair_wait_s:
+        lines.insert(
+            1,
+            f"  waited {report.repair_wait_s:.2f}s for another repair of this table to finish "
+            f"({report.repair_waited_for}): what is found here is what that repair left",
+        )
     if report.mass_change:
         lines.append(
             f"  mass-change brake: {report.brake_counted} of the {report.sink_rows} rows would "

@@ -49,6 +49,11 @@ class ReconcileReport:
         foreign_writes: how many of the traced rows a foreign transaction
             wrote (0 without drift); None when tracing is off or the sink
             cannot say.
+        repair_wait_s: how long this repair waited for another repair of the
+            table to finish before it pulled (0.0: it did not wait); what it
+            found is what that repair left.
+        repair_waited_for: whose repair it waited for (e.g. "backend pid 4242
+            (reconcile-cli)"); "" when it did not wait.
     """
 
     table: str
@@ -72,6 +77,8 @@ class ReconcileReport:
     provenance: tuple[dict[str, Any], ...] = ()
     provenance_note: str = ""
     foreign_writes: int | None = None
+    repair_wait_s: float = 0.0
+    repair_waited_for: str = ""
 
     @property
     def drift(self) -> bool:
