@@ -119,9 +119,10 @@ def _prepare(
 
 
 def plan(build: Callable[[], CommitCycle], recompute: Recompute, *, logic_version: str,
-         sample: int = 5) -> RebuildReport:  # fmt: skip
+         sample: int = 5, previous: str | None = None) -> RebuildReport:  # fmt: skip
     """What a rebuild to ``logic_version`` would write: per table, the rows it would
     insert, update and delete, with a sample. Reads only: no lease, no generation.
+    ``previous``: the logic in force, when no earlier rebuild named it (as for ``rebuild``).
 
     Raises:
         InvalidInputError: nothing was decided yet, or the new logic's rows do not
@@ -132,7 +133,7 @@ def plan(build: Callable[[], CommitCycle], recompute: Recompute, *, logic_versio
         newest = RebuildLog(store_root(cycle), cycle.pipeline).newest()
         epoch = decided_epoch(cycle)
         report = RebuildReport(cycle.pipeline, logic_version,
-                               newest.logic_in_force if newest else None, epoch)  # fmt: skip
+                               newest.logic_in_force if newest else previous, epoch)  # fmt: skip
         clock = Clock(report)
         _, plans = _prepare(tables_of(cycle), recompute, epoch, sample)
         report.tables = {name: TableReport(plan=p) for name, p in plans.items()}
@@ -152,6 +153,7 @@ def rebuild(
     previous: str | None = None,
     sample: int = 5,
     progress: Progress | None = None,
+    app: str | None = None,
 ) -> RebuildReport:
     """Converge every sink of the pipeline to ``recompute``'s new logic (see the module docs).
 
@@ -166,6 +168,9 @@ def rebuild(
         previous: the logic in force, when no earlier rebuild named it.
         sample: keys per kind in each table's plan.
         progress: called with (what, done, in all) after each sink transaction.
+        app: the app the new logic runs as (``package.module:function``), kept
+            in the rebuild log so that a run of it afterwards carries the new
+            logic version (``reconcile run``).
 
     Returns:
         The report; ``step`` is "switched" once done.
@@ -179,7 +184,7 @@ def rebuild(
     """
     if not logic_version or not isinstance(logic_version, str):
         raise ConfigurationError(f"logic_version must be a non-empty string, got {logic_version!r}")
-    report = RebuildReport("", logic_version, previous, None)
+    report = RebuildReport("", logic_version, previous, None, app=app)
     clock = Clock(report)
     with as_writer(build, lease, clock) as (cycle, still_leading):
         report.pipeline, report.generation = cycle.pipeline, cycle.generation
@@ -287,6 +292,7 @@ def _resume(cycle: CommitCycle, stores: dict[str, ExpectedStateStore],
     """Finish an unfinished rebuild (the log and its newest step) from that step."""
     journal, newest = unfinished
     report.rebuild, report.previous = newest.rebuild, newest.previous
+    report.app = newest.detail.get("app") or report.app  # the app the rebuild began with
     report.base_epoch, report.step = newest.base_epoch, newest.step
     if decided_epoch(cycle) != newest.base_epoch:
         raise InvalidInputError(
