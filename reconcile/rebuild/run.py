@@ -41,7 +41,7 @@ import secrets
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import cast
+from typing import TypedDict, Unpack, cast
 
 import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
 from deltalake import DeltaTable
@@ -118,6 +118,20 @@ def _prepare(
     return prepared, plans
 
 
+class LogicNames(TypedDict, total=False):
+    """What a rebuild's caller knows of the logics by name.
+
+    Attributes:
+        previous: the logic in force, when no earlier rebuild named it.
+        app: the app the new logic runs as (``package.module:function``), kept
+            in the rebuild log so that a run of it afterwards carries the new
+            logic version (``reconcile run``).
+    """
+
+    previous: str | None
+    app: str | None
+
+
 def plan(build: Callable[[], CommitCycle], recompute: Recompute, *, logic_version: str,
          sample: int = 5, previous: str | None = None) -> RebuildReport:  # fmt: skip
     """What a rebuild to ``logic_version`` would write: per table, the rows it would
@@ -150,10 +164,9 @@ def rebuild(
     logic_version: str,
     lease: PreemptibleLease | None = None,
     part_rows: int = DEFAULT_PART_ROWS,
-    previous: str | None = None,
     sample: int = 5,
     progress: Progress | None = None,
-    app: str | None = None,
+    **names: Unpack[LogicNames],
 ) -> RebuildReport:
     """Converge every sink of the pipeline to ``recompute``'s new logic (see the module docs).
 
@@ -165,12 +178,9 @@ def rebuild(
         lease: the pipeline's lease, taken first (None: the caller made sure no
             writer runs; the generation fences one that does).
         part_rows: rows per sink transaction.
-        previous: the logic in force, when no earlier rebuild named it.
         sample: keys per kind in each table's plan.
         progress: called with (what, done, in all) after each sink transaction.
-        app: the app the new logic runs as (``package.module:function``), kept
-            in the rebuild log so that a run of it afterwards carries the new
-            logic version (``reconcile run``).
+        **names: ``previous`` and ``app`` (``LogicNames``).
 
     Returns:
         The report; ``step`` is "switched" once done.
@@ -184,7 +194,8 @@ def rebuild(
     """
     if not logic_version or not isinstance(logic_version, str):
         raise ConfigurationError(f"logic_version must be a non-empty string, got {logic_version!r}")
-    report = RebuildReport("", logic_version, previous, None, app=app)
+    previous = names.get("previous")
+    report = RebuildReport("", logic_version, previous, None, app=names.get("app"))
     clock = Clock(report)
     with as_writer(build, lease, clock) as (cycle, still_leading):
         report.pipeline, report.generation = cycle.pipeline, cycle.generation

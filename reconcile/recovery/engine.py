@@ -234,6 +234,9 @@ def _reconcile(
             provenance=traced.rows,
             provenance_note=traced.note,
             foreign_writes=traced.foreign,
+            foreign_rows=traced.foreign_rows,
+            foreign_transactions=traced.foreign_transactions,
+            scope=found.scope,
         )
     raise RetryableError(
         f"table {target.display}: epochs kept committing during {_MAX_ATTEMPTS} repair "
