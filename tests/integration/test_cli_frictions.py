@@ -1,4 +1,4 @@
-"""What verify, repair and watch say, where a new user misread them.
+"""What verify, repair and watch say, where it was easy to misread.
 
 - scoped mode's "no drift" is said "in scope", with the scope it checked and
   a pointer to full mode (65 hand-damaged rows are outside it);
