@@ -11,7 +11,6 @@ import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
 import pyarrow.compute as pc  # type: ignore[import-untyped, unused-ignore]
 
 from expected_state.column_types import infer_user_schema, sql_type, type_names
-from expected_state.layout import check_column_names
 from expected_state.merge import last_per_key
 from reconcile.core.contract import Change, InvalidInputError
 from reconcile.core.decimals import DecimalFitError, check_decimal, check_decimal_array
@@ -275,7 +274,6 @@ def normalize_changes(
                 table=table,
                 column=reserved,
             )
-    check_column_names(data.column_names, table=table)
     ops = data.column(OP_COLUMN)
     is_upsert = pc.equal(ops, "upsert")
     is_delete = pc.equal(ops, "delete")

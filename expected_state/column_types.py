@@ -36,6 +36,7 @@ from reconcile.core.hashing import hash_kind
 
 __all__ = [
     "SQL_TYPE",
+    "check_column_names",
     "check_store_types",
     "holds",
     "infer_user_schema",
@@ -52,6 +53,30 @@ _INT_DIGITS = {8: 3, 16: 5, 32: 10, 64: 19}
 _UINT_DIGITS = {8: 3, 16: 5, 32: 10, 64: 20}
 # decimal128's precision: the widest decimal the row hash takes.
 _MAX_PRECISION = 38
+
+
+def check_column_names(names: Sequence[str], *, table: str) -> None:
+    """Refuse column names that a Delta table cannot hold side by side.
+
+    Delta compares column names without case, so ``note`` and ``Note`` are
+    one column to it: the store's commit would fail at every attempt, at the
+    commit point, with a message that names no table. Refused here, before
+    anything is written, as a configuration no retry can fix.
+
+    Raises:
+        ConfigurationError: naming the table and both columns.
+    """
+    seen: dict[str, str] = {}
+    for name in names:
+        other = seen.setdefault(name.casefold(), name)
+        if other != name:
+            raise ConfigurationError(
+                f"table {table!r}: columns {other!r} and {name!r} differ only in case, and "
+                "the expected-state store (a Delta table) takes column names without case, "
+                "so it cannot hold both; rename one of them. Nothing was written",
+                table=table,
+                column=name,
+            )
 
 
 def sql_type(types: pa.Schema | None, name: str) -> str | None:
@@ -108,6 +133,7 @@ def infer_user_schema(
             inferred (NULL in every upsert) or that the row hash cannot take;
             nothing was written.
     """
+    check_column_names(data.names, table=table)
     missing = [k for k in keys if data.get_field_index(k) < 0]
     if missing:
         raise InvalidInputError(

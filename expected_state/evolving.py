@@ -33,10 +33,11 @@ import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake.exceptions import CommitFailedError, DeltaError
 
+from expected_state.column_types import check_column_names
 from expected_state.delta_commit import make_durable
 from expected_state.evolved_files import ADDED_EPOCH
 from expected_state.fencing import check_generation
-from expected_state.layout import check_column_names, stored_schema, user_schema_of
+from expected_state.layout import stored_schema, user_schema_of
 from expected_state.refusals import store_refusal
 from reconcile.core import hooks
 from reconcile.core.contract import RetryableError

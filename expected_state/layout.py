@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import re
 import uuid
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 
 import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
 
-from reconcile.core.contract import ConfigurationError, InvalidInputError
+from reconcile.core.contract import InvalidInputError
 
 __all__ = [
     "EPOCH_COLUMN",
@@ -22,7 +21,6 @@ __all__ = [
     "StoreFile",
     "base_file_name",
     "change_file_name",
-    "check_column_names",
     "check_stored_schema",
     "classify",
     "merged_file_name",
@@ -180,31 +178,4 @@ def check_stored_schema(stored: pa.Schema, *, table: str) -> None:
                 "table (it may have been written by an older layout); nothing was written",
                 table=table,
                 column=column,
-            )
-
-
-def check_column_names(names: Sequence[str], *, table: str) -> None:
-    """Refuse columns a Delta table cannot hold side by side: names equal but for case.
-
-    A Delta table's column names are case-insensitive: delta-rs refuses
-    ``note`` beside ``Note`` (or a user column ``_Epoch`` beside the store's
-    ``_epoch``) at the commit, with a message that names no table, and it
-    refuses it again on every retry. Checked before anything is written, so
-    the epoch stops at once with the table and both columns named.
-
-    Raises:
-        ConfigurationError: naming the table and the two columns.
-    """
-    seen: dict[str, str] = {}
-    for name in (*names, *(r for r in RESERVED_COLUMNS if r not in names)):
-        other = seen.setdefault(name.casefold(), name)
-        if other != name:
-            raise ConfigurationError(
-                f"expected-state store table {table!r}: columns {other!r} and {name!r} differ "
-                "only in case, and a Delta table's column names are case-insensitive, so the "
-                "store cannot hold both; rename one (in the sink table, or in the rows the "
-                "pipeline writes); nothing was written",
-                table=table,
-                column=name,
-                clashes_with=other,
             )

@@ -24,7 +24,6 @@ from expected_state.fencing import check_generation, fence_app_id, validate_gene
 from expected_state.integrity import LogAudit
 from expected_state.layout import (
     TABLE_CONFIG,
-    check_column_names,
     check_stored_schema,
     stored_schema,
     user_schema_of,
@@ -136,7 +135,6 @@ class StoreTable:
         # The first epoch may be what gives the schema: its key types are
         # checked here, before anything is written.
         check_arrow_keys(f"table {self.uri!r}", user, self.key_columns)
-        check_column_names(user.names, table=self.uri)
         try:
             DeltaTable.create(
                 self.uri, self._stored_schema(user), mode="ignore", configuration=TABLE_CONFIG

@@ -37,6 +37,7 @@ pytest_plugins = [
     "tests.fix_iceberg",
     "tests.fix_pg",
     "tests.fix_mariadb",
+    "tests.fix_kafka",
     "tests.fix_chaos",
     "tests.fix_schedule",
     "tests.fix_tiers",

@@ -66,6 +66,20 @@ SLOW: dict[str, str] = {
     # taken on every default backend.
     r"tests/chaos/test_failure_matrix\.py::test_failure_matrix\[mariadb-(?!commit-|after_commit)":
         "MariaDB at the fault points before the commit",
+    # Kafka: as MariaDB, the commit rows (the marker topic decides, after a new
+    # producer made the broker finish the old transaction) and the zombie stay in
+    # the default tier; the rows before the commit point are the cycle's own.
+    r"tests/chaos/test_failure_matrix\.py::test_failure_matrix\[kafka-(?!commit-|after_commit)":
+        "Kafka at the fault points before the commit",
+    r"tests/chaos/test_kill9\.py::test_kill9_then_restart_converges\[(?!prepare-midway|"
+    r"commit-first-sink).*-kafka\]": "kill -9 into Kafka between the sinks' own steps",
+    # Kafka into Spark into PostgreSQL and Kafka: the kill after the decision stays in
+    # the default tier; the others take a Spark pipeline twice each.
+    r"tests/integration/test_kafka_stream\.py::test_kafka_to_postgres_and_kafka_exactly_once"
+    r"_with_the_driver_killed\[(?!cycle\.decided)":
+        "the Kafka-fed stream killed at the other points",
+    r"tests/integration/test_replay_kafka\.py::test_a_topic_whose_retention":
+        "a replay refused for retention, after a stream of its own",
     # kill -9 into MariaDB: the kills inside its prepare and commit stay in the default
     # tier; those between the sinks' own steps are the cycle's, taken on Postgres.
     r"tests/chaos/test_kill9\.py::test_kill9_then_restart_converges\[(stage|record_expected_state|"

@@ -192,7 +192,8 @@ def _recompute(spark: Any, app: Callable[..., Any], spec: str, pipeline: Pipelin
                 if schema is not None:
                     wanted[name] = (store.key_columns, schema.names)
             states.update(replay(spark, batch_app, settings.checkpoint, epoch, wanted,
-                                 retained=settings.rebuild_input or None))  # fmt: skip
+                                 retained=settings.rebuild_input or None,
+                                 store=(pipeline.store, pipeline.name)))  # fmt: skip
         if sink not in states:
             raise ConfigurationError(f"pipeline {pipeline.name!r}: sink {sink!r} holds no epoch")
         return states[sink]

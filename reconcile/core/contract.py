@@ -13,6 +13,7 @@ from typing import Any, Literal, TypeAlias
 from reconcile.core.errors import (
     ConfigurationError,
     ContractViolationError,
+    DeterministicError,
     EpochOrderError,
     FatalError,
     FencedError,
@@ -35,6 +36,7 @@ __all__ = [
     "Change",
     "ConfigurationError",
     "ContractViolationError",
+    "DeterministicError",
     "EpochOrderError",
     "Fatal",
     "FatalError",

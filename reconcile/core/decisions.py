@@ -6,6 +6,7 @@ import enum
 
 from reconcile.core.contract import (
     ContractViolationError,
+    DeterministicError,
     EpochOrderError,
     FencedError,
     InvalidInputError,
@@ -16,6 +17,7 @@ from reconcile.core.contract import (
 from reconcile.core.progress import EpochStatus
 
 __all__ = [
+    "DETERMINISTIC",
     "REJECTING_SQLSTATE",
     "Failure",
     "Settle",
@@ -23,6 +25,7 @@ __all__ = [
     "check_epoch_order",
     "classify",
     "decide_stranded",
+    "deterministic_error",
     "is_rejection_sqlstate",
     "is_terminal",
     "rejection_of",
@@ -43,6 +46,43 @@ REJECTING_SQLSTATE: dict[str, str] = {
     "44": "WITH CHECK OPTION violation (a row outside the view it is written through)",
     "54": "program limit exceeded (a row or an index entry too large)",
 }
+
+
+# Exception types that are the same on every attempt: a programming or data
+# error in the engine or in a library it calls (Arrow's ArrowInvalid is a
+# ValueError, its ArrowTypeError a TypeError; psycopg cannot parse a date in a
+# DateStyle it does not know: NotImplementedError), never a service that is away
+# or busy. OSError (a lost connection, a full disk, a timeout) is not one of them,
+# nor is a driver's own error class (psycopg's, SQLAlchemy's), which the sinks
+# sort themselves; UnicodeError is a ValueError and deterministic too.
+DETERMINISTIC: tuple[type[Exception], ...] = (
+    TypeError,
+    ValueError,
+    LookupError,
+    AttributeError,
+    ArithmeticError,
+    NotImplementedError,
+)
+
+
+def deterministic_error(error: BaseException, where: str) -> DeterministicError | None:
+    """``error`` as a DeterministicError if its type is one of DETERMINISTIC, else None.
+
+    Args:
+        error: an exception that is not the engine's own (a ReconcileError is
+            classified as it is).
+        where: what failed, for the message ("pipeline 'p': bind() of sink 's'").
+    """
+    if isinstance(error, ReconcileError) or not isinstance(error, DETERMINISTIC):
+        return None
+    if isinstance(error, OSError):  # (no OSError is one today; kept out whatever comes)
+        return None
+    return DeterministicError(
+        f"{where} failed with {type(error).__name__}: {error}. The same error comes on "
+        "every attempt, so it is not retried: this is a bug, or a setting or value no "
+        "retry can change",
+        cause=type(error).__name__,
+    )
 
 
 class Failure(enum.Enum):
@@ -122,8 +162,9 @@ def classify(error: BaseException | None) -> Failure:
     - FencedError (a zombie; an HA node that lost its lease): FENCED;
     - InvalidInputError and ConfigurationError (bad input, a bad declaration,
       an epoch that would go backwards), ContractViolationError (a broken
-      sink) and MarkerMismatchError (a marker of another state, so retrying
-      would never write the epoch): TERMINAL;
+      sink), MarkerMismatchError (a marker of another state, so retrying
+      would never write the epoch) and DeterministicError (an error that is
+      the same on every attempt): TERMINAL;
     - anything else, including a plain FatalError (a step that a restart's
       ``start()`` settles) and exceptions that are not the engine's: TRANSIENT,
       to be retried with backoff, within a bound.
@@ -134,7 +175,10 @@ def classify(error: BaseException | None) -> Failure:
         return Failure.TRANSIENT
     if isinstance(error, FencedError):
         return Failure.FENCED
-    if isinstance(error, InvalidInputError | ContractViolationError | MarkerMismatchError):
+    if isinstance(
+        error,
+        InvalidInputError | ContractViolationError | MarkerMismatchError | DeterministicError,
+    ):
         return Failure.TERMINAL
     return Failure.TRANSIENT
 

@@ -12,6 +12,7 @@ from typing import Any
 __all__ = [
     "ConfigurationError",
     "ContractViolationError",
+    "DeterministicError",
     "EpochOrderError",
     "FatalError",
     "FencedError",
@@ -174,6 +175,16 @@ class EpochOrderError(InvalidInputError):
 
 class UnknownSinkError(InvalidInputError):
     """Rows were addressed to a sink that the pipeline did not declare."""
+
+
+class DeterministicError(FatalError):
+    """A step failed with an error that is the same on every attempt, so no retry can cure it.
+
+    The engine's own code or a library it calls raised a programming or data
+    error (a TypeError, ValueError, NotImplementedError, ...), not a failure of
+    a service. Retrying, or restarting to retry, would only repeat it, claiming
+    a writer generation each time. ``details["cause"]`` names the exception type.
+    """
 
 
 class ContractViolationError(FatalError):

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 
 import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
 
-from expected_state.column_types import check_store_types
+from expected_state.column_types import check_column_names, check_store_types
 from expected_state.store import ExpectedStateStore
 from reconcile.core.contract import Change, ConfigurationError
 from reconcile.core.schema_change import SchemaChange
@@ -58,6 +58,7 @@ class SinkSchemas:
                     f"sink {name!r}: arrow_schema() returned {type(types).__name__}, "
                     "not a pyarrow.Schema or None"
                 )
+            check_column_names(types.names, table=store.uri)
             self.sink_types[name] = types
             store.column_types = types
             if name not in self.schemas and store.user_schema is not None:

@@ -16,7 +16,7 @@ from reconcile.core.contract import (
     SinkTxnId,
     WriterIdentity,
 )
-from reconcile.core.decisions import Settle, decide_stranded, is_terminal
+from reconcile.core.decisions import Settle, decide_stranded, deterministic_error, is_terminal
 from reconcile.core.metrics import Metrics, record_started
 from reconcile.core.progress import EpochStatus, ProgressLog
 from reconcile.core.results import RecoveryReport
@@ -55,6 +55,8 @@ class Restart:
 
         Raises:
             ConfigurationError: a sink's target is unusable (from the sink).
+            DeterministicError: a sink's bind() raised an error that is the same
+                on every attempt (``reconcile.core.decisions.DETERMINISTIC``).
             RetryableError: a sink cannot be reached now.
         """
         writer = WriterIdentity(self.pipeline, self.progress.log_id)
@@ -64,6 +66,10 @@ class Restart:
             except ReconcileError:
                 raise
             except Exception as exc:
+                where = f"pipeline {self.pipeline!r}: bind() of sink {name!r}"
+                same_again = deterministic_error(exc, where)
+                if same_again is not None:
+                    raise same_again from exc
                 raise RetryableError(
                     f"pipeline {self.pipeline!r}: bind() of sink {name!r} failed: {exc!r}",
                     sink=name,

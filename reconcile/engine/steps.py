@@ -20,6 +20,7 @@ from reconcile.core.contract import (
     SinkOutcome,
     SinkTxnId,
 )
+from reconcile.core.decisions import deterministic_error
 from reconcile.core.logs import context
 from reconcile.core.metrics import Metrics, timed
 from reconcile.core.sink import TwoPhaseSink, check_outcome, has_durable_prepare
@@ -85,6 +86,15 @@ def run_step(
         except RetryableError as exc:
             raise StepFailed(step, str(exc), fatal=fatal, error=exc) from exc
         except Exception as exc:
+            same_again = deterministic_error(exc, f"step {step}")
+            if same_again is not None:
+                # Its effect is as unknown as any exception's (definite=False:
+                # at the commit point the restart's start() settles it), but
+                # the error is the same on every attempt: the driver stops at
+                # once instead of restarting to meet it again.
+                raise StepFailed(
+                    step, same_again.message, fatal=True, definite=False, error=same_again
+                ) from exc
             raise StepFailed(
                 step, f"{type(exc).__name__}: {exc}", fatal=fatal, definite=False
             ) from exc
@@ -172,8 +182,15 @@ class SinkSteps:
                     value = getattr(sink, operation)(txn, *args(name))
             except Exception as exc:
                 # Before the commit point an unknown outcome is harmless: the
-                # epoch is aborted everywhere, and abort is idempotent.
-                value = Retryable(f"{type(exc).__name__}: {exc}")
+                # epoch is aborted everywhere, and abort is idempotent. An error
+                # that is the same on every attempt stops the pipeline instead
+                # of being retried until the retry policy gives up.
+                same_again = deterministic_error(exc, f"sink {name!r} {operation}({txn})")
+                value = (
+                    Retryable(f"{type(exc).__name__}: {exc}")
+                    if same_again is None
+                    else Fatal.of(same_again)
+                )
             outcome = check_outcome(name, operation, txn, value)
             if not isinstance(outcome, Ok):
                 raise StepFailed(

@@ -1,17 +1,21 @@
-"""A refusal that every retry would repeat stops the pipeline at once, in one line naming where.
+"""A refusal that is the same on every attempt stops the pipeline at once, naming what to fix.
 
-The store's own refusals (two columns whose names differ only in case, which a
-Delta table cannot hold side by side; a type Delta has no type for) and a
-setting the server refuses at every connection: each used to be retried as if
-transient (restarting the cycle, claiming a writer generation each time) until
-``drive`` gave up two minutes later with "epoch 0 did not commit". Each test
-counts the attempts, and reads the Postgres table, its markers and the Delta
-table's log to show that nothing was written.
+Columns ``note`` and ``Note`` are two columns to PostgreSQL and one to a Delta
+table: the expected-state store cannot hold both. The engine says so at start,
+before a generation is claimed or anything is written, instead of failing at
+every store commit (a retry cannot change it); and at the stage of a later
+epoch that brings the second spelling. The same for the store's other
+refusals (a type Delta has no type for: delta-rs's own refusal, named) and a
+setting the server refuses at every connection. Each used to be retried as if
+transient, restarting the cycle and claiming a writer generation each time,
+until ``drive`` gave up two minutes later. The tests count the attempts and
+read the Postgres table, its markers and the Delta log.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import os
 import tempfile
 import zoneinfo
 from pathlib import Path
@@ -26,22 +30,20 @@ from psycopg import sql
 
 from expected_state.delta_commit import DeltaCommit, commit_files
 from expected_state.refusals import store_refusal
-from reconcile import CommitCycle, drive
-from reconcile.core.contract import ConfigurationError
-from reconcile.engine.driver import RetryPolicy
+from reconcile import CommitCycle
+from reconcile.core.contract import Change, ConfigurationError
+from reconcile.engine.driver import RetryPolicy, drive
 from reconcile.engine.expected import ExpectedState
-from sinks.memory import MemorySink, MemoryStore
+from sinks.memory.sink import MemorySink, MemoryStore
 from sinks.postgres.factory import postgres_sink
 from tests.fix_pg import markers_table
 
 pytestmark = pytest.mark.integration
 
+FAST = RetryPolicy(give_up_after_s=30.0, initial_s=0.0, max_s=0.0, jitter_s=0.0)
 # Generous enough that a refusal taken for transient would be retried several
 # times (and counted) before the driver gave up.
 PATIENT = RetryPolicy(give_up_after_s=8.0, initial_s=0.05, max_s=0.2, jitter_s=0.0)
-
-
-CLASH_DDL = 'CREATE TABLE t (id bigint PRIMARY KEY, note text, "Note" text, _epoch bigint)'
 
 
 class Attempts:
@@ -66,7 +68,7 @@ def _pg_cycle(dsn: str, root: str) -> CommitCycle:
 def _sink_state(dsn: str) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
     """The table's rows and the markers' epochs, as Postgres holds them."""
     with psycopg.connect(dsn, autocommit=True) as conn:
-        rows = conn.execute('SELECT id, note, "Note" FROM t ORDER BY id').fetchall()
+        rows = conn.execute("SELECT id FROM t ORDER BY id").fetchall()
         table = markers_table(conn)
         epochs = (
             []
@@ -78,44 +80,63 @@ def _sink_state(dsn: str) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]
     return rows, epochs
 
 
-@pytest.fixture
-def clash_dsn(pg_db: str) -> str:
+def test_columns_that_differ_only_in_case_stop_at_start(pg_db: str, tmp_path: Path) -> None:
     with psycopg.connect(pg_db, autocommit=True) as conn:
-        conn.execute(CLASH_DDL)
-    return pg_db
+        conn.execute('CREATE TABLE t (id bigint PRIMARY KEY, note text, "Note" text)')
+    builds = []
+
+    def build() -> CommitCycle:
+        builds.append(1)
+        expected = ExpectedState(str(tmp_path / "store"), "shop", {"t": ["id"]})
+        return CommitCycle("shop", [postgres_sink(pg_db, "t", name="t")], expected_state=expected)
+
+    rows = {"t": [{"id": 1, "note": "a", "Note": "b"}]}
+    with pytest.raises(ConfigurationError, match=r"columns 'note' and 'Note' differ only in case"):
+        drive(build, range(2), lambda e: rows, retry=FAST)
+    assert builds == [1]  # neither retried nor restarted
+    with psycopg.connect(pg_db, autocommit=True) as conn:
+        assert conn.execute("SELECT count(*) FROM t").fetchone() == (0,)
+        found = conn.execute("SELECT to_regclass('reconcile.reconcile_commits')").fetchone()
+        if found is not None and found[0] is not None:
+            markers = conn.execute("SELECT count(*) FROM reconcile.reconcile_commits").fetchone()
+            assert markers == (0,)
+    assert not (tmp_path / "store" / "shop" / "t").exists()
 
 
-def test_columns_that_differ_only_in_case_stop_the_first_epoch_at_once(
-    clash_dsn: str, tmp_path: Path
+def test_rows_that_bring_both_spellings_are_refused_at_stage(tmp_path: Path) -> None:
+    expected = ExpectedState(str(tmp_path / "store"), "shop", {"out": ["id"]})
+    cycle = CommitCycle("shop", [MemorySink("out", MemoryStore())], expected_state=expected)
+    cycle.start()
+    try:
+        result = cycle.run_epoch(0, {"out": [Change("upsert", {"id": 1, "x": 1, "X": 2})]})
+    finally:
+        cycle.close()
+    assert result.error is not None and isinstance(result.error, ConfigurationError)
+    assert "columns 'x' and 'X' differ only in case" in str(result.error)
+    assert not os.path.exists(tmp_path / "store" / "shop" / "out" / "_delta_log")
+
+
+def test_a_later_epoch_that_brings_the_other_spelling_stops_with_the_store_unchanged(
+    tmp_path: Path,
 ) -> None:
     root = str(tmp_path / "store")
-    outputs = Attempts([{"id": 1, "note": "a", "Note": "b"}])
-    with pytest.raises(ConfigurationError) as stopped:
-        drive(lambda: _pg_cycle(clash_dsn, root), [0], outputs, retry=PATIENT)
-    message = str(stopped.value)
-    assert outputs.runs == [1]  # not retried
-    assert "'note' and 'Note' differ only in case" in message
-    assert f"{root}/shop/t" in message and "sink 't', epoch 0" in message
-    assert "\n" not in message and "nothing was written" in message
-    assert _sink_state(clash_dsn) == ([], [])
-    assert not (tmp_path / "store" / "shop" / "t" / "_delta_log").exists()
-
-
-def test_a_later_epoch_that_brings_a_clashing_column_stops_with_the_store_unchanged(
-    clash_dsn: str, tmp_path: Path
-) -> None:
-    root = str(tmp_path / "store")
+    memory = MemoryStore()
     outputs = Attempts([{"id": 1, "note": "a"}], [{"id": 2, "note": "c", "Note": "d"}])
+
+    def build() -> CommitCycle:
+        return CommitCycle("shop", [MemorySink("t", memory)],
+                           expected_state=ExpectedState(root, "shop", {"t": ["id"]}))  # fmt: skip
+
     with pytest.raises(ConfigurationError) as stopped:
-        drive(lambda: _pg_cycle(clash_dsn, root), [0, 1], outputs, retry=PATIENT)
-    assert outputs.runs == [1, 1]
-    assert "'note' and 'Note' differ only in case" in str(stopped.value)
-    assert "sink 't', epoch 1" in str(stopped.value)
-    assert _sink_state(clash_dsn) == ([(1, "a", None)], [(0,)])
+        drive(build, [0, 1], outputs, retry=PATIENT)
+    assert outputs.runs == [1, 1]  # epoch 1 not retried
+    assert "columns 'note' and 'Note' differ only in case" in str(stopped.value)
+    assert "epoch 1" in str(stopped.value) and "\n" not in str(stopped.value)
     table = DeltaTable(f"{root}/shop/t")
     assert [f.name for f in table.schema().fields if not f.name.startswith("_")] == ["id", "note"]
     committed = [h.get("reconcile.epoch") for h in table.history()]
     assert 1 not in committed and 0 in committed
+    assert sorted(e for (_, _, e) in memory.committed) == [0]
 
 
 def test_a_type_the_store_cannot_take_stops_at_once_naming_the_store_table(
@@ -161,7 +182,7 @@ def test_a_setting_the_server_refuses_at_every_connection_stops_at_once(
     pg_db: str, tmp_path: Path
 ) -> None:
     with psycopg.connect(pg_db, autocommit=True) as conn:
-        conn.execute(CLASH_DDL)
+        conn.execute("CREATE TABLE t (id bigint PRIMARY KEY, _epoch bigint)")
     dsn = f"{pg_db} options='-c statement_timeout=soon'"
     builds: list[int] = []
 

@@ -9,6 +9,7 @@ import pytest
 
 from reconcile.core.contract import (
     ConfigurationError,
+    DeterministicError,
     Fatal,
     FatalError,
     FencedError,
@@ -20,7 +21,7 @@ from reconcile.core.contract import (
     SinkTxnId,
     WriterIdentity,
 )
-from reconcile.core.decisions import Settle, decide_stranded, is_terminal
+from reconcile.core.decisions import Settle, decide_stranded, deterministic_error, is_terminal
 from reconcile.core.metrics import InMemoryMetrics
 from reconcile.core.progress import EpochStatus, MemoryProgressLog
 from reconcile.core.results import CommitFatal
@@ -273,3 +274,68 @@ def test_a_give_up_after_restarts_hands_nothing_on() -> None:
     with pytest.raises(FatalError, match="did not commit within"):
         driver.run(0, outputs)
     assert driver.detach() is None  # something was in doubt: only a new start() goes on
+
+
+class Raising(Flaky):
+    """A Flaky sink whose prepare raises the given exceptions, one per call, then prepares."""
+
+    def __init__(self, store: MemoryStore, errors: Sequence[Exception]) -> None:
+        super().__init__(store)
+        self.errors = list(errors)
+        self.prepares = 0
+
+    def prepare(self, txn_id: SinkTxnId) -> SinkOutcome:
+        self.prepares += 1
+        if self.errors:
+            raise self.errors.pop(0)
+        return super().prepare(txn_id)
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        NotImplementedError("can't parse timestamptz with DateStyle 'SQL, DMY'"),
+        TypeError("unhashable type: 'dict'"),
+        ValueError("Duplicate field name (case-insensitive): 'Note'"),
+        KeyError("label"),
+    ],
+)
+def test_an_error_that_is_the_same_every_time_stops_at_once_at_start(error: Exception) -> None:
+    log, store, builds = MemoryProgressLog(), MemoryStore(), []
+
+    def build() -> CommitCycle:
+        sink = Flaky(store, bind_errors=[error] * 100)
+        builds.append(sink)
+        return CommitCycle("pipe", [sink], log)
+
+    with pytest.raises(DeterministicError, match=type(error).__name__) as raised:
+        drive(build, range(3), outputs, retry=FAST)
+    assert "bind() of sink 'out'" in str(raised.value)
+    assert raised.value.details["cause"] == type(error).__name__
+    assert len(builds) == 1 and builds[0].binds == 1  # not retried, not restarted
+    assert log.claim_generation() == 1
+
+
+def test_an_error_that_is_the_same_every_time_stops_an_epoch_at_once() -> None:
+    log, store = MemoryProgressLog(), MemoryStore()
+    sink = Raising(store, [TypeError("cannot convert a dict")] * 100)
+    with pytest.raises(DeterministicError, match=r"prepare\(pipe-out-0-g1\).*TypeError"):
+        drive(lambda: CommitCycle("pipe", [sink], log), range(2), outputs, retry=FAST)
+    assert sink.prepares == 1 and committed(store) == []
+
+
+def test_an_error_a_retry_may_cure_is_still_retried() -> None:
+    log, store = MemoryProgressLog(), MemoryStore()
+    sink = Raising(store, [ConnectionResetError("peer reset"), RuntimeError("busy")])
+    report = drive(lambda: CommitCycle("pipe", [sink], log), range(2), outputs, retry=FAST)
+    assert report.committed_epochs == [0, 1] and report.retries == 2
+    assert sink.bind_errors == []
+
+
+def test_deterministic_errors_are_terminal_and_service_failures_are_not() -> None:
+    for error in (ValueError("x"), TypeError("x"), LookupError("x"), NotImplementedError("x")):
+        found = deterministic_error(error, "step")
+        assert found is not None and is_terminal(found)
+    for error in (OSError("x"), TimeoutError("x"), ConnectionError("x"), RuntimeError("x")):
+        assert deterministic_error(error, "step") is None
+    assert deterministic_error(RetryableError("x"), "step") is None

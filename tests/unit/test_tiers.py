@@ -34,6 +34,7 @@ def test_a_pattern_that_matches_nothing_in_its_collected_file_is_stale() -> None
         f"{KILL9}[stage-file]",
         f"{KILL9}[finalize-file]",
         f"{KILL9}[stage-mariadb]",
+        f"{KILL9}[stage-kafka]",
         # (the file's other slow pattern, matched: only the renamed one is stale)
         "tests/chaos/test_kill9.py::test_kill9_inside_the_iceberg_commit"
         "[iceberg-commit-checked-iceberg]",
@@ -60,7 +61,7 @@ def test_a_run_marks_them_slow_before_it_selects() -> None:
     chosen = [line for line in proc.stdout.splitlines() if "::" in line]
     assert chosen and all(slow_tier(nodeid) for nodeid in chosen)
     assert {n.rsplit("-", 1)[1] for n in chosen} == {
-        "postgres_prepared]", "delta]", "file]", "iceberg]", "mariadb]",
+        "postgres_prepared]", "delta]", "file]", "iceberg]", "mariadb]", "kafka]",
     }  # fmt: skip
     assert not any("[stage-file]" in n or "[prepare-done-file]" in n for n in chosen)
 
@@ -115,9 +116,9 @@ def test_a_sampled_run_says_how_to_repeat_it_and_keeps_the_claimed_tests() -> No
     )  # fmt: skip
     chosen = [line for line in proc.stdout.splitlines() if "::" in line]
     kill9 = [n for n in chosen if "test_kill9" in n]
-    # A third of the 37 slow parameter sets, rounded up (13), and the lone kill inside
+    # A third of the 44 slow parameter sets, rounded up (15), and the lone kill inside
     # the Iceberg commit (a family of one runs whole).
-    assert len(kill9) == 14
+    assert len(kill9) == 16
     # The one driver-killed test that a mutant's kill set (-k cycle.decided) selects.
     assert any("test_driver_killed" in n and "cycle.decided-auto" in n for n in chosen)
     assert f"({SAMPLE_ENV}=draw-7): " in proc.stdout
@@ -130,7 +131,7 @@ def test_a_sampled_run_that_draws_none_of_a_patterns_tests_is_not_stale() -> Non
         [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
          "-p", "no:xdist", "-m", "slow", "tests/chaos/test_kill9.py"],
         cwd=REPO, capture_output=True, text=True, check=False,
-        env={**os.environ, SAMPLE_ENV: "000ddraw"},
+        env={**os.environ, SAMPLE_ENV: "002ddraw"},
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr
     chosen = [line for line in proc.stdout.splitlines() if "::" in line]
