@@ -297,10 +297,10 @@ def report_failure(args: argparse.Namespace, exc: Exception) -> int:
 
 
 def _one_line(text: str) -> str:
-    """An error message on one line, passwords redacted (cron mails and alerts show one line)."""
-    from sinks.postgres.connection import redact_text
+    """An error message on one line, secrets redacted (cron mails and alerts show one line)."""
+    from reconcile.core.redaction import scrub
 
-    return " ".join(redact_text(text).split())
+    return scrub(" ".join(text.split()))
 
 
 def _pg(args: argparse.Namespace) -> int:

@@ -184,8 +184,9 @@ class PrometheusMetrics:
             ),
             "pipeline.rejected": counter(
                 "rejected_epochs",
-                "Epochs the database refused (a constraint, a value, a privilege): the pipeline "
-                "stopped (alert on any increase)",
+                "Epochs whose rows were refused, by the database or the engine's check before "
+                "sending (a constraint, a value, a privilege): the pipeline stopped (alert on any "
+                "increase)",
                 ["pipeline", "sink", "sqlstate"],
             ),
             "drift.repaired": counter(

@@ -43,6 +43,7 @@ import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
 from reconcile.cli.config import PipelineConfig, RunSettings, load_config
 from reconcile.core import interrupts
 from reconcile.core.contract import ConfigurationError
+from reconcile.core.redaction import remember
 from reconcile.rebuild import DEFAULT_PART_ROWS, RebuildReport
 
 __all__ = ["add_rebuild_parser", "print_report", "run_rebuild"]
@@ -88,6 +89,7 @@ def run_rebuild(args: argparse.Namespace, spark: Any = None) -> int:
     from reconcile.rebuild import plan, rebuild, rollback
 
     config = load_config(args.config)
+    remember(*config.secrets())  # every scrub of this process removes them
     pipeline, settings = run_settings(
         config, args.pipeline, "rebuild", "its app and checkpoint say what to replay"
     )

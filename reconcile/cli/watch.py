@@ -37,6 +37,7 @@ from reconcile.cli.config_sinks import split_table
 from reconcile.core import interrupts
 from reconcile.core.contract import ConfigurationError, ReconcileError
 from reconcile.core.metrics import Metrics, NullMetrics, active, record_refusal, record_report
+from reconcile.core.redaction import remember
 from reconcile.recovery.options import TuningKeywords
 
 if TYPE_CHECKING:  # Spark is an optional extra: imported only for --spark
@@ -313,6 +314,7 @@ def _print(outcomes: list[TableOutcome], *, as_json: bool, code: int) -> None:
 def run_config_recover(args: argparse.Namespace) -> int:
     """``verify`` / ``repair`` with ``--config``: every selected table; the exit code."""
     config = load_config(args.config)
+    remember(*config.secrets())  # every scrub of this process removes them
     tables = _selected(config, args)
     repair = args.command == "repair"
     lifted = repair and getattr(args, "allow_mass_change", False)
@@ -352,6 +354,7 @@ def config_metrics(config: Config) -> tuple[Metrics, Any]:
 def run_watch(args: argparse.Namespace) -> int:
     """``reconcile watch``: check on a schedule until stopped (or ``--count`` rounds)."""
     config = load_config(args.config)
+    remember(*config.secrets())  # every scrub of this process removes them
     every = parse_every(args.every)
     if args.epochs < 1:
         raise ConfigurationError(f"--epochs must be >= 1, got {args.epochs}")

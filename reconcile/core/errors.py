@@ -23,6 +23,7 @@ __all__ = [
     "ReconcileError",
     "RejectedError",
     "RetryableError",
+    "RowsRejectedError",
     "StoreIntegrityError",
     "StoreLostRowsError",
     "TxnIdParseError",
@@ -88,6 +89,9 @@ class MarkerMismatchError(FatalError):
 
 class RejectedError(FatalError):
     """The database refused an epoch's rows or statement for good: every retry fails the same way.
+
+    The engine's own check of the rows, before they are sent, raises the
+    subclass ``RowsRejectedError``: one kind of failure, whoever found it.
 
     A constraint (CHECK, NOT NULL, unique, foreign key, exclusion), a value the
     column cannot hold, a missing privilege or a row-level security policy
@@ -159,6 +163,20 @@ class RejectedError(FatalError):
 
 class InvalidInputError(ReconcileError):
     """Bad input from the caller; nothing was written."""
+
+
+class RowsRejectedError(RejectedError, InvalidInputError):
+    """The engine refused an epoch's rows before sending them, as the database would have.
+
+    A NULL in a NOT NULL or key column, a value the column cannot hold, a
+    column the table lacks, a key twice in one epoch: the sink's or the
+    store's own check found it before anything was written. It is a
+    rejection like the database's (``RejectedError``: the same exit code, the
+    same metric, the pipeline stops), whoever found it first; and bad input
+    (``InvalidInputError``) to code that asks for that. ``details`` as
+    RejectedError's, with the SQLSTATE the database would have given where
+    there is one (23502 for a NULL in a NOT NULL column).
+    """
 
 
 class ConfigurationError(InvalidInputError):

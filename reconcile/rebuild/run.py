@@ -267,7 +267,7 @@ def _rebase_all(stores: dict[str, ExpectedStateStore], prepared: dict[str, Rebas
         if table.store_after is None:
             table.store_after = store.rebase(
                 prepared[name], label=entry.rebuild,
-                metadata={"reconcile.logic_version": entry.logic_version},
+                metadata={"reconcile.logic_version": entry.logic_version}, started=entry.seq,
             )  # fmt: skip
 
 

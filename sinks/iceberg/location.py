@@ -23,7 +23,7 @@ from urllib.parse import parse_qsl, urlsplit
 from pyiceberg.catalog import Catalog, load_catalog
 
 from reconcile.core.contract import ConfigurationError
-from sinks.base import redact_uri
+from reconcile.core.redaction import is_secret_name, redact, redact_uri
 
 __all__ = ["DEFAULT_NAMESPACE", "IcebergLocation", "parse_uri"]
 
@@ -44,7 +44,8 @@ class IcebergLocation:
     """
 
     catalog: str
-    properties: dict[str, str] = field(default_factory=dict)
+    # Not in the repr: a property may hold a secret (credential=, s3.secret-access-key=).
+    properties: dict[str, str] = field(default_factory=dict, repr=False)
     namespace: str = DEFAULT_NAMESPACE
     table: str = ""
     key: tuple[str, ...] = ()
@@ -68,9 +69,11 @@ class IcebergLocation:
         try:
             return load_catalog(self.catalog, **self.properties)
         except Exception as exc:  # pyiceberg raises ValueError, NotInstalledError, ...
+            # pyiceberg's message may echo a property: the secret ones are taken out.
+            secrets = [v for k, v in self.properties.items() if is_secret_name(k)]
             raise ConfigurationError(
                 f"Iceberg catalog {self.catalog!r} cannot be loaded with the properties given "
-                f"({sorted(self.properties)}): {type(exc).__name__}: {exc}"
+                f"({sorted(self.properties)}): {type(exc).__name__}: {redact(str(exc), *secrets)}"
             ) from None
 
     def with_table(

@@ -30,10 +30,8 @@ epoch is in.
 from __future__ import annotations
 
 import logging
-import uuid
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 from reconcile.core.contract import (
     OK,
@@ -44,7 +42,6 @@ from reconcile.core.contract import (
     InvalidInputError,
     MarkerMismatchError,
     Ok,
-    RejectedError,
     Retryable,
     RetryableError,
     SinkOutcome,
@@ -55,42 +52,40 @@ from reconcile.core.contract import (
 from reconcile.core.sink import SinkCapabilities
 from sinks.open_txn import OpenTxnSink
 
-from .markers import MarkerLog, MarkerState, fence_value, marker_value, record_key
-from .records import EPOCH_HEADER, TXN_HEADER, encode_key, encode_value
+from .markers import MarkerLog, MarkerState
+from .producing import TIMEOUT_S, HeldProducer, KafkaTxn, ProducerSteps, Record
+from .records import encode_key, encode_value
 
-__all__ = ["DEFAULT_MARKER_TOPIC", "KafkaSink", "Record"]
+__all__ = ["DEFAULT_MARKER_TOPIC", "KafkaKeywords", "KafkaSink", "Record"]
 
 log = logging.getLogger("reconcile.sinks.kafka")
 
 DEFAULT_MARKER_TOPIC = "reconcile_commits"
-_TIMEOUT_S = 60.0
 _COMMIT_ATTEMPTS = 3
 
 
-@dataclass(frozen=True)
-class Record:
-    """One record of an epoch: its key, its value (None: a tombstone, a delete)."""
+class KafkaKeywords(TypedDict, total=False):
+    """The Kafka sink's options beyond its topic, name and key.
 
-    key: bytes
-    value: bytes | None
+    Attributes:
+        marker_topic: the engine's marker topic (created, compacted, if missing);
+            default ``reconcile_commits``.
+        transactional_prefix: the ``transactional.id`` is ``<prefix>.<pipeline>.<sink>``;
+            default ``reconcile``.
+        transaction_timeout_ms: the broker aborts a transaction open longer
+            than this (capped by the broker's ``transaction.max.timeout.ms``);
+            default 60 s.
+        config: more librdkafka settings for the producer and the consumers
+            (security, for example); the sink's own settings win.
+    """
 
-
-@dataclass
-class _Producer:
-    """A transactional producer, initialised for one writer generation."""
-
-    producer: Any
-    generation: int
-
-
-@dataclass(frozen=True)
-class KafkaTxn:
-    """An epoch transaction ``prepare`` began and flushed: the producer that holds it."""
-
-    producer: Any
+    marker_topic: str
+    transactional_prefix: str
+    transaction_timeout_ms: int
+    config: Mapping[str, Any]
 
 
-class KafkaSink(OpenTxnSink[KafkaTxn, list[Record]]):
+class KafkaSink(ProducerSteps, OpenTxnSink[KafkaTxn, list[Record]]):
     """Exactly-once sink into one Kafka topic used as a table (key to its last value).
 
     Args:
@@ -99,12 +94,7 @@ class KafkaSink(OpenTxnSink[KafkaTxn, list[Record]]):
         name: the sink's name within the pipeline.
         key: the key columns: a row's record key (``records.py``).
         pipeline: optional; ``bind()`` supplies it.
-        marker_topic: the engine's marker topic (created, compacted, if missing).
-        transactional_prefix: the ``transactional.id`` is ``<prefix>.<pipeline>.<sink>``.
-        transaction_timeout_ms: the broker aborts a transaction open longer
-            than this (capped by the broker's ``transaction.max.timeout.ms``).
-        config: more librdkafka settings for the producer and the consumers
-            (security, for example); the sink's own settings win.
+        **options: the keywords of :class:`KafkaKeywords`.
     """
 
     def __init__(
@@ -115,22 +105,21 @@ class KafkaSink(OpenTxnSink[KafkaTxn, list[Record]]):
         name: str,
         key: Sequence[str],
         pipeline: str | None = None,
-        marker_topic: str = DEFAULT_MARKER_TOPIC,
-        transactional_prefix: str = "reconcile",
-        transaction_timeout_ms: int = 60_000,
-        config: Mapping[str, Any] | None = None,
+        **options: Unpack[KafkaKeywords],
     ) -> None:
         self._name = validate_name("sink", name)
         self.pipeline = None if pipeline is None else validate_name("pipeline", pipeline)
         if not key:
             raise ConfigurationError(f"kafka sink {name!r}: give the key columns (key=[...])")
         self.bootstrap, self.topic, self.key = bootstrap, topic, list(key)
-        self.marker_topic, self.transactional_prefix = marker_topic, transactional_prefix
-        self.transaction_timeout_ms = transaction_timeout_ms
-        self.client: dict[str, Any] = {**dict(config or {}), "bootstrap.servers": bootstrap}
+        self.marker_topic = options.get("marker_topic", DEFAULT_MARKER_TOPIC)
+        self.transactional_prefix = options.get("transactional_prefix", "reconcile")
+        self.transaction_timeout_ms = options.get("transaction_timeout_ms", 60_000)
+        config = options.get("config") or {}
+        self.client: dict[str, Any] = {**dict(config), "bootstrap.servers": bootstrap}
         self._writer: WriterIdentity | None = None
         self._markers: MarkerLog | None = None
-        self._producer: _Producer | None = None
+        self._producer: HeldProducer | None = None
         OpenTxnSink.__init__(self)
 
     # -- identity and set-up ------------------------------------------------
@@ -146,14 +135,6 @@ class KafkaSink(OpenTxnSink[KafkaTxn, list[Record]]):
 
     def __repr__(self) -> str:
         return f"KafkaSink(name={self._name!r}, topic={self.topic!r}, bootstrap={self.bootstrap!r})"
-
-    @property
-    def transactional_id(self) -> str:
-        """``<prefix>.<pipeline>.<sink>``: stable, so a newer producer fences older ones."""
-        return f"{self.transactional_prefix}.{self.pipeline}.{self._name}"
-
-    def _log_id(self) -> str | None:
-        return None if self._writer is None else self._writer.log_id
 
     def markers(self, pipeline: str) -> MarkerLog:
         """The marker topic as this sink reads it (created and checked on first use)."""
@@ -174,7 +155,7 @@ class KafkaSink(OpenTxnSink[KafkaTxn, list[Record]]):
         from confluent_kafka.admin import AdminClient
 
         try:
-            topics = AdminClient(self.client).list_topics(timeout=_TIMEOUT_S).topics
+            topics = AdminClient(self.client).list_topics(timeout=TIMEOUT_S).topics
         except KafkaException as err:
             raise RetryableError(
                 f"kafka sink {self._name!r}: cannot reach {self.bootstrap}: {err}"
@@ -304,148 +285,6 @@ class KafkaSink(OpenTxnSink[KafkaTxn, list[Record]]):
         assert staged is not None
         return self._write(txn_id, producer, staged)
 
-    def _write(self, txn_id: SinkTxnId, producer: Any, staged: list[Record]) -> SinkOutcome:
-        from confluent_kafka import KafkaException
-
-        failures: list[str] = []
-
-        def delivered(err: Any, message: Any) -> None:
-            if err is not None:
-                failures.append(f"{message.topic()}: {err.str()}")
-
-        headers = [(TXN_HEADER, str(txn_id).encode()), (EPOCH_HEADER, str(txn_id.epoch).encode())]
-        try:
-            producer.begin_transaction()
-            for record in staged:
-                try:
-                    producer.produce(self.topic, key=record.key, value=record.value,
-                                     headers=headers, on_delivery=delivered)  # fmt: skip
-                except BufferError:
-                    producer.poll(1)  # the local queue is full: let deliveries drain
-                    producer.produce(self.topic, key=record.key, value=record.value,
-                                     headers=headers, on_delivery=delivered)  # fmt: skip
-            producer.produce(
-                self.marker_topic,
-                key=record_key(txn_id.pipeline, self._name, "commit"),
-                value=marker_value(
-                    pipeline=txn_id.pipeline,
-                    sink=self._name,
-                    epoch=txn_id.epoch,
-                    generation=txn_id.generation,
-                    log_id=self._log_id(),
-                    txn=str(txn_id),
-                ),
-                on_delivery=delivered,
-            )
-            left = producer.flush(_TIMEOUT_S)
-        except KafkaException as err:
-            self._abandon(producer)
-            return self._refused(txn_id, err.args[0], None)
-        if failures or left:
-            self._abandon(producer)
-            reason = failures[0] if failures else f"{left} records not delivered in time"
-            return self._refused(txn_id, None, reason)
-        self._hold(txn_id, KafkaTxn(producer))
-        return OK
-
-    def _refused(self, txn_id: SinkTxnId, error: Any, reason: str | None) -> SinkOutcome:
-        """The outcome of a prepare the broker or the client refused; nothing was committed."""
-        text = str(reason) if error is None else f"{error.name()}: {error.str()}"
-        code = "" if error is None else str(error.name())
-        if (
-            "MSG_SIZE_TOO_LARGE" in text
-            or "RECORD_LIST_TOO_LARGE" in text
-            or code.endswith("MSG_SIZE_TOO_LARGE")
-        ):
-            return Fatal.of(
-                RejectedError.of(
-                    epoch=txn_id.epoch,
-                    table=self.topic,
-                    sqlstate="",
-                    reason=f"a record is larger than the broker or topic takes ({text}); "
-                    "raise max.message.bytes on the topic, or write smaller rows",
-                    sink=self._name,
-                )
-            )
-        if "UNKNOWN_TOPIC" in text or "TOPIC_AUTHORIZATION" in text:
-            return Fatal.of(
-                ConfigurationError(
-                    f"kafka sink {self._name!r}, prepare of {txn_id}: topic {self.topic!r} "
-                    f"cannot be written ({text}); nothing was committed"
-                )
-            )
-        if error is not None and error.fatal():
-            # The broker fenced this producer: another one took the transactional.id.
-            # A newer writer's fence says it took over; without one it was a
-            # repair, and the next attempt starts a producer of its own again.
-            self._producer = None
-            try:
-                state = self.markers(txn_id.pipeline).read()
-            except RetryableError as err:
-                return Retryable.of(err)
-            if state.fence_generation > txn_id.generation:
-                return Fatal.of(
-                    FencedError(
-                        f"kafka sink {self._name!r}, prepare of {txn_id}: the broker fenced "
-                        f"this producer ({text}), and generation {state.fence_generation} "
-                        "took over; nothing was committed",
-                        generation=txn_id.generation,
-                        fence=state.fence_generation,
-                    )
-                )
-        return Retryable(f"kafka sink {self._name!r}, prepare of {txn_id}: {text}; nothing was "
-                         "committed")  # fmt: skip
-
-    # -- producers ------------------------------------------------------------
-
-    def _producer_for(self, txn_id: SinkTxnId, state: MarkerState) -> tuple[Any, MarkerState]:
-        """This generation's producer (initialised, its fence committed), and the markers after.
-
-        Raises:
-            RetryableError: the broker cannot be reached, or refused for now.
-        """
-        from confluent_kafka import KafkaException, Producer
-
-        held = self._producer
-        if held is not None and held.generation == txn_id.generation:
-            return held.producer, state
-        self._producer = None
-        producer = Producer(
-            {
-                **self.client,
-                "transactional.id": self.transactional_id,
-                "transaction.timeout.ms": self.transaction_timeout_ms,
-                "enable.idempotence": True,
-                "client.id": f"reconcile-{self._name}-{uuid.uuid4().hex[:8]}",
-            }
-        )
-        try:
-            producer.init_transactions(_TIMEOUT_S)
-            if state.fence_generation < txn_id.generation:
-                producer.begin_transaction()
-                producer.produce(
-                    self.marker_topic,
-                    key=record_key(txn_id.pipeline, self._name, "fence"),
-                    value=fence_value(txn_id.generation, self._log_id()),
-                )
-                producer.commit_transaction(_TIMEOUT_S)
-        except KafkaException as err:
-            raise RetryableError(
-                f"kafka sink {self._name!r}: cannot start a transactional producer "
-                f"({self.transactional_id}): {err}"
-            ) from None
-        self._producer = _Producer(producer, txn_id.generation)
-        return producer, self.markers(txn_id.pipeline).read()
-
-    def _abandon(self, producer: Any) -> None:
-        """Abort the producer's open transaction (best effort) and let go of the producer."""
-        try:
-            producer.abort_transaction(_TIMEOUT_S)
-        except Exception as err:  # a fenced or broken producer: the broker aborts it
-            log.warning("kafka sink %r: abort failed (%s); dropping the producer", self._name, err)
-            if self._producer is not None and self._producer.producer is producer:
-                self._producer = None
-
     # -- the steps of the open-transaction lifecycle (sinks.open_txn) -----------
 
     _marker_unreadable = (RetryableError,)
@@ -456,7 +295,7 @@ class KafkaSink(OpenTxnSink[KafkaTxn, list[Record]]):
 
         for _ in range(_COMMIT_ATTEMPTS):
             try:
-                held.producer.commit_transaction(_TIMEOUT_S)
+                held.producer.commit_transaction(TIMEOUT_S)
                 return OK
             except KafkaException as err:
                 error = err.args[0]

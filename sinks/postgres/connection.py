@@ -5,17 +5,15 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import quote
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from reconcile.core.contract import ConfigurationError, ReconcileError, RetryableError
-from reconcile.core.logs import scrub
+from reconcile.core.redaction import REDACTED, redact
 
 __all__ = ["SECRET_PARAMS", "SESSION_SETTINGS", "PgTarget", "connect_failure", "redact_text"]
 
-REDACTED = "***"
 
 # libpq parameters whose values are secrets: kept out of ``params`` (and so out
 # of every repr), and redacted from every message by literal value.
@@ -72,20 +70,15 @@ _TERMINAL_CONNECT = re.compile(
 
 
 def redact_text(text: str, *secrets: str | None) -> str:
-    """Remove secrets from ``text``: their literal values and any DSN-shaped occurrence.
+    """Remove secrets from ``text``: their values and any secret-shaped part.
 
     Used on every message this package logs or raises, including messages that
-    come from libpq or the server, which may echo a connection string. Each
-    secret is removed as given and in its percent-encoded forms (as it appears
-    inside a URI).
+    come from libpq or the server, which may echo a connection string. The one
+    redaction of the core (``reconcile.core.redaction.redact``): each secret in
+    every form text gives it (percent-encoded, escaped, base64), then every
+    URI password and secret-named parameter.
     """
-    for secret in secrets:
-        if not secret:
-            continue
-        variants = {secret, quote(secret, safe=""), quote(secret)}
-        for variant in sorted(variants, key=len, reverse=True):
-            text = text.replace(variant, REDACTED)
-    return scrub(text)
+    return redact(text, *secrets)
 
 
 @dataclass(frozen=True)

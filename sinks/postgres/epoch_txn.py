@@ -255,6 +255,11 @@ class EpochTxnSink(PgSinkClient, ABC):
             # the batch): the typed cause stops the pipeline.
             self._rollback_quietly(session)
             return Fatal.of(err)
+        except RetryableError as err:
+            # The direct COPY raced a concurrent writer (apply.DirectCopyRaced):
+            # the txn is lost, nothing is in; the retry takes the general path.
+            self._rollback_quietly(session)
+            return Retryable(f"postgres sink {self._name!r}, epoch {txn_id.epoch}: {err}", err)
         except SchemaChangeRefused as err:
             # The table changed since the rows were checked (a column retyped by
             # hand): the DDL and the rows roll back together; nothing is in.

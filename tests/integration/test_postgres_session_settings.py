@@ -318,7 +318,7 @@ def test_no_engine_module_opens_a_postgres_connection_around_pg_target() -> None
     ):  # the scan does see each way around
         assert any(_bypasses(n) for n in ast.walk(ast.parse(bypass))), bypass
     assert not any(_bypasses(n) for n in ast.walk(ast.parse("psycopg.connect(t.conninfo())")))
-    allowed = {("sinks/sql/sink.py", "create_engine(...)")}
+    allowed = {("sinks/sql/binding.py", "create_engine(...)")}
     offenders, seen = [], set()
     for folder in ("reconcile", "sinks", "expected_state"):
         for path in (REPO / folder).rglob("*.py"):
@@ -335,5 +335,5 @@ def test_no_engine_module_opens_a_postgres_connection_around_pg_target() -> None
                 offenders.append(f"{rel}:{getattr(node, 'lineno', '?')}: {found}")
     assert offenders == [], offenders
     assert seen == allowed
-    sink = (REPO / "sinks/sql/sink.py").read_text()
-    assert "pin_postgres_sessions(self.engine)" in sink
+    binding = (REPO / "sinks/sql/binding.py").read_text()
+    assert "pin_postgres_sessions(engine)" in binding
