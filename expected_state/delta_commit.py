@@ -23,6 +23,7 @@ from expected_state.delta_files import (
     write_data_file,
 )
 from expected_state.delta_log import transaction_version
+from expected_state.refusals import store_refusal
 from reconcile.core import hooks
 from reconcile.core.contract import (
     FencedError,
@@ -272,7 +273,14 @@ def commit_files(commit: DeltaCommit, based_on: BasedOn | None = None) -> Commit
             partition_by=list(commit.partition_by) or None,
             commit_properties=_properties(commit),
         )
-    except (CommitFailedError, DeltaError, OSError) as exc:
+    except Exception as exc:
+        # delta-rs raises a schema it refuses as a plain Exception, checked
+        # before the log is written: nothing was, and no retry would be taken.
+        refused = store_refusal(exc, table=name, what=f"the commit of token {version}")
+        if refused is not None:
+            raise refused from None
+        if not isinstance(exc, CommitFailedError | DeltaError | OSError):
+            raise
         return _resolve_failed_commit(commit, exc, landed)
     version = _committed_version(table, commit.table_uri, base)
     make_durable(commit.table_uri, base + 1, version)

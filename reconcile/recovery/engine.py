@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import logging
 import time
+from contextlib import nullcontext
+from dataclasses import replace
 
 import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
 
@@ -29,7 +31,7 @@ from reconcile.core import hooks, interrupts
 from reconcile.core.conform import check_columns
 from reconcile.core.contract import InvalidInputError, MassChangeError, RetryableError
 from reconcile.core.expected import ExpectedStore
-from reconcile.core.target import RecoveryTarget, Repair, SinkSnapshot
+from reconcile.core.target import RecoveryTarget, Repair, RepairTurn, SinkSnapshot, repair_turn
 from reconcile.recovery.brake import Brake, BrakeReading, counted_changes, refusal
 from reconcile.recovery.buckets import BucketLimits
 from reconcile.recovery.finding import Found, check_step, find_buckets, find_full, find_scoped
@@ -90,6 +92,23 @@ def reconcile_table(
         RetryableError: epochs kept committing during every attempt.
     """
     options = options or RecoverOptions()
+    # A repair holds the table's turn from before its pull until it ends: a
+    # second repair of the table waits here, then pulls what the first left,
+    # and its report says that it waited. A verify writes nothing: no turn.
+    with nullcontext(RepairTurn()) if options.dry_run else repair_turn(target) as turn:
+        report = _reconcile(target, store, options, bucket_options)
+    if not turn.waited_s:
+        return report
+    return replace(report, repair_wait_s=turn.waited_s, repair_waited_for=turn.holder)
+
+
+def _reconcile(
+    target: RecoveryTarget,
+    store: ExpectedStore,
+    options: RecoverOptions,
+    bucket_options: BucketLimits | None,
+) -> ReconcileReport:
+    """``reconcile_table``'s work, once the repair has its turn at the table."""
     mode, brake = options.chosen_mode(), options.brake()
     after_crash, target_epoch, dry_run = options.after_crash, options.target_epoch, options.dry_run
     progress, since_epoch = options.progress, options.since_epoch
@@ -215,6 +234,9 @@ def reconcile_table(
             provenance=traced.rows,
             provenance_note=traced.note,
             foreign_writes=traced.foreign,
+            foreign_rows=traced.foreign_rows,
+            foreign_transactions=traced.foreign_transactions,
+            scope=found.scope,
         )
     raise RetryableError(
         f"table {target.display}: epochs kept committing during {_MAX_ATTEMPTS} repair "

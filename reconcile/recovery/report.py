@@ -49,6 +49,17 @@ class ReconcileReport:
         foreign_writes: how many of the traced rows a foreign transaction
             wrote (0 without drift); None when tracing is off or the sink
             cannot say.
+        foreign_rows: how many of all the differing rows (changed and extra)
+            a foreign transaction wrote, traced or not; None when unknown.
+        foreign_transactions: how many distinct foreign transactions wrote them.
+        repair_wait_s: how long this repair waited for another repair of the
+            table to finish before it pulled (0.0: it did not wait); what it
+            found is what that repair left.
+        repair_waited_for: whose repair it waited for (e.g. "backend pid 4242
+            (reconcile-cli)"); "" when it did not wait.
+        scope: what scoped mode looked at (the keys the store changed after an
+            epoch, and the sink's rows of later epochs): drift elsewhere in the
+            table is not looked at; "" when every row was (full, buckets).
     """
 
     table: str
@@ -72,6 +83,11 @@ class ReconcileReport:
     provenance: tuple[dict[str, Any], ...] = ()
     provenance_note: str = ""
     foreign_writes: int | None = None
+    foreign_rows: int | None = None
+    foreign_transactions: int | None = None
+    repair_wait_s: float = 0.0
+    repair_waited_for: str = ""
+    scope: str = ""
 
     @property
     def drift(self) -> bool:

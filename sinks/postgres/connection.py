@@ -61,7 +61,10 @@ _TERMINAL_CONNECT = re.compile(
     r"no pg_hba\.conf entry|no password supplied|password is required|"
     r"is not permitted to log in|permission denied for database|"
     r"invalid (?:connection option|sslmode value|port number)|"
-    r"server does not support SSL",
+    r"server does not support SSL|"
+    # A setting in the DSN's options that the server refuses at every start-up.
+    r"invalid value for parameter|unrecognized configuration parameter|"
+    r"parameter \"[^\"]*\" cannot be (?:changed|set)|outside the valid range for parameter",
     re.IGNORECASE,
 )
 
@@ -193,7 +196,8 @@ def connect_failure(target: PgTarget, err: psycopg.Error, what: str) -> Reconcil
 
     Returns:
         ConfigurationError for a wrong password, an unknown role or database,
-        a pg_hba.conf refusal or a bad option (no retry can fix them);
+        a pg_hba.conf refusal, a bad option or a setting in the options the
+        server refuses (no retry can fix them);
         RetryableError for everything else (the server is down, starting,
         restarting, out of connection slots, unreachable): a failure that a
         retry may cure, which the message leaves to the caller to promise.
@@ -202,7 +206,7 @@ def connect_failure(target: PgTarget, err: psycopg.Error, what: str) -> Reconcil
     if _TERMINAL_CONNECT.search(text):
         return ConfigurationError(
             f"{what}: cannot connect to {target.describe()}: {text}. Fix the connection "
-            "settings (user, password, database, pg_hba.conf); retrying cannot help",
+            "settings (user, password, database, pg_hba.conf, options); retrying cannot help",
             target=target.describe(),
         )
     # No promise to retry here: whether anyone retries is the caller's to say

@@ -1,7 +1,8 @@
 """The SQL sink's set-up: its engine built from the URL, its target reflected and checked.
 
 The engine's connections to MySQL and MariaDB get the engine's session
-settings (``sessions.py``). The reflection and the target's shape are read in
+settings (``sessions.py``), those to PostgreSQL the Postgres sink's
+(``pg_session.py``). The reflection and the target's shape are read in
 one transaction on MySQL and MariaDB, after the target's metadata lock: an
 ``ALTER`` of the table cannot land between them (``shape.py``).
 """
@@ -17,6 +18,7 @@ from reconcile.core.keys import float_key_error
 from sinks.objects.sql_state import create_sql_state
 
 from .errors import describe_error
+from .pg_session import pin_postgres_sessions
 from .sessions import SESSION_DIALECTS, pin_settings
 from .shape import TargetShape, bind_problems, lock_target, read_shape
 
@@ -53,6 +55,7 @@ def open_engine(url: str, sink: str) -> sa.Engine:
         what = f"cannot use the URL (pip install 'reconcile-engine[{extra}]')"
         raise ConfigurationError(describe_error(sink, url, what, err)) from None
     pin_settings(engine)  # strict sql_mode, UTC, every row read, ...
+    pin_postgres_sessions(engine)  # PostgreSQL's: a role's DateStyle etc. change nothing read
     return engine
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
 import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
@@ -27,10 +27,11 @@ from reconcile.core.contract import (
     MarkerMismatchError,
     RetryableError,
 )
-from reconcile.core.target import KeyRange, Progress, Repair
+from reconcile.core.target import KeyRange, Progress, Repair, RepairTurn
 from sinks.objects.sql_state import create_scope_keys
 
 from .arrow_types import is_boolean
+from .repair_turn import sql_repair_turn
 from .rows import EPOCH_COLUMN, write_rows
 from .sessions import mark_session
 from .sink import SqlSink
@@ -232,6 +233,11 @@ class SqlRecoveryTarget:
                     yield _Snapshot(self, conn, schema, keys)
                 finally:
                     txn.rollback()
+
+    def take_repair_turn(self) -> AbstractContextManager[RepairTurn]:
+        """Hold the table for one repair at a time (``repair_turn.py``), 15 minutes at most."""
+        return sql_repair_turn(self.sink.engine, self.sink.schema_name, self.sink.table_name,
+                               wait_s=15 * 60.0)  # fmt: skip
 
     def apply(self, repair: Repair) -> int | None:
         """The repair in ONE transaction: fence locked, newest marker re-checked, rows, markers."""
