@@ -34,11 +34,18 @@ from reconcile.core.contract import (
     SinkOutcome,
     SinkTxnId,
 )
-from reconcile.core.schema_change import SchemaChange, SchemaChangeRefused
+from reconcile.core.schema_change import (
+    REBUILD,
+    ForeignSchemaChange,
+    SchemaChange,
+    SchemaChangeRefused,
+    added_epoch,
+)
 from sinks.open_txn import Key
 
 from .client import FENCE_CHECKED, PgSinkClient
 from .evolution import evolve_in_txn, projected
+from .foreign import check_foreign_changes
 from .markers import MARKERS_TABLE, EpochStart
 from .ownership import check_marker
 from .resolve import InFlightTxn, Resolved, resolve_commit
@@ -73,6 +80,9 @@ class EpochTxnSink(PgSinkClient, ABC):
         # A schema change to make in the next epoch's txn (kept until a txn finds
         # nothing left to make: its DDL is committed).
         self._evolution: SchemaChange | None = None
+        # The columns this client added, or took over, in an earlier txn of the
+        # change: their values are the pipeline's, not someone else's.
+        self._owned: set[str] = set()
         # The last ambiguous COMMIT's resolution and what decided it (diagnostics).
         self.last_resolution: Resolved | None = None
 
@@ -131,10 +141,48 @@ class EpochTxnSink(PgSinkClient, ABC):
         cannot take (a narrowing) stops the epoch before anything is written.
 
         Raises:
-            SchemaChangeRefused: naming the table and the column.
+            SchemaChangeRefused: naming the table and the column; a column the
+                store added in an epoch this sink holds, and which the table
+                lacks (someone dropped it), is a ``ForeignSchemaChange``.
+            RetryableError: the markers could not be read now.
         """
         projected(self.setup(), change)
+        self._check_restored(change)
         self._evolution = change
+
+    def _check_restored(self, change: SchemaChange) -> None:
+        """Refuse to add back a store column the sink had: one an epoch it holds added.
+
+        A column the store added (``added_epoch``) and the table lacks is
+        added to it on restart (a crash between the store's commit and the
+        sink's), unless the sink holds that epoch already: then the table had
+        the column, and someone dropped it. Its rows would come back NULL.
+        """
+        since = {n: added_epoch(change.after.field(n)) for n in change.added}
+        wanted = {n: e for n, e in since.items() if e is not None and n not in self.setup().columns}
+        if not wanted or self.pipeline is None:
+            return
+        assert self._state is not None
+        try:
+            with self.target.connect(autocommit=True, application_name=self.application_name) as c:
+                newest = self._state.edge_markers(c, self.pipeline, self._name)[1]
+        except psycopg.Error as err:
+            raise RetryableError(
+                self.target.redact(f"postgres sink {self._name!r}: reading its markers: {err}")
+            ) from None
+        for name, epoch in wanted.items():
+            if newest is not None and newest.epoch >= epoch:
+                display = self.setup().display
+                raise ForeignSchemaChange(
+                    f"postgres sink {self._name!r}: table {display}: column {name!r} is missing, "
+                    f"though the table holds epoch {newest.epoch} and epoch {epoch} added the "
+                    "column to it: someone dropped it. The pipeline does not add it back with "
+                    f"every row NULL: restore it with its values (then verify), or {REBUILD}; "
+                    "nothing was written",
+                    table=display,
+                    column=name,
+                    change="dropped",
+                )
 
     def _evolve(
         self,
@@ -145,10 +193,15 @@ class EpochTxnSink(PgSinkClient, ABC):
     ) -> TableSchema:
         """Make the change in this txn; the table as the txn now reads it, to write into."""
         now = reflect_table(conn, schema.schema, schema.table, schema.key)
-        if not evolve_in_txn(cur, now, change):
+        ran = evolve_in_txn(cur, now, change, self._owned)
+        # Made or taken over here: if this txn rolls back, a column it added is
+        # gone (and added again), and one it took over is checked again.
+        self._owned.update(change.added)
+        if not ran:
             # Nothing to make: an earlier epoch's txn made it and committed (or
             # the columns were there): the change is done, the reflection current.
             self._evolution = None
+            self._owned.clear()
             self._schema = now
             return now
         return reflect_table(conn, schema.schema, schema.table, schema.key)
@@ -236,6 +289,9 @@ class EpochTxnSink(PgSinkClient, ABC):
                 if self._evolution is not None:
                     # After the fence check: a zombie never alters the table.
                     schema = self._evolve(conn, cur, schema, self._evolution)
+                # Someone else's change since the rows were checked stops the
+                # epoch here, named, before a row goes in (foreign.py).
+                check_foreign_changes(cur, schema, batch.columns, sink=self._name)
                 if batch.staged is not None:
                     apply_staged(cur, schema, batch.staged, batch.columns, txn_id.epoch,
                                  append_only=self.append_only)  # fmt: skip
@@ -256,8 +312,9 @@ class EpochTxnSink(PgSinkClient, ABC):
             self._rollback_quietly(session)
             return Fatal.of(err)
         except SchemaChangeRefused as err:
-            # The table changed since the rows were checked (a column retyped by
-            # hand): the DDL and the rows roll back together; nothing is in.
+            # The table changed since the rows were checked (a column dropped,
+            # retyped or added by hand): the DDL and the rows roll back
+            # together; nothing is in.
             self._rollback_quietly(session)
             return Fatal(f"postgres sink {self._name!r}, epoch {txn_id.epoch}: {err}", err)
         except errors.UniqueViolation as err:
