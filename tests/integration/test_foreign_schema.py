@@ -199,15 +199,17 @@ def test_a_jsonb_column_someone_added_is_refused_when_the_pipeline_brings_it(
 def test_an_empty_column_a_dba_made_ahead_is_taken_over(
     dsn: str, tmp_path: Path, running: CommitCycle
 ) -> None:
+    """Beside a column the sink adds itself, in one epoch; the next epoch writes both."""
     root = tmp_path / "store"
     _ddl(dsn, "ALTER TABLE orders ADD COLUMN note text")
-    result = running.run_epoch(1, {"orders": [_row(3, note="x")]})
+    result = running.run_epoch(1, {"orders": [_row(3, note="x", score=1.5)]})
     assert isinstance(result, CommitSucceeded), result
-    # The next epoch (the column the pipeline's now, with its values) goes on.
-    result = running.run_epoch(2, {"orders": [_row(4, note="y")]})
+    assert _columns(dsn)["score"] == "double precision"
+    # The next epoch: both columns the pipeline's now, with the values it wrote.
+    result = running.run_epoch(2, {"orders": [_row(4, note="y", score=2.5)]})
     running.close()
     assert isinstance(result, CommitSucceeded), result
-    assert [r[-1] for r in _rows(dsn)] == [None, None, "x", "y"]
+    assert [r[-2:] for r in _rows(dsn)] == [(None, None), (None, None), ("x", 1.5), ("y", 2.5)]
     assert _verify(dsn, root) == (0, 0, 0)
 
 
