@@ -136,6 +136,11 @@ class PgLease:
         """The tenure we hold (None: we do not hold the lease)."""
         return self._tenure
 
+    @property
+    def held_until(self) -> float:
+        """The ``time.monotonic()`` up to which ``held()`` says yes (its tenure aside)."""
+        return self._valid_until
+
     def held(self) -> bool:
         """Whether we surely still hold the lease, by this process's own clock.
 
