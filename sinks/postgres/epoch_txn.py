@@ -35,21 +35,18 @@ from reconcile.core.contract import (
     SinkTxnId,
 )
 from reconcile.core.schema_change import (
-    REBUILD,
-    ForeignSchemaChange,
-    SchemaChange,
     SchemaChangeRefused,
-    added_epoch,
 )
 from sinks.open_txn import Key
 
 from .client import FENCE_CHECKED, PgSinkClient
-from .evolution import evolve_in_txn, projected
+from .evolution import projected
+from .evolving import SchemaEvolving
 from .foreign import check_foreign_changes
 from .markers import MARKERS_TABLE, EpochStart
 from .ownership import check_marker
 from .resolve import InFlightTxn, Resolved, resolve_commit
-from .schema import TableSchema, reflect_table
+from .schema import TableSchema
 from .session import Session
 from .shared_stage import apply_staged
 from .staging import EpochBatch, ValidatedBatch, validate_batch
@@ -65,7 +62,7 @@ class EpochTxn:
     xid: str
 
 
-class EpochTxnSink(PgSinkClient, ABC):
+class EpochTxnSink(SchemaEvolving, PgSinkClient, ABC):
     """Staging and the epoch transaction of both Postgres modes; a mode fills in its steps.
 
     Arguments: see :class:`~sinks.postgres.client.PgSinkClient`.
@@ -77,12 +74,7 @@ class EpochTxnSink(PgSinkClient, ABC):
 
     def _init_mode(self) -> None:
         self._staged: dict[Key, EpochBatch] = {}
-        # A schema change to make in the next epoch's txn (kept until a txn finds
-        # nothing left to make: its DDL is committed).
-        self._evolution: SchemaChange | None = None
-        # The columns this client added, or took over, in an earlier txn of the
-        # change: their values are the pipeline's, not someone else's.
-        self._owned: set[str] = set()
+        self._init_evolution()
         # The last ambiguous COMMIT's resolution and what decided it (diagnostics).
         self.last_resolution: Resolved | None = None
 
@@ -131,80 +123,6 @@ class EpochTxnSink(PgSinkClient, ABC):
         except psycopg.Error as err:
             return self._connect_outcome("prepare", txn_id, err)
         return batch, session
-
-    # -- schema evolution (evolution.py) -------------------------------------------
-
-    def evolve_schema(self, change: SchemaChange) -> None:
-        """Make ``change`` in the next epoch's txn, after its fence check (``evolution.py``).
-
-        Checked now against the table as reflected, so that a change the table
-        cannot take (a narrowing) stops the epoch before anything is written.
-
-        Raises:
-            SchemaChangeRefused: naming the table and the column; a column the
-                store added in an epoch this sink holds, and which the table
-                lacks (someone dropped it), is a ``ForeignSchemaChange``.
-            RetryableError: the markers could not be read now.
-        """
-        projected(self.setup(), change)
-        self._check_restored(change)
-        self._evolution = change
-
-    def _check_restored(self, change: SchemaChange) -> None:
-        """Refuse to add back a store column the sink had: one an epoch it holds added.
-
-        A column the store added (``added_epoch``) and the table lacks is
-        added to it on restart (a crash between the store's commit and the
-        sink's), unless the sink holds that epoch already: then the table had
-        the column, and someone dropped it. Its rows would come back NULL.
-        """
-        since = {n: added_epoch(change.after.field(n)) for n in change.added}
-        wanted = {n: e for n, e in since.items() if e is not None and n not in self.setup().columns}
-        if not wanted or self.pipeline is None:
-            return
-        assert self._state is not None
-        try:
-            with self.target.connect(autocommit=True, application_name=self.application_name) as c:
-                newest = self._state.edge_markers(c, self.pipeline, self._name)[1]
-        except psycopg.Error as err:
-            raise RetryableError(
-                self.target.redact(f"postgres sink {self._name!r}: reading its markers: {err}")
-            ) from None
-        for name, epoch in wanted.items():
-            if newest is not None and newest.epoch >= epoch:
-                display = self.setup().display
-                raise ForeignSchemaChange(
-                    f"postgres sink {self._name!r}: table {display}: column {name!r} is missing, "
-                    f"though the table holds epoch {newest.epoch} and epoch {epoch} added the "
-                    "column to it: someone dropped it. The pipeline does not add it back with "
-                    f"every row NULL: restore it with its values (then verify), or {REBUILD}; "
-                    "nothing was written",
-                    table=display,
-                    column=name,
-                    change="dropped",
-                )
-
-    def _evolve(
-        self,
-        conn: psycopg.Connection[Any],
-        cur: psycopg.Cursor[Any],
-        schema: TableSchema,
-        change: SchemaChange,
-    ) -> TableSchema:
-        """Make the change in this txn; the table as the txn now reads it, to write into."""
-        now = reflect_table(conn, schema.schema, schema.table, schema.key)
-        ran = evolve_in_txn(cur, now, change, self._owned)
-        # Made or taken over here: if this txn rolls back, a column it added is
-        # gone (and added again), and one it took over is checked again.
-        self._owned.update(change.added)
-        if not ran:
-            # Nothing to make: an earlier epoch's txn made it and committed (or
-            # the columns were there): the change is done, the reflection current.
-            self._evolution = None
-            self._owned.clear()
-            self._schema = now
-            return now
-        return reflect_table(conn, schema.schema, schema.table, schema.key)
 
     # -- the epoch transaction: one body for both modes --------------------------
 
@@ -288,7 +206,7 @@ class EpochTxnSink(PgSinkClient, ABC):
                 hooks.point(FENCE_CHECKED)
                 if self._evolution is not None:
                     # After the fence check: a zombie never alters the table.
-                    schema = self._evolve(conn, cur, schema, self._evolution)
+                    schema = self._evolve(conn, cur, txn_id)
                 # Someone else's change since the rows were checked stops the
                 # epoch here, named, before a row goes in (foreign.py).
                 check_foreign_changes(cur, schema, batch.columns, sink=self._name)
