@@ -11,7 +11,7 @@ import pytest
 
 from reconcile.core.contract import ConfigurationError, RetryableError
 from reconcile.core.lease import wait_s
-from sinks.postgres.lease import PgLease
+from sinks.postgres.lease import MAX_TERM_S, PgLease
 
 
 def test_one_holder_then_the_other_after_expiry(pg_db: str) -> None:
@@ -114,8 +114,9 @@ def test_racing_standbys_exactly_one_wins(pg_db: str) -> None:
 
 
 def test_bad_settings_and_an_unreachable_database() -> None:
-    with pytest.raises(ConfigurationError, match="term"):
-        PgLease("host=localhost", "p", term_s=0)
+    for bad in (0, -1.0, float("nan"), float("inf"), MAX_TERM_S * 1.001):
+        with pytest.raises(ConfigurationError, match="term"):
+            PgLease("host=localhost", "p", term_s=bad)
     lease = PgLease("host=127.0.0.1 port=9 user=x password=sekret dbname=x", "p", term_s=1)
     with pytest.raises(RetryableError) as caught:
         lease.try_acquire()
@@ -297,3 +298,12 @@ def test_a_holder_row_without_a_session_is_not_taken_as_gone(pg_db: str) -> None
     assert b.try_acquire() is None, "a lease whose session is unknown was taken before its term"
     for lease in (a, b):
         lease.close()
+
+
+def test_the_longest_term_is_one_the_database_takes(pg_db: str) -> None:
+    """At MAX_TERM_S, half a term is still a statement timeout PostgreSQL accepts."""
+    lease = PgLease(pg_db, "long", term_s=MAX_TERM_S, holder="a")
+    state = lease.try_acquire()
+    assert state is not None and MAX_TERM_S - 60 < state.remaining_s <= MAX_TERM_S
+    assert lease.renew() and lease.held()
+    lease.close()
