@@ -10,9 +10,11 @@ the DDL may still roll back, and the next one then makes it again.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import psycopg
+import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
 
 from reconcile.core.contract import RetryableError, SinkTxnId
 from reconcile.core.schema_change import REBUILD, ForeignSchemaChange, SchemaChange, added_epoch
@@ -50,9 +52,32 @@ class SchemaEvolving(PgSinkClient):
                 lacks (someone dropped it), is a ``ForeignSchemaChange``.
             RetryableError: the markers could not be read now.
         """
+        kept = self._evolution
+        if kept is not None and self._evolved_in is not None:
+            # An earlier epoch's txn made the kept change, and committed it: an
+            # epoch is staged only once the one before it is in, or aborted
+            # (which forgets its change). The table as it is now, then.
+            self._schema = self._reflect()
+            self._evolution, self._evolved_in, kept = None, None, None
+            self._owned.clear()
+        if kept is not None:
+            # A change not made yet (a column the store committed, handed at
+            # start-up) and this epoch's: both in its txn.
+            change = _merged(kept, change)
         projected(self.setup(), change)
         self._check_restored(change)
         self._evolution = change
+
+    def _reflect(self) -> TableSchema:
+        """The target as a new session reads it now."""
+        schema = self.setup()
+        try:
+            with self.target.connect(autocommit=True, application_name=self.application_name) as c:
+                return reflect_table(c, schema.schema, schema.table, schema.key)
+        except psycopg.Error as err:
+            raise RetryableError(
+                self.target.redact(f"postgres sink {self._name!r}: reading its table: {err}")
+            ) from None
 
     def _check_restored(self, change: SchemaChange) -> None:
         """Refuse to add back a store column the sink had: one an epoch it holds added.
@@ -110,20 +135,30 @@ class SchemaEvolving(PgSinkClient):
         return reflect_table(conn, schema.schema, schema.table, schema.key)
 
     def _forget_evolution(self, txn_id: SinkTxnId) -> None:
-        """The epoch ``txn_id`` is aborted: drop a change no committed txn of ours made.
+        """The epoch ``txn_id`` is aborted: drop what of the change came with it.
 
         The change came with that epoch (or its DDL rolled back with it): the
         store went back to its schema (``abandon_evolution``), and hands the
         change again if the epoch run again still asks for it. Kept, it would
         alter the table for an epoch that no longer carries the column. A
         change an earlier epoch's txn made stays until a txn finds it done, and
-        so does one the store committed already (handed at start-up, its
-        columns carry the epoch that added them): no epoch run again asks for it.
+        so do the columns the store committed already (handed at start-up, they
+        carry the epoch that added them): no epoch run again asks for them.
         """
         change = self._evolution
-        if change is None or any(added_epoch(change.after.field(n)) is not None
-                                 for n in change.added):  # fmt: skip
+        if change is None or self._evolved_in not in (None, txn_id.key):
             return
-        if self._evolved_in in (None, txn_id.key):
-            self._evolution, self._evolved_in = None, None
-            self._owned.clear()
+        committed = tuple(n for n in change.added if added_epoch(change.after.field(n)) is not None)
+        self._evolution = replace(change, added=committed, widened=()) if committed else None
+        self._evolved_in = None
+        self._owned.clear()
+
+
+def _merged(kept: SchemaChange, change: SchemaChange) -> SchemaChange:
+    """One change that makes both: the kept one's columns (its fields), then the new one's."""
+    added = tuple(dict.fromkeys(kept.added + change.added))
+    widened = tuple(n for n in dict.fromkeys(kept.widened + change.widened) if n not in added)
+    fields = [kept.after.field(f.name) if f.name in kept.added else f for f in change.after]
+    fields += [kept.after.field(n) for n in kept.added if change.after.get_field_index(n) < 0]
+    after = pa.schema(fields)
+    return SchemaChange(change.table, kept.before, after, added, widened)

@@ -7,7 +7,10 @@
   characters in the very epoch that widens it, and refuses m + 1;
 - a column the store committed and the sink lacks (a crash between the two),
   handed to the sink at the restart, survives an abort of the epoch that
-  brings it: no epoch run again would hand it again.
+  brings it (no epoch run again would hand it again), and is made beside a
+  new column that epoch brings;
+- two evolving epochs in a row of one writer: the second checks its rows
+  against the table as the first left it.
 
 Each assertion reads the catalog, the rows and the Delta table, not the
 engine's bookkeeping.
@@ -156,5 +159,46 @@ def test_a_column_the_store_committed_survives_an_aborted_first_epoch_after_a_re
     cycle.close()
     assert isinstance(result, CommitSucceeded), result
     assert [(r[0], r[-1]) for r in _rows(dsn)] == [(1, None), (2, "x")]
+    report = recover(dsn, str(root), "shop", "orders", mode="full", dry_run=True)
+    assert (report.missing, report.extra, report.changed) == (0, 0, 0)
+
+
+@pytest.mark.parametrize("mode", ["transactional", "prepared"])
+def test_two_evolving_epochs_in_a_row_of_one_writer_each_add_their_column(
+    dsn: str, tmp_path: Path, mode: str
+) -> None:
+    """The second change comes while the sink still keeps the first (its txn not yet seen done)."""
+    root = tmp_path / "store"
+    cycle = _cycle(dsn, root, mode)
+    assert isinstance(cycle.run_epoch(0, {"orders": [_row(1)]}), CommitSucceeded)
+    assert isinstance(cycle.run_epoch(1, {"orders": [_row(2, note="a")]}), CommitSucceeded)
+    result = cycle.run_epoch(2, {"orders": [_row(3, note="b", score=1.5)]})
+    assert isinstance(result, CommitSucceeded), result
+    result = cycle.run_epoch(3, {"orders": [_row(4, note="c", score=2.5)]})
+    cycle.close()
+    assert isinstance(result, CommitSucceeded), result
+    assert list(_columns(dsn))[-2:] == ["note", "score"]
+    assert [r[-2:] for r in _rows(dsn)] == [(None, None), ("a", None), ("b", 1.5), ("c", 2.5)]
+    assert {"note", "score"} <= set(_delta(root).schema().to_arrow().names)
+    report = recover(dsn, str(root), "shop", "orders", mode="full", dry_run=True)
+    assert (report.missing, report.extra, report.changed) == (0, 0, 0)
+
+
+def test_a_pending_and_a_new_column_are_both_made_by_the_first_epoch_after_a_restart(
+    dsn: str, tmp_path: Path
+) -> None:
+    """The store committed 'note' (the sink not); the epoch run again brings 'score' too."""
+    root = tmp_path / "store"
+    cycle = _cycle(dsn, root)
+    assert isinstance(cycle.run_epoch(0, {"orders": [_row(1)]}), CommitSucceeded)
+    with hooks.at(SCHEMA_COMMITTED, _crash), pytest.raises(_Crash):
+        cycle.run_epoch(1, {"orders": [_row(2, note="x")]})
+    cycle.close()
+    cycle = _cycle(dsn, root)
+    result = cycle.run_epoch(1, {"orders": [_row(2, note="x", score=0.5)]})
+    cycle.close()
+    assert isinstance(result, CommitSucceeded), result
+    assert list(_columns(dsn))[-2:] == ["note", "score"]
+    assert [r[-2:] for r in _rows(dsn)] == [(None, None), ("x", 0.5)]
     report = recover(dsn, str(root), "shop", "orders", mode="full", dry_run=True)
     assert (report.missing, report.extra, report.changed) == (0, 0, 0)
