@@ -12,6 +12,13 @@ the test files keep their plain parametrization.
 A pattern that no longer matches any collected test fails the run, so a
 renamed test cannot drop out of the slow tier unnoticed.
 
+The ``spark`` marker is per test, so that a module's tests that need no JVM
+stay in the non-Spark tier (``scripts/test --no-spark``): every test that uses
+the shared Spark session (the ``spark`` fixture) is marked here, a test that
+starts Spark in a subprocess says so with ``@pytest.mark.spark``, and a
+``spark`` marker on a whole module (``pytestmark``) fails the run, naming the
+module: it would take the module's other tests out of that tier.
+
 With ``RECONCILE_SLOW_SAMPLE=SEED[:SHARE]`` (CI sets it, the seed from the
 commit) a run takes a seeded sample of the slow tier's parametrized families:
 of a test function with three or more slow parameter sets, a share (a third
@@ -182,6 +189,29 @@ def unmatched(nodeids: list[str], args: list[str]) -> list[str]:
     return stale
 
 
+def marks_module_spark(module: object) -> bool:
+    """Whether a test module marks all its tests ``spark`` (its ``pytestmark``)."""
+    marks = getattr(module, "pytestmark", [])
+    marks = marks if isinstance(marks, list) else [marks]
+    return any(getattr(mark, "name", None) == "spark" for mark in marks)
+
+
+def mark_spark_tests(items: list[pytest.Item]) -> None:
+    """Mark ``spark`` every test that uses the Spark session; refuse a module-wide marker."""
+    whole = sorted({item.nodeid.split("::", 1)[0] for item in items
+                    if marks_module_spark(getattr(item, "module", None))})  # fmt: skip
+    if whole:
+        raise pytest.UsageError(
+            f"tests/fix_tiers.py: {whole} mark `spark` on the whole module, which takes its "
+            "tests that need no Spark out of the non-Spark tier: mark each test that starts "
+            "Spark in a subprocess with @pytest.mark.spark (those using the `spark` fixture "
+            "are marked by tests/fix_tiers.py)"
+        )
+    for item in items:
+        if "spark" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.spark)
+
+
 SAMPLE_ENV = "RECONCILE_SLOW_SAMPLE"  # SEED[:SHARE]: run a seeded sample of the slow families
 SHARE = 1 / 3  # of each family, when the variable names no share
 FAMILY = 3  # a test function with fewer slow parameter sets runs whole
@@ -246,9 +276,11 @@ _SAMPLED: list[str] = []  # the summary line of a sampled run
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark the listed tests ``slow`` before ``-m`` selects (so ``-m "not slow"`` drops them).
 
-    With ``RECONCILE_SLOW_SAMPLE`` set, the slow tests a sample leaves out are
-    deselected here too.
+    And ``spark`` every test that uses the Spark session (``-m "not spark"``
+    drops them). With ``RECONCILE_SLOW_SAMPLE`` set, the slow tests a sample
+    leaves out are deselected here too.
     """
+    mark_spark_tests(items)
     for item in items:
         if slow_tier(item.nodeid):
             item.add_marker(pytest.mark.slow)

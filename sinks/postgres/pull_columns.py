@@ -13,9 +13,9 @@ from psycopg import sql
 
 from reconcile.core.conform import SinkColumn, wants_text
 
-from .schema import TableSchema
+from .schema import Column, TableSchema
 
-__all__ = ["select_list", "sink_columns"]
+__all__ = ["recovery_kind", "select_list", "sink_columns"]
 
 _KINDS = {
     "int2": "int",
@@ -35,10 +35,15 @@ _KINDS = {
 }
 
 
+def recovery_kind(column: Column) -> str:
+    """The column's recovery kind (``reconcile.core.conform.SinkColumn``), by pg_type.typname."""
+    return _KINDS.get(column.typname, "other")
+
+
 def sink_columns(table: TableSchema) -> dict[str, SinkColumn]:
     """The target's columns as recovery sees them (kind by pg_type.typname)."""
     return {
-        name: SinkColumn(name, _KINDS.get(col.typname, "other"), col.sql_type)
+        name: SinkColumn(name, recovery_kind(col), col.sql_type)
         for name, col in table.columns.items()
     }
 

@@ -28,12 +28,12 @@ from tests.demo_checks import (
 # The whole demo in subprocesses (Spark's JVM each time): minutes on a loaded machine.
 pytestmark = [
     pytest.mark.integration,
-    pytest.mark.spark,
     pytest.mark.chaos,
     pytest.mark.timeout(900),
 ]
 
 
+@pytest.mark.spark  # in a subprocess
 def test_demo_under_chaos_verifies_and_its_faults_fired(pg_db: str, tmp_path: Path) -> None:
     workdir = tmp_path / "demo"
     summary = run_demo(pg_db, workdir, "--epochs", "4", "--chaos", "3", "--crashes", "2",
@@ -56,6 +56,7 @@ def test_demo_under_chaos_verifies_and_its_faults_fired(pg_db: str, tmp_path: Pa
 
 
 @pytest.mark.slow  # in CI's slow chaos sample: keeps the default suite under 20 minutes
+@pytest.mark.spark  # in a subprocess
 def test_demo_killed_whole_resumes_with_the_same_workdir(pg_db: str, tmp_path: Path) -> None:
     workdir = tmp_path / "demo"
     cmd = demo_command(pg_db, workdir, "--epochs", "5", "--interval", "1")

@@ -15,7 +15,7 @@ import pytest
 
 from benchmarks import latency
 
-pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.spark]
+pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
 MODES = ("at_least_once", "two_phase_1s", "pull_and_diff")
 
@@ -23,6 +23,7 @@ MODES = ("at_least_once", "two_phase_1s", "pull_and_diff")
 # Four minutes alone on 2 cores (a Spark pipeline per mode, then each killed and run
 # again); beside the other slow tests, more than the default limit of 300 s.
 @pytest.mark.timeout(1500)
+@pytest.mark.spark  # in a subprocess
 def test_latency_benchmark_tiny(tmp_path: Path) -> None:
     out = tmp_path / "results"
     status = latency.main(

@@ -37,7 +37,7 @@ from tests.cli_run import REPO
 from tests.fix_pg import PASSWORD, markers_table
 from tests.integration.test_cli_config import password_dsn
 
-pytestmark = [pytest.mark.integration, pytest.mark.spark]
+pytestmark = [pytest.mark.integration]
 
 FILES = 8
 ROWS_PER_FILE = 25
@@ -159,6 +159,7 @@ def holder_pid(dsn: str) -> tuple[int, int] | None:
 
 
 @pytest.mark.timeout(900)  # two `reconcile run` processes, each with its own Spark
+@pytest.mark.spark  # in a subprocess
 def test_the_standby_takes_over_a_killed_main_and_every_row_is_in_once(
     pg_db: str, tmp_path: Path, started: Callable[..., Popen]
 ) -> None:
@@ -249,6 +250,7 @@ REJECTED_BY = {
 }  # fmt: skip
 
 
+@pytest.mark.spark  # in a subprocess
 @pytest.mark.parametrize("rejected_by", sorted(REJECTED_BY))
 def test_a_rejected_epoch_stops_run_with_exit_3_naming_it(
     pg_db: str, tmp_path: Path, rejected_by: str
@@ -322,6 +324,7 @@ def count_rows(dsn: str) -> int:
 
 
 @pytest.mark.slow  # Spark's start and a first epoch: most of a minute here
+@pytest.mark.spark  # in a subprocess
 def test_ctrl_c_stops_run_cleanly_with_one_last_line(pg_db: str, tmp_path: Path) -> None:
     """SIGINT to the whole process group, as a terminal's Ctrl-C: a clean stop, exit 0.
 

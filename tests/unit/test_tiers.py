@@ -5,11 +5,20 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
 
-from tests.fix_tiers import SAMPLE_ENV, parse_sample, sample, slow_tier, unmatched
+from tests.fix_tiers import (
+    SAMPLE_ENV,
+    mark_spark_tests,
+    marks_module_spark,
+    parse_sample,
+    sample,
+    slow_tier,
+    unmatched,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 KILL9 = "tests/chaos/test_kill9.py::test_kill9_then_restart_converges"
@@ -136,3 +145,32 @@ def test_a_sampled_run_that_draws_none_of_a_patterns_tests_is_not_stale() -> Non
     assert proc.returncode == 0, proc.stdout + proc.stderr
     chosen = [line for line in proc.stdout.splitlines() if "::" in line]
     assert chosen and not any(n.endswith("-file]") for n in chosen)
+
+
+class _Item:
+    """What tests/fix_tiers.py reads of a collected test."""
+
+    def __init__(self, nodeid: str, module: object, *fixtures: str) -> None:
+        self.nodeid, self.module, self.fixturenames = nodeid, module, list(fixtures)
+        self.marks: list[str] = []
+
+    def add_marker(self, mark: pytest.MarkDecorator) -> None:
+        self.marks.append(mark.name)
+
+
+def test_the_tests_that_use_the_spark_session_are_marked_and_no_others() -> None:
+    """A Spark module's test that needs no JVM stays in the non-Spark tier."""
+    module = types.SimpleNamespace(pytestmark=[pytest.mark.integration])
+    stream = _Item("t.py::test_stream", module, "spark", "pg_db")
+    heartbeat = _Item("t.py::test_heartbeat", module, "pg_db")
+    mark_spark_tests([stream, heartbeat])  # type: ignore[list-item]
+    assert (stream.marks, heartbeat.marks) == (["spark"], [])
+
+
+def test_a_spark_marker_on_a_whole_module_fails_the_run() -> None:
+    whole = types.SimpleNamespace(pytestmark=pytest.mark.spark)  # a lone mark, not a list
+    listed = types.SimpleNamespace(pytestmark=[pytest.mark.integration, pytest.mark.spark])
+    assert marks_module_spark(whole) and marks_module_spark(listed)
+    assert not marks_module_spark(types.SimpleNamespace()) and not marks_module_spark(None)
+    with pytest.raises(pytest.UsageError, match=r"\['t\.py'\] mark `spark` on the whole module"):
+        mark_spark_tests([_Item("t.py::test_x", listed)])  # type: ignore[list-item]
