@@ -26,6 +26,7 @@ __all__ = [
     "StoreLostRowsError",
     "TxnIdParseError",
     "UnknownSinkError",
+    "UntrustedRecordError",
 ]
 
 
@@ -82,6 +83,23 @@ class MarkerMismatchError(FatalError):
     or another progress log: a smoke run into another table under the same
     names, or a re-run with fresh state. Treating it as "already committed"
     would skip the epoch silently, so it is an error that says what was found.
+    """
+
+
+class UntrustedRecordError(MarkerMismatchError):
+    """A record in a sink claims more than the store decided: it is refused, never trusted.
+
+    A "committed" or "repair" record (a snapshot summary, a commit-log entry, a
+    marker row, a high-water mark) claims epochs past the newest the store has
+    decided, or names a writer generation newer than the newest the store
+    granted. This pipeline's writer never writes such a record: whoever can
+    write the sink's table or bucket can. Trusting it would make every epoch it
+    claims report success and write nothing, so the epoch is NOT treated as
+    committed and nothing was written (``reconcile.core.claims``).
+
+    ``details``: ``sink``, ``record`` (where it is), ``kind``, ``first_epoch``
+    and ``epoch`` (what it claims), ``generation``, ``decided_epoch`` and
+    ``fence`` (what the store decided).
     """
 
 

@@ -45,7 +45,7 @@ from .arrow_types import table_arrow_schema
 from .errors import describe_error, redact_url, rejection, sqlstate_of
 from .rows import EPOCH_COLUMN, write_rows
 from .sessions import Session, end_session, session_of
-from .state import SqlState
+from .state import SqlState, untrusted_marker
 
 __all__ = ["EPOCH_COLUMN", "SqlSink"]
 
@@ -257,7 +257,10 @@ class SqlSink(OpenTxnSink[SqlTxn, list[Any]]):
                     epoch=txn_id.epoch,
                 )
             )
-        return OK
+        # Ours by its columns, which anyone who can insert a row can copy: held
+        # to what the store decided (reconcile.core.claims) before it is believed.
+        refused = untrusted_marker(self._name, self.state, marker, self._writer)
+        return OK if refused is None else refused  # (a Fatal is falsy: never `refused or OK`)
 
     def _fenced(self, conn: sa.Connection, txn_id: SinkTxnId) -> Fatal | None:
         fence = self.state.lock_fence(conn, txn_id.pipeline, self._name, txn_id.generation)
