@@ -190,8 +190,9 @@ class PrometheusMetrics:
             ),
             "sink.untrusted_record": counter(
                 "untrusted_records",
-                "Records in a sink (a commit, a repair, a newest-epoch mark, a fence) that claimed "
-                "more than the store decided: refused, the pipeline stopped (alert on any increase)",
+                "Records in a sink (a commit, a repair, a newest-epoch mark, a fence) that "
+                "claimed more than the store decided: refused, the pipeline stopped (alert on "
+                "any increase)",
                 ["pipeline", "sink", "kind"],
             ),
             "drift.repaired": counter(

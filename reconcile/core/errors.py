@@ -18,6 +18,7 @@ __all__ = [
     "InvalidInputError",
     "MarkerMismatchError",
     "MassChangeError",
+    "ObjectTooLargeError",
     "OutcomeUnknownError",
     "ReconcileError",
     "RejectedError",
@@ -83,6 +84,17 @@ class MarkerMismatchError(FatalError):
     or another progress log: a smoke run into another table under the same
     names, or a re-run with fresh state. Treating it as "already committed"
     would skip the epoch silently, so it is an error that says what was found.
+    """
+
+
+class ObjectTooLargeError(FatalError):
+    """An object the engine reads from a sink's system is larger than any it writes there.
+
+    Log entries, table metadata and the like are read whole, and anyone who
+    can write the sink can make one of any size: each such read is bounded,
+    and an object past the bound is refused, unread, rather than parsed into
+    memory. ``details``: ``path`` (the object), ``size`` (its bytes) and
+    ``limit`` (the bound).
     """
 
 
