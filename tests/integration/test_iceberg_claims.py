@@ -118,6 +118,7 @@ def test_a_forged_repair_claiming_a_million_epochs_stops_the_next_epoch_loudly(
 @pytest.mark.parametrize(
     ("first", "last", "generation", "claims"),
     [(1, 1_000_000, 1, "epochs 1 to 1000000"), (2, 2, 7, "writer generation 7")],
+    ids=["undecided_epochs", "newer_generation"],
 )
 def test_a_forged_snapshot_within_the_mark_is_refused_by_what_it_claims(
     first: int, last: int, generation: int, claims: str, tmp_path: Path
@@ -136,6 +137,31 @@ def test_a_forged_snapshot_within_the_mark_is_refused_by_what_it_claims(
     assert f"snapshot {forged}" in outcome.reason and claims in outcome.reason
     assert outcome.error.details["sink"] == "orders"
     assert co_writer(tmp_path).metadata.current_snapshot_id == forged  # nothing written
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "kind"),
+    [("epoch", "1000000", "newest epoch"), ("generation", "99", "fence")],
+    ids=["newest_epoch", "fence"],
+)
+def test_a_forged_property_is_refused_not_obeyed(
+    name: str, value: str, kind: str, tmp_path: Path
+) -> None:
+    # Only the table property: no snapshot claims anything. A newest epoch of
+    # a million would have the epoch refused as "older than the newest"; a
+    # fence of 99 would have the writer fenced off: both are refused as
+    # untrusted records instead, naming the property.
+    uri = catalog_uri(tmp_path)
+    run(uri, tmp_path, range(3))
+    prop = f"reconcile.shop.orders.{name}"
+    co_writer(tmp_path).transaction().set_properties({prop: value}).commit_transaction()
+    snapshots = len(co_writer(tmp_path).snapshots())
+    metrics = InMemoryMetrics()
+    [result] = run(uri, tmp_path, range(3, 4), metrics)
+    assert isinstance(result, CommitFatal) and isinstance(result.error, UntrustedRecordError)
+    assert prop in result.reason and value in result.reason, result.reason
+    assert metrics.value("sink.untrusted_record", sink="orders", kind=kind) >= 1
+    assert len(co_writer(tmp_path).snapshots()) == snapshots  # nothing written
 
 
 def test_every_epoch_a_repair_stands_for_replays_as_a_no_op_its_first_and_last_included(

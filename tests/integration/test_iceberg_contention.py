@@ -143,3 +143,34 @@ def test_a_commit_that_loses_every_race_gives_up_naming_the_table(
     assert sink.commit(txn)
     table = catalog(tmp_path).load_table("shop.orders")
     assert table.properties["reconcile.shop.orders.epoch"] == "1"
+
+
+def test_a_rebase_over_an_append_of_one_of_the_epochs_keys_plans_again(tmp_path: Path) -> None:
+    uri = catalog_uri(tmp_path)
+    sink = sink_of(uri)
+    sink.bind(WriterIdentity("shop", "log"))
+    first = SinkTxnId("shop", "orders", 0, 1)
+    assert sink.stage(first, rows(0)) and sink.prepare(first) and sink.commit(first)
+    txn = SinkTxnId("shop", "orders", 1, 1)
+    assert sink.stage(txn, rows(1)) and sink.prepare(txn)
+
+    def co_writer_appends_key_5() -> None:
+        # Right before the commit goes to the catalog, a co-writer appends a
+        # row of key 5, which this epoch upserts: the plan made before it
+        # does not remove that row, so the rebase must plan again.
+        table = catalog(tmp_path).load_table("shop.orders")
+        schema = table.schema().as_arrow()
+        row = {"id": [5], "qty": [-1], "_epoch": [None]}
+        table.append(
+            pa.table({f.name: pa.array(row[f.name], f.type) for f in schema}, schema=schema)
+        )
+
+    with hooks.at(BEFORE_CATALOG_COMMIT, co_writer_appends_key_5) as armed:
+        assert sink.commit(txn)
+    assert armed.fired == 1
+    table = catalog(tmp_path).load_table("shop.orders")
+    kinds = [(s.summary or {}).get("reconcile.kind") for s in table.snapshots()]  # type: ignore[union-attr]
+    assert kinds[-2:] == [None, "epoch"]  # the co-writer's append landed first: ours was rebased
+    data = table.scan().to_arrow()
+    fives = data.filter(pc.equal(data.column("id"), 5)).to_pylist()
+    assert fives == [{"id": 5, "qty": 1, "_epoch": 1}]  # the epoch's row, and only it
