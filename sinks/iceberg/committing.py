@@ -42,7 +42,7 @@ from sinks.iceberg.tokens import commit_once
 __all__ = ["ATTEMPTS", "BACKOFF_FIRST_S", "BACKOFF_MAX_S", "Staged", "commit_rebasing"]
 
 # Attempts of one operation's commit, each on the newest base; the waits
-# between them add up to about ten seconds at most.
+# between them add up to at most about 14 seconds (about 7 on average).
 ATTEMPTS = 40
 BACKOFF_FIRST_S = 0.005
 BACKOFF_MAX_S = 0.4
