@@ -189,6 +189,13 @@ class PrometheusMetrics:
                 "increase)",
                 ["pipeline", "sink", "sqlstate"],
             ),
+            "sink.untrusted_record": counter(
+                "untrusted_records",
+                "Records in a sink (a commit, a repair, a newest-epoch mark, a fence) that "
+                "claimed more than the store decided: refused, the pipeline stopped (alert on "
+                "any increase)",
+                ["pipeline", "sink", "kind"],
+            ),
             "drift.repaired": counter(
                 "drift_repaired_rows", "Rows written or deleted by repairs", ["pipeline", "table"]
             ),

@@ -19,6 +19,7 @@ __all__ = [
     "InvalidInputError",
     "MarkerMismatchError",
     "MassChangeError",
+    "ObjectTooLargeError",
     "OutcomeUnknownError",
     "ReconcileError",
     "RejectedError",
@@ -28,6 +29,7 @@ __all__ = [
     "StoreLostRowsError",
     "TxnIdParseError",
     "UnknownSinkError",
+    "UntrustedRecordError",
 ]
 
 
@@ -84,6 +86,34 @@ class MarkerMismatchError(FatalError):
     or another progress log: a smoke run into another table under the same
     names, or a re-run with fresh state. Treating it as "already committed"
     would skip the epoch silently, so it is an error that says what was found.
+    """
+
+
+class ObjectTooLargeError(FatalError):
+    """An object the engine reads from a sink's system is larger than any it writes there.
+
+    Log entries, table metadata and the like are read whole, and anyone who
+    can write the sink can make one of any size: each such read is bounded,
+    and an object past the bound is refused, unread, rather than parsed into
+    memory. ``details``: ``path`` (the object), ``size`` (its bytes) and
+    ``limit`` (the bound).
+    """
+
+
+class UntrustedRecordError(MarkerMismatchError):
+    """A record in a sink claims more than the store decided: it is refused, never trusted.
+
+    A "committed" or "repair" record (a snapshot summary, a commit-log entry, a
+    marker row, a high-water mark) claims epochs past the newest the store has
+    decided, or names a writer generation newer than the newest the store
+    granted. This pipeline's writer never writes such a record: whoever can
+    write the sink's table or bucket can. Trusting it would make every epoch it
+    claims report success and write nothing, so the epoch is NOT treated as
+    committed and nothing was written (``reconcile.core.claims``).
+
+    ``details``: ``sink``, ``record`` (where it is), ``kind``, ``first_epoch``
+    and ``epoch`` (what it claims), ``generation``, ``decided_epoch`` and
+    ``fence`` (what the store decided).
     """
 
 

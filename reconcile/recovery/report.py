@@ -6,7 +6,12 @@ import json
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from reconcile.core.contract import MassChangeError, StoreIntegrityError, StoreLostRowsError
+from reconcile.core.contract import (
+    MassChangeError,
+    StoreIntegrityError,
+    StoreLostRowsError,
+    UntrustedRecordError,
+)
 
 __all__ = ["ReconcileReport", "refused_fields"]
 
@@ -106,7 +111,8 @@ def refused_fields(error: BaseException) -> dict[str, Any] | None:
     ``refused`` says why, in a word an alert can match: ``store_lost_rows``
     (the store lost rows: never reported as extra sink rows),
     ``store_integrity`` (the store holds what the engine did not write) or
-    ``mass_change`` (the brake); the error's details (files, epochs, counts) follow.
+    ``mass_change`` (the brake) or ``untrusted_record`` (the sink records an
+    epoch the store never decided); the error's details (files, epochs, counts) follow.
     """
     if isinstance(error, StoreLostRowsError):
         reason = "store_lost_rows"
@@ -114,6 +120,8 @@ def refused_fields(error: BaseException) -> dict[str, Any] | None:
         reason = "store_integrity"
     elif isinstance(error, MassChangeError):
         reason = "mass_change"
+    elif isinstance(error, UntrustedRecordError):
+        reason = "untrusted_record"
     else:
         return None
     fields = {k: v for k, v in error.details.items() if k != "table"}

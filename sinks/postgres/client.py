@@ -292,6 +292,7 @@ class PgSinkClient:
             self._schema.schema,
             self._schema.table,
             None if self._writer is None else self._writer.log_id,
+            None if self._writer is None else self._writer.decisions,
         )
 
     def _session(self) -> Session:

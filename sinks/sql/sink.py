@@ -51,7 +51,7 @@ from .sessions import (
     mark_session,
 )
 from .shape import TargetShape, epoch_shape
-from .state import SqlState
+from .state import SqlState, untrusted_marker
 
 __all__ = ["EPOCH_COLUMN", "SqlSink"]
 
@@ -236,7 +236,10 @@ class SqlSink(OpenTxnSink[SqlTxn, list[Any]]):
                     epoch=txn_id.epoch,
                 )
             )
-        return OK
+        # Ours by its columns, which anyone who can insert a row can copy: held
+        # to what the store decided (reconcile.core.claims) before it is believed.
+        refused = untrusted_marker(self._name, self.state, marker, self._writer)
+        return OK if refused is None else refused  # (a Fatal is falsy: never `refused or OK`)
 
     def _fenced(self, conn: sa.Connection, txn_id: SinkTxnId) -> Fatal | None:
         fence = self.state.lock_fence(conn, txn_id.pipeline, self._name, txn_id.generation)
