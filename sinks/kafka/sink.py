@@ -33,6 +33,7 @@ import logging
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, TypedDict, Unpack
 
+from reconcile.core.claims import Claim, check_claim
 from reconcile.core.contract import (
     OK,
     Change,
@@ -251,10 +252,36 @@ class KafkaSink(ProducerSteps, OpenTxnSink[KafkaTxn, list[Record]]):
                     found_log_id=marker.log_id,
                 )
             )
-        return OK
+        # A marker of this log is trusted only for epochs the store decided and a
+        # generation it granted: anyone who can produce to the marker topic could
+        # write one claiming every future epoch (reconcile.core.claims).
+        claim = Claim(
+            sink=self._name,
+            what=self._sink_label(),
+            record=f"{marker.kind} marker at offset {marker.offset} of {self.marker_topic!r}",
+            kind=marker.kind,
+            epoch=marker.epoch,
+            first_epoch=marker.first_epoch,
+            generation=marker.generation,
+        )
+        refused = check_claim(claim, None if self._writer is None else self._writer.decisions)
+        return OK if refused is None else Fatal.of(refused)
 
     def _fenced(self, state: MarkerState, txn_id: SinkTxnId) -> Fatal | None:
         if state.fence_generation > txn_id.generation:
+            # A fence of a generation the store never granted is a forgery, named
+            # as one rather than obeyed as a newer writer's.
+            fence = Claim(
+                sink=self._name,
+                what=self._sink_label(),
+                record=f"fence record in {self.marker_topic!r}",
+                kind="fence",
+                epoch=None,
+                generation=state.fence_generation,
+            )
+            refused = check_claim(fence, None if self._writer is None else self._writer.decisions)
+            if refused is not None:
+                return Fatal.of(refused)
             return Fatal.of(
                 FencedError(
                     f"kafka sink {self._name!r}: generation {txn_id.generation} is fenced off "

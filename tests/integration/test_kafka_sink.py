@@ -17,11 +17,13 @@ import pyarrow as pa
 import pytest
 from confluent_kafka import Producer
 
-from reconcile import CommitCycle, CommitSucceeded, recover
+from reconcile import CommitCycle, CommitFatal, CommitSucceeded, recover
 from reconcile.core.contract import OK, Change, ConfigurationError, SinkTxnId
+from reconcile.core.errors import UntrustedRecordError
 from reconcile.core.target import Repair
 from reconcile.engine.expected import ExpectedState
 from reconcile.testing.kafka_broker import KafkaBroker
+from sinks.kafka.markers import MarkerLog, fence_value, marker_value, record_key
 from sinks.kafka.records import decode_key, decode_value, encode_key, encode_value
 from sinks.kafka.recovery import REPAIR_HEADER
 from sinks.kafka.sink import KafkaSink
@@ -155,3 +157,50 @@ def test_a_repair_whose_marker_moved_since_the_pull_writes_nothing(
     assert target.apply(current) == 1
     assert len(read_topic(kafka_broker, topic)) == len(before) + 1
     sink.close()
+
+
+@pytest.mark.parametrize("forged", ["repair marker", "fence"])
+def test_a_forged_record_in_the_marker_topic_is_refused_and_nothing_is_written(
+    kafka_broker: KafkaBroker, kafka_topic: Callable[..., str], tmp_path: Path, forged: str
+) -> None:
+    """Anyone who can produce to the marker topic can write a record of this log's id.
+
+    A repair marker claiming epochs 0 to 1,000,000 would make every later epoch
+    answer "already committed"; a fence of generation 1,000,000 would stop the
+    writer as if a newer one ran. Both claim more than the store decided: the
+    next epoch is refused naming the record, and the topic gets no record of it.
+    """
+    topic = kafka_topic("orders", **{"cleanup.policy": "compact"})
+    write_epochs(kafka_broker, topic, tmp_path, 2)
+    markers = f"{topic}-markers"
+    state = MarkerLog({"bootstrap.servers": kafka_broker.bootstrap}, markers, "shop", "orders")
+    before = state.read()
+    assert before.marker is not None and before.marker.epoch == 1
+    if forged == "fence":
+        key, value = record_key("shop", "orders", "fence"), fence_value(10**6, before.fence_log_id)
+    else:
+        key = record_key("shop", "orders", "commit")
+        value = marker_value(pipeline="shop", sink="orders", epoch=10**6, first_epoch=0,
+                             generation=before.marker.generation, log_id=before.marker.log_id,
+                             txn="forged", kind="repair")  # fmt: skip
+    forger = Producer({"bootstrap.servers": kafka_broker.bootstrap})
+    forger.produce(markers, key=key, value=value)
+    assert forger.flush(10) == 0
+    records_before = len(read_topic(kafka_broker, topic))
+
+    expected = ExpectedState(str(tmp_path), "shop", {"orders": ["id"]})
+    for attempt in range(2):  # and again after a restart: the record is still there
+        sink = KafkaSink(kafka_broker.bootstrap, topic, name="orders", key=["id"],
+                         marker_topic=markers, transactional_prefix=topic)  # fmt: skip
+        cycle = CommitCycle("shop", [sink], expected_state=expected)
+        cycle.start()
+        try:
+            result = cycle.run_epoch(2, {"orders": [{"id": 500, "name": "new", "total": 1}]})
+        finally:
+            cycle.close()
+        assert isinstance(result, CommitFatal) and not result.restart, (attempt, result)
+        assert isinstance(result.error, UntrustedRecordError)
+        assert "1000000" in result.reason and markers in result.reason
+        assert "epochs up to 1" in result.reason  # what the store decided
+    assert len(read_topic(kafka_broker, topic)) == records_before  # nothing of epoch 2
+    assert (500,) not in table_of(kafka_broker, topic)
