@@ -47,7 +47,6 @@ import importlib
 import logging
 import sys
 import threading
-import traceback
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -55,7 +54,7 @@ from reconcile.cli.config import Config, PipelineConfig, RunSettings, load_confi
 from reconcile.core import interrupts
 from reconcile.core.contract import ConfigurationError, ReconcileError
 from reconcile.core.decisions import Failure, classify
-from reconcile.core.redaction import Redactor, remember
+from reconcile.core.redaction import remember, scrub
 
 if TYPE_CHECKING:
     from reconcile.core.metrics import Metrics
@@ -220,40 +219,17 @@ def run_settings(
     return pipeline, pipeline.run
 
 
-def _configure_logs(config: Config, verbose: bool, redact: Callable[[str], str]) -> None:
+def _configure_logs(config: Config, verbose: bool) -> None:
     from reconcile.core.logs import configure
 
     level = config.logs.level
     if verbose and logging.getLevelName(level) > logging.INFO:
         level = "INFO"
-    handler = configure(json=config.logs.json, level=level)
-    handler.addFilter(_Redacting(redact))
+    # The formatters end with scrub(), which removes the file's secrets (they
+    # were remembered) in every form, tracebacks included.
+    configure(json=config.logs.json, level=level)
     # py4j says every connection it opens and closes at INFO.
     logging.getLogger("py4j").setLevel(logging.WARNING)
-
-
-class _Redacting(logging.Filter):
-    """Takes the file's secrets out of every line, its traceback included.
-
-    The formatters scrub password-shaped text only; the app, Spark or a
-    driver may print a password bare (an app that raises with one in its
-    message, say). The traceback goes into the message, redacted, since the
-    formatters would format it again from the exception.
-    """
-
-    def __init__(self, redact: Callable[[str], str]) -> None:
-        super().__init__()
-        self.redact = redact
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        text = record.getMessage()
-        if record.exc_info:
-            text += "\n" + "".join(traceback.format_exception(*record.exc_info)).rstrip()
-        if record.stack_info:
-            text += "\n" + record.stack_info
-        record.msg, record.args = self.redact(text), ()
-        record.exc_info, record.exc_text, record.stack_info = None, None, None
-        return True
 
 
 def run_command(args: argparse.Namespace) -> int:
@@ -261,45 +237,37 @@ def run_command(args: argparse.Namespace) -> int:
     from reconcile.cli.config_sinks import check_writable
 
     config = load_config(args.config)
-    remember(*config.secrets())  # every scrub of this process removes them
+    # Every scrub of this process (each log line, traceback and the last line)
+    # now removes the file's secrets in every form (as written, percent-encoded,
+    # repr- and JSON-escaped, base64): the app, Spark or a driver may print one bare.
+    remember(*config.secrets())
     pipeline, settings = run_settings(config, args.pipeline)
     check_writable(pipeline, config.path)
-
-    # One redaction of every secret of the file's connections, in every form
-    # (as written, percent-encoded, repr- and JSON-escaped, base64), and of every
-    # secret shape: each log line, traceback and the last line pass through it.
-    redact = Redactor(
-        secret
-        for connection in (settings.lease, *(sink.connection for sink in pipeline.sinks))
-        for secret in connection.secrets()
-    )
-
-    _configure_logs(config, args.verbose, redact)
+    _configure_logs(config, args.verbose)
     try:
         stopped_by = _run(config, pipeline, settings, args)
     except ReconcileError as exc:
         if exit_code(exc) == EXIT_REJECTED:
             # The epoch's rows were refused, by the database or by the
             # engine's check before they were sent: one exit code either way.
-            return _stop_line(f"pipeline {pipeline.name}: {exc}", redact, EXIT_REJECTED)
-        return _stop_line(str(exc), redact, EXIT_ERROR)
+            return _stop_line(f"pipeline {pipeline.name}: {exc}", EXIT_REJECTED)
+        return _stop_line(str(exc), EXIT_ERROR)
     except Exception as exc:
         # Not the engine's error (Spark, a driver, the app's query): its text
         # may echo a connection string, so it is redacted like everything here.
         log.error("pipeline %s: reconcile run failed", pipeline.name, exc_info=True)
-        return _stop_line(f"pipeline {pipeline.name}: {type(exc).__name__}: {exc}", redact,
-                          exit_code(exc))  # fmt: skip
+        return _stop_line(f"pipeline {pipeline.name}: {type(exc).__name__}: {exc}", exit_code(exc))
     if stopped_by is not None:
         print(f"reconcile run: pipeline {pipeline.name} stopped by {stopped_by}: the query "
               "stopped and the lease was released", file=sys.stderr)  # fmt: skip
     return 0
 
 
-def _stop_line(text: str, redact: Callable[[str], str], code: int) -> int:
+def _stop_line(text: str, code: int) -> int:
     """Say why it stopped, on one line of stderr (the last one), secrets out; the exit code."""
     # Redacted as it is, then once joined into one line: a secret that a
     # message wrapped over two lines is whole again there.
-    print(f"reconcile: error: {redact(' '.join(redact(text).split()))}", file=sys.stderr)
+    print(f"reconcile: error: {scrub(' '.join(scrub(text).split()))}", file=sys.stderr)
     return code
 
 
