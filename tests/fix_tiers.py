@@ -23,8 +23,10 @@ With ``RECONCILE_SLOW_SAMPLE=SEED[:SHARE]`` (CI sets it, the seed from the
 commit) a run takes a seeded sample of the slow tier's parametrized families:
 of a test function with three or more slow parameter sets, a share (a third
 by default) of them, at least one, plus every one a mutant's kill set selects
-(``tests/mutants``: the mutation check takes its baseline from this run, and
-would otherwise run those tests again after it). The other slow tests run
+of the mutants this run's mutation check draws (``tests/mutants``,
+``RECONCILE_MUTATION_SAMPLE``: the mutation check takes its baseline from this
+run, and would otherwise run those tests again after it). The benchmarks'
+smoke runs count as one family of which one is drawn. The other slow tests run
 whole. The run's summary names the seed, so a failure is repeated with the
 same value; over successive commits every parameter set is drawn.
 """
@@ -235,37 +237,57 @@ def parse_sample(value: str) -> tuple[str, float]:
     return seed, share
 
 
+# The benchmarks' smoke runs take minutes each (several Spark drivers, kill
+# loops, a process per mode): a sample runs one of them, drawn like a family's
+# member, besides those a drawn mutant claims.
+HEAVY_FAMILY = "the benchmarks' smoke runs"
+HEAVY = frozenset(
+    {
+        "tests/integration/test_benchmark_scale.py::test_scale_benchmark_quick",
+        "tests/integration/test_benchmark_latency.py::test_latency_benchmark_tiny",
+        "tests/integration/test_benchmark_sinks.py::test_one_command_measures_every_sink_beside_postgres",
+        "tests/integration/test_benchmark_rebuild.py::test_quick_run_reports_both_ratios_and_the_rebuild_writes_only_the_changed_rows",
+    }
+)
+
+
 def sample(slow: list[str], seed: str, share: float, claimed: set[str]) -> list[str]:
     """The node ids of ``slow`` that a sample leaves out.
 
     A family (the node ids of one test function, parameters aside) of at least
     ``FAMILY`` members keeps ``ceil(share * size)`` of them drawn by ``seed`` (a
     draw per family, so a family's sample does not change when another grows),
-    and every member in ``claimed``. Smaller families and lone tests stay whole.
+    and every member in ``claimed``. Smaller families and lone tests stay whole,
+    but for the benchmarks' smoke runs (``HEAVY``), of which one is drawn.
     """
     families: dict[str, list[str]] = {}
     for nodeid in slow:
-        families.setdefault(nodeid.split("[", 1)[0], []).append(nodeid)
+        name = nodeid.split("[", 1)[0]
+        families.setdefault(HEAVY_FAMILY if name in HEAVY else name, []).append(nodeid)
     left_out = []
     for name, members in families.items():
-        if len(members) < FAMILY:
+        if len(members) < FAMILY and name != HEAVY_FAMILY:
             continue
+        keep = 1 if name == HEAVY_FAMILY else math.ceil(share * len(members))
         # Sorted: the draw is the same whatever order the tests were collected in.
         draw = random.Random(f"{seed}:{name}")
-        drawn = set(draw.sample(sorted(members), math.ceil(share * len(members))))
+        drawn = set(draw.sample(sorted(members), keep))
         left_out += [m for m in members if m not in drawn and m not in claimed]
     return left_out
 
 
 def claimed_by_mutants(items: list[pytest.Item]) -> set[str]:
     """The node ids of ``items`` that some mutant's kill set selects (pytest's own selection)."""
-    from tests.mutation import load_mutants
+    from tests.mutation import SAMPLE_ENV as MUTANTS_DRAWN
+    from tests.mutation import drawn, load_mutants
     from tests.mutation_runs import plain_groups
 
     if not mutation_baseline.available():
         return {item.nodeid for item in items}  # cannot tell: leave none of them out
     # The kill sets the joint baseline can take from a run: the others run their own.
-    kill_sets = plain_groups({(m.kill, m.marker): m for m in load_mutants()})
+    # Only the mutants this run's mutation check draws claim a test.
+    mutants = drawn(load_mutants(), os.environ.get(MUTANTS_DRAWN, ""))
+    kill_sets = plain_groups({(m.kill, m.marker): m for m in mutants})
     return {n for s in kill_sets.values() for n in mutation_baseline.selection_of(items, s)}
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.fix_tiers import (
+    HEAVY,
     SAMPLE_ENV,
     mark_spark_tests,
     marks_module_spark,
@@ -19,6 +20,7 @@ from tests.fix_tiers import (
     slow_tier,
     unmatched,
 )
+from tests.mutation import drawn, load_mutants
 
 REPO = Path(__file__).resolve().parents[2]
 KILL9 = "tests/chaos/test_kill9.py::test_kill9_then_restart_converges"
@@ -174,3 +176,26 @@ def test_a_spark_marker_on_a_whole_module_fails_the_run() -> None:
     assert not marks_module_spark(types.SimpleNamespace()) and not marks_module_spark(None)
     with pytest.raises(pytest.UsageError, match=r"\['t\.py'\] mark `spark` on the whole module"):
         mark_spark_tests([_Item("t.py::test_x", listed)])  # type: ignore[list-item]
+
+
+def test_a_sample_runs_one_of_the_benchmarks_smoke_runs_besides_the_claimed() -> None:
+    heavy = sorted(HEAVY)
+    lone = ["tests/chaos/test_x.py::test_lone"]
+    left_out = sample(heavy + lone, "seed-1", 1 / 3, set())
+    assert len(left_out) == len(heavy) - 1 and not set(left_out) & set(lone)
+    assert any(
+        set(sample(heavy, f"seed-{n}", 1 / 3, set())) != set(left_out) for n in range(2, 8)
+    )  # another seed draws another one: over commits, each runs
+    assert sample(heavy, "seed-1", 1 / 3, set(heavy)) == []  # a claimed one always runs
+
+
+def test_a_mutant_draw_is_per_mutant_and_repeatable() -> None:
+    mutants = load_mutants()
+    names = {m.name for m in drawn(mutants, "seed-1")}
+    assert 0 < len(names) < len(mutants)
+    assert abs(len(names) - len(mutants) / 3) < len(mutants) / 10  # a third, near enough
+    assert {m.name for m in drawn(mutants, "seed-1")} == names  # the same value, the same draw
+    assert {m.name for m in drawn(mutants[::2], "seed-1")} == names & {m.name for m in mutants[::2]}
+    assert drawn(mutants, "") == mutants and drawn(mutants, "s:1") == mutants
+    with pytest.raises(ValueError, match="RECONCILE_MUTATION_SAMPLE"):
+        drawn(mutants, ":0.5")
