@@ -31,7 +31,7 @@ from tests.cli_run import REPO
 from tests.fix_pg import PASSWORD, PgServer
 from tests.integration.test_cli_config import password_dsn
 
-pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 ROWS_PER_FILE = 10
 
@@ -163,6 +163,7 @@ def _hostile(server: PgServer, dsn: str) -> None:
             )
 
 
+@pytest.mark.spark  # in a subprocess
 @pytest.mark.timeout(1800)
 def test_a_new_column_through_reconcile_run_on_every_staging_path_under_hostile_defaults(
     pg_server: PgServer, pg_db: str, tmp_path: Path
@@ -199,6 +200,7 @@ def test_a_new_column_through_reconcile_run_on_every_staging_path_under_hostile_
         len(want), 0, 0, 0)  # fmt: skip
 
 
+@pytest.mark.spark  # in a subprocess
 @pytest.mark.timeout(1800)
 def test_after_a_rebuild_the_rebuilt_app_runs_as_the_rebuild_s_logic(
     pg_db: str, tmp_path: Path

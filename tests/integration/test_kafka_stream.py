@@ -28,7 +28,7 @@ from sinks.kafka.records import decode_key, decode_value
 from tests.fix_kafka import create_topic, read_topic
 from tests.kafka_stream_pipeline import ROWS
 
-pytestmark = [pytest.mark.integration, pytest.mark.spark]
+pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
 RECORDS = 3 * ROWS  # three micro-batches
@@ -86,6 +86,7 @@ def check_offsets(root: Path, in_topic: str) -> None:
     assert ranges[1] == [OffsetRange(in_topic, 0, ROWS, 2 * ROWS)]
 
 
+@pytest.mark.spark  # in a subprocess
 @pytest.mark.chaos
 @pytest.mark.parametrize("point", KILLS)
 def test_kafka_to_postgres_and_kafka_exactly_once_with_the_driver_killed(

@@ -28,7 +28,7 @@ from reconcile.testing.kafka_broker import KafkaBroker
 from sinks.memory.sink import MemorySink, MemoryStore
 from tests.fix_kafka import create_topic
 
-pytestmark = [pytest.mark.integration, pytest.mark.spark]
+pytestmark = pytest.mark.integration
 
 VALUE = "id long, qty long"
 # Four micro-batches of two records: key 1 is written by 0, 1 and 3.

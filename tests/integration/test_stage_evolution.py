@@ -23,7 +23,7 @@ from reconcile.engine.expected import ExpectedState
 from reconcile.spark.stream import StreamWriter
 from sinks.postgres.factory import postgres_sink
 
-pytestmark = [pytest.mark.integration, pytest.mark.spark]
+pytestmark = pytest.mark.integration
 
 
 def _columns(dsn: str) -> list[str]:
