@@ -53,8 +53,6 @@ import json
 import os
 import platform
 import shutil
-import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -67,8 +65,6 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from benchmarks.latency_cpu import TreeCpu, own_and_reaped_cpu  # noqa: E402
-from benchmarks.latency_feed import Feeder  # noqa: E402
 from benchmarks.latency_measure import Mode, Run, measure, modes  # noqa: E402
 from benchmarks.latency_report import (  # noqa: E402
     HEADLINE_TRIGGER,
@@ -79,6 +75,7 @@ from benchmarks.latency_report import (  # noqa: E402
     sustainable,
     targets,
 )
+from benchmarks.latency_run import execute  # noqa: E402
 from benchmarks.report import RESULTS, machine, now, versions, write_report  # noqa: E402
 from reconcile.demo.embedded_pg import EmbeddedPostgres  # noqa: E402
 from reconcile.demo.tpch.data import SINK_TABLES_SQL, Feed, generate, truth  # noqa: E402
@@ -86,99 +83,6 @@ from reconcile.demo.tpch.data import SINK_TABLES_SQL, Feed, generate, truth  # n
 __all__ = ["MODES", "main"]
 
 MODES = ("at_least_once", "two_phase_1s", "two_phase_5s", "two_phase_30s", "pull_and_diff")
-CLK_TCK = os.sysconf("SC_CLK_TCK")
-
-
-# -- one run of one mode --------------------------------------------------------
-
-
-def _visible_rows(dsn: str) -> int:
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        row = conn.execute("SELECT count(*) FROM public.demo_lineitem").fetchone()
-    return int(row[0]) if row else 0
-
-
-def _launch(run: Run, master: str, launch: int) -> subprocess.Popen[bytes]:
-    env = dict(os.environ, PYSPARK_PYTHON=sys.executable, BENCH_DSN=run.dsn,
-               RECONCILE_DEMO_DSN=run.dsn)  # fmt: skip
-    env.pop("RECONCILE_KILL_AT", None)
-    env.pop("RECONCILE_KILL_ONCE", None)
-    if launch < len(run.kills):
-        point, nth = run.kills[launch]
-        env["RECONCILE_KILL_AT"] = f"{point}:{nth}"
-        # Spark's Python workers inherit the variable: only the first process to
-        # reach the point dies, and the file proves that the kill fired.
-        env["RECONCILE_KILL_ONCE"] = str(run.workdir / "kills" / f"launch-{launch}")
-    (run.workdir / "logs").mkdir(exist_ok=True)
-    (run.workdir / "kills").mkdir(exist_ok=True)
-    with open(run.workdir / "logs" / f"launch-{launch}.log", "wb") as log:
-        return subprocess.Popen(
-            run.mode.command(run.workdir, run.epochs, run.trigger, master,
-                             run.feed.lineitem.num_rows),
-            env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-        )  # fmt: skip
-
-
-def _tail(path: Path, chars: int = 3000) -> str:
-    try:
-        return path.read_text(errors="replace")[-chars:]
-    except FileNotFoundError:
-        return ""
-
-
-def execute(run: Run, master: str, postmaster: int, timeout: float) -> None:
-    """Run the mode to the end: warm-up, paced feed, kills and restarts."""
-    cpu = TreeCpu()
-    cpu.start()
-    pg_before = own_and_reaped_cpu(postmaster)
-    began = time.monotonic()
-    deadline = began + timeout
-    feeder = Feeder(run.feed, run.trigger, seed=run.phase_seed)
-    launch = 0
-    proc = _launch(run, master, launch)
-    cpu.add_root(proc.pid)
-    # Warm-up: file 0 alone, until its rows are visible (Spark up, the first batch
-    # compiled, a first checkpoint for two-phase); then the paced feed.
-    run.feed.drop(0)
-    warm = run.feed.slices[0].rows
-    try:
-        while True:
-            code = proc.poll()
-            if not feeder.is_alive() and not feeder.start_at and _visible_rows(run.dsn) >= warm:
-                run.feed_started = time.time()
-                feeder.start()
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{run.mode.name} at {run.trigger}s did not finish")
-            if code is None:
-                time.sleep(0.1)
-                continue
-            if code == 0:
-                break
-            kill_file = run.workdir / "kills" / f"launch-{launch}"
-            if code == -signal.SIGKILL and kill_file.exists():
-                run.crashes.append(f"{run.kills[launch][0]}:{run.kills[launch][1]}")
-            else:
-                run.failures += 1
-                log = run.workdir / "logs" / f"launch-{launch}.log"
-                if run.failures > 2:
-                    raise RuntimeError(f"{run.mode.name} failed ({code}):\n{_tail(log)}")
-                print(f"  {run.mode.name}: exit {code}, restarting", flush=True)
-            launch += 1
-            run.restarts.append(time.time())
-            proc = _launch(run, master, launch)
-            cpu.add_root(proc.pid)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        feeder.stop.set()
-        run.wall_s = time.monotonic() - began
-        run.cpu_s = cpu.finish()
-        run.peak_mb = dict(cpu.peak_mb)
-        # The server's backends of this run have exited (the driver closed its
-        # sessions): the postmaster has reaped them, and their CPU is in its cutime.
-        time.sleep(0.5)
-        run.pg_cpu_s = own_and_reaped_cpu(postmaster) - pg_before
 
 
 # -- the benchmark -------------------------------------------------------------------
@@ -228,7 +132,7 @@ class Bench:
 
 
 SHOWN = ("p50_ms", "p95_ms", "p99_ms", "rows_per_s", "latency_growth_ms", "batch_ms_p95",
-         "cpu_s", "duplicates", "missing", "crashes", "recovery_s")  # fmt: skip
+         "cpu_s", "duplicates", "missing", "crashes", "settled_s", "resumed_s")  # fmt: skip
 
 
 def calibrate(bench: Bench, candidates: list[float]) -> tuple[float, list[dict[str, Any]], Any]:
@@ -254,7 +158,11 @@ def run_all(args: argparse.Namespace) -> dict[str, Any]:
         max_prepared_transactions=max(100, 2 * max(args.epochs, args.crash_epochs)),
     )  # fmt: skip
     report: dict[str, Any] = {
-        "machine": machine(python=platform.python_version(), spark_master=args.master),
+        "machine": machine(
+            python=platform.python_version(),
+            spark_master=args.master,
+            load_average_at_start=[round(x, 2) for x in os.getloadavg()],
+        ),
         "versions": versions("pyspark", "pyarrow", "psycopg", "deltalake"),
         "when": now(),
         "scale": args.scale,
@@ -314,7 +222,8 @@ def run_all(args: argparse.Namespace) -> dict[str, Any]:
                 "duplicates": source["duplicates"],
                 "missing": source["missing"],
                 "duplicates_missing_from": "crash run" if crashed is not None else "clean run",
-                "recovery_s": crashed["recovery_s"] if crashed is not None else None,
+                "settled_s": crashed["settled_s"] if crashed is not None else None,
+                "resumed_s": crashed["resumed_s"] if crashed is not None else None,
             }
         exactly_once = [n for n in report["modes"] if n != "at_least_once"]
         if {"at_least_once", "pull_and_diff"} <= report["modes"].keys():
@@ -401,6 +310,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     report = run_all(args)
     report["runtime_s"] = round(time.monotonic() - started, 1)
+    report["load_average_after"] = [round(x, 2) for x in os.getloadavg()]
     report["quick"] = args.quick
     report["cdf_quantiles_ms"] = cdf_quantiles(report.pop("cdf_ms"))
     write_report("latency", report, markdown(report), args.out)

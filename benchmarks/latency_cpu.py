@@ -15,7 +15,7 @@ import threading
 import time
 from pathlib import Path
 
-__all__ = ["EXECUTOR_MARKS", "TreeCpu", "own_and_reaped_cpu", "role"]
+__all__ = ["EXECUTOR_MARKS", "TreeCpu", "machine_busy_s", "own_and_reaped_cpu", "role"]
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 # A process whose command line holds one of these runs a Spark executor's work:
@@ -23,6 +23,17 @@ CLK_TCK = os.sysconf("SC_CLK_TCK")
 # JVMs. Everything else in the tree is the driver (its Python and its JVM, which
 # in local mode also runs the executors' JVM side).
 EXECUTOR_MARKS = (b"pyspark.daemon", b"pyspark.worker", b"CoarseGrainedExecutorBackend")
+
+
+def machine_busy_s() -> float:
+    """CPU seconds the whole machine has spent busy since boot (every process, the kernel's too).
+
+    Over a run, less the run's own processes and the server's, it is what the
+    others on the machine used: the load the run shared the cores with.
+    """
+    fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in fields[:8])
+    return (user + nice + system + irq + softirq + steal) / CLK_TCK
 
 
 def role(pid: int) -> str:

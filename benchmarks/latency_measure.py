@@ -18,8 +18,10 @@ from typing import Any
 import numpy as np
 import psycopg
 
+from benchmarks.latency_restart import restart_steps
 from reconcile.demo.tpch import summary
 from reconcile.demo.tpch.data import Feed, Truth
+from reconcile.demo.tpch.events import EventLog
 
 __all__ = ["Mode", "Run", "measure", "modes"]
 
@@ -84,11 +86,12 @@ class Run:
     dsn: str
     feed: Feed
     kills: list[tuple[str, int]] = field(default_factory=list)
-    restarts: list[float] = field(default_factory=list)  # wall time of each relaunch
+    launches: list[tuple[int, float]] = field(default_factory=list)  # (pid, wall time) each
     crashes: list[str] = field(default_factory=list)
     failures: int = 0
     cpu_s: float = 0.0
     pg_cpu_s: float = 0.0
+    machine_cpu_s: float = 0.0  # the whole machine's busy CPU over the run
     wall_s: float = 0.0
     peak_mb: dict[str, float] = field(default_factory=dict)  # role -> peak PSS (latency_cpu)
     feed_started: float = 0.0
@@ -137,21 +140,6 @@ def source_counts(conn: psycopg.Connection[Any], expected: Truth) -> dict[str, i
     }
 
 
-def recovery_seconds(conn: psycopg.Connection[Any], restarts: list[float]) -> list[float | None]:
-    """Per restart: to the earliest commit, after it, of a row now in either table."""
-    out: list[float | None] = []
-    for at in restarts:
-        row = conn.execute(
-            "SELECT min(ts) FROM (SELECT extract(epoch FROM pg_xact_commit_timestamp(xmin)) "
-            "AS ts FROM public.demo_lineitem UNION ALL SELECT extract(epoch FROM "
-            "pg_xact_commit_timestamp(xmin)) FROM public.demo_customer_revenue) AS t "
-            "WHERE ts > %s",
-            (at,),
-        ).fetchone()
-        out.append(round(float(row[0]) - at, 2) if row and row[0] is not None else None)
-    return out
-
-
 def batch_durations(workdir: Path) -> dict[str, Any]:
     """Spark's per-batch duration (ms) from the mode's progress files, warm-up batch left out."""
     batches: dict[int, dict[str, Any]] = {}
@@ -181,12 +169,21 @@ def batch_durations(workdir: Path) -> dict[str, Any]:
     return found
 
 
+def restart_figures(run: Run) -> dict[str, Any]:
+    """Each relaunch's steps (``benchmarks.latency_restart``), and its settled and resumed times."""
+    steps = restart_steps(list(EventLog(run.workdir / "events.jsonl").read()), run.launches)
+    return {
+        "restart_steps": steps,
+        "settled_s": [s["settled_s"] for s in steps],
+        "resumed_s": [s["resumed_s"] for s in steps],
+    }
+
+
 def measure(run: Run, expected: Truth) -> tuple[dict[str, Any], list[float]]:
     """The run's figures, and its paced rows' latencies (ms) for the CDF."""
     with psycopg.connect(run.dsn, autocommit=True) as conn:
         files, latency = row_latencies(conn, run.feed)
         counts = source_counts(conn, expected)
-        recovery = recovery_seconds(conn, run.restarts)
         last_visible = conn.execute(
             "SELECT max(extract(epoch FROM pg_xact_commit_timestamp(xmin)))::float8 "
             "FROM public.demo_lineitem"
@@ -221,6 +218,9 @@ def measure(run: Run, expected: Truth) -> tuple[dict[str, Any], list[float]]:
         "latency_growth_ms": growth,
         "cpu_s": round(run.cpu_s, 1),
         "pg_cpu_s": round(run.pg_cpu_s, 1),
+        # What other processes used meanwhile (the benchmark's parent, its feed and
+        # polls, and the kernel included): the load this run shared the cores with.
+        "others_cpu_s": round(max(0.0, run.machine_cpu_s - run.cpu_s - run.pg_cpu_s), 1),
         "wall_s": round(run.wall_s, 1),
         "peak_mb_driver": run.peak_mb.get("driver"),
         "peak_mb_executors": run.peak_mb.get("executors"),
@@ -228,6 +228,6 @@ def measure(run: Run, expected: Truth) -> tuple[dict[str, Any], list[float]]:
         **counts,
         "crashes": run.crashes,
         "failed_launches": run.failures,
-        "recovery_s": recovery,
+        **restart_figures(run),
     }
     return result, sorted(paced.tolist())

@@ -35,12 +35,19 @@ MODE is one of:
   customers' rows locked by a prepared transaction until the next
   checkpoint: the next batch, which shares customers with it, waits on those
   locks, and the stream runs one batch per checkpoint interval.
+
+Both modes append the steps of every start to ``WORKDIR/events.jsonl`` (the
+demo pipeline's event log and step names, which the benchmark's restart
+timeline reads, ``benchmarks.latency_restart``): ``process``, ``settled``
+(two-phase: the restart's checkpoint committed what the killed process had
+prepared; at-least-once has nothing to settle), ``spark_up``, ``started``
+and ``first_commit`` (the first batch this process wrote is visible: its
+COMMIT, or the checkpoint's COMMIT PREPARED of a batch it prepared).
 """
 
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import os
 import sys
@@ -50,11 +57,17 @@ from typing import Any
 
 import psycopg
 import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
-import pyarrow.csv as pacsv  # type: ignore[import-untyped, unused-ignore]
 from psycopg import sql
 
+from benchmarks.latency_sql import (
+    REVENUE_COLUMNS,
+    TWO_PHASE_SQL,
+    add_revenue,
+    copy_rows,
+    upsert_lines,
+)
 from reconcile.core import hooks
-from sinks.postgres.apply import write_csv
+from reconcile.demo.tpch.events import EventLog
 
 __all__ = ["BATCH_WRITTEN", "CHECKPOINT_COMMITTED", "MODES", "main"]
 
@@ -66,66 +79,14 @@ MODES = ("at_least_once", "two_phase")
 BATCH_WRITTEN = hooks.declare("bench.batch.written")
 CHECKPOINT_COMMITTED = hooks.declare("bench.checkpoint.committed")
 
-LINE_KEYS = ("l_orderkey", "l_linenumber")
-REVENUE_COLUMNS = ("o_custkey", "revenue", "lines", "_epoch")
-
-# Tables of the two-phase mode (in the run's own database). The staging table
-# is a plain one, unlogged: PostgreSQL refuses to PREPARE a transaction that
-# touched a temporary table.
-TWO_PHASE_SQL = (
-    "CREATE TABLE IF NOT EXISTS public.bench_2pc_batches (gid text PRIMARY KEY, "
-    "batch_id bigint NOT NULL)",
-    "CREATE TABLE IF NOT EXISTS public.bench_2pc_revenue_delta (gid text NOT NULL, "
-    "o_custkey bigint NOT NULL, revenue numeric(18,4) NOT NULL, lines bigint NOT NULL, "
-    "_epoch bigint NOT NULL)",
-    "CREATE UNLOGGED TABLE IF NOT EXISTS public.bench_2pc_stage_lines (LIKE public.demo_lineitem)",
-)
-
-
-def _copy(cur: psycopg.Cursor[Any], table: sql.Composable, data: pa.Table) -> None:
-    """COPY ``data`` into ``table`` as CSV (Arrow's writer: no per-row Python)."""
-    buffer = io.BytesIO()
-    write_csv(data, buffer, pacsv.WriteOptions(include_header=False))
-    query = sql.SQL("COPY {} ({}) FROM STDIN (FORMAT CSV)").format(
-        table, sql.SQL(", ").join(map(sql.Identifier, data.column_names))
-    )
-    with cur.copy(query) as copy:
-        copy.write(buffer.getvalue())
-
-
-def _upsert_lines(cur: psycopg.Cursor[Any], stage: sql.Composable, columns: list[str]) -> None:
-    """``demo_lineitem`` := the staged lines, replacing rows with the same key."""
-    names = sql.SQL(", ").join(map(sql.Identifier, columns))
-    updates = sql.SQL(", ").join(
-        sql.SQL("{0} = EXCLUDED.{0}").format(sql.Identifier(c))
-        for c in columns
-        if c not in LINE_KEYS
-    )
-    cur.execute(
-        sql.SQL(
-            "INSERT INTO public.demo_lineitem ({names}) SELECT {names} FROM {stage} "
-            "ON CONFLICT (l_orderkey, l_linenumber) DO UPDATE SET {updates}"
-        ).format(names=names, stage=stage, updates=updates)
-    )
-
-
-def _add_revenue(cur: psycopg.Cursor[Any], source: sql.Composable) -> None:
-    """Add per-customer deltas (``source``: o_custkey, revenue, lines, _epoch) to the totals."""
-    cur.execute(
-        sql.SQL(
-            "INSERT INTO public.demo_customer_revenue AS t (o_custkey, revenue, lines, _epoch) "
-            "{source} ON CONFLICT (o_custkey) DO UPDATE SET "
-            "revenue = t.revenue + EXCLUDED.revenue, lines = t.lines + EXCLUDED.lines, "
-            "_epoch = EXCLUDED._epoch"
-        ).format(source=source)
-    )
-
 
 class Batches:
     """The ``foreachBatch`` function of both modes, and what it has made visible."""
 
-    def __init__(self, dsn: str, mode: str, revenue: str) -> None:
-        self.dsn, self.mode, self.revenue = dsn, mode, revenue
+    def __init__(self, dsn: str, mode: str, revenue: str, events: EventLog) -> None:
+        self.dsn, self.mode, self.revenue, self.events = dsn, mode, revenue, events
+        self.prepared: set[str] = set()  # the gids this process prepared
+        self.first_commit = False  # whether a batch this process wrote is visible yet
         self.orders: Any = None  # orders (o_orderkey, o_custkey), cached: set once Spark is up
         self.conn = psycopg.connect(dsn, autocommit=True, application_name=f"bench:{mode}")
         self.dbname = str(self.conn.info.dbname)
@@ -189,11 +150,18 @@ class Batches:
 
     def at_least_once(self, batch_id: int, lines: pa.Table, delta: pa.Table) -> None:
         with self.conn.transaction(), self.conn.cursor() as cur:
-            _copy(cur, sql.Identifier("stage_lines"), lines)
-            _upsert_lines(cur, sql.Identifier("stage_lines"), lines.column_names)
-            _copy(cur, sql.Identifier("stage_revenue"), delta)
-            _add_revenue(cur, sql.SQL("SELECT * FROM stage_revenue"))
+            copy_rows(cur, sql.Identifier("stage_lines"), lines)
+            upsert_lines(cur, sql.Identifier("stage_lines"), lines.column_names)
+            copy_rows(cur, sql.Identifier("stage_revenue"), delta)
+            add_revenue(cur, sql.SQL("SELECT * FROM stage_revenue"))
         self.visible = max(self.visible, batch_id)
+        self._committed()
+
+    def _committed(self) -> None:
+        """A batch this process wrote is visible: the first one is a step of its start."""
+        if not self.first_commit:
+            self.first_commit = True
+            self.events.write("first_commit")
 
     def two_phase(self, batch_id: int, lines: pa.Table, delta: pa.Table) -> None:
         gid = self.gid(batch_id)
@@ -208,16 +176,16 @@ class Batches:
                 return  # a replay of a batch prepared (or committed) already
             cur.execute("BEGIN")
             try:
-                _copy(cur, stage, lines)
-                _upsert_lines(cur, stage, lines.column_names)
+                copy_rows(cur, stage, lines)
+                upsert_lines(cur, stage, lines.column_names)
                 # Only this transaction's rows are visible to it: the staged rows of
                 # other prepared batches are uncommitted (and deleted) already.
                 cur.execute(sql.SQL("DELETE FROM {}").format(stage))
                 deltas = sql.SQL("public.bench_2pc_revenue_delta")
-                _copy(cur, deltas, delta.append_column("gid", pa.array([gid] * delta.num_rows)))
+                copy_rows(cur, deltas, delta.append_column("gid", pa.array([gid] * delta.num_rows)))
                 if self.revenue == "upsert":
                     # Into the totals now: their rows stay locked until COMMIT PREPARED.
-                    _add_revenue(cur, sql.SQL(
+                    add_revenue(cur, sql.SQL(
                         "SELECT o_custkey, revenue, lines, _epoch FROM {} WHERE gid = {}"
                     ).format(deltas, sql.Literal(gid)))  # fmt: skip
                     cur.execute(sql.SQL("DELETE FROM {} WHERE gid = %s").format(deltas), (gid,))
@@ -226,6 +194,7 @@ class Batches:
                     (gid, batch_id),
                 )
                 cur.execute(sql.SQL("PREPARE TRANSACTION {}").format(sql.Literal(gid)))
+                self.prepared.add(gid)
             except BaseException:
                 cur.execute("ROLLBACK")
                 raise
@@ -248,6 +217,8 @@ class Batches:
             for (gid,) in gids:
                 cur.execute(sql.SQL("COMMIT PREPARED {}").format(sql.Literal(gid)))
                 committed.append(int(gid.rsplit("_", 1)[1]))
+                if gid in self.prepared:
+                    self._committed()
                 hooks.point(CHECKPOINT_COMMITTED)
             with self.commits.transaction():
                 cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
@@ -255,7 +226,7 @@ class Batches:
                     "SELECT count(*) FROM public.bench_2pc_revenue_delta"
                 ).fetchone()
                 if pending and pending[0]:
-                    _add_revenue(cur, sql.SQL(
+                    add_revenue(cur, sql.SQL(
                         "SELECT o_custkey, sum(revenue), sum(lines), max(_epoch) "
                         "FROM public.bench_2pc_revenue_delta GROUP BY o_custkey"))  # fmt: skip
                     cur.execute("DELETE FROM public.bench_2pc_revenue_delta")
@@ -306,12 +277,15 @@ def main(argv: list[str] | None = None) -> int:
     from reconcile.demo.tpch.pipeline import await_progress, batch_progress
     from reconcile.spark.session import local_session
 
-    batches = Batches(dsn, args.mode, args.revenue)
+    events = EventLog(args.workdir / "events.jsonl")
+    events.write("process")
+    batches = Batches(dsn, args.mode, args.revenue, events)
     checkpointer: Checkpointer | None = None
     if args.mode == "two_phase":
         # A restart first completes what the last run prepared (complete batches),
-        # before Spark starts, as the pull-and-diff pipeline recovers before it does.
-        batches.checkpoint()
+        # before Spark starts, as the pull-and-diff pipeline recovers while it starts.
+        settled = batches.checkpoint()
+        events.write("settled", batches=len(settled))
     # The Spark session exactly as the demo pipeline's (the pull-and-diff mode).
     spark = local_session(
         f"bench-latency-{args.mode}",
@@ -329,6 +303,7 @@ def main(argv: list[str] | None = None) -> int:
         .cache()
     )
     batches.orders = orders
+    events.write("spark_up")
     if args.mode == "two_phase":
         checkpointer = Checkpointer(batches, args.checkpoint_interval)
         checkpointer.start()
@@ -352,6 +327,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.trigger:
             stream = stream.trigger(processingTime=f"{args.trigger} seconds")
         query = stream.queryName(f"bench_{args.mode}").start()
+        events.write("started")
     try:
         while query is not None and query.isActive and not finished:
             query.awaitTermination(0.05)

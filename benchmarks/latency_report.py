@@ -138,6 +138,8 @@ def markdown(r: dict[str, Any]) -> str:
         f"(seed {r['seed']}, the same points for every mode; Spark's trigger fires on "
         "wall-clock multiples of the interval).",
         "",
+        _load(r),
+        "",
         f"Headline (trigger {r['headline_trigger_s']:g} s): latency, rows/s and CPU from the "
         "clean run, duplicates and missing from the "
         "crash run (where it ran; else the clean run).",
@@ -197,21 +199,22 @@ def markdown(r: dict[str, Any]) -> str:
             + ", ".join(f"{name} {n}" for name, n in fired.items())
             + " (a point that a run does not reach before its last file does not fire).",
             "",
-            "| mode | kills | recovery s (restart to first new commit) | duplicates | missing "
+            "| mode | kills | settled s | resumed s | duplicates | missing "
             "| lines over / under counted | customers wrong | p99 ms |",
-            "|---|---|---|---|---|---|---|---|",
+            "|---|---|---|---|---|---|---|---|---|",
         ]
         for name, f in r["crash_runs"].items():
             if "error" in f:
-                lines.append(f"| {name} | run failed: {f['error'][-200:]!r} | | | | | | |")
+                lines.append(f"| {name} | run failed: {f['error'][-200:]!r} | | | | | | | |")
                 continue
             kills = f"{len(f['crashes'])}: {', '.join(f['crashes'])}" if f["crashes"] else "none"
             lines.append(
-                f"| {name} | {kills} | "
-                f"{', '.join(_fmt(x) for x in f['recovery_s'])} | {f['duplicates']} | "
+                f"| {name} | {kills} | {', '.join(_fmt(x) for x in f['settled_s'])} | "
+                f"{', '.join(_fmt(x) for x in f['resumed_s'])} | {f['duplicates']} | "
                 f"{f['missing']} | {f['lines_over_counted']} / {f['lines_under_counted']} | "
                 f"{f['customers_wrong']} | {_fmt(f['p99_ms'])} |"
             )
+        lines += _restart_table(r["crash_runs"])
     cal = r["calibration"]
     lines += ["", "## Method", ""]
     if "tried" in cal:
@@ -255,14 +258,24 @@ def markdown(r: dict[str, Any]) -> str:
         "at the checkpoint: adding them to the totals inside the prepared transaction locks "
         "the customers' rows until the checkpoint, and the next batch (sharing customers) "
         "would wait on those locks, one batch per checkpoint.",
-        "- pull_and_diff: the demo pipeline (`reconcile.demo.tpch.pipeline`), unchanged.",
+        "- pull_and_diff: the demo pipeline (`reconcile.demo.tpch.pipeline`), unchanged. "
+        "It warms its `orders` cache before its query starts; the other modes fill theirs "
+        "in their first batch.",
         "- Crash points, as planned: at_least_once right after a batch's COMMIT (twice); "
         "two_phase after "
         "a PREPARE, then after a checkpoint's COMMIT PREPARED; pull_and_diff at "
         "`cycle.expected_state.recorded` and `pg.commit.returned`. Duplicates = duplicated "
         "lineitem rows + lines over-counted in `demo_customer_revenue` against TPC-H; missing "
-        "= absent lineitem rows + lines under-counted. Recovery: relaunch to the earliest "
-        "commit, after it, of any row in either table (Spark's start-up included).",
+        "= absent lineitem rows + lines under-counted.",
+        "- Restarts, the same steps for every mode, each process logging its own "
+        "(`benchmarks.latency_restart`), timed from the relaunch: **settled** = what the "
+        "killed process left in doubt is in the sinks (two-phase: the restart's checkpoint "
+        "`COMMIT PREPARED` the batches it had prepared, before Spark starts; pull-and-diff: "
+        "the sinks brought to the newest decided epoch, while Spark starts; at-least-once: "
+        "nothing to settle, a batch it wrote is written again); **resumed** = the first "
+        "micro-batch the new process wrote is visible (its COMMIT; two-phase: the "
+        "checkpoint's COMMIT PREPARED of a batch it prepared), Spark's start included for "
+        "every mode.",
         "",
         "![latency CDF](latency_cdf.png)",
         "",
@@ -270,6 +283,49 @@ def markdown(r: dict[str, Any]) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+_STEP_NAMES = (("process_s", "process up"), ("settled_s", "settled"),
+               ("spark_up_s", "Spark session up"), ("started_s", "query started"),
+               ("first_commit_s", "first own batch visible (resumed)"))  # fmt: skip
+
+
+def _restart_table(crash_runs: dict[str, Any]) -> list[str]:
+    """Each relaunch's steps, in seconds from the relaunch (``-``: not a step of that mode)."""
+    lines = [
+        "",
+        "Where each restart's time went (seconds from the relaunch to each step, logged by "
+        "the process itself):",
+        "",
+        "| mode, restart | " + " | ".join(label for _, label in _STEP_NAMES) + " |",
+        "|---" * (len(_STEP_NAMES) + 1) + "|",
+    ]
+    for name, f in crash_runs.items():
+        for i, steps in enumerate(f.get("restart_steps", []), start=1):
+            cells = " | ".join(_fmt(steps.get(key)) for key, _ in _STEP_NAMES)
+            lines.append(f"| {name}, {i} | {cells} |")
+    return lines
+
+
+def _load(r: dict[str, Any]) -> str:
+    """The load the run shared the machine with: load averages, and other processes' CPU."""
+    runs = [f for found in r["by_trigger"].values() for f in found.values()]
+    runs += [f for f in r["crash_runs"].values() if "error" not in f]
+    others = [f["others_cpu_s"] for f in runs if f.get("others_cpu_s") is not None]
+    wall = [f["wall_s"] for f in runs if f.get("others_cpu_s") is not None]
+    text = (
+        f"Load average (1, 5, 15 min) {r['machine'].get('load_average_at_start')} at the "
+        f"start and {r.get('load_average_after')} at the end (the benchmark's own Spark "
+        "driver keeps it near 2)."
+    )
+    if others:
+        text += (
+            f" Other processes (the benchmark's parent and the kernel included) used "
+            f"{sum(others):,.1f} CPU-s over the {sum(wall):,.0f} s of the runs "
+            f"({sum(others) / sum(wall):.2f} cores on average; {max(others):,.1f} CPU-s in "
+            "the busiest run)."
+        )
+    return text
 
 
 def _calibration_only(r: dict[str, Any]) -> dict[str, str]:

@@ -2,7 +2,7 @@
 
 A throwaway MariaDB server (Debian's ``mariadbd``), durable as in production
 (``innodb_flush_log_at_trx_commit = 1``, doublewrite on); the table
-``bench_rows (k varchar(32) COLLATE utf8mb4_bin PRIMARY KEY, v bigint,
+``bench_rows (k varchar(32) COLLATE utf8mb4_nopad_bin PRIMARY KEY, v bigint,
 _epoch bigint)`` written by ``SqlSink``. Its verify pulls keyset pages through
 SQLAlchemy. The figures: ``benchmarks/sink_harness.py``.
 """
@@ -34,8 +34,8 @@ def run(small_epochs: int, big_rows: int) -> dict[str, Any]:
     with MariadbServer(**durable) as server, tempfile.TemporaryDirectory() as tmp:
         db = server.create_database("bench")
         with server.connect(db) as conn, conn.cursor() as cur:
-            cur.execute(f"CREATE TABLE {TABLE} (k VARCHAR(32) COLLATE utf8mb4_bin PRIMARY KEY, "
-                        "v BIGINT, _epoch BIGINT)")  # fmt: skip
+            cur.execute(f"CREATE TABLE {TABLE} (k VARCHAR(32) COLLATE utf8mb4_nopad_bin "
+                        "PRIMARY KEY, v BIGINT, _epoch BIGINT)")  # fmt: skip
             cur.execute("SELECT version()")
             version = str(cur.fetchone()[0])  # type: ignore[index]
         url = server.url(db)

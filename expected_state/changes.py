@@ -13,7 +13,7 @@ import pyarrow.compute as pc  # type: ignore[import-untyped, unused-ignore]
 from expected_state.column_types import infer_user_schema, sql_type, type_names
 from expected_state.forms import check_refused, formed, formed_values
 from expected_state.merge import last_per_key
-from reconcile.core.contract import Change, InvalidInputError
+from reconcile.core.contract import Change, InvalidInputError, RowsRejectedError
 from reconcile.core.decimals import DecimalFitError, check_decimal, check_decimal_array
 from reconcile.core.hashing import row_hash_arrow
 from reconcile.core.value_forms import forms_of
@@ -82,7 +82,7 @@ def _conform(
     columns = []
     for field in schema:
         if field.name not in data.column_names:
-            raise InvalidInputError(
+            raise RowsRejectedError(
                 f"table {table!r}: {what} lack column {field.name!r} ({field.type}); "
                 "nothing was written",
                 table=table,
@@ -96,7 +96,7 @@ def _conform(
             try:
                 column = check_decimal_array(column, field.type.precision, field.type.scale)
             except DecimalFitError as exc:
-                raise InvalidInputError(
+                raise RowsRejectedError(
                     f"table {table!r}: column {field.name!r} value {exc.value!r} "
                     f"(row {exc.index}) does not fit the expected state's "
                     f"{type_names(field.type, types, field.name)} exactly: {exc.reason}; it "
@@ -115,7 +115,7 @@ def _conform(
             except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
                 misfit = _first_misfit(column, field.type)
                 shown = "" if misfit is None else f" value {misfit[1]!r:.200} (row {misfit[0]})"
-                raise InvalidInputError(
+                raise RowsRejectedError(
                     f"table {table!r}: column {field.name!r}{shown} of the {what}: type "
                     f"{column.type} does not convert to the expected state's "
                     f"{type_names(field.type, types, field.name)} ({exc}); nothing was written",
@@ -129,7 +129,7 @@ def _conform(
         columns.append(column)
     extra = [c for c in data.column_names if c not in schema.names and c not in (OP_COLUMN, "_seq")]
     if extra:
-        raise InvalidInputError(
+        raise RowsRejectedError(
             f"table {table!r}: {what} have column {extra[0]!r}, which the table does not have "
             f"(columns: {schema.names}); nothing was written",
             table=table,
@@ -196,7 +196,7 @@ def _column(name: str, values: list[Any], known: pa.Schema | None, table: str) -
         bad = next((v for v in values if not _converts(v, target)), None)
     shown = "" if bad is None else f" value {bad!r:.200}"
     into = "" if target is None else f" (the table has {target})"
-    raise InvalidInputError(
+    raise RowsRejectedError(
         f"table {table!r}: column {name!r}{shown}: the values do not convert to one Arrow "
         f"type{into}: {error}; nothing was written",
         table=table,
@@ -332,13 +332,13 @@ def _check_keys(data: pa.Table, keys: Sequence[str], table: str, what: tuple[str
     """Refuse rows that lack a key column or hold a NULL key; ``what``: how to name them."""
     for key in keys:
         if key not in data.column_names:
-            raise InvalidInputError(
+            raise RowsRejectedError(
                 f"table {table!r}: the {what[0]} lack key column {key!r}; nothing was written",
                 table=table,
                 column=key,
             )
         if data.column(key).null_count:
-            raise InvalidInputError(
+            raise RowsRejectedError(
                 f"table {table!r}: key column {key!r} is NULL in "
                 f"{data.column(key).null_count} {what[1]}; nothing was written",
                 table=table,

@@ -23,6 +23,7 @@ from expected_state.delta_files import (
     write_data_file,
 )
 from expected_state.delta_log import transaction_version
+from expected_state.refusals import store_refusal
 from reconcile.core import hooks
 from reconcile.core.contract import (
     FencedError,
@@ -138,6 +139,8 @@ class DeltaCommit:
             the commit. Two commits carrying the same app id conflict in delta-rs, so
             the shared fence token also serialises one writer's read-modify-write commits.
         custom_metadata: extra commitInfo fields (JSON-serialisable).
+        tokens: more ``(app id, version)`` app transactions recorded in the same commit
+            (a rebase's rebuild step).
         data_change: the Delta ``dataChange`` flag of every add and remove; False for
             a commit that rearranges rows without changing what they mean.
         partition_by: partition columns, for a table created here.
@@ -154,6 +157,7 @@ class DeltaCommit:
     remove: Sequence[DataFile] = ()
     fence: tuple[str, int] | None = None
     custom_metadata: Mapping[str, Any] | None = None
+    tokens: Sequence[tuple[str, int]] = ()
     data_change: bool = True
     partition_by: Sequence[str] = ()
     check_schema: bool = True
@@ -269,7 +273,14 @@ def commit_files(commit: DeltaCommit, based_on: BasedOn | None = None) -> Commit
             partition_by=list(commit.partition_by) or None,
             commit_properties=_properties(commit),
         )
-    except (CommitFailedError, DeltaError, OSError) as exc:
+    except Exception as exc:
+        # delta-rs raises a schema it refuses as a plain Exception, checked
+        # before the log is written: nothing was, and no retry would be taken.
+        refused = store_refusal(exc, table=name, what=f"the commit of token {version}")
+        if refused is not None:
+            raise refused from None
+        if not isinstance(exc, CommitFailedError | DeltaError | OSError):
+            raise
         return _resolve_failed_commit(commit, exc, landed)
     version = _committed_version(table, commit.table_uri, base)
     make_durable(commit.table_uri, base + 1, version)
@@ -301,6 +312,7 @@ def _properties(commit: DeltaCommit) -> CommitProperties:
     tokens = [Transaction(app_id=app_id, version=version)]
     if fence is not None and fence[0] != app_id:
         tokens.append(Transaction(app_id=fence[0], version=fence[1]))
+    tokens.extend(Transaction(app_id=extra, version=v) for extra, v in commit.tokens)
     return CommitProperties(
         custom_metadata=metadata, max_commit_retries=commit.max_retries, app_transactions=tokens
     )

@@ -32,6 +32,7 @@ from expected_state.delta_files import (
 )
 from expected_state.layout import OP_COLUMN, RESERVED_COLUMNS, ROW_HASH_COLUMN
 from reconcile.core.hashing import row_hash_arrow
+from reconcile.core.schema_change import ADDED_EPOCH
 
 __all__ = [
     "ADDED_EPOCH",
@@ -40,9 +41,6 @@ __all__ = [
     "read_store_files",
     "read_store_files_where",
 ]
-
-# Field metadata of a column added by an epoch (its number): the table evolved.
-ADDED_EPOCH = b"reconcile.added_epoch"
 
 
 def has_added_columns(stored: pa.Schema) -> bool:

@@ -38,6 +38,7 @@ from expected_state.delta_commit import make_durable
 from expected_state.evolved_files import ADDED_EPOCH
 from expected_state.fencing import check_generation
 from expected_state.layout import stored_schema, user_schema_of
+from expected_state.refusals import store_refusal
 from reconcile.core import hooks
 from reconcile.core.contract import RetryableError
 from reconcile.core.schema_change import REBUILD, SchemaChange, SchemaChangeRefused
@@ -150,7 +151,12 @@ class Evolving:
                     app_transactions=[Transaction(app_id=self._fence, version=self.generation)],
                 ),
             )
-        except (CommitFailedError, DeltaError) as exc:
+        except Exception as exc:
+            refused = store_refusal(exc, table=self.uri, what=f"new columns {missing}")
+            if refused is not None:
+                raise refused from None  # a schema it cannot take: no retry takes it either
+            if not isinstance(exc, CommitFailedError | DeltaError):
+                raise
             raise RetryableError(
                 f"table {self.uri!r}: adding columns {missing} for epoch {epoch} lost to a "
                 f"concurrent commit ({exc}); nothing was written",

@@ -11,6 +11,7 @@ __all__ = [
     "check_generation",
     "check_recorded_generation",
     "fence_app_id",
+    "rebuild_app_id",
     "validate_generation",
 ]
 
@@ -34,6 +35,15 @@ __all__ = [
 def fence_app_id(pipeline: str, sink: str) -> str:
     """The app id under which a (pipeline, sink) writer records its generation."""
     return f"{pipeline}/{sink}#generation"
+
+
+def rebuild_app_id(pipeline: str, sink: str) -> str:
+    """The app id under which a rebase records its rebuild: the rebuild log's "started" step.
+
+    ``expected_state.rebuild_audit`` refuses a store table that carries it for
+    a rebuild the rebuild log does not hold (a log deleted under a rebuild).
+    """
+    return f"{pipeline}/{sink}#rebuild"
 
 
 def validate_generation(generation: object) -> int:

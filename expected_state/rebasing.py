@@ -34,7 +34,7 @@ from expected_state.changes import EpochChanges, change_rows, conform_upserts
 from expected_state.delta_commit import BasedOn, DataFile, DeltaCommit, commit_files
 from expected_state.delta_files import write_data_file
 from expected_state.evolved_files import read_store_files
-from expected_state.fencing import check_generation
+from expected_state.fencing import check_generation, rebuild_app_id
 from expected_state.layout import (
     ROW_HASH_COLUMN,
     StoreFile,
@@ -89,6 +89,8 @@ class Rebasing:
     """Mixin for :class:`~expected_state.store.ExpectedStateStore`: ``rebase()``."""
 
     uri: str
+    pipeline: str
+    sink: str
     generation: int
     key_columns: list[str]
     column_types: Any
@@ -182,8 +184,15 @@ class Rebasing:
         return Rebase(through, upserts.filter(wanted), pc.filter(hashes, wanted), deleted,
                       inserted, changed)  # fmt: skip
 
-    def rebase(self, rebase: Rebase, *, label: str, metadata: Mapping[str, Any]) -> int:
+    def rebase(
+        self, rebase: Rebase, *, label: str, metadata: Mapping[str, Any], started: int | None = None
+    ) -> int:
         """Commit ``rebase`` in ONE fenced Delta commit; its Delta version.
+
+        ``started``: the number of its rebuild's "started" step in the rebuild
+        log, recorded in the commit (app transaction ``rebuild_app_id``), so
+        that a store rebased by a rebuild the log no longer holds is refused
+        (``expected_state.rebuild_audit``).
 
         The difference goes into the file that holds epoch ``through``: that
         epoch's change file (or the merged file that ends with it) is replaced
@@ -237,6 +246,11 @@ class Rebasing:
                         REBUILD_LABEL: label,
                         "reconcile.generation": self.generation,
                     },
+                    tokens=(
+                        [(rebuild_app_id(self.pipeline, self.sink), started)]
+                        if started is not None
+                        else []
+                    ),
                     check_schema=False,  # written from the stored schema here
                 )
                 done = commit_files(commit, BasedOn(table, landed=self._landed(label)))

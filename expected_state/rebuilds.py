@@ -21,15 +21,15 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
-from deltalake import DeltaTable
-from deltalake.exceptions import TableNotFoundError
 
 from expected_state.delta_commit import DeltaCommit, commit_files
 from expected_state.delta_files import write_data_file
+from expected_state.rebuild_audit import audited_rows, check_rebases, steps_app_id
 from reconcile.core.contract import RetryableError, validate_name
 
 __all__ = ["FINISHED", "REBUILDS_TABLE", "STEPS", "RebuildEntry", "RebuildLog"]
@@ -111,15 +111,18 @@ class RebuildLog:
         self.root = str(root).rstrip("/")
         self.pipeline = validate_name("pipeline", pipeline)
         self.uri = f"{self.root}/{REBUILDS_TABLE}"
-        self._app_id = f"{pipeline}#rebuilds"
+        self._app_id = steps_app_id(pipeline)
 
     def entries(self) -> list[RebuildEntry]:
-        """Every step of this pipeline's rebuilds, in the order that decides the state."""
-        try:
-            table = DeltaTable(self.uri)
-        except TableNotFoundError:
-            return []
-        rows = table.to_pyarrow_table().to_pylist()
+        """Every step of this pipeline's rebuilds, in the order that decides the state.
+
+        Each is checked first (``expected_state.rebuild_audit``): a step the
+        engine did not write, a step removed, a file rewritten is refused.
+
+        Raises:
+            StoreIntegrityError: naming the step or file.
+        """
+        rows = audited_rows(self.root, self.uri, self.pipeline)
         found = [
             RebuildEntry(
                 pipeline=r["pipeline"],
@@ -134,9 +137,17 @@ class RebuildLog:
                 at_ms=int(r["at_ms"]),
             )
             for r in rows
-            if r["pipeline"] == self.pipeline
         ]
         return sorted(found, key=lambda e: (e.generation, e.seq))
+
+    def check_store(self, sinks: Iterable[str]) -> None:
+        """Refuse store tables rebased by a rebuild this log does not hold (``rebuild_audit``).
+
+        Raises:
+            StoreIntegrityError: naming the table, its rebase and the step it began at.
+        """
+        check_rebases(self.root, self.uri, self.pipeline, sinks,
+                      audited_rows(self.root, self.uri, self.pipeline))  # fmt: skip
 
     def newest(self) -> RebuildEntry | None:
         """The step that is the state: the highest (generation, seq); None: never rebuilt."""

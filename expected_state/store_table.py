@@ -22,7 +22,13 @@ from expected_state.delta_log import transaction_version
 from expected_state.epochs import EpochLog
 from expected_state.fencing import check_generation, fence_app_id, validate_generation
 from expected_state.integrity import LogAudit
-from expected_state.layout import TABLE_CONFIG, check_stored_schema, stored_schema, user_schema_of
+from expected_state.layout import (
+    TABLE_CONFIG,
+    check_stored_schema,
+    stored_schema,
+    user_schema_of,
+)
+from expected_state.refusals import store_refusal
 from reconcile.core.contract import InvalidInputError, validate_name
 from reconcile.core.keys import check_arrow_keys
 
@@ -129,9 +135,15 @@ class StoreTable:
         # The first epoch may be what gives the schema: its key types are
         # checked here, before anything is written.
         check_arrow_keys(f"table {self.uri!r}", user, self.key_columns)
-        DeltaTable.create(
-            self.uri, self._stored_schema(user), mode="ignore", configuration=TABLE_CONFIG
-        )
+        try:
+            DeltaTable.create(
+                self.uri, self._stored_schema(user), mode="ignore", configuration=TABLE_CONFIG
+            )
+        except Exception as exc:
+            refused = store_refusal(exc, table=self.uri, what="a table of these columns")
+            if refused is None:
+                raise
+            raise refused from None
         make_durable(self.uri, 0, 0)
         table = self._delta()
         assert table is not None

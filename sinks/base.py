@@ -11,10 +11,11 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit
 
 from reconcile.core.contract import ConfigurationError
 from reconcile.core.extras import install_hint
+from reconcile.core.redaction import redact_uri
 from reconcile.core.sink import (
     SinkCapabilities,
     TwoPhaseSink,
@@ -62,31 +63,6 @@ LEASE = "lease"
 # (a sink offers it through ``stage_target()`` when its capabilities say
 # ``shared_stage``; a warmed executor imports it beforehand).
 SHARED_STAGE = "shared_stage"
-
-
-# Query parameters whose values are secrets (libpq's password and sslpassword,
-# and the usual names of tokens): never shown in an error.
-_SECRET_QUERY_KEYS = frozenset(
-    {"password", "sslpassword", "passwd", "pwd", "secret", "token", "access_token", "api_key"}
-)
-
-
-def redact_uri(uri: str) -> str:
-    """``uri`` with the password of its user info and secret query values replaced by ***."""
-    try:
-        parts = urlsplit(uri)
-        netloc = parts.netloc
-        userinfo, at, host = netloc.rpartition("@")
-        if at and ":" in userinfo:
-            netloc = f"{userinfo.split(':', 1)[0]}:***@{host}"
-        query = "&".join(
-            f"{key}=***" if key.lower() in _SECRET_QUERY_KEYS else f"{key}={value}"
-            for key, value in parse_qsl(parts.query, keep_blank_values=True)
-        )
-        return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
-    except ValueError:
-        # urlsplit refuses some strings (a bad IPv6 host): show nothing of them.
-        return "<a URI that cannot be parsed>"
 
 
 @dataclass(frozen=True)

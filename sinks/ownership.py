@@ -12,10 +12,15 @@ into ``Fatal.of(MarkerMismatchError(...))`` built here.
 An unbound sink (used directly, without a commit cycle) is its own writer
 with no log id: it records none, so its commits never pass for a bound
 pipeline's, nor a bound pipeline's for its own.
+
+A commit of this log's is trusted only as far as the store decided
+(``reconcile.core.claims``): :meth:`WriterBinding.untrusted` asks the bound
+writer's decisions about it before a sink answers OK.
 """
 
 from __future__ import annotations
 
+from reconcile.core.claims import Claim, check_claim
 from reconcile.core.contract import (
     ConfigurationError,
     Fatal,
@@ -38,6 +43,16 @@ class WriterBinding:
     def log_id(self) -> str | None:
         """The bound writer's log id; None for an unbound client (its own writer)."""
         return None if self.writer is None else self.writer.log_id
+
+    def untrusted(self, claim: Claim) -> Fatal | None:
+        """None if the store's decisions back ``claim`` (or none are bound); else the refusal.
+
+        Ask it about a record of this writer's log that would make the sink
+        answer OK (``reconcile.core.claims``): a Fatal carrying an
+        UntrustedRecordError, counted and logged, never OK.
+        """
+        refused = check_claim(claim, None if self.writer is None else self.writer.decisions)
+        return None if refused is None else Fatal.of(refused)
 
     def bind(self, writer: WriterIdentity) -> None:
         """Record ``writer``; binding the same writer again changes nothing.

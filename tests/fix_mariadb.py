@@ -8,7 +8,9 @@ skipped.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
@@ -19,7 +21,17 @@ from reconcile.core.contract import SinkTxnId
 from sinks.sql.sink import SqlSink
 from tests.mariadb_server import MariadbServer
 
-__all__ = ["MariadbHarness", "MariadbServer"]
+__all__ = ["MariadbHarness", "MariadbServer", "MariadbTenants"]
+
+# What the sink's own user needs (docs/mariadb.md): its database, and reading
+# the grant tables that tell it who else may reach its tables.
+SINK_USER_GRANTS = (
+    "GRANT ALL ON `{db}`.* TO {app}",
+    "GRANT SELECT ON mysql.db TO {app}",
+    "GRANT SELECT ON mysql.tables_priv TO {app}",
+    "GRANT SELECT ON mysql.columns_priv TO {app}",
+)
+_tenant_ids = itertools.count()
 
 # Every row write of a sink's table is appended here by a trigger, in the writing
 # transaction: a committed write is there once, a rolled-back one not at all.
@@ -32,8 +44,9 @@ _AUDIT = (
 class MariadbHarness:
     """SqlSink over one MariaDB database, a table per sink; every row write audited by a trigger.
 
-    The key column has a binary collation: MariaDB's default (utf8mb4_general_ci)
-    compares 'A' and 'a' as one key, the engine's keys never do.
+    The key column has an exact collation (binary, NO PAD): the sink refuses
+    one that takes two of the engine's keys for one (MariaDB's default
+    utf8mb4_general_ci takes 'A' and 'a', utf8mb4_bin 'x' and 'x ').
     """
 
     kind = "mariadb"
@@ -66,7 +79,7 @@ class MariadbHarness:
                 return SqlSink(self.url, name, name=name)
             cur.execute(_AUDIT)
             cur.execute(
-                f"CREATE TABLE `{name}` (k VARCHAR(64) COLLATE utf8mb4_bin "
+                f"CREATE TABLE `{name}` (k VARCHAR(64) COLLATE utf8mb4_nopad_bin "
                 "PRIMARY KEY, v BIGINT NOT NULL, _epoch BIGINT NOT NULL)"
             )
             cur.execute(
@@ -91,6 +104,58 @@ class MariadbHarness:
 
     def prepared(self, name: str) -> list[SinkTxnId]:
         return []  # an epoch's transaction never outlives its connection
+
+
+@dataclass
+class MariadbTenants:
+    """One database on the shared server, the sink's user in it, and a real co-tenant user.
+
+    The sink's user (``app``) holds what docs/mariadb.md asks for and nothing
+    global; the co-tenant starts with no privilege at all, and a test grants
+    it what the case needs. Both log in from 127.0.0.1 without a password.
+    """
+
+    server: MariadbServer
+    db: str
+    app: str
+    cotenant: str
+
+    @staticmethod
+    def account(user: str) -> str:
+        return f"'{user}'@'127.0.0.1'"
+
+    def url(self, user: str | None = None, query: str = "") -> str:
+        """The SQLAlchemy URL of the database as ``user`` (default: the sink's)."""
+        return self.server.url(self.db).replace("//root@", f"//{user or self.app}@") + query
+
+    def connect(
+        self, user: str | None = None, *, in_db: bool = True
+    ) -> pymysql.connections.Connection[Any]:
+        """An autocommit connection as ``user`` (None: root); in the database if ``in_db``."""
+        return pymysql.connect(host="127.0.0.1", port=self.server.port, user=user or "root",
+                               database=self.db if in_db else None, autocommit=True,
+                               connect_timeout=5)  # fmt: skip
+
+    def run(self, user: str | None, *statements: str) -> None:
+        """Run statements as ``user`` (None: root); {db}, {app} and {cotenant} filled in."""
+        with self.connect(user) as conn, conn.cursor() as cur:
+            for statement in statements:
+                cur.execute(statement.format(db=self.db, app=self.account(self.app),
+                                             cotenant=self.account(self.cotenant)))  # fmt: skip
+
+
+@pytest.fixture
+def mariadb_tenants(mariadb_server: MariadbServer) -> Iterator[MariadbTenants]:
+    """A fresh database, its sink user and a co-tenant user (both dropped after)."""
+    db = mariadb_server.create_database("ten")
+    n = next(_tenant_ids)
+    tenants = MariadbTenants(mariadb_server, db, f"app{n}_{db[-6:]}", f"co{n}_{db[-6:]}")
+    tenants.run(None, "CREATE USER {app}", "CREATE USER {cotenant}", *SINK_USER_GRANTS)
+    yield tenants
+    mariadb_server.drop_database(db)
+    with mariadb_server.connect() as conn, conn.cursor() as cur:
+        for user in (tenants.app, tenants.cotenant):
+            cur.execute(f"DROP USER IF EXISTS {tenants.account(user)}")
 
 
 def _parse(url: str) -> dict[str, Any]:

@@ -20,10 +20,11 @@ from tests.http_receiver import ReceiverServer
 # Every sink kind with a ``<kind>_harness`` fixture somewhere in the plugins.
 # The contract and chaos suites run once per kind listed here.
 SINK_KINDS = [
-    "memory", "file", "s3", "http", "delta", "iceberg", "postgres", "postgres_prepared", "mariadb"
+    "memory", "file", "s3", "http", "delta", "iceberg", "postgres", "postgres_prepared", "mariadb",
+    "kafka",
 ]  # fmt: skip
 # The kinds whose prepared txns outlive the process that prepared them.
-DURABLE_SINK_KINDS = [k for k in SINK_KINDS if k not in ("postgres", "mariadb")]
+DURABLE_SINK_KINDS = [k for k in SINK_KINDS if k not in ("postgres", "mariadb", "kafka")]
 
 
 @pytest.fixture(params=SINK_KINDS)

@@ -12,12 +12,21 @@ the test files keep their plain parametrization.
 A pattern that no longer matches any collected test fails the run, so a
 renamed test cannot drop out of the slow tier unnoticed.
 
+The ``spark`` marker is per test, so that a module's tests that need no JVM
+stay in the non-Spark tier (``scripts/test --no-spark``): every test that uses
+the shared Spark session (the ``spark`` fixture) is marked here, a test that
+starts Spark in a subprocess says so with ``@pytest.mark.spark``, and a
+``spark`` marker on a whole module (``pytestmark``) fails the run, naming the
+module: it would take the module's other tests out of that tier.
+
 With ``RECONCILE_SLOW_SAMPLE=SEED[:SHARE]`` (CI sets it, the seed from the
 commit) a run takes a seeded sample of the slow tier's parametrized families:
 of a test function with three or more slow parameter sets, a share (a third
 by default) of them, at least one, plus every one a mutant's kill set selects
-(``tests/mutants``: the mutation check takes its baseline from this run, and
-would otherwise run those tests again after it). The other slow tests run
+of the mutants this run's mutation check draws (``tests/mutants``,
+``RECONCILE_MUTATION_SAMPLE``: the mutation check takes its baseline from this
+run, and would otherwise run those tests again after it). The benchmarks'
+smoke runs count as one family of which one is drawn. The other slow tests run
 whole. The run's summary names the seed, so a failure is repeated with the
 same value; over successive commits every parameter set is drawn.
 """
@@ -66,6 +75,20 @@ SLOW: dict[str, str] = {
     # taken on every default backend.
     r"tests/chaos/test_failure_matrix\.py::test_failure_matrix\[mariadb-(?!commit-|after_commit)":
         "MariaDB at the fault points before the commit",
+    # Kafka: as MariaDB, the commit rows (the marker topic decides, after a new
+    # producer made the broker finish the old transaction) and the zombie stay in
+    # the default tier; the rows before the commit point are the cycle's own.
+    r"tests/chaos/test_failure_matrix\.py::test_failure_matrix\[kafka-(?!commit-|after_commit)":
+        "Kafka at the fault points before the commit",
+    r"tests/chaos/test_kill9\.py::test_kill9_then_restart_converges\[(?!prepare-midway|"
+    r"commit-first-sink).*-kafka\]": "kill -9 into Kafka between the sinks' own steps",
+    # Kafka into Spark into PostgreSQL and Kafka: the kill after the decision stays in
+    # the default tier; the others take a Spark pipeline twice each.
+    r"tests/integration/test_kafka_stream\.py::test_kafka_to_postgres_and_kafka_exactly_once"
+    r"_with_the_driver_killed\[(?!cycle\.decided)":
+        "the Kafka-fed stream killed at the other points",
+    r"tests/integration/test_replay_kafka\.py::test_a_topic_whose_retention":
+        "a replay refused for retention, after a stream of its own",
     # kill -9 into MariaDB: the kills inside its prepare and commit stay in the default
     # tier; those between the sinks' own steps are the cycle's, taken on Postgres.
     r"tests/chaos/test_kill9\.py::test_kill9_then_restart_converges\[(stage|record_expected_state|"
@@ -168,6 +191,29 @@ def unmatched(nodeids: list[str], args: list[str]) -> list[str]:
     return stale
 
 
+def marks_module_spark(module: object) -> bool:
+    """Whether a test module marks all its tests ``spark`` (its ``pytestmark``)."""
+    marks = getattr(module, "pytestmark", [])
+    marks = marks if isinstance(marks, list) else [marks]
+    return any(getattr(mark, "name", None) == "spark" for mark in marks)
+
+
+def mark_spark_tests(items: list[pytest.Item]) -> None:
+    """Mark ``spark`` every test that uses the Spark session; refuse a module-wide marker."""
+    whole = sorted({item.nodeid.split("::", 1)[0] for item in items
+                    if marks_module_spark(getattr(item, "module", None))})  # fmt: skip
+    if whole:
+        raise pytest.UsageError(
+            f"tests/fix_tiers.py: {whole} mark `spark` on the whole module, which takes its "
+            "tests that need no Spark out of the non-Spark tier: mark each test that starts "
+            "Spark in a subprocess with @pytest.mark.spark (those using the `spark` fixture "
+            "are marked by tests/fix_tiers.py)"
+        )
+    for item in items:
+        if "spark" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.spark)
+
+
 SAMPLE_ENV = "RECONCILE_SLOW_SAMPLE"  # SEED[:SHARE]: run a seeded sample of the slow families
 SHARE = 1 / 3  # of each family, when the variable names no share
 FAMILY = 3  # a test function with fewer slow parameter sets runs whole
@@ -191,37 +237,57 @@ def parse_sample(value: str) -> tuple[str, float]:
     return seed, share
 
 
+# The benchmarks' smoke runs take minutes each (several Spark drivers, kill
+# loops, a process per mode): a sample runs one of them, drawn like a family's
+# member, besides those a drawn mutant claims.
+HEAVY_FAMILY = "the benchmarks' smoke runs"
+HEAVY = frozenset(
+    {
+        "tests/integration/test_benchmark_scale.py::test_scale_benchmark_quick",
+        "tests/integration/test_benchmark_latency.py::test_latency_benchmark_tiny",
+        "tests/integration/test_benchmark_sinks.py::test_one_command_measures_every_sink_beside_postgres",
+        "tests/integration/test_benchmark_rebuild.py::test_quick_run_reports_both_ratios_and_the_rebuild_writes_only_the_changed_rows",
+    }
+)
+
+
 def sample(slow: list[str], seed: str, share: float, claimed: set[str]) -> list[str]:
     """The node ids of ``slow`` that a sample leaves out.
 
     A family (the node ids of one test function, parameters aside) of at least
     ``FAMILY`` members keeps ``ceil(share * size)`` of them drawn by ``seed`` (a
     draw per family, so a family's sample does not change when another grows),
-    and every member in ``claimed``. Smaller families and lone tests stay whole.
+    and every member in ``claimed``. Smaller families and lone tests stay whole,
+    but for the benchmarks' smoke runs (``HEAVY``), of which one is drawn.
     """
     families: dict[str, list[str]] = {}
     for nodeid in slow:
-        families.setdefault(nodeid.split("[", 1)[0], []).append(nodeid)
+        name = nodeid.split("[", 1)[0]
+        families.setdefault(HEAVY_FAMILY if name in HEAVY else name, []).append(nodeid)
     left_out = []
     for name, members in families.items():
-        if len(members) < FAMILY:
+        if len(members) < FAMILY and name != HEAVY_FAMILY:
             continue
+        keep = 1 if name == HEAVY_FAMILY else math.ceil(share * len(members))
         # Sorted: the draw is the same whatever order the tests were collected in.
         draw = random.Random(f"{seed}:{name}")
-        drawn = set(draw.sample(sorted(members), math.ceil(share * len(members))))
+        drawn = set(draw.sample(sorted(members), keep))
         left_out += [m for m in members if m not in drawn and m not in claimed]
     return left_out
 
 
 def claimed_by_mutants(items: list[pytest.Item]) -> set[str]:
     """The node ids of ``items`` that some mutant's kill set selects (pytest's own selection)."""
-    from tests.mutation import load_mutants
+    from tests.mutation import SAMPLE_ENV as MUTANTS_DRAWN
+    from tests.mutation import drawn, load_mutants
     from tests.mutation_runs import plain_groups
 
     if not mutation_baseline.available():
         return {item.nodeid for item in items}  # cannot tell: leave none of them out
     # The kill sets the joint baseline can take from a run: the others run their own.
-    kill_sets = plain_groups({(m.kill, m.marker): m for m in load_mutants()})
+    # Only the mutants this run's mutation check draws claim a test.
+    mutants = drawn(load_mutants(), os.environ.get(MUTANTS_DRAWN, ""))
+    kill_sets = plain_groups({(m.kill, m.marker): m for m in mutants})
     return {n for s in kill_sets.values() for n in mutation_baseline.selection_of(items, s)}
 
 
@@ -232,9 +298,11 @@ _SAMPLED: list[str] = []  # the summary line of a sampled run
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark the listed tests ``slow`` before ``-m`` selects (so ``-m "not slow"`` drops them).
 
-    With ``RECONCILE_SLOW_SAMPLE`` set, the slow tests a sample leaves out are
-    deselected here too.
+    And ``spark`` every test that uses the Spark session (``-m "not spark"``
+    drops them). With ``RECONCILE_SLOW_SAMPLE`` set, the slow tests a sample
+    leaves out are deselected here too.
     """
+    mark_spark_tests(items)
     for item in items:
         if slow_tier(item.nodeid):
             item.add_marker(pytest.mark.slow)

@@ -24,6 +24,13 @@ operator mutants over whole modules, which on this suite (real Postgres,
 Spark) would take hours; the check here is a fixed list of mutants that each
 break one named invariant, with the tests that claim to guard it.
 
+With ``RECONCILE_MUTATION_SAMPLE=SEED[:SHARE]`` (CI sets it, the seed from
+the commit) a share of the mutants runs (a third when none is given), each
+drawn on its own by the seed and its name, so successive commits run them all
+and one mutant's draw does not change when others are added; the same value
+repeats the draw. Every mutant, drawn or not, is still checked for staleness.
+The slow tier (``tests/fix_tiers.py``) keeps the tests the drawn mutants claim.
+
 Usage::
 
     python -m tests.mutation [--only NAME ...] [--sample N --seed S] [--jobs N] [--json OUT]
@@ -36,6 +43,7 @@ import argparse
 import collections
 import concurrent.futures
 import json
+import math
 import os
 import queue
 import random
@@ -123,6 +131,28 @@ def load_mutants(directory: Path = MUTANTS_DIR) -> list[Mutant]:
                 )
             )
     return mutants
+
+
+SAMPLE_ENV = "RECONCILE_MUTATION_SAMPLE"  # SEED[:SHARE]: run a seeded share of the mutants
+SHARE = 1 / 3
+
+
+def drawn(mutants: list[Mutant], value: str) -> list[Mutant]:
+    """The mutants a ``SEED[:SHARE]`` draw runs (all of them for an empty value).
+
+    Raises:
+        ValueError: an empty seed, or a share that is not a number in (0, 1].
+    """
+    if not value:
+        return mutants
+    seed, _, share_text = value.partition(":")
+    try:
+        share = float(share_text) if share_text else SHARE
+    except ValueError:
+        share = math.nan
+    if not seed or not 0 < share <= 1:
+        raise ValueError(f"{SAMPLE_ENV}={value!r}: expected SEED or SEED:SHARE, 0 < SHARE <= 1")
+    return [m for m in mutants if random.Random(f"{seed}:{m.name}").random() < share]
 
 
 def _stale(m: Mutant) -> str:
@@ -340,7 +370,19 @@ def main(argv: list[str] | None = None) -> int:
     if args.sample and args.sample < len(mutants):
         chosen = random.Random(args.seed).sample(mutants, args.sample)
         mutants = sorted(chosen, key=lambda m: m.name)
+    left_out: list[Mutant] = []
+    draw = os.environ.get(SAMPLE_ENV, "") if args.only is None else ""
+    if draw:
+        chosen = drawn(mutants, draw)
+        left_out = [m for m in mutants if m not in chosen]
+        mutants = chosen
+        print(
+            f"mutation check sampled ({SAMPLE_ENV}={draw}): {len(mutants)} of "
+            f"{len(mutants) + len(left_out)} mutants run; the same value repeats the draw"
+        )
     outcomes = run(mutants, timeout=args.timeout, jobs=args.jobs, outcome_folders=args.outcomes)
+    # A mutant the draw left out must still apply: a stale one fails every run.
+    outcomes += [Outcome(m, "stale", 0.0, why) for m in left_out if (why := _stale(m))]
     bad = [o for o in outcomes if o.status in ("survived", "stale")]
     print(
         f"mutation check: {len(outcomes)} mutants, "

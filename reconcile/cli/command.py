@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -19,7 +21,7 @@ from reconcile.core.contract import ConfigurationError, ReconcileError
 from reconcile.recovery.options import DEFAULT_CHUNK_ROWS
 from reconcile.recovery.provenance import DEFAULT_PROVENANCE_ROWS
 
-__all__ = ["main"]
+__all__ = ["READER_GONE", "main", "reader_gone"]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -158,25 +160,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     # SIGINT and SIGTERM stop every command at once: one line, exit 130 or 143.
     guard = interrupts.Guard().install()
     try:
-        if args.command == "demo":
-            return run_demo_command(args)
-        if args.command == "pg":
-            return _pg(args)
-        if args.command in ("verify", "repair"):
-            return run_verify_repair(args)
-        if args.command == "watch":
-            from reconcile.cli.watch import run_watch
-
-            return run_watch(args)
-        if args.command == "run":
-            from reconcile.cli.run import run_command
-
-            return run_command(args)
-        if args.command == "rebuild":
-            from reconcile.cli.rebuild import run_rebuild
-
-            return run_rebuild(args)
-        return run_status(args)
+        code = _dispatch(args)
+        # Stdout to a pipe is written at exit otherwise: a reader gone (`| head`)
+        # shows here, where it is handled, not in the interpreter's last flush.
+        sys.stdout.flush()
+        return code
+    except BrokenPipeError:
+        return reader_gone()
     except KeyboardInterrupt as exc:
         stopped = interrupts.interrupted(exc)
         print(_one_line(stopped.line(f"reconcile {args.command}")), file=sys.stderr)
@@ -191,6 +181,46 @@ def main(argv: Sequence[str] | None = None) -> int:
         return report_failure(args, exc)
     finally:
         guard.restore()
+
+
+def _dispatch(args: argparse.Namespace) -> int:
+    """Run the chosen command; its exit code."""
+    if args.command == "demo":
+        return run_demo_command(args)
+    if args.command == "pg":
+        return _pg(args)
+    if args.command in ("verify", "repair"):
+        return run_verify_repair(args)
+    if args.command == "watch":
+        from reconcile.cli.watch import run_watch
+
+        return run_watch(args)
+    if args.command == "run":
+        from reconcile.cli.run import run_command
+
+        return run_command(args)
+    if args.command == "rebuild":
+        from reconcile.cli.rebuild import run_rebuild
+
+        return run_rebuild(args)
+    return run_status(args)
+
+
+# What a shell reports for a process SIGPIPE ended (128 + 13), as ``seq 9 | head -1`` ends.
+READER_GONE = 141
+
+
+def reader_gone() -> int:
+    """Stdout's reader went away (``reconcile verify ... | head``): stop quietly, as CLI tools do.
+
+    Python ignores SIGPIPE, so the write raised BrokenPipeError instead of ending the
+    process: no error line, no traceback. Stdout is pointed at /dev/null first, so that
+    the interpreter's last flush at exit does not raise it again.
+    """
+    with contextlib.suppress(OSError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    return READER_GONE
 
 
 def run_verify_repair(args: argparse.Namespace) -> int:
@@ -267,10 +297,10 @@ def report_failure(args: argparse.Namespace, exc: Exception) -> int:
 
 
 def _one_line(text: str) -> str:
-    """An error message on one line, passwords redacted (cron mails and alerts show one line)."""
-    from sinks.postgres.connection import redact_text
+    """An error message on one line, secrets redacted (cron mails and alerts show one line)."""
+    from reconcile.core.redaction import scrub
 
-    return " ".join(redact_text(text).split())
+    return scrub(" ".join(text.split()))
 
 
 def _pg(args: argparse.Namespace) -> int:

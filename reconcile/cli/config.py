@@ -152,6 +152,15 @@ class Config:
             f"{self.path}: no pipeline {name!r}; it has {[p.name for p in self.pipelines]}"
         )
 
+    def secrets(self) -> Iterator[str]:
+        """Every secret value of the file's connections (sinks and leases): to redact with."""
+        for p in self.pipelines:
+            for connection in (
+                *(s.connection for s in p.sinks),
+                *((p.run.lease,) if p.run else ()),
+            ):
+                yield from connection.secrets()
+
     def tables(self, pipeline: str | None = None) -> Iterator[SinkTableConfig]:
         """Every sink table of every pipeline (or of ``pipeline``), in file order."""
         for p in self.pipelines if pipeline is None else (self.pipeline(pipeline),):

@@ -19,7 +19,7 @@ from typing import Any, Literal
 from urllib.parse import quote
 
 from reconcile.core.contract import ConfigurationError, validate_name
-from reconcile.core.logs import scrub
+from reconcile.core.redaction import is_secret_name, redact, scrub
 
 __all__ = [
     "ConfigFileError",
@@ -61,13 +61,14 @@ class Connection:
         """The DSN or URL with every variable and the password filled in."""
         return self._value
 
+    def secrets(self) -> tuple[str, ...]:
+        """The secret values in it (a password, every variable's value): to redact with."""
+        return self._secrets
+
     def redact(self, text: str) -> str:
-        """``text`` without this connection's secrets (and anything password-shaped)."""
-        # Each secret as written and as it stands percent-encoded in a URI.
-        variants = {v for s in self._secrets for v in (s, quote(s, safe=""), quote(s))}
-        for secret in sorted(variants, key=len, reverse=True):
-            text = text.replace(secret, "***")
-        return scrub(text)
+        """``text`` without this connection's secrets, in every form text gives them
+        (percent-encoded, escaped as repr or JSON, base64), nor any secret shape."""
+        return redact(text, *self._secrets)
 
     def __str__(self) -> str:
         suffix = f" (password from ${self.password_env})" if self.password_env else ""
@@ -274,8 +275,7 @@ def _with_password(
                 "not a valid libpq connection string (key=value pairs, or a postgresql:// URI)",
                 key,
             ) from None
-        if parsed.get("password"):
-            secrets.append(str(parsed["password"]))
+        secrets.extend(str(v) for k, v in parsed.items() if v and is_secret_name(k))
         return value
     from sqlalchemy.engine import make_url
     from sqlalchemy.exc import ArgumentError
@@ -290,6 +290,11 @@ def _with_password(
         ) from None
     if url.password:
         secrets.append(str(url.password))
+    # A secret-named parameter's value (an Iceberg credential=, a
+    # secret-access-key=) is a secret too, wherever a message shows it.
+    for name, values in url.query.items():
+        if is_secret_name(name):
+            secrets.extend([values] if isinstance(values, str) else values)
     if password is None:
         return value
     return url.set(password=password).render_as_string(hide_password=False)

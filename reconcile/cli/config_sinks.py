@@ -10,8 +10,10 @@ expected state keyed as the file says.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 
+from expected_state.rebuilds import RebuildLog
 from reconcile.cli.config import PipelineConfig, SinkTableConfig
 from reconcile.cli.config_run import provides
 from reconcile.core.contract import ConfigurationError
@@ -22,7 +24,9 @@ from reconcile.engine.expected import ExpectedState
 from sinks import registry
 from sinks.base import TABLE_SINK
 
-__all__ = ["check_writable", "cycle_builder", "split_table", "table_sink_of"]
+__all__ = ["check_writable", "cycle_builder", "run_logic", "split_table", "table_sink_of"]
+
+log = logging.getLogger("reconcile.run")
 
 
 def split_table(table: str) -> tuple[str | None, str]:
@@ -74,13 +78,14 @@ def cycle_builder(
     The cycle's expected state is the pipeline's store, every sink keyed by
     its ``keys``; its epochs table is the progress log (shared by every
     instance that runs the pipeline). Its logic version is the run table's
-    (``RunSettings.logic``): a pipeline rebuilt to another logic refuses it.
+    (``RunSettings.logic``), or the one a rebuild carried to it
+    (:func:`run_logic`): a pipeline rebuilt to another logic refuses it.
     """
     check_writable(pipeline, file)
 
-    logic = pipeline.run.logic if pipeline.run is not None else None
-
     def build() -> CommitCycle:
+        # Read at each build: a rebuild may switch the logic while a standby waits.
+        logic = run_logic(pipeline)
         keys = {sink.name: list(sink.keys) for sink in pipeline.sinks}
         expected = ExpectedState(pipeline.store, pipeline.name, keys)
         sinks = [table_sink_of(sink) for sink in pipeline.sinks]
@@ -88,3 +93,28 @@ def cycle_builder(
                            logic_version=logic)  # fmt: skip
 
     return build
+
+
+def run_logic(pipeline: PipelineConfig) -> str | None:
+    """The logic version a run of ``pipeline``'s run table writes as.
+
+    The run table's (``logic_version``, else ``app``), except after a rebuild
+    that switched the pipeline to the run table's very app: the run then
+    carries the rebuild's logic version, whatever ``--logic-version`` named
+    it, so that pointing ``app`` at the rebuilt app is all a user changes.
+    Not when the run table names a logic version of its own other than the
+    one the rebuild replaced (a third logic: refused at start, as any other).
+    """
+    run = pipeline.run
+    if run is None:
+        return None
+    newest = RebuildLog(pipeline.store, pipeline.name).newest()
+    if newest is None or newest.step != "switched" or run.logic == newest.logic_version:
+        return run.logic
+    stale = not run.logic_version or run.logic_version == newest.previous
+    if newest.detail.get("app") != run.app or not stale:
+        return run.logic
+    log.info("pipeline %s: app %s is the app %s switched to: running as logic %r (the run "
+             "table's logic_version, %r, was the logic before it)", pipeline.name, run.app,
+             newest.describe(), newest.logic_version, run.logic_version or None)  # fmt: skip
+    return newest.logic_version

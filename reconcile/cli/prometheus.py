@@ -184,9 +184,17 @@ class PrometheusMetrics:
             ),
             "pipeline.rejected": counter(
                 "rejected_epochs",
-                "Epochs the database refused (a constraint, a value, a privilege): the pipeline "
-                "stopped (alert on any increase)",
+                "Epochs whose rows were refused, by the database or the engine's check before "
+                "sending (a constraint, a value, a privilege): the pipeline stopped (alert on any "
+                "increase)",
                 ["pipeline", "sink", "sqlstate"],
+            ),
+            "sink.untrusted_record": counter(
+                "untrusted_records",
+                "Records in a sink (a commit, a repair, a newest-epoch mark, a fence) that "
+                "claimed more than the store decided: refused, the pipeline stopped (alert on "
+                "any increase)",
+                ["pipeline", "sink", "kind"],
             ),
             "drift.repaired": counter(
                 "drift_repaired_rows", "Rows written or deleted by repairs", ["pipeline", "table"]

@@ -18,7 +18,9 @@ micro-batch up to the newest decided epoch, through the new app
 - ``--rollback``: undoes an unfinished rebuild: the old logic whole again.
 
 After ``--apply`` only a run of the new logic version starts: set the run
-table's ``app`` (or ``logic_version``) to it. Exit codes: 0 done (the plan
+table's ``app`` to the app the rebuild ran (a run of that app carries the
+rebuild's logic version, whatever ``--logic-version`` named it, unless the run
+table names a third one), or ``logic_version`` to the new version. Exit codes: 0 done (the plan
 printed, the rebuild switched, the rollback finished), 2 an error (one line
 on stderr, the file's secrets out of it), 130/143 stopped by a signal (an
 unfinished rebuild is then resumed or rolled back).
@@ -41,6 +43,7 @@ import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
 from reconcile.cli.config import PipelineConfig, RunSettings, load_config
 from reconcile.core import interrupts
 from reconcile.core.contract import ConfigurationError
+from reconcile.core.redaction import remember
 from reconcile.rebuild import DEFAULT_PART_ROWS, RebuildReport
 
 __all__ = ["add_rebuild_parser", "print_report", "run_rebuild"]
@@ -86,6 +89,7 @@ def run_rebuild(args: argparse.Namespace, spark: Any = None) -> int:
     from reconcile.rebuild import plan, rebuild, rollback
 
     config = load_config(args.config)
+    remember(*config.secrets())  # every scrub of this process removes them
     pipeline, settings = run_settings(
         config, args.pipeline, "rebuild", "its app and checkpoint say what to replay"
     )
@@ -116,12 +120,14 @@ def run_rebuild(args: argparse.Namespace, spark: Any = None) -> int:
         try:
             recompute = _recompute(spark, app, app_spec, pipeline, settings)
             if args.plan:
-                report = plan(build, recompute, logic_version=logic, sample=args.sample)
+                report = plan(build, recompute, logic_version=logic, sample=args.sample,
+                              previous=settings.logic)  # fmt: skip
             else:
                 with _bar(sys.stderr.isatty() and not args.json) as progress:
                     report = rebuild(build, recompute, logic_version=logic, lease=lease(),
                                      part_rows=args.part_rows, previous=settings.logic,
-                                     sample=args.sample, progress=progress)  # fmt: skip
+                                     sample=args.sample, progress=progress,
+                                     app=app_spec)  # fmt: skip
         finally:
             if started:
                 spark.stop()
@@ -188,7 +194,8 @@ def _recompute(spark: Any, app: Callable[..., Any], spec: str, pipeline: Pipelin
                 if schema is not None:
                     wanted[name] = (store.key_columns, schema.names)
             states.update(replay(spark, batch_app, settings.checkpoint, epoch, wanted,
-                                 retained=settings.rebuild_input or None))  # fmt: skip
+                                 retained=settings.rebuild_input or None,
+                                 store=(pipeline.store, pipeline.name)))  # fmt: skip
         if sink not in states:
             raise ConfigurationError(f"pipeline {pipeline.name!r}: sink {sink!r} holds no epoch")
         return states[sink]
@@ -202,8 +209,9 @@ def print_report(report: RebuildReport, *, json_out: bool) -> None:
         print(json.dumps(report.to_dict(), default=str, sort_keys=True))
         return
     what = {"planned": "plan", "switched": "switched", "rolled_back": "rolled back"}
+    before = "an unnamed logic" if report.previous is None else repr(report.previous)
     print(f"pipeline {report.pipeline}: rebuild {report.rebuild or '(plan)'} to logic "
-          f"{report.logic_version!r} (from {report.previous!r}) as of epoch "
+          f"{report.logic_version!r} (from {before}) as of epoch "
           f"{report.base_epoch}: {what.get(report.step, report.step)}"
           + (" (resumed)" if report.resumed else ""))  # fmt: skip
     print(f"{'sink':<20} {'inserts':>9} {'updates':>9} {'deletes':>9} {'applied':>9} "

@@ -72,7 +72,7 @@ def summary(report: ReconcileReport, *, repair: bool) -> str:
         f"missing {report.missing}, extra {report.extra}, changed {report.changed}"
         if report.drift
         else "no drift"
-    )
+    ) + (" in scope" if report.scope else "")
     lines = [
         f"{report.table}: {found} (against epoch {report.target_epoch})",
         f"  mode {report.mode}: {report.reason}",
@@ -86,6 +86,18 @@ def summary(report: ReconcileReport, *, repair: bool) -> str:
         + f" in {report.seconds:.2f}s",
         *(f"  warning: {text}" for text in report.warnings),
     ]
+    if report.scope:
+        lines.insert(
+            2,
+            f"  scope: {report.scope}; drift elsewhere in the table is not looked at "
+            "(--mode full compares every row)",
+        )
+    if report.repair_wait_s:
+        lines.insert(
+            1,
+            f"  waited {report.repair_wait_s:.2f}s for another repair of this table to finish "
+            f"({report.repair_waited_for}): what is found here is what that repair left",
+        )
     if report.mass_change:
         lines.append(
             f"  mass-change brake: {report.brake_counted} of the {report.sink_rows} rows would "
@@ -112,6 +124,12 @@ def provenance_lines(report: ReconcileReport) -> list[str]:
         return lines
     differing = report.missing + report.extra + report.changed
     foreign = report.foreign_writes or 0
+    if report.foreign_rows is not None and len(traced) < differing:
+        # The traced rows are a sample: the count of every differing row first.
+        lines.append(
+            f"  foreign writes: {report.foreign_rows} of the {report.extra + report.changed} "
+            f"changed and extra rows, by {report.foreign_transactions} transaction(s)"
+        )
     lines.append(
         f"  provenance of {len(traced)} of the {differing} differing rows "
         f"({foreign} written by a foreign transaction):"

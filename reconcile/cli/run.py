@@ -31,10 +31,13 @@ connections taken out of it and of every log line):
   value), a setting the database refuses (a missing privilege on the lease
   or a fence), an error no retry cures, or one epoch that failed
   ``reconcile.ha.node.QUERY_FAILURES`` times in a row;
-- 3: the database rejected an epoch's rows (a constraint, a value the column
-  cannot hold, a privilege on the table): the line names the epoch, the
-  table and the constraint or column. Nothing of that epoch was written;
-  fix the rows or the table, then start it again.
+- 3: an epoch's rows were rejected, by the database (a constraint, a value
+  the column cannot hold, a privilege on the table) or by the engine's own
+  check before anything was sent (a NULL in a NOT NULL column, a value that
+  does not fit): the same code whoever found it, as
+  ``reconcile.core.decisions.classify`` sorts it (``Failure.REJECTED``). The
+  line names the epoch, the table and the constraint or column. Nothing of
+  that epoch was written; fix the rows or the table, then start it again.
 """
 
 from __future__ import annotations
@@ -44,13 +47,14 @@ import importlib
 import logging
 import sys
 import threading
-import traceback
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from reconcile.cli.config import Config, PipelineConfig, RunSettings, load_config
 from reconcile.core import interrupts
-from reconcile.core.contract import ConfigurationError, ReconcileError, RejectedError
+from reconcile.core.contract import ConfigurationError, ReconcileError
+from reconcile.core.decisions import Failure, classify
+from reconcile.core.redaction import remember, scrub
 
 if TYPE_CHECKING:
     from reconcile.core.metrics import Metrics
@@ -61,6 +65,7 @@ __all__ = [
     "EXIT_REJECTED",
     "add_run_parser",
     "call_app",
+    "exit_code",
     "load_app",
     "run_command",
     "run_settings",
@@ -69,7 +74,12 @@ __all__ = [
 log = logging.getLogger("reconcile.run")
 
 EXIT_ERROR = 2  # configuration, or an error no retry cures (see the module docs)
-EXIT_REJECTED = 3  # the database rejected an epoch's rows
+EXIT_REJECTED = 3  # an epoch's rows were rejected (by the database or the engine's check)
+
+
+def exit_code(error: BaseException) -> int:
+    """The exit code of a stop by ``error``: ``reconcile.core.decisions.classify`` decides."""
+    return EXIT_REJECTED if classify(error) is Failure.REJECTED else EXIT_ERROR
 
 
 def add_run_parser(commands: Any) -> None:
@@ -209,40 +219,17 @@ def run_settings(
     return pipeline, pipeline.run
 
 
-def _configure_logs(config: Config, verbose: bool, redact: Callable[[str], str]) -> None:
+def _configure_logs(config: Config, verbose: bool) -> None:
     from reconcile.core.logs import configure
 
     level = config.logs.level
     if verbose and logging.getLevelName(level) > logging.INFO:
         level = "INFO"
-    handler = configure(json=config.logs.json, level=level)
-    handler.addFilter(_Redacting(redact))
+    # The formatters end with scrub(), which removes the file's secrets (they
+    # were remembered) in every form, tracebacks included.
+    configure(json=config.logs.json, level=level)
     # py4j says every connection it opens and closes at INFO.
     logging.getLogger("py4j").setLevel(logging.WARNING)
-
-
-class _Redacting(logging.Filter):
-    """Takes the file's secrets out of every line, its traceback included.
-
-    The formatters scrub password-shaped text only; the app, Spark or a
-    driver may print a password bare (an app that raises with one in its
-    message, say). The traceback goes into the message, redacted, since the
-    formatters would format it again from the exception.
-    """
-
-    def __init__(self, redact: Callable[[str], str]) -> None:
-        super().__init__()
-        self.redact = redact
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        text = record.getMessage()
-        if record.exc_info:
-            text += "\n" + "".join(traceback.format_exception(*record.exc_info)).rstrip()
-        if record.stack_info:
-            text += "\n" + record.stack_info
-        record.msg, record.args = self.redact(text), ()
-        record.exc_info, record.exc_text, record.stack_info = None, None, None
-        return True
 
 
 def run_command(args: argparse.Namespace) -> int:
@@ -250,36 +237,37 @@ def run_command(args: argparse.Namespace) -> int:
     from reconcile.cli.config_sinks import check_writable
 
     config = load_config(args.config)
+    # Every scrub of this process (each log line, traceback and the last line)
+    # now removes the file's secrets in every form (as written, percent-encoded,
+    # repr- and JSON-escaped, base64): the app, Spark or a driver may print one bare.
+    remember(*config.secrets())
     pipeline, settings = run_settings(config, args.pipeline)
     check_writable(pipeline, config.path)
-
-    def redact(text: str) -> str:
-        return _redact(pipeline, settings, text)
-
-    _configure_logs(config, args.verbose, redact)
+    _configure_logs(config, args.verbose)
     try:
         stopped_by = _run(config, pipeline, settings, args)
-    except RejectedError as exc:
-        return _stop_line(f"pipeline {pipeline.name}: {exc}", redact, EXIT_REJECTED)
     except ReconcileError as exc:
-        return _stop_line(str(exc), redact, EXIT_ERROR)
+        if exit_code(exc) == EXIT_REJECTED:
+            # The epoch's rows were refused, by the database or by the
+            # engine's check before they were sent: one exit code either way.
+            return _stop_line(f"pipeline {pipeline.name}: {exc}", EXIT_REJECTED)
+        return _stop_line(str(exc), EXIT_ERROR)
     except Exception as exc:
         # Not the engine's error (Spark, a driver, the app's query): its text
         # may echo a connection string, so it is redacted like everything here.
         log.error("pipeline %s: reconcile run failed", pipeline.name, exc_info=True)
-        return _stop_line(f"pipeline {pipeline.name}: {type(exc).__name__}: {exc}", redact,
-                          EXIT_ERROR)  # fmt: skip
+        return _stop_line(f"pipeline {pipeline.name}: {type(exc).__name__}: {exc}", exit_code(exc))
     if stopped_by is not None:
         print(f"reconcile run: pipeline {pipeline.name} stopped by {stopped_by}: the query "
               "stopped and the lease was released", file=sys.stderr)  # fmt: skip
     return 0
 
 
-def _stop_line(text: str, redact: Callable[[str], str], code: int) -> int:
+def _stop_line(text: str, code: int) -> int:
     """Say why it stopped, on one line of stderr (the last one), secrets out; the exit code."""
-    from sinks.postgres.connection import redact_text
-
-    print(f"reconcile: error: {' '.join(redact_text(redact(text)).split())}", file=sys.stderr)
+    # Redacted as it is, then once joined into one line: a secret that a
+    # message wrapped over two lines is whole again there.
+    print(f"reconcile: error: {scrub(' '.join(scrub(text).split()))}", file=sys.stderr)
     return code
 
 
@@ -320,12 +308,6 @@ def _run(config: Config, pipeline: PipelineConfig, settings: RunSettings, args: 
             spark.stop()
         if exporter is not None:
             exporter.close()
-
-
-def _redact(pipeline: PipelineConfig, settings: RunSettings, text: str) -> str:
-    for connection in (settings.lease, *(sink.connection for sink in pipeline.sinks)):
-        text = connection.redact(text)
-    return text
 
 
 def _spark(pipeline: PipelineConfig, settings: RunSettings) -> Any:

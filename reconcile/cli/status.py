@@ -8,7 +8,9 @@ A pipeline keeps its progress log in one of two places, and ``status`` reads bot
   (``CommitCycle(..., expected_state=...)``, and ``reconcile run``).
 
 ``--config FILE`` takes the place from the config file: the pipeline's
-``progress`` folder if it names one, else its store. Either way ``status``
+``progress`` folder if it names one, else its store. Where the store is known
+(``--store``, ``--config``), the pipeline's newest rebuild is shown too: an
+unfinished one blocks every writer, which ``status`` says, with what to run. Either way ``status``
 only reads: it creates no folder, no table and no generation, and repairs
 nothing (a torn last line of a file log is reported, not cut). A place or a
 pipeline that is not there exits 2 and names what is there.
@@ -124,6 +126,7 @@ class _Log:
     pipeline: str
     kind: str
     place: str
+    store: str | None = None  # the store root, where the rebuild log is (None: not known)
 
     def read(self) -> ProgressState:
         if self.kind == "file":
@@ -139,7 +142,7 @@ def _locate(args: argparse.Namespace) -> _Log:
             raise ConfigurationError(f"reconcile status: {flag} needs --pipeline")
         if args.state is not None:
             return _Log(args.pipeline, "file", str(args.state))
-        return _Log(args.pipeline, "store", str(args.store))
+        return _Log(args.pipeline, "store", str(args.store), str(args.store))
     from reconcile.cli.config import load_config
 
     config = load_config(args.config)
@@ -153,8 +156,8 @@ def _locate(args: argparse.Namespace) -> _Log:
             f"({[p.name for p in config.pipelines]})"
         )
     if pipeline.progress is not None:
-        return _Log(pipeline.name, "file", str(pipeline.progress))
-    return _Log(pipeline.name, "store", pipeline.store)
+        return _Log(pipeline.name, "file", str(pipeline.progress), pipeline.store)
+    return _Log(pipeline.name, "store", pipeline.store, pipeline.store)
 
 
 def run_status(args: argparse.Namespace) -> int:
@@ -173,6 +176,8 @@ def run_status(args: argparse.Namespace) -> int:
         "truncated_below": progress.horizon,
         **{s.value: progress.epochs_in(s) for s in EpochStatus if s is not EpochStatus.UNKNOWN},
     }
+    if where.store is not None:
+        summary["rebuild"] = _rebuild_state(where.store, where.pipeline)
     torn = False
     if where.kind == "file":
         log_file = Path(where.place) / f"{where.pipeline}.progress.jsonl"
@@ -188,13 +193,46 @@ def run_status(args: argparse.Namespace) -> int:
         print(json.dumps(summary))
         return 0
     for key, value in summary.items():
-        if key != "postgres":
+        if key not in ("postgres", "rebuild"):
             print(f"{key}: {value}")
+    if summary.get("rebuild") is not None:
+        print(_rebuild_line(summary["rebuild"]))
     if torn:
         print("note: the log's last line is torn (a crash mid-write); it was ignored, not repaired")
     if "postgres" in summary:
         _print_database(summary["postgres"])
     return 0
+
+
+def _rebuild_state(root: str, pipeline: str) -> dict[str, Any] | None:
+    """The pipeline's newest rebuild step, as status shows it (None: never rebuilt)."""
+    from expected_state.rebuilds import RebuildLog
+
+    newest = RebuildLog(root, pipeline).newest()
+    if newest is None:
+        return None
+    return {
+        "rebuild": newest.rebuild,
+        "step": newest.step,
+        "finished": newest.finished,
+        "logic_version": newest.logic_version,
+        "previous": newest.previous,
+        "logic_in_force": newest.logic_in_force,
+        "base_epoch": newest.base_epoch,
+        "generation": newest.generation,
+        "describe": newest.describe(),
+    }
+
+
+def _rebuild_line(rebuild: dict[str, Any]) -> str:
+    """The newest rebuild in one line: an unfinished one blocks every writer, and says so."""
+    if not rebuild["finished"]:
+        return (
+            f"rebuild: UNFINISHED: {rebuild['describe']}. No writer of the pipeline can start "
+            "until it is finished (reconcile rebuild --apply, run again) or undone (reconcile "
+            "rebuild --rollback)"
+        )
+    return f"rebuild: {rebuild['describe']}; the logic in force is {rebuild['logic_in_force']!r}"
 
 
 def _print_database(found: dict[str, Any]) -> None:

@@ -37,6 +37,7 @@ from reconcile.cli.config_sinks import split_table
 from reconcile.core import interrupts
 from reconcile.core.contract import ConfigurationError, ReconcileError
 from reconcile.core.metrics import Metrics, NullMetrics, active, record_refusal, record_report
+from reconcile.core.redaction import remember
 from reconcile.recovery.options import TuningKeywords
 
 if TYPE_CHECKING:  # Spark is an optional extra: imported only for --spark
@@ -111,12 +112,24 @@ class TableOutcome:
         found = (
             f"missing {r.missing}, extra {r.extra}, changed {r.changed}"
             + (f", repaired {r.applied} rows" if r.applied else "")
-            + (f", {r.foreign_writes} foreign writes" if getattr(r, "foreign_writes", None) else "")
+            + _foreign(r)
             if r.drift
             else "no drift"
         )
         spark = f", on Spark: {r.partitions} key ranges" if hasattr(r, "partitions") else ""
         return f"{where}: {found} (epoch {r.target_epoch}, mode {r.mode}{spark}, {r.seconds:.2f}s)"
+
+
+def _foreign(report: Any) -> str:
+    """The foreign writes among the drift: rows and transactions, or the traced rows' count."""
+    rows = getattr(report, "foreign_rows", None)
+    if rows:
+        txns = report.foreign_transactions
+        return f", {rows} rows written by {txns} foreign transaction{'' if txns == 1 else 's'}"
+    traced = getattr(report, "foreign_writes", None)
+    if traced and rows is None:
+        return f", {traced} of the traced rows written by a foreign transaction"
+    return ""
 
 
 def check_table(
@@ -224,9 +237,11 @@ def _failed(sink: SinkTableConfig, exc: Exception, metrics: Metrics | None) -> T
     text = sink.connection.redact(text)
     refused = refused_fields(exc)
     if refused is not None:
-        # An alert, not a crash: the table is left as it is, and says why.
-        log.error("%s.%s (%s): refused (%s): %s", sink.pipeline, sink.name, sink.table,
-                  refused["refused"], text)  # fmt: skip
+        # An alert, not a crash: the table is left as it is, and says why (the
+        # metric, and the outcome's line on stdout). Logged for a library
+        # caller's logs, below the command line's ERROR: said there once.
+        log.warning("%s.%s (%s): refused (%s): %s", sink.pipeline, sink.name, sink.table,
+                    refused["refused"], text)  # fmt: skip
         record_refusal(sink.pipeline, split_table(sink.table)[1], refused["refused"],
                        metrics=metrics)  # fmt: skip
     return TableOutcome(sink.pipeline, sink.name, sink.table, error=text, refused=refused)
@@ -278,10 +293,19 @@ def _selected(config: Config, args: argparse.Namespace) -> list[SinkTableConfig]
 
 
 def _print(outcomes: list[TableOutcome], *, as_json: bool, code: int) -> None:
+    """The outcomes on stdout: one line each, or one JSON object.
+
+    A refusal is said once where a person reads it: its line on stdout, or
+    with ``--json`` on stderr beside the object (as a one-table repair's
+    error line is).
+    """
     if as_json:
         print(
             json.dumps({"exit_code": code, "tables": [o.as_dict() for o in outcomes]}), flush=True
         )
+        for outcome in outcomes:
+            if outcome.refused is not None:
+                print(f"reconcile: {outcome.line()}", file=sys.stderr, flush=True)
         return
     for outcome in outcomes:
         print(outcome.line(), flush=True)
@@ -290,6 +314,7 @@ def _print(outcomes: list[TableOutcome], *, as_json: bool, code: int) -> None:
 def run_config_recover(args: argparse.Namespace) -> int:
     """``verify`` / ``repair`` with ``--config``: every selected table; the exit code."""
     config = load_config(args.config)
+    remember(*config.secrets())  # every scrub of this process removes them
     tables = _selected(config, args)
     repair = args.command == "repair"
     lifted = repair and getattr(args, "allow_mass_change", False)
@@ -329,6 +354,7 @@ def config_metrics(config: Config) -> tuple[Metrics, Any]:
 def run_watch(args: argparse.Namespace) -> int:
     """``reconcile watch``: check on a schedule until stopped (or ``--count`` rounds)."""
     config = load_config(args.config)
+    remember(*config.secrets())  # every scrub of this process removes them
     every = parse_every(args.every)
     if args.epochs < 1:
         raise ConfigurationError(f"--epochs must be >= 1, got {args.epochs}")
@@ -361,6 +387,10 @@ def run_watch(args: argparse.Namespace) -> int:
                     found = [o.as_dict() for o in outcomes]
                     print(json.dumps({"round": rounds, "exit_code": code, "tables": found}),
                           flush=True)  # fmt: skip
+                    for outcome in outcomes:  # a refusal said once for a person: see _print
+                        if outcome.refused is not None:
+                            print(f"reconcile watch: [round {rounds}] {outcome.line()}",
+                                  file=sys.stderr, flush=True)  # fmt: skip
                 else:
                     for outcome in outcomes:
                         print(f"[round {rounds}] {outcome.line()}", flush=True)

@@ -25,7 +25,9 @@ __all__ = [
     "UNCONVERTIBLE",
     "SinkColumn",
     "check_columns",
+    "column_mismatch",
     "conform",
+    "fits",
     "hash_pulled",
     "values_to_arrow",
     "wants_text",
@@ -58,7 +60,12 @@ class SinkColumn:
     sql_type: str
 
 
-def _fits(kind: str, typ: pa.DataType) -> bool:
+def fits(kind: str, typ: pa.DataType) -> bool:
+    """Whether a sink column of recovery ``kind`` can be read as the expected-state type ``typ``.
+
+    The one rule verify checks a table by, and the write path checks a sink
+    table by at start-up: a column this says no to is never written.
+    """
     t = pa.types
     if t.is_dictionary(typ):
         typ = typ.value_type
@@ -88,6 +95,17 @@ def _fits(kind: str, typ: pa.DataType) -> bool:
     return bool(fits.get(kind, False))
 
 
+def column_mismatch(
+    schema: pa.Schema, columns: dict[str, SinkColumn]
+) -> tuple[pa.Field, SinkColumn | None] | None:
+    """The first expected-state column the sink lacks (None) or cannot be read as; None if none."""
+    for field in schema:
+        found = columns.get(field.name)
+        if found is None or not fits(found.kind, field.type):
+            return field, found
+    return None
+
+
 def check_columns(
     table: str, schema: pa.Schema, columns: dict[str, SinkColumn], keys: Sequence[str]
 ) -> None:
@@ -104,8 +122,9 @@ def check_columns(
             match the expected state's; it names the table, the column and both
             types, and nothing was pulled or written.
     """
-    for field in schema:
-        found = columns.get(field.name)
+    mismatch = column_mismatch(schema, columns)
+    if mismatch is not None:
+        field, found = mismatch
         if found is None:
             raise InvalidInputError(
                 f"table {table}: the expected state has column {field.name!r} ({field.type}), "
@@ -114,16 +133,15 @@ def check_columns(
                 table=table,
                 column=field.name,
             )
-        if not _fits(found.kind, field.type):
-            raise InvalidInputError(
-                f"table {table}: column {field.name!r} is {found.sql_type} in the sink but "
-                f"{field.type} in the expected state; the schemas no longer match, nothing "
-                "was pulled or written",
-                table=table,
-                column=field.name,
-                sink_type=found.sql_type,
-                expected_type=str(field.type),
-            )
+        raise InvalidInputError(
+            f"table {table}: column {field.name!r} is {found.sql_type} in the sink but "
+            f"{field.type} in the expected state; the schemas no longer match, nothing "
+            "was pulled or written",
+            table=table,
+            column=field.name,
+            sink_type=found.sql_type,
+            expected_type=str(field.type),
+        )
     for key in keys:
         if key not in schema.names:
             raise InvalidInputError(

@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal, TypeAlias
+from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 
 from reconcile.core.errors import (
     ConfigurationError,
@@ -20,15 +20,21 @@ from reconcile.core.errors import (
     InvalidInputError,
     MarkerMismatchError,
     MassChangeError,
+    ObjectTooLargeError,
     OutcomeUnknownError,
     ReconcileError,
     RejectedError,
     RetryableError,
+    RowsRejectedError,
     StoreIntegrityError,
     StoreLostRowsError,
     TxnIdParseError,
     UnknownSinkError,
+    UntrustedRecordError,
 )
+
+if TYPE_CHECKING:
+    from reconcile.core.claims import Decisions
 
 __all__ = [
     "NAME_PATTERN",
@@ -44,6 +50,7 @@ __all__ = [
     "InvalidInputError",
     "MarkerMismatchError",
     "MassChangeError",
+    "ObjectTooLargeError",
     "Ok",
     "OutcomeUnknownError",
     "ReconcileError",
@@ -51,12 +58,14 @@ __all__ = [
     "Retryable",
     "RetryableError",
     "Row",
+    "RowsRejectedError",
     "SinkOutcome",
     "SinkTxnId",
     "StoreIntegrityError",
     "StoreLostRowsError",
     "TxnIdParseError",
     "UnknownSinkError",
+    "UntrustedRecordError",
     "WriterIdentity",
     "validate_name",
 ]
@@ -218,10 +227,18 @@ class WriterIdentity:
     commit marker can tell its own pipeline's commits from those of another
     state that used the same pipeline and sink names (see MarkerMismatchError).
     The writer generation travels in every SinkTxnId.
+
+    ``decisions``, when set, is where the sink learns what the store has
+    decided (``reconcile.core.claims``): a record the sink finds (a commit, a
+    repair, a newest-epoch mark) is trusted only for epochs the store decided
+    and generations it granted. The commit cycle always sets it; a sink bound
+    without it (used directly, without a store) checks log ids only. It is not
+    part of equality: binding the same writer again is the same writer.
     """
 
     pipeline: str
     log_id: str
+    decisions: Decisions | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         validate_name("pipeline", self.pipeline)

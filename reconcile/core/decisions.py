@@ -91,8 +91,10 @@ class Failure(enum.Enum):
     - TRANSIENT: it may pass (a database away or busy, a lost reply, a crash
       whose cure is a restart): back off, then run the epoch again;
     - FENCED: a newer writer took over: stop writing (an HA node steps down);
-    - REJECTED: the database refused the epoch's rows (``RejectedError``):
-      stop the pipeline, name the epoch, the table and the constraint or
+    - REJECTED: the epoch's rows were refused, by the database
+      (``RejectedError``) or by the engine's own check before anything was
+      sent (``RowsRejectedError``, a subclass): one kind, whoever found it.
+      Stop the pipeline, name the epoch, the table and the constraint or
       column; an operator fixes the rows or the table;
     - TERMINAL: nothing a retry or a restart can cure (bad input or
       configuration, a broken sink, a marker of another state): stop.
@@ -158,7 +160,8 @@ def classify(error: BaseException | None) -> Failure:
 
     The cases:
 
-    - a RejectedError, itself or as the typed cause: REJECTED;
+    - a RejectedError (a RowsRejectedError too), itself or as the typed
+      cause: REJECTED, before the InvalidInputError below;
     - FencedError (a zombie; an HA node that lost its lease): FENCED;
     - InvalidInputError and ConfigurationError (bad input, a bad declaration,
       an epoch that would go backwards), ContractViolationError (a broken

@@ -19,14 +19,17 @@ __all__ = [
     "InvalidInputError",
     "MarkerMismatchError",
     "MassChangeError",
+    "ObjectTooLargeError",
     "OutcomeUnknownError",
     "ReconcileError",
     "RejectedError",
     "RetryableError",
+    "RowsRejectedError",
     "StoreIntegrityError",
     "StoreLostRowsError",
     "TxnIdParseError",
     "UnknownSinkError",
+    "UntrustedRecordError",
 ]
 
 
@@ -86,8 +89,39 @@ class MarkerMismatchError(FatalError):
     """
 
 
+class ObjectTooLargeError(FatalError):
+    """An object the engine reads from a sink's system is larger than any it writes there.
+
+    Log entries, table metadata and the like are read whole, and anyone who
+    can write the sink can make one of any size: each such read is bounded,
+    and an object past the bound is refused, unread, rather than parsed into
+    memory. ``details``: ``path`` (the object), ``size`` (its bytes) and
+    ``limit`` (the bound).
+    """
+
+
+class UntrustedRecordError(MarkerMismatchError):
+    """A record in a sink claims more than the store decided: it is refused, never trusted.
+
+    A "committed" or "repair" record (a snapshot summary, a commit-log entry, a
+    marker row, a high-water mark) claims epochs past the newest the store has
+    decided, or names a writer generation newer than the newest the store
+    granted. This pipeline's writer never writes such a record: whoever can
+    write the sink's table or bucket can. Trusting it would make every epoch it
+    claims report success and write nothing, so the epoch is NOT treated as
+    committed and nothing was written (``reconcile.core.claims``).
+
+    ``details``: ``sink``, ``record`` (where it is), ``kind``, ``first_epoch``
+    and ``epoch`` (what it claims), ``generation``, ``decided_epoch`` and
+    ``fence`` (what the store decided).
+    """
+
+
 class RejectedError(FatalError):
     """The database refused an epoch's rows or statement for good: every retry fails the same way.
+
+    The engine's own check of the rows, before they are sent, raises the
+    subclass ``RowsRejectedError``: one kind of failure, whoever found it.
 
     A constraint (CHECK, NOT NULL, unique, foreign key, exclusion), a value the
     column cannot hold, a missing privilege or a row-level security policy
@@ -159,6 +193,20 @@ class RejectedError(FatalError):
 
 class InvalidInputError(ReconcileError):
     """Bad input from the caller; nothing was written."""
+
+
+class RowsRejectedError(RejectedError, InvalidInputError):
+    """The engine refused an epoch's rows before sending them, as the database would have.
+
+    A NULL in a NOT NULL or key column, a value the column cannot hold, a
+    column the table lacks, a key twice in one epoch: the sink's or the
+    store's own check found it before anything was written. It is a
+    rejection like the database's (``RejectedError``: the same exit code, the
+    same metric, the pipeline stops), whoever found it first; and bad input
+    (``InvalidInputError``) to code that asks for that. ``details`` as
+    RejectedError's, with the SQLSTATE the database would have given where
+    there is one (23502 for a NULL in a NOT NULL column).
+    """
 
 
 class ConfigurationError(InvalidInputError):

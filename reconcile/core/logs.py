@@ -17,8 +17,10 @@ Or add ``ContextFilter()`` and ``JsonFormatter()`` to a handler of your own.
 
 Secrets: the engine redacts passwords where it builds a message (the sinks
 redact every DSN and server error). The formatters here also scrub anything
-password-shaped from the finished line, as a second net for messages written
-by other code (an application logging a connection error, say).
+secret-shaped from the finished line (``reconcile.core.redaction.scrub``: a
+URI's password, a secret-named parameter or property, of any scheme), as a
+second net for messages written by other code (an application logging a
+connection error, say).
 """
 
 from __future__ import annotations
@@ -27,7 +29,6 @@ import functools
 import inspect
 import json
 import logging
-import re
 import sys
 from collections.abc import Callable, Mapping
 from contextvars import ContextVar
@@ -35,6 +36,7 @@ from datetime import UTC, datetime
 from typing import IO, Concatenate, ParamSpec, Protocol, TypeVar
 
 from reconcile.core.metrics import Metrics, activate
+from reconcile.core.redaction import scrub
 
 __all__ = [
     "FIELDS",
@@ -61,18 +63,6 @@ _RECORD_ATTRS = frozenset(vars(logging.LogRecord("", 0, "", 0, "", (), None))) |
 _CONTEXT: ContextVar[Mapping[str, object] | None] = ContextVar(
     "reconcile_log_context", default=None
 )
-
-# The shapes a password takes in a connection string (URI user info, key=value
-# and query passwords). The one definition: the sinks' redaction (literal
-# secrets first) ends with :func:`scrub`, and so does every log line.
-_URI_PASSWORD = re.compile(r"(://[^:/@\s]*:)[^@\s]*(@)")
-_KV_PASSWORD = re.compile(r"((?:ssl)?password\s*=\s*)('(?:[^'\\]|\\.)*'|[^\s&]+)", re.IGNORECASE)
-
-
-def scrub(text: str) -> str:
-    """``text`` with every URI password and ``password=...`` value replaced by ***."""
-    text = _URI_PASSWORD.sub(r"\g<1>***\g<2>", text)
-    return _KV_PASSWORD.sub(r"\g<1>***", text)
 
 
 def current() -> dict[str, object]:

@@ -34,6 +34,8 @@ name                                      kind    meaning
 ``drive.retries``                         count   drive() ran an epoch again [restart]
 ``pipeline.rejected``                     count   the database refused an epoch's rows; the
                                                   pipeline stopped [sink, sqlstate]
+``sink.untrusted_record``                 count   a record in a sink claimed more than the
+                                                  store decided: refused [sink, kind]
 ``drift.found``                           gauge   rows that differ, per verify [table, kind]
 ``drift.repaired``                        count   rows a repair applied [table]
 ``drift.checks``                          count   verify/repair runs [table, result]

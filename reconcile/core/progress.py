@@ -62,6 +62,14 @@ class ProgressLog(Protocol):
         """Start a new writer generation and fence every older one. Returns it."""
         ...
 
+    def newest_generation(self) -> int:
+        """The newest writer generation claimed so far (0: none): the fence.
+
+        A sink's record naming a newer generation was not written by this
+        log's writers (``reconcile.core.claims``).
+        """
+        ...
+
     def mark(self, epoch: int, status: EpochStatus, generation: int) -> None:
         """Durably move ``epoch`` to ``status``. Idempotent; illegal moves raise FatalError."""
         ...
@@ -197,6 +205,10 @@ class StateBackedLog:
 
     def claim_generation(self) -> int:
         return int(self._append({"t": "gen"})["gen"])
+
+    def newest_generation(self) -> int:
+        self._refresh()
+        return self._state.generation
 
     def check_writer(self, generation: int) -> None:
         """Raise FencedError if a generation newer than ``generation`` has claimed since."""

@@ -31,10 +31,13 @@ import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
 from reconcile.core.errors import InvalidInputError
 
 __all__ = [
+    "ADDED_EPOCH",
     "REBUILD",
     "SQL_TYPE_KEY",
+    "ForeignSchemaChange",
     "SchemaChange",
     "SchemaChangeRefused",
+    "added_epoch",
     "declared_length",
     "declared_sql_type",
     "plan_schema_change",
@@ -45,6 +48,9 @@ __all__ = [
 REBUILD = "rebuild the sink (docs/changing.md)"
 # Field metadata key: a sink column's own type, as a schema declares it (``text``).
 SQL_TYPE_KEY = b"sql_type"
+# Field metadata of a store column that an epoch added (that epoch's number); a
+# column without it has been in the table since its first epoch.
+ADDED_EPOCH = b"reconcile.added_epoch"
 
 _VARCHAR = re.compile(r"^\s*(?:varchar|character varying)\s*\(\s*(\d+)\s*\)\s*$", re.IGNORECASE)
 _TEXT = re.compile(r"^\s*(?:text|varchar|character varying)\s*$", re.IGNORECASE)
@@ -52,6 +58,14 @@ _TEXT = re.compile(r"^\s*(?:text|varchar|character varying)\s*$", re.IGNORECASE)
 
 class SchemaChangeRefused(InvalidInputError):
     """A schema change that cannot be made in place; nothing was written."""
+
+
+class ForeignSchemaChange(SchemaChangeRefused):
+    """A sink table's columns changed by someone other than the engine; nothing was written.
+
+    Its details name the table, the column and ``change``: ``dropped``,
+    ``retyped`` or ``added``.
+    """
 
 
 @dataclass(frozen=True)
@@ -87,6 +101,12 @@ class SchemaChange:
             shown_new = declared_sql_type(new) or str(new.type)
             parts.append(f"widens {name!r} {shown_old} -> {shown_new}")
         return "; ".join(parts)
+
+
+def added_epoch(field: pa.Field) -> int | None:
+    """The epoch that added a store column (its ``ADDED_EPOCH``); None: there from the start."""
+    found = (field.metadata or {}).get(ADDED_EPOCH)
+    return None if found is None else int(found)
 
 
 def declared_sql_type(field: pa.Field) -> str | None:

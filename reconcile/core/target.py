@@ -8,7 +8,7 @@ checksums in the database) and ``sinks.sql`` for any database SQLAlchemy speaks.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeGuard
 
@@ -24,8 +24,10 @@ __all__ = [
     "PullableSink",
     "RecoveryTarget",
     "Repair",
+    "RepairTurn",
     "SinkSnapshot",
     "is_pullable",
+    "repair_turn",
 ]
 
 # The columns a sink's provenance lookup adds to the rows it pulls again (the
@@ -132,6 +134,32 @@ class Repair:
     seen_newest: int | None
     counts: dict[str, int] = field(default_factory=dict)
     mode: str = ""
+
+
+@dataclass(frozen=True)
+class RepairTurn:
+    """A repair's turn at its table: how long it waited for another repair of it, and whose.
+
+    Attributes:
+        waited_s: seconds spent waiting (0.0: the table was free).
+        holder: who held the table meanwhile (e.g. "backend pid 4242 (reconcile-cli)").
+    """
+
+    waited_s: float = 0.0
+    holder: str = ""
+
+
+def repair_turn(target: object) -> AbstractContextManager[RepairTurn]:
+    """Hold ``target``'s table for this repair, from before its pull until it ends.
+
+    A target that can serialise the repairs of its table has
+    ``take_repair_turn()`` (a context manager yielding a ``RepairTurn``, which
+    waits while another repair holds the table); for any other, no turn is
+    taken and nothing waits.
+    """
+    take: Callable[[], AbstractContextManager[RepairTurn]] | None
+    take = getattr(target, "take_repair_turn", None)
+    return take() if take is not None else nullcontext(RepairTurn())
 
 
 class RecoveryTarget(Protocol):

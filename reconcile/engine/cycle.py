@@ -159,8 +159,9 @@ class CommitCycle:
             FatalError: a sink cannot resolve a stranded txn.
         """
         with timed(self.metrics, "cycle.start"):
-            if self.expected_state is not None and not self.rebuilding:
-                check_logic(self.expected_state.root, self.pipeline, self.logic_version)
+            if self.expected_state is not None:
+                check_logic(self.expected_state.root, self.pipeline, self.logic_version,
+                            self.expected_state.keys, rebuilding=self.rebuilding)  # fmt: skip
             restart = Restart(self.pipeline, self.sinks, self.progress, self._steps,
                               self.metrics, self.expected_state)  # fmt: skip
             restart.bind_sinks()

@@ -18,7 +18,12 @@ from expected_state.column_types import check_column_names, check_store_types
 from expected_state.store import ExpectedStateStore
 from reconcile.core.contract import Change, ConfigurationError
 from reconcile.core.schema_change import SchemaChange
-from reconcile.engine.schema_plan import brought_schema, pending_sink_change, plan_epoch_change
+from reconcile.engine.schema_plan import (
+    brought_schema,
+    check_sink_columns,
+    pending_sink_change,
+    plan_epoch_change,
+)
 
 __all__ = ["SinkSchemas"]
 
@@ -45,11 +50,15 @@ class SinkSchemas:
             ConfigurationError: an existing store table with a column that
                 cannot hold every value of the sink's column, naming it and
                 both types (a later epoch would otherwise be refused midway).
+            ForeignSchemaChange: a store column that someone dropped from the
+                sink's table, or changed to a type verify cannot compare with
+                the store's, naming it (``schema_plan``).
             ReconcileError: from a sink's ``arrow_schema()``.
         """
 
         for name, store in self.tables.items():
-            reader = getattr(sinks.get(name), "arrow_schema", None)
+            sink = sinks.get(name)
+            reader = getattr(sink, "arrow_schema", None)
             types = reader() if reader is not None else None
             if types is None:
                 continue
@@ -63,12 +72,21 @@ class SinkSchemas:
             store.column_types = types
             if name not in self.schemas and store.user_schema is not None:
                 check_store_types(store.user_schema, types, table=store.uri, sink=name)
-            evolve = getattr(sinks.get(name), "evolve_schema", None)
-            if store.user_schema is not None and evolve is not None:
+            if store.user_schema is None:
+                continue
+            # Every column of the sink's table, as verify reads them (a sink
+            # without recovery_columns() says only the columns it types).
+            lister = getattr(sink, "recovery_columns", None)
+            columns = lister() if lister is not None else None
+            if columns is not None:
+                check_sink_columns(store.user_schema, columns, table=store.uri, sink=name)
+            evolve = getattr(sink, "evolve_schema", None)
+            if evolve is not None:
                 # A crash between the store's commit of an epoch that added a
                 # column and the sink's commit of it leaves the column in the
                 # store only: the epoch's replay adds it to the sink first.
-                pending = pending_sink_change(store.user_schema, types, table=store.uri)
+                names = types.names if columns is None else list(columns)
+                pending = pending_sink_change(store.user_schema, names, table=store.uri, sink=name)
                 if pending is not None:
                     evolve(pending)
 

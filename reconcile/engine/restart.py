@@ -21,6 +21,7 @@ from reconcile.core.metrics import Metrics, record_started
 from reconcile.core.progress import EpochStatus, ProgressLog
 from reconcile.core.results import RecoveryReport
 from reconcile.core.sink import TwoPhaseSink, bind_writer, capabilities_of, has_durable_prepare
+from reconcile.engine.decided import ProgressDecisions
 from reconcile.engine.expected import ExpectedState
 from reconcile.engine.replay import ReplayRows
 from reconcile.engine.steps import SinkSteps
@@ -59,7 +60,11 @@ class Restart:
                 on every attempt (``reconcile.core.decisions.DETERMINISTIC``).
             RetryableError: a sink cannot be reached now.
         """
-        writer = WriterIdentity(self.pipeline, self.progress.log_id)
+        # The sinks hold every record they find to what the progress log
+        # decided (reconcile.core.claims), read from it when they ask.
+        writer = WriterIdentity(
+            self.pipeline, self.progress.log_id, decisions=ProgressDecisions(self.progress)
+        )
         for name, sink in self.sinks.items():
             try:
                 bind_writer(sink, writer)

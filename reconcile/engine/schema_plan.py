@@ -19,23 +19,27 @@ An epoch without upserts brings no columns, so it asks for no change.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
 
 from expected_state.column_types import widen_inferred
+from reconcile.core.conform import SinkColumn, column_mismatch
 from reconcile.core.contract import Change, InvalidInputError
 from reconcile.core.schema_change import (
     REBUILD,
     SQL_TYPE_KEY,
+    ForeignSchemaChange,
     SchemaChange,
     SchemaChangeRefused,
+    added_epoch,
     plan_schema_change,
 )
 
 __all__ = [
     "brought_schema",
+    "check_sink_columns",
     "hand_schema_change",
     "pending_sink_change",
     "plan_epoch_change",
@@ -191,18 +195,80 @@ def hand_schema_change(sink: object, name: str, change: SchemaChange) -> None:
 
 
 def pending_sink_change(
-    store: pa.Schema, sink_types: pa.Schema, *, table: str
+    store: pa.Schema, sink_columns: Collection[str], *, table: str, sink: str
 ) -> SchemaChange | None:
     """A change the store made and the sink's table lacks: its columns, to add on restart.
 
     After a crash between the store's commit of an epoch that added a column
     and the sink's commit of that epoch, the store has the column and the sink
-    does not; the epoch's replay must add it first. Only columns the sink
-    lacks are a change here: a store column of another type was checked by
-    ``check_store_types``.
+    does not; the epoch's replay must add it first. Only a column that an
+    epoch added (``ADDED_EPOCH``) can be left so: every column the store table
+    was created with was in the sink's table when its first epoch was
+    written, so a sink that lacks one lost it to someone else, and adding it
+    back would fill every row with NULL. That is refused, naming it. (Of an
+    added column, the sink that can evolve checks its own markers: if it holds
+    the epoch that added it, it was dropped too.) A store column of another
+    type was checked by ``check_store_types`` and ``check_sink_columns``.
+
+    Args:
+        store: the store table's user schema (its fields' metadata say which
+            epoch added them).
+        sink_columns: the names of every column of the sink's table.
+        table: the store table, for messages.
+        sink: the sink's name, for messages.
+
+    Raises:
+        ForeignSchemaChange: a column the store table was created with is
+            missing from the sink's table, naming it; nothing was written.
     """
-    missing = [f for f in store if sink_types.get_field_index(f.name) < 0]
+    missing = [f for f in store if f.name not in sink_columns]
     if not missing:
         return None
-    present = [f for f in store if sink_types.get_field_index(f.name) >= 0]
+    for field in missing:
+        if added_epoch(field) is None:
+            raise ForeignSchemaChange(
+                f"sink {sink!r}: column {field.name!r} ({field.type}) is missing from the sink's "
+                f"table, though the expected state (table {table!r}) has had it since the "
+                "pipeline's first epoch: someone dropped it. The pipeline does not add it back "
+                "with every row NULL: restore it with its values (then verify), or "
+                f"{REBUILD}; nothing was written",
+                sink=sink,
+                table=table,
+                column=field.name,
+                change="dropped",
+            )
+    present = [f for f in store if f.name in sink_columns]
     return SchemaChange(table, pa.schema(present), store, tuple(f.name for f in missing), ())
+
+
+def check_sink_columns(
+    store: pa.Schema, columns: dict[str, SinkColumn], *, table: str, sink: str
+) -> None:
+    """Refuse at start-up a sink column that verify would refuse: the same rule, before writing.
+
+    A store column that the sink's table has must be one verify can read as
+    the store's type (``reconcile.core.conform.fits``); one it cannot (a
+    ``text`` column someone made ``jsonb``, a ``numeric`` made ``bigint``)
+    would be written to and then refused by every verify. Columns the sink
+    lacks are ``pending_sink_change``'s.
+
+    Raises:
+        ForeignSchemaChange: naming the column and both types; nothing was written.
+    """
+    mismatch = column_mismatch(pa.schema([f for f in store if f.name in columns]), columns)
+    if mismatch is None:
+        return
+    field, found = mismatch
+    assert found is not None
+    raise ForeignSchemaChange(
+        f"sink {sink!r}: column {field.name!r} is {found.sql_type} in the sink's table but "
+        f"{field.type} in the expected state (table {table!r}), which verify cannot compare "
+        "(it would refuse the table from now on): its type was changed by someone else. "
+        f"Change it back, or {REBUILD}; nothing was written",
+        sink=sink,
+        table=table,
+        column=field.name,
+        change="retyped",
+        sink_type=found.sql_type,
+        expected_type=str(field.type),
+    )

@@ -31,7 +31,12 @@ from typing import Any, Protocol
 
 import psycopg
 
-from reconcile.core.contract import ConfigurationError, FencedError, RetryableError
+from reconcile.core.contract import (
+    ConfigurationError,
+    FencedError,
+    RetryableError,
+    WriterIdentity,
+)
 from reconcile.core.lease import Lease
 from reconcile.core.progress import ProgressLog
 from reconcile.core.sink import capabilities_of
@@ -126,13 +131,23 @@ def terminate_old_sessions(cycle: CommitCycle, *, wait_ms: int = 5000) -> int:
     it). Each session is ended in a statement of its own, so that one that
     cannot be ended (gone meanwhile, refused) does not spare the others.
     Call it before this process opens sessions of its own for these sinks.
-    A sink without a Postgres target (files, Delta, HTTP) has no session to
-    end: its fence alone stops the old writer.
+    A sink of another SQL backend ends its own (``end_writer_sessions``: the
+    writer's marked sessions, each in a try of its own). A sink without
+    sessions (files, Delta, HTTP) has none to end: its fence alone stops the
+    old writer.
     """
     prefix = f"reconcile:{cycle.pipeline}:"
     ended = 0
     seen: set[str] = set()
-    for sink in cycle.sinks.values():
+    for name, sink in cycle.sinks.items():
+        end_own = getattr(sink, "end_writer_sessions", None)
+        if callable(end_own):
+            try:
+                ended += int(end_own(WriterIdentity(cycle.pipeline, cycle.progress.log_id)))
+            except Exception as exc:  # one sink's failure must not spare the others' sessions
+                # Not fatal: the fence still rejects the old writer (see above).
+                log.warning("takeover: could not end old sessions of sink %s: %r", name, exc)
+            continue
         target = getattr(sink, "target", None)
         if target is None or not hasattr(target, "connect") or target.describe() in seen:
             continue

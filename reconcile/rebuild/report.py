@@ -41,6 +41,9 @@ class RebuildReport:
     resumed: bool = False
     tables: dict[str, TableReport] = field(default_factory=dict)
     seconds: dict[str, float] = field(default_factory=dict)
+    # The app (package.module:function) the new logic ran as, kept in the
+    # rebuild log: a run of that app afterwards carries the rebuild's logic.
+    app: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready: the plan's samples as they are (keys and values of the rows)."""

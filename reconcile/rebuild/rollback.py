@@ -59,6 +59,10 @@ def rollback(
         report.tables = {n: TableReport(store_before=before.get(n, {}).get("before"))
                          for n in stores}  # fmt: skip
         label = rollback_label(newest.rebuild)
+        # The rollback's rebases carry the rebuild's "started" step too: the
+        # rebuild log must hold it for as long as the store shows them.
+        started = next(e.seq for e in journal.entries()
+                       if e.rebuild == newest.rebuild and e.step == "started")  # fmt: skip
         for name, store in stores.items():
             still_leading()
             table = report.tables[name]
@@ -71,7 +75,10 @@ def rollback(
             back = store.prepare_rebase(old.select(store.user_schema.names),
                                         through=newest.base_epoch)  # fmt: skip
             table.store_after = store.rebase(
-                back, label=label, metadata={"reconcile.logic_version": newest.previous or ""}
+                back,
+                label=label,
+                metadata={"reconcile.logic_version": newest.previous or ""},
+                started=started,
             )
         clock.step("store")
         if newest.step != "started":

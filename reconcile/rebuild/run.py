@@ -41,7 +41,7 @@ import secrets
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import cast
+from typing import TypedDict, Unpack, cast
 
 import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
 from deltalake import DeltaTable
@@ -118,10 +118,25 @@ def _prepare(
     return prepared, plans
 
 
+class LogicNames(TypedDict, total=False):
+    """What a rebuild's caller knows of the logics by name.
+
+    Attributes:
+        previous: the logic in force, when no earlier rebuild named it.
+        app: the app the new logic runs as (``package.module:function``), kept
+            in the rebuild log so that a run of it afterwards carries the new
+            logic version (``reconcile run``).
+    """
+
+    previous: str | None
+    app: str | None
+
+
 def plan(build: Callable[[], CommitCycle], recompute: Recompute, *, logic_version: str,
-         sample: int = 5) -> RebuildReport:  # fmt: skip
+         sample: int = 5, previous: str | None = None) -> RebuildReport:  # fmt: skip
     """What a rebuild to ``logic_version`` would write: per table, the rows it would
     insert, update and delete, with a sample. Reads only: no lease, no generation.
+    ``previous``: the logic in force, when no earlier rebuild named it (as for ``rebuild``).
 
     Raises:
         InvalidInputError: nothing was decided yet, or the new logic's rows do not
@@ -132,7 +147,7 @@ def plan(build: Callable[[], CommitCycle], recompute: Recompute, *, logic_versio
         newest = RebuildLog(store_root(cycle), cycle.pipeline).newest()
         epoch = decided_epoch(cycle)
         report = RebuildReport(cycle.pipeline, logic_version,
-                               newest.logic_in_force if newest else None, epoch)  # fmt: skip
+                               newest.logic_in_force if newest else previous, epoch)  # fmt: skip
         clock = Clock(report)
         _, plans = _prepare(tables_of(cycle), recompute, epoch, sample)
         report.tables = {name: TableReport(plan=p) for name, p in plans.items()}
@@ -149,9 +164,9 @@ def rebuild(
     logic_version: str,
     lease: PreemptibleLease | None = None,
     part_rows: int = DEFAULT_PART_ROWS,
-    previous: str | None = None,
     sample: int = 5,
     progress: Progress | None = None,
+    **names: Unpack[LogicNames],
 ) -> RebuildReport:
     """Converge every sink of the pipeline to ``recompute``'s new logic (see the module docs).
 
@@ -163,9 +178,9 @@ def rebuild(
         lease: the pipeline's lease, taken first (None: the caller made sure no
             writer runs; the generation fences one that does).
         part_rows: rows per sink transaction.
-        previous: the logic in force, when no earlier rebuild named it.
         sample: keys per kind in each table's plan.
         progress: called with (what, done, in all) after each sink transaction.
+        **names: ``previous`` and ``app`` (``LogicNames``).
 
     Returns:
         The report; ``step`` is "switched" once done.
@@ -179,7 +194,8 @@ def rebuild(
     """
     if not logic_version or not isinstance(logic_version, str):
         raise ConfigurationError(f"logic_version must be a non-empty string, got {logic_version!r}")
-    report = RebuildReport("", logic_version, previous, None)
+    previous = names.get("previous")
+    report = RebuildReport("", logic_version, previous, None, app=names.get("app"))
     clock = Clock(report)
     with as_writer(build, lease, clock) as (cycle, still_leading):
         report.pipeline, report.generation = cycle.pipeline, cycle.generation
@@ -251,7 +267,7 @@ def _rebase_all(stores: dict[str, ExpectedStateStore], prepared: dict[str, Rebas
         if table.store_after is None:
             table.store_after = store.rebase(
                 prepared[name], label=entry.rebuild,
-                metadata={"reconcile.logic_version": entry.logic_version},
+                metadata={"reconcile.logic_version": entry.logic_version}, started=entry.seq,
             )  # fmt: skip
 
 
@@ -287,6 +303,7 @@ def _resume(cycle: CommitCycle, stores: dict[str, ExpectedStateStore],
     """Finish an unfinished rebuild (the log and its newest step) from that step."""
     journal, newest = unfinished
     report.rebuild, report.previous = newest.rebuild, newest.previous
+    report.app = newest.detail.get("app") or report.app  # the app the rebuild began with
     report.base_epoch, report.step = newest.base_epoch, newest.step
     if decided_epoch(cycle) != newest.base_epoch:
         raise InvalidInputError(

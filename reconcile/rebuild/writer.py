@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Protocol
+from typing import Any, Protocol
 
 from expected_state.rebuilds import RebuildEntry, RebuildLog
 from expected_state.store import ExpectedStateStore
@@ -145,8 +145,10 @@ def append_step(
     assert report.rebuild is not None and report.base_epoch is not None
     generation = report.generation or 0
     check_generation(cycle, generation)
-    detail = {"tables": {n: {"before": t.store_before, "after": t.store_after}
-                         for n, t in report.tables.items()}}  # fmt: skip
+    detail: dict[str, Any] = {"tables": {n: {"before": t.store_before, "after": t.store_after}
+                                         for n, t in report.tables.items()}}  # fmt: skip
+    if report.app:
+        detail["app"] = report.app
     entry = journal.append(rebuild=report.rebuild, generation=generation, step=step,
                            logic_version=report.logic_version, previous=report.previous,
                            base_epoch=report.base_epoch, detail=detail)  # fmt: skip

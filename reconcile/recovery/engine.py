@@ -22,14 +22,17 @@ from __future__ import annotations
 
 import logging
 import time
+from contextlib import nullcontext
+from dataclasses import replace
 
 import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
 
 from reconcile.core import hooks, interrupts
+from reconcile.core.claims import Claim, Decided, check_claim
 from reconcile.core.conform import check_columns
 from reconcile.core.contract import InvalidInputError, MassChangeError, RetryableError
 from reconcile.core.expected import ExpectedStore
-from reconcile.core.target import RecoveryTarget, Repair, SinkSnapshot
+from reconcile.core.target import RecoveryTarget, Repair, RepairTurn, SinkSnapshot, repair_turn
 from reconcile.recovery.brake import Brake, BrakeReading, counted_changes, refusal
 from reconcile.recovery.buckets import BucketLimits
 from reconcile.recovery.finding import Found, check_step, find_buckets, find_full, find_scoped
@@ -88,8 +91,27 @@ def reconcile_table(
             than the brake allows; nothing was written.
         ConfigurationError: a mode or a brake fraction that is not one.
         RetryableError: epochs kept committing during every attempt.
+        UntrustedRecordError: the sink records an epoch past the store's newest
+            (``trust_newest``); nothing was pulled or written.
     """
     options = options or RecoverOptions()
+    # A repair holds the table's turn from before its pull until it ends: a
+    # second repair of the table waits here, then pulls what the first left,
+    # and its report says that it waited. A verify writes nothing: no turn.
+    with nullcontext(RepairTurn()) if options.dry_run else repair_turn(target) as turn:
+        report = _reconcile(target, store, options, bucket_options)
+    if not turn.waited_s:
+        return report
+    return replace(report, repair_wait_s=turn.waited_s, repair_waited_for=turn.holder)
+
+
+def _reconcile(
+    target: RecoveryTarget,
+    store: ExpectedStore,
+    options: RecoverOptions,
+    bucket_options: BucketLimits | None,
+) -> ReconcileReport:
+    """``reconcile_table``'s work, once the repair has its turn at the table."""
     mode, brake = options.chosen_mode(), options.brake()
     after_crash, target_epoch, dry_run = options.after_crash, options.target_epoch, options.dry_run
     progress, since_epoch = options.progress, options.since_epoch
@@ -122,6 +144,7 @@ def reconcile_table(
         epoch = last if current is None else current
         with target.snapshot(schema, keys) as snap:
             newest = snap.newest_epoch
+            trust_newest(target, store, newest)
             chosen, why = choose_mode(
                 mode,
                 after_crash=after_crash,
@@ -215,11 +238,41 @@ def reconcile_table(
             provenance=traced.rows,
             provenance_note=traced.note,
             foreign_writes=traced.foreign,
+            foreign_rows=traced.foreign_rows,
+            foreign_transactions=traced.foreign_transactions,
+            scope=found.scope,
         )
     raise RetryableError(
         f"table {target.display}: epochs kept committing during {_MAX_ATTEMPTS} repair "
         "attempts (the newest marker moved each time); nothing was written, run it again"
     )
+
+
+def trust_newest(target: RecoveryTarget, store: ExpectedStore, newest: int | None) -> None:
+    """Refuse a sink whose records claim an epoch past the store's newest one.
+
+    The sink's newest marker (snapshot, log entry) is what scoped mode starts
+    from and what a repair must follow: a record someone else wrote claiming
+    more than the store holds would narrow the pull and make a repair stand
+    for epochs that never ran. Held to the store's newest epoch (which every
+    decided epoch is recorded in before it reaches a sink) with the rule every
+    sink uses (``reconcile.core.claims``); nothing is pulled or written.
+
+    Raises:
+        UntrustedRecordError: naming the table, the epoch it claims and the store's.
+    """
+    if newest is None:
+        return
+    claim = Claim(
+        sink=store.sink,
+        what=f"table {target.display}",
+        record=f"the sink's newest record (epoch {newest})",
+        kind="newest epoch",
+        epoch=newest,
+    )
+    refused = check_claim(claim, Decided(store.last_epoch()))
+    if refused is not None:
+        raise refused
 
 
 def _weigh(found: Found, snap: SinkSnapshot, mode: Mode, store: ExpectedStore, newest: int | None,

@@ -72,6 +72,8 @@ class Found:
     differing: int = 0
     # Buckets mode stopped after its first level: why full mode costs less.
     dearer: str | None = None
+    # Scoped mode: the rows it looked at ("": every row, or every differing range).
+    scope: str = ""
 
 
 def find_full(snap: SinkSnapshot, source: ExpectedSource, schema: pa.Schema, keys: list[str],
@@ -122,7 +124,11 @@ def find_scoped(snap: SinkSnapshot, source: ExpectedSource, schema: pa.Schema,
         expected = source.of_keys(epoch, keys, scope, since)
         compared = expected.select([*keys, HASH])
         diff = diff_tables(compared, actual, keys)
-    return Found(diff, expected, raw.num_rows)
+    scope = (
+        f"the {changed.num_rows} keys the store changed after epoch {since}, and the sink's "
+        f"rows of epochs after {since}"
+    )
+    return Found(diff, expected, raw.num_rows, scope=scope)
 
 
 def find_buckets(

@@ -47,6 +47,9 @@ __all__ = [
 # Differing rows traced by default: enough to tell a hand edit from a
 # pipeline's, few enough that the query stays small.
 DEFAULT_PROVENANCE_ROWS = 10
+# Differing rows whose writers are counted (not traced one by one): the count
+# follows the drift, bounded here; past it the note says of how many.
+FOREIGN_COUNT_ROWS = 100_000
 NOT_AVAILABLE = "not available on this sink: its rows do not carry their writing transaction"
 UNREADABLE = "provenance could not be read"
 NO_COMMIT_TIMES = (
@@ -68,11 +71,20 @@ class WriterSnapshot(Protocol):
 
 @dataclass(frozen=True)
 class Provenance:
-    """What the trace found: one entry per traced row, a note, the foreign writes among them."""
+    """What the trace found: one entry per traced row, a note, the foreign writes among them.
+
+    ``foreign`` counts the traced rows a foreign transaction wrote;
+    ``foreign_rows`` every differing row (changed or extra, up to
+    ``FOREIGN_COUNT_ROWS`` of them) and ``foreign_transactions`` the distinct
+    transactions among those: "10 foreign writes" said nothing of the 45 rows
+    that really were.
+    """
 
     rows: tuple[dict[str, Any], ...] = ()
     note: str = ""
     foreign: int | None = None
+    foreign_rows: int | None = None
+    foreign_transactions: int | None = None
 
 
 def sample(diff: Diff, keys: list[str], limit: int) -> list[tuple[str, pa.Table]]:
@@ -225,4 +237,39 @@ def trace(snap: SinkSnapshot, source: ExpectedSource, diff: Diff, expected: pa.T
                             "(it committed before track_commit_timestamp was on)"
                         )
             entries.append(entry)
-    return Provenance(tuple(entries), "" if tracked else NO_COMMIT_TIMES, foreign)
+    note = "" if tracked else NO_COMMIT_TIMES
+    counted = _count_foreign(snap, diff, keys, source.schema, entries)
+    if counted is None:
+        return Provenance(tuple(entries), note, foreign)
+    rows, transactions, every = counted
+    if not every:
+        more = f"foreign writes counted among the first {FOREIGN_COUNT_ROWS} differing rows"
+        note = f"{note}; {more}" if note else more
+    return Provenance(tuple(entries), note, foreign, rows, transactions)
+
+
+def _count_foreign(snap: WriterSnapshot, diff: Diff, keys: list[str], schema: pa.Schema,
+                   traced: list[dict[str, Any]]) -> tuple[int, int, bool] | None:  # fmt: skip
+    """(rows, distinct transactions) a foreign transaction wrote among the differing rows.
+
+    The traced entries answer when they are every changed and extra row;
+    else the writers of those rows (up to ``FOREIGN_COUNT_ROWS``) are read in
+    one more query. Whether every such row was counted is the third value;
+    None: the writers could not be read.
+    """
+    held = diff.changed.num_rows + diff.extra.num_rows
+    seen = [e for e in traced if e["kind"] != "missing"]
+    if len(seen) == held:
+        xids = [e["xid"] for e in seen if e["writer"] == "foreign"]
+        return len(xids), len(set(xids)), True
+    key_schema = pa.schema([schema.field(k) for k in keys])
+    wanted = pa.concat_tables(
+        [t.select(keys).cast(key_schema) for t in (diff.changed, diff.extra)]
+    ).slice(0, FOREIGN_COUNT_ROWS)
+    raw, _tracked, _problem = snap.row_writers(wanted)
+    if raw is None:
+        return None
+    meta = raw.select([XID, ENGINE, BEFORE]).to_pylist()
+    # The same decision as each traced row's (see trace).
+    xids = [m[XID] for m in meta if m[XID] is not None and not m[ENGINE] and m[BEFORE] is None]
+    return len(xids), len(set(xids)), held <= FOREIGN_COUNT_ROWS

@@ -6,7 +6,12 @@ import json
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from reconcile.core.contract import MassChangeError, StoreIntegrityError, StoreLostRowsError
+from reconcile.core.contract import (
+    MassChangeError,
+    StoreIntegrityError,
+    StoreLostRowsError,
+    UntrustedRecordError,
+)
 
 __all__ = ["ReconcileReport", "refused_fields"]
 
@@ -49,6 +54,17 @@ class ReconcileReport:
         foreign_writes: how many of the traced rows a foreign transaction
             wrote (0 without drift); None when tracing is off or the sink
             cannot say.
+        foreign_rows: how many of all the differing rows (changed and extra)
+            a foreign transaction wrote, traced or not; None when unknown.
+        foreign_transactions: how many distinct foreign transactions wrote them.
+        repair_wait_s: how long this repair waited for another repair of the
+            table to finish before it pulled (0.0: it did not wait); what it
+            found is what that repair left.
+        repair_waited_for: whose repair it waited for (e.g. "backend pid 4242
+            (reconcile-cli)"); "" when it did not wait.
+        scope: what scoped mode looked at (the keys the store changed after an
+            epoch, and the sink's rows of later epochs): drift elsewhere in the
+            table is not looked at; "" when every row was (full, buckets).
     """
 
     table: str
@@ -72,6 +88,11 @@ class ReconcileReport:
     provenance: tuple[dict[str, Any], ...] = ()
     provenance_note: str = ""
     foreign_writes: int | None = None
+    foreign_rows: int | None = None
+    foreign_transactions: int | None = None
+    repair_wait_s: float = 0.0
+    repair_waited_for: str = ""
+    scope: str = ""
 
     @property
     def drift(self) -> bool:
@@ -90,7 +111,8 @@ def refused_fields(error: BaseException) -> dict[str, Any] | None:
     ``refused`` says why, in a word an alert can match: ``store_lost_rows``
     (the store lost rows: never reported as extra sink rows),
     ``store_integrity`` (the store holds what the engine did not write) or
-    ``mass_change`` (the brake); the error's details (files, epochs, counts) follow.
+    ``mass_change`` (the brake) or ``untrusted_record`` (the sink records an
+    epoch the store never decided); the error's details (files, epochs, counts) follow.
     """
     if isinstance(error, StoreLostRowsError):
         reason = "store_lost_rows"
@@ -98,6 +120,8 @@ def refused_fields(error: BaseException) -> dict[str, Any] | None:
         reason = "store_integrity"
     elif isinstance(error, MassChangeError):
         reason = "mass_change"
+    elif isinstance(error, UntrustedRecordError):
+        reason = "untrusted_record"
     else:
         return None
     fields = {k: v for k, v in error.details.items() if k != "table"}

@@ -26,6 +26,7 @@ from reconcile.engine.driver import RetryPolicy
 from reconcile.spark.outputs import Transform, apply_transform
 from reconcile.spark.staging import (
     VIAS,
+    ColumnsAhead,
     StagePlan,
     collect_rows,
     driver_result_limit,
@@ -193,7 +194,13 @@ class BatchStager:
         """The executor path of ``sink`` for frames of this schema (planned on first use)."""
         key = (sink, frame.schema.json())
         if key not in self._plans:
-            self._plans[key] = plan_stage(cycle, sink, frame)
+            try:
+                self._plans[key] = plan_stage(cycle, sink, frame)
+            except ColumnsAhead as ahead:
+                # Not kept: once this batch's epoch has added the columns, the
+                # next batch of this schema is planned again, for the executors.
+                log.info("%s", ahead)
+                return None
         return self._plans[key]
 
     def sweep(self, pipeline: str, batch_id: int) -> None:

@@ -12,8 +12,9 @@ cycle's upserts leave. Per micro-batch, not over the union of the files,
 because a transform of a micro-batch (an aggregate, a dedup) means what it
 does within one batch.
 
-Only file sources are replayed this way: a Kafka topic or a rate source has
-no file list to read again (the log is refused, naming the checkpoint).
+A Kafka source keeps no file list: its micro-batches are read again from the
+offsets the store recorded for each epoch (``replay_kafka``). Other sources
+(a rate source, a table) are refused, naming the checkpoint.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from urllib.parse import urlparse
 import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
 
 from expected_state.merge import last_per_key
+from expected_state.source_offsets import OffsetRange
 from reconcile.core.contract import ConfigurationError, InvalidInputError
 from reconcile.spark.outputs import apply_transform, identity
 from reconcile.spark.staging import arrow_schema
@@ -46,6 +48,16 @@ _STREAM_ONLY = frozenset(
 def _local(path: str) -> Path:
     parsed = urlparse(path)
     return Path(parsed.path) if parsed.scheme in ("", "file") else Path(path)
+
+
+def _has_file_log(checkpoint: str) -> bool:
+    """Whether the checkpoint's only source keeps a file list (its log names files)."""
+    folder = _local(checkpoint) / "sources" / "0"
+    entries = sorted(folder.glob("[0-9]*")) if folder.is_dir() else []
+    for entry in entries:
+        for line in entry.read_bytes().lstrip(b"\x00").decode(errors="replace").splitlines()[1:]:
+            return '"path"' in line
+    return True  # no entries: let file_source_batches say what is wrong
 
 
 def file_source_batches(checkpoint: str, through: int) -> dict[int, list[str]]:
@@ -98,13 +110,18 @@ def file_source_batches(checkpoint: str, through: int) -> dict[int, list[str]]:
 
 
 class _BatchReader:
-    """``spark.readStream``'s builder, reading one micro-batch's files in batch."""
+    """``spark.readStream``'s builder, reading one micro-batch's files (or offsets) in batch."""
 
-    def __init__(self, spark: Any, files: Sequence[str]) -> None:
-        self._spark, self._files = spark, list(files)
+    def __init__(self, spark: Any, source: Sequence[str] | Sequence[OffsetRange]) -> None:
+        self._spark = spark
+        self._files = [s for s in source if isinstance(s, str)]
+        self._ranges = [s for s in source if isinstance(s, OffsetRange)]
         self._format: str | None = None
         self._schema: Any = None
         self._options: dict[str, Any] = {}
+        # Every micro-batch's offsets, checked against the topic's retention once
+        # (by the first micro-batch's read); None: checked already, or files.
+        self._check: Mapping[int, Sequence[OffsetRange]] | None = None
 
     def format(self, source: str) -> _BatchReader:
         self._format = source
@@ -124,13 +141,30 @@ class _BatchReader:
 
     def load(self, path: str | None = None, format: str | None = None, schema: Any = None,
              **options: Any) -> Any:  # fmt: skip
-        reader = self._spark.read.format(format or self._format or "parquet")
+        source = format or self._format or "parquet"
+        if source == "kafka":
+            return self._kafka({**self._options, **options})
+        reader = self._spark.read.format(source)
         if (schema or self._schema) is not None:
             reader = reader.schema(schema or self._schema)
         wanted = {**self._options, **options}
         reader = reader.options(**{k: v for k, v in wanted.items()
                                    if k.lower() not in _STREAM_ONLY})  # fmt: skip
         return reader.load(self._files)
+
+    def _kafka(self, options: Mapping[str, Any]) -> Any:
+        from reconcile.spark.replay_kafka import check_retained, kafka_read
+
+        if self._files:
+            raise ConfigurationError(
+                "the app reads Kafka, but the checkpoint's source log lists files: the app "
+                "is not the one that wrote this checkpoint"
+            )
+        if self._check is not None:
+            client = {k[len("kafka.") :]: v for k, v in options.items()
+                      if k.startswith("kafka.") and k != "kafka.bootstrap.servers"}  # fmt: skip
+            check_retained(str(options.get("kafka.bootstrap.servers", "")), self._check, client)
+        return kafka_read(self._spark, options, self._ranges)
 
     def json(self, path: str, schema: Any = None, **options: Any) -> Any:
         return self.load(path, "json", schema, **options)
@@ -149,18 +183,29 @@ class _BatchReader:
 
 
 class BatchSession:
-    """A SparkSession whose ``readStream`` reads one micro-batch's files in batch."""
+    """A SparkSession whose ``readStream`` reads one micro-batch's files (or offsets) in batch."""
 
-    def __init__(self, spark: Any, files: Sequence[str]) -> None:
-        self._spark, self._files = spark, files
+    def __init__(
+        self,
+        spark: Any,
+        source: Sequence[str] | Sequence[OffsetRange],
+        check: Mapping[int, Sequence[OffsetRange]] | None = None,
+    ) -> None:
+        self._spark, self._source, self._check = spark, source, check
 
     @property
     def readStream(self) -> _BatchReader:
-        """This micro-batch's files, read in batch, whatever the app asks to stream."""
-        return _BatchReader(self._spark, self._files)
+        """This micro-batch's input, read in batch, whatever the app asks to stream."""
+        reader = _BatchReader(self._spark, self._source)
+        reader._check = self._check
+        return reader
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._spark, name)
+
+
+def _are_files(source: Sequence[str] | Sequence[OffsetRange]) -> bool:
+    return all(isinstance(s, str) for s in source)
 
 
 def _rows(frame: Any) -> pa.Table:
@@ -174,11 +219,16 @@ def _rows(frame: Any) -> pa.Table:
 def _batches(
     spark: Any,
     app: Callable[[Any], tuple[Any, Mapping[str, Any] | None]],
-    batches: Mapping[int, Sequence[str]],
+    batches: Mapping[int, Sequence[str] | Sequence[OffsetRange]],
     sinks: Sequence[str],
 ) -> Iterator[tuple[int, dict[str, pa.Table]]]:
-    for batch_id, files in batches.items():
-        frame, outputs = app(BatchSession(spark, files))
+    first = True
+    for batch_id, source in batches.items():
+        # Offsets are checked against the topic's retention once, before the
+        # first micro-batch reads anything.
+        check: Any = batches if first and not _are_files(source) else None
+        first = False
+        frame, outputs = app(BatchSession(spark, source, check))
         transforms = outputs or {}
         rows = {}
         for sink in sinks:
@@ -195,6 +245,7 @@ def replay(
     tables: Mapping[str, tuple[Sequence[str], Sequence[str]]],
     on_batch: Callable[[int, int], None] | None = None,
     retained: str | None = None,
+    store: tuple[str, str] | None = None,
 ) -> dict[str, pa.Table]:
     """Each sink table's state after the micro-batches up to ``through``, under ``app``.
 
@@ -212,6 +263,9 @@ def replay(
         through: the newest decided epoch (= micro-batch id).
         tables: sink -> (its key columns, its columns as the store holds them).
         on_batch: called with (micro-batches done, in all) after each.
+        store: (the store's root, the pipeline): a stream whose checkpoint keeps no
+            file list (a Kafka source) is replayed from the offsets the store
+            recorded for each epoch (``reconcile.spark.replay_kafka``).
 
     Returns:
         sink -> its rows, one per key (the last one written).
@@ -220,10 +274,15 @@ def replay(
         ConfigurationError: see ``file_source_batches``.
         InvalidInputError: a transform's rows lack a column of the table (named).
     """
+    batches: dict[int, Sequence[str] | Sequence[OffsetRange]]
     if retained is not None:
-        batches: dict[int, list[str]] = {through: [retained]}
+        batches = {through: [retained]}
+    elif store is not None and not _has_file_log(checkpoint):
+        from reconcile.spark.replay_kafka import kafka_batches
+
+        batches = dict(kafka_batches(store[0], store[1], through))
     else:
-        batches = file_source_batches(checkpoint, through)
+        batches = dict(file_source_batches(checkpoint, through))
     parts: dict[str, list[pa.Table]] = {sink: [] for sink in tables}
     for done, (batch_id, rows) in enumerate(_batches(spark, app, batches, list(tables)), 1):
         for sink, table in rows.items():

@@ -6,16 +6,19 @@ import os
 import sys
 from typing import Any
 
+from reconcile.spark.jars import spark_jars
+
 __all__ = ["local_session"]
 
 
 def local_session(app_name: str = "reconcile", master: str = "local[2]", **conf: str) -> Any:
     """Start (or return) a Spark session for one machine (``local[2]`` by default).
 
-    UI and console progress off, Arrow on, UTC, 4 shuffle partitions, and the
-    running interpreter for the Python workers. ``conf`` adds or overrides
-    settings (dots as in Spark's keys). Raises whatever Spark raises if it
-    cannot start.
+    UI and console progress off, Arrow on, UTC, 4 shuffle partitions, the
+    running interpreter for the Python workers, and the connectors cached in the
+    venv (``reconcile.spark.jars``: Kafka) on the classpath. ``conf`` adds or
+    overrides settings (dots as in Spark's keys). Raises whatever Spark raises
+    if it cannot start.
     """
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
@@ -35,6 +38,9 @@ def local_session(app_name: str = "reconcile", master: str = "local[2]", **conf:
         .config("spark.executor.extraJavaOptions", "-Duser.timezone=UTC")
         .config("spark.executorEnv.PYSPARK_PYTHON", sys.executable)
     )
+    jars = spark_jars()
+    if jars:
+        builder = builder.config("spark.jars", ",".join(jars))
     for key, value in conf.items():
         builder = builder.config(key, value)
     return builder.getOrCreate()

@@ -42,7 +42,7 @@ import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
 
 from expected_state.parts import PartWriter
 from reconcile.core import hooks
-from reconcile.core.contract import ConfigurationError, FatalError
+from reconcile.core.contract import FatalError
 from reconcile.core.staged import SharedStage, StagedEpoch, StageUnavailable, has_shared_stage
 from reconcile.engine.cycle import CommitCycle
 from reconcile.spark.hashing import row_hash_column
@@ -51,6 +51,7 @@ __all__ = [
     "COLLECT_MAX_BYTES",
     "PARTITION_STAGED",
     "VIAS",
+    "ColumnsAhead",
     "StagePlan",
     "collect_rows",
     "driver_result_limit",
@@ -231,6 +232,10 @@ class StagePlan:
     spark_hash: dict[str, str] | None = None
 
 
+class ColumnsAhead(Exception):
+    """The micro-batch brings columns the target (or its store table) lacks: not staged here yet."""
+
+
 def plan_stage(cycle: CommitCycle, sink: str, frame: Any) -> StagePlan | None:
     """The executor path for ``sink``, or None if its rows must go through the driver.
 
@@ -241,8 +246,10 @@ def plan_stage(cycle: CommitCycle, sink: str, frame: Any) -> StagePlan | None:
     (see ``sinks.objects.stages.open_stage``), with a warning that says why.
 
     Raises:
-        ConfigurationError: the frame has a column the target table lacks
-            (naming it), or lacks a key column; nothing was staged.
+        ColumnsAhead: the frame has a column the target table or its store
+            table lacks (a schema change, which the driver's way makes); not
+            a plan to keep.
+        InvalidInputError: the frame lacks a key column; nothing was staged.
     """
     client: object = cycle.sinks.get(sink)
     expected = cycle.expected_state
@@ -254,11 +261,20 @@ def plan_stage(cycle: CommitCycle, sink: str, frame: Any) -> StagePlan | None:
     table = client.stage_target()
     if list(table.key) != list(store.key_columns):
         return None  # the sink nets by another key than the store: the driver path checks it
-    unknown = [c for c in frame.columns if c not in table.columns]
-    if unknown:
-        raise ConfigurationError(
-            f"sink {sink!r}: the micro-batch has column {unknown[0]!r}, which table "
-            f"{table.display} does not have; nothing was staged"
+    stored = store.current_schema()
+    new = [c for c in frame.columns
+           if c not in table.columns or (stored is not None and c not in stored.names)]  # fmt: skip
+    if new:
+        # A schema change: the epoch adds the columns to the table (in its txn,
+        # after the fence check) and to the store, which only the driver's way
+        # does; the staging table has the target's columns, so it could not
+        # take them before. This batch goes the driver's way, the next ones
+        # are staged here again once the columns are there.
+        lacking = f"table {table.display}" if set(new) - set(table.columns) else "its store"
+        raise ColumnsAhead(
+            f"pipeline {cycle.pipeline}, sink {sink!r}: the micro-batch brings column(s) {new}, "
+            f"which {lacking} lacks: it goes the driver's way, whose epoch adds them; the next "
+            "micro-batches are staged on the executors again"
         )
     try:
         stage = table.open_stage(cycle.pipeline)

@@ -64,6 +64,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Unpack
 
+from expected_state.source_offsets import SourceOffsets
 from reconcile.core import hooks
 from reconcile.core.contract import ConfigurationError, InvalidInputError
 from reconcile.core.progress import EpochStatus
@@ -71,6 +72,7 @@ from reconcile.core.results import CommitSucceeded
 from reconcile.engine.cycle import CommitCycle
 from reconcile.engine.driver import Driver, DriveReport, RetryPolicy
 from reconcile.spark.batch_stage import BatchStager, BatchStats
+from reconcile.spark.kafka_offsets import batch_offsets
 from reconcile.spark.options import StreamKeywords, StreamOptions
 from reconcile.spark.outputs import Transform, apply_transform, identity, outputs_of
 from reconcile.spark.staging import (
@@ -136,8 +138,10 @@ class StreamWriter:
         retry: RetryPolicy | None = None,
         via: str = "auto",
         collect_max_bytes: int = COLLECT_MAX_BYTES,
+        checkpoint: str | os.PathLike[str] | None = None,
     ) -> None:
         self.outputs = dict(outputs) if outputs is not None else None
+        self.checkpoint = None if checkpoint is None else os.fspath(checkpoint)
         self.staging = os.path.abspath(os.fspath(staging))
         self.driver = Driver(build, retry=retry)
         self.stager = BatchStager(self.staging, via, collect_max_bytes, self.driver.policy)
@@ -208,6 +212,7 @@ class StreamWriter:
             staged_at = time.perf_counter()
             stats.stage_ms = round((staged_at - began) * 1000, 1)
             hooks.point(BATCH_STAGED)
+            self._record_offsets(cycle, batch_id)
             self.driver.run(batch_id, outputs_of(cycle.pipeline, batch_id, staged))
             stats.commit_ms = round((time.perf_counter() - staged_at) * 1000, 1)
             result = self.report.results[-1] if self.report.results else None
@@ -220,6 +225,19 @@ class StreamWriter:
             # been mid-commit, and only the next success proves it is done.)
             shutil.rmtree(run_folder, ignore_errors=True)
         self.stager.sweep(cycle.pipeline, batch_id)
+
+    def _record_offsets(self, cycle: CommitCycle, batch_id: int) -> None:
+        """Keep the batch's Kafka offsets in the store, before its epoch can be decided.
+
+        A rebuild replays a Kafka-fed epoch from them (``reconcile.spark.replay``):
+        recorded before the decision, every decided epoch has them. A stream of
+        another source, or a pipeline without an expected state, records nothing.
+        """
+        if self.checkpoint is None or cycle.expected_state is None:
+            return
+        ranges = batch_offsets(self.checkpoint, batch_id)
+        if ranges is not None:
+            SourceOffsets(cycle.expected_state.root, cycle.pipeline).record(batch_id, ranges)
 
     def close(self) -> None:
         """Wait for the last batch's sweep, and close the cycle's sinks (the query has stopped)."""
@@ -272,7 +290,8 @@ def start_query(
         )
     limit = COLLECT_MAX_BYTES if options.collect_max_bytes is None else options.collect_max_bytes
     writer = StreamWriter(build, options.outputs, staging=options.staging, retry=options.retry,
-                          via=options.via, collect_max_bytes=limit)  # fmt: skip
+                          via=options.via, collect_max_bytes=limit,
+                          checkpoint=options.checkpoint)  # fmt: skip
     if started is not None:
         writer.driver.adopt(*started)
     checkpoint = os.fspath(options.checkpoint)

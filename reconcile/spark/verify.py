@@ -49,7 +49,7 @@ from reconcile.core import errors, hooks, interrupts
 from reconcile.core.conform import _UNCONVERTIBLE, check_columns
 from reconcile.core.contract import InvalidInputError, MassChangeError, validate_name
 from reconcile.core.expected import ExpectedStore
-from reconcile.core.target import KeyRange
+from reconcile.core.target import KeyRange, repair_turn
 from reconcile.recovery.brake import Brake, BrakeReading, refusal
 from reconcile.recovery.diff import Diff
 from reconcile.recovery.provenance import Provenance, trace
@@ -256,6 +256,27 @@ def spark_recover(
     """
 
     request = SparkRecoverOptions(**options)
+    if request.dry_run:
+        return _recover(spark, dsn, store, pipeline, table, request)
+    # A repair holds the table's turn (``recovery.engine``'s reason): a second
+    # repair of the table, on Spark or not, waits for this one before it pulls.
+    table_schema, table_name = _split(table, request.schema)
+    name = validate_name("sink", request.sink if request.sink is not None else table_name)
+    holder = SinkAt(dsn, table_name, table_schema, None, name, pipeline).target(write=False)
+    try:
+        with repair_turn(holder) as turn:
+            report = _recover(spark, dsn, store, pipeline, table, request)
+    finally:
+        holder.close()
+    if not turn.waited_s:
+        return report
+    return replace(report, repair_wait_s=turn.waited_s, repair_waited_for=turn.holder)
+
+
+def _recover(
+    spark: Any, dsn: str, store: str, pipeline: str, table: str, request: SparkRecoverOptions
+) -> SparkReport:
+    """``spark_recover``'s work (a repair's once it holds the table's turn)."""
     keys, dry_run = request.keys, request.dry_run
     started = time.monotonic()
     validate_name("pipeline", pipeline)

@@ -11,12 +11,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from reconcile.core.claims import Decided
 from reconcile.core.contract import (
     Fatal,
     MarkerMismatchError,
     Ok,
     SinkOutcome,
     SinkTxnId,
+    UntrustedRecordError,
     WriterIdentity,
 )
 from reconcile.core.sink import bind_writer, has_durable_prepare
@@ -275,6 +277,45 @@ def another_logs_commit_is_never_ok(harness: SinkHarness) -> None:
     _close(first, fresh)
 
 
+def an_undecided_commit_is_never_ok(harness: SinkHarness) -> None:
+    """a commit of an epoch the store never decided is refused, never "already committed".
+
+    Only for sinks with ``bind``: epoch 3 is committed under log A by a writer
+    bound without a store (what a co-tenant copying the log id writes). A
+    writer of log A whose store decided epochs up to 2 must be refused with an
+    UntrustedRecordError, and nothing written; one whose store decided epoch 3
+    finds it in (``reconcile.core.claims``).
+    """
+    forger = harness.new_sink("s1")
+    if getattr(forger, "bind", None) is None:
+        _close(forger)
+        return
+    bind_writer(forger, WriterIdentity(P, "log-a"))
+    txn = _txn(3)
+    forger.stage(txn, rows_for(3))
+    _ok(forger.prepare(txn), "prepare without a store")
+    _ok(forger.commit(txn), "commit without a store")
+    before = harness.committed("s1")
+    behind = harness.new_sink("s1")
+    bind_writer(behind, WriterIdentity(P, "log-a", decisions=Decided(epoch=2, generation=1)))
+    behind.stage(txn, rows_for(3, nonce=5))
+    for operation in ("prepare", "commit"):
+        outcome = getattr(behind, operation)(txn)
+        expect(
+            isinstance(outcome, Fatal) and isinstance(outcome.error, UntrustedRecordError),
+            f"{operation} of an epoch the store never decided must be Fatal "
+            f"(UntrustedRecordError), got {outcome!r}",
+        )
+    expect(harness.committed("s1") == before, "and nothing may be written")
+    decided = harness.new_sink("s1")
+    bind_writer(decided, WriterIdentity(P, "log-a", decisions=Decided(epoch=3, generation=1)))
+    decided.stage(txn, rows_for(3, nonce=6))
+    _ok(decided.prepare(txn), "prepare of an epoch the store decided and the sink holds")
+    _ok(decided.commit(txn), "commit of an epoch the store decided and the sink holds")
+    expect(harness.committed("s1") == before, "a replay of a decided epoch writes nothing")
+    _close(forger, behind, decided)
+
+
 CONTRACT_CHECKS: list[Callable[[SinkHarness], None]] = [
     prepared_is_durable_and_invisible,
     commit_is_idempotent_by_epoch,
@@ -288,4 +329,5 @@ CONTRACT_CHECKS: list[Callable[[SinkHarness], None]] = [
     stale_abort_keeps_the_newer_batch,
     committed_epoch_prepare_ok_abort_fatal,
     another_logs_commit_is_never_ok,
+    an_undecided_commit_is_never_ok,
 ]

@@ -25,6 +25,7 @@ from typing import Any, TypeVar
 from deltalake import DeltaTable
 
 from expected_state.delta_commit import DataFile
+from reconcile.core.claims import Claim
 from reconcile.core.contract import (
     Fatal,
     FatalError,
@@ -33,7 +34,7 @@ from reconcile.core.contract import (
     SinkTxnId,
     TxnIdParseError,
 )
-from sinks.ownership import foreign_commit
+from sinks.ownership import WriterBinding, foreign_commit
 
 __all__ = [
     "FILES_DIR",
@@ -253,13 +254,15 @@ def commit_owner_outcome(
     *,
     sink: str,
     uri: str,
-    log_id: str | None,
+    binding: WriterBinding,
 ) -> SinkOutcome | None:
-    """None if the commit of ``txn_id``'s (committed) epoch was made for ``log_id``, else Fatal.
+    """None if the commit of ``txn_id``'s (committed) epoch is this writer's, else Fatal.
 
-    The log id is read from that commit's metadata. If the commit is no longer
-    in the Delta log (log retention), whose it was cannot be told, and that is
-    an error too: answering OK on a guess is what would skip an epoch silently.
+    This writer's: made for its progress log, and claiming only what the
+    store decided (``reconcile.core.claims``). The log id is read from that
+    commit's metadata. If the commit is no longer in the Delta log (log
+    retention), whose it was cannot be told, and that is an error too:
+    answering OK on a guess is what would skip an epoch silently.
 
     Args:
         table: the table, whose token says the epoch is committed.
@@ -267,8 +270,9 @@ def commit_owner_outcome(
         txn_id: the txn being prepared or committed.
         where: "prepare" or "commit", for the message.
         sink: the sink's name; uri: its table, for the message.
-        log_id: the bound writer's log id (None: unbound).
+        binding: the writer the sink serves (its log id, and the store's decisions).
     """
+    log_id = binding.log_id
     record = commit_record(table, app_id, txn_id.epoch)
     if record is None:
         return Fatal.of(
@@ -288,7 +292,16 @@ def commit_owner_outcome(
         )
     found = record.get(LOG_ID_KEY)
     if found == log_id:
-        return None
+        # This log's commit: believed only as far as the store decided.
+        try:
+            txn = SinkTxnId.from_string(str(record.get("reconcile.txn")))
+            generation: int | None = txn.generation
+        except TxnIdParseError:
+            generation = None
+        claim = Claim(sink, f"Delta sink {sink!r}", f"Delta table {uri!r} (version "
+                      f"{record.get('version')})", "commit", txn_id.epoch,
+                      generation=generation)  # fmt: skip
+        return binding.untrusted(claim)
     return foreign_commit(
         f"Delta sink {sink!r}",
         txn_id,

@@ -7,7 +7,7 @@ from typing import Any
 import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
 from deltalake import DeltaTable
 
-from reconcile.core.contract import InvalidInputError
+from reconcile.core.contract import RowsRejectedError
 
 __all__ = ["EPOCH_COLUMN", "data_schema_is_empty", "rows_to_arrow", "state_schema"]
 
@@ -32,7 +32,7 @@ def rows_to_arrow(
     """The rows plus ``_epoch`` in the table's schema (or the declared one, or inferred).
 
     Raises:
-        InvalidInputError: a column the table lacks, or a value that does not fit;
+        RowsRejectedError: a column the table lacks, or a value that does not fit;
             it names the table, and nothing was written.
     """
     schema = stored if stored is not None and len(stored) > 1 else None
@@ -43,15 +43,18 @@ def rows_to_arrow(
         if schema is not None:
             extra = sorted({k for r in with_epoch for k in r} - set(schema.names))
             if extra:
-                raise InvalidInputError(
+                raise RowsRejectedError(
                     f"column {extra[0]!r} is not in the table {uri!r} "
-                    f"(columns: {schema.names}); nothing was written"
+                    f"(columns: {schema.names}); nothing was written",
+                    table=uri,
+                    column=extra[0],
+                    epoch=epoch,
                 )
             return pa.Table.from_pylist(with_epoch, schema=schema)
         data = pa.Table.from_pylist(with_epoch)
     except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
-        raise InvalidInputError(
-            f"rows do not fit the table {uri!r}: {exc}; nothing was written"
+        raise RowsRejectedError(
+            f"rows do not fit the table {uri!r}: {exc}; nothing was written", table=uri, epoch=epoch
         ) from exc
     return data
 

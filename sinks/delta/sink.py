@@ -364,7 +364,7 @@ class DeltaSink:
             where,
             sink=self._name,
             uri=self.uri,
-            log_id=self._binding.log_id,
+            binding=self._binding,
         )
 
     def _remove_manifest(self, txn_id: SinkTxnId) -> None:

@@ -10,6 +10,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from reconcile.core import hooks
+from reconcile.core.claims import Claim
 from reconcile.core.contract import (
     OK,
     Fatal,
@@ -190,7 +191,11 @@ class FileSink(BatchStaging):
             )
         found = header.get("log_id")
         if found == self._binding.log_id:
-            return OK
+            # This log's batch: believed only as far as the store decided.
+            claim = Claim(self._name, f"file sink {self._name!r}", f"committed batch {path}",
+                          "commit", txn_id.epoch, generation=_generation(path))  # fmt: skip
+            untrusted = self._binding.untrusted(claim)
+            return OK if untrusted is None else untrusted
         return foreign_commit(
             f"file sink {self._name!r}",
             txn_id,
@@ -262,3 +267,11 @@ def open_uri(name: str, uri: str) -> FileSink:
         ConfigurationError: the URI names a remote host.
     """
     return FileSink(name, local_path(name, uri))
+
+
+def _generation(path: Path) -> int | None:
+    """The writer generation a committed batch's name carries (None: not a txn id)."""
+    try:
+        return SinkTxnId.from_string(path.name.removesuffix(_SUFFIX)).generation
+    except TxnIdParseError:
+        return None

@@ -13,6 +13,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
+from reconcile.core.claims import Claim
 from reconcile.core.contract import (
     OK,
     ConfigurationError,
@@ -331,6 +332,14 @@ class HttpSink:
             mismatch = self._log_mismatch(txn_id, action, payload)
             if mismatch is not None:  # (a Fatal is falsy: never `mismatch or OK`)
                 return mismatch
+            # The receiver's word for this log's commit: believed only as far
+            # as the store decided (reconcile.core.claims).
+            claim = Claim(self._name, f"HTTP sink {self._name!r}",
+                          f"the receiver's answer at {self.base_url}", "commit", echoed.epoch,
+                          generation=echoed.generation)  # fmt: skip
+            untrusted = self._binding.untrusted(claim)
+            if untrusted is not None:
+                return untrusted
         return OK
 
     def _log_mismatch(

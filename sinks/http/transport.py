@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from urllib.parse import parse_qsl, quote, unquote, urlsplit
 
 from reconcile.core.contract import ConfigurationError, RetryableError
+from reconcile.core.redaction import Redactor
 
 __all__ = ["Endpoint", "Reply", "Secrets", "exchange", "parse_endpoint"]
 
@@ -36,8 +37,11 @@ class Secrets:
     """Strings that must never appear in a message, a log line or a repr."""
 
     def __init__(self, values: Iterable[str] = ()) -> None:
-        # Longest first, so a secret that contains another is scrubbed whole.
         self._values = sorted({v for v in values if v}, key=len, reverse=True)
+        # The core's one redaction: each value in every form (percent-encoded,
+        # escaped, base64), then every secret shape (a URI's password, a
+        # secret-named parameter).
+        self._redact = Redactor(self._values)
 
     def with_value(self, value: str) -> Secrets:
         """These secrets and ``value``."""
@@ -45,9 +49,7 @@ class Secrets:
 
     def scrub(self, text: str) -> str:
         """``text`` with every secret replaced by ``***``."""
-        for value in self._values:
-            text = text.replace(value, "***")
-        return text
+        return self._redact(text)
 
 
 @dataclass(frozen=True, repr=False)

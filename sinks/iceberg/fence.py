@@ -3,6 +3,11 @@
 Each answer is read from the metadata that the operation's commit will
 require to be current (``tokens.commit_once``), so none of them is a
 read-then-write: if the table moved, the commit fails and nothing is written.
+
+Whatever the metadata says is held to what the store decided before it is
+believed (``reconcile.core.claims``): a snapshot of this writer's log that
+claims an epoch, the newest-epoch property and the fence property are
+records anyone who can write the table can write.
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.table import Table
 from pyiceberg.table.update import RemovePropertiesUpdate
 
+from reconcile.core.claims import Claim
 from reconcile.core.contract import (
     OK,
     Fatal,
@@ -27,49 +33,79 @@ from sinks.iceberg.tokens import (
     int_property,
     new_transaction,
 )
-from sinks.ownership import foreign_commit
+from sinks.ownership import WriterBinding, foreign_commit
 
 __all__ = ["committed_outcome", "fence_refusal", "tidy"]
 
 
-def fence_refusal(table: Table | None, txn_id: SinkTxnId, display: str) -> SinkOutcome | None:
-    """Fatal if a newer generation than ``txn_id``'s holds the table; None otherwise."""
+def _what(txn_id: SinkTxnId, display: str) -> str:
+    return f"Iceberg sink {txn_id.sink!r} ({display})"
+
+
+def fence_refusal(
+    table: Table | None, txn_id: SinkTxnId, display: str, binding: WriterBinding
+) -> SinkOutcome | None:
+    """Fatal if a newer generation than ``txn_id``'s holds the table; None otherwise.
+
+    A fence newer than every generation the store granted is no writer's:
+    it is refused as an untrusted record, not obeyed as a takeover.
+    """
     if table is None:
         return None
-    newest = int_property(table.metadata.properties, SinkKeys.of(txn_id).generation)
-    if newest is not None and newest > txn_id.generation:
-        return Fatal.of(
-            FencedError(
-                f"Iceberg sink {txn_id.sink!r} ({display}), {txn_id}: fenced, generation "
-                f"{newest} has taken over; nothing was written",
-                generation=txn_id.generation,
-                fence=newest,
-            )
+    keys = SinkKeys.of(txn_id)
+    newest = int_property(table, keys.generation)
+    if newest is None or newest <= txn_id.generation:
+        return None
+    claim = Claim(txn_id.sink, _what(txn_id, display),
+                  f"table property {keys.generation!r} of Iceberg table {display}", "fence",
+                  None, generation=newest)  # fmt: skip
+    if (untrusted := binding.untrusted(claim)) is not None:
+        return untrusted
+    return Fatal.of(
+        FencedError(
+            f"Iceberg sink {txn_id.sink!r} ({display}), {txn_id}: fenced, generation "
+            f"{newest} has taken over; nothing was written",
+            generation=txn_id.generation,
+            fence=newest,
         )
-    return None
+    )
 
 
 def committed_outcome(
-    table: Table, txn_id: SinkTxnId, where: str, log_id: str | None, display: str
+    table: Table, txn_id: SinkTxnId, where: str, binding: WriterBinding, display: str
 ) -> SinkOutcome | None:
-    """OK if the epoch is in for this writer's log, Fatal if for another's, None if not in.
+    """OK if the epoch is in for this writer, Fatal if its record is not trusted, None if not in.
 
     The cases:
 
-    - no snapshot carries the epoch, and the high-water mark is below it: not
-      in (None), the operation goes on;
-    - a snapshot carries it, written for ``log_id``: it is in (OK), and a
-      replay writes nothing;
+    - the high-water mark is below the epoch: not in (None), the operation goes on;
+    - the high-water mark claims an epoch the store has not decided: Fatal
+      (UntrustedRecordError), whatever the history holds;
+    - a snapshot carries the epoch (or a repair covers it), written for this
+      writer's log, claiming only decided epochs and granted generations: it
+      is in (OK), and a replay writes nothing;
+    - such a snapshot claiming more than the store decided: Fatal
+      (UntrustedRecordError), never "already committed";
     - a snapshot carries it for another progress log: Fatal
       (MarkerMismatchError), never "already committed";
     - the high-water mark is the epoch but its snapshot is gone (expired by
       snapshot maintenance): whose it was cannot be read, so Fatal too, never
       a guess.
     """
-    snapshot = committed_snapshot(table.metadata, txn_id)
+    log_id = binding.log_id
     keys = SinkKeys.of(txn_id)
-    if snapshot is None:
-        if int_property(table.metadata.properties, keys.epoch) == txn_id.epoch:
+    newest = int_property(table, keys.epoch)
+    if newest is not None and newest >= txn_id.epoch:
+        # Only a mark at or past the epoch says anything of it: a new epoch's
+        # prepare and commit (the mark below it) ask the store nothing.
+        mark = Claim(txn_id.sink, _what(txn_id, display),
+                     f"table property {keys.epoch!r} of Iceberg table {display}", "newest epoch",
+                     newest)  # fmt: skip
+        if (untrusted := binding.untrusted(mark)) is not None:
+            return untrusted
+    record = committed_snapshot(table, txn_id)
+    if record is None:
+        if newest == txn_id.epoch:
             return Fatal.of(MarkerMismatchError(
                 f"Iceberg sink {txn_id.sink!r}, {where} of {txn_id}: {display} records epoch "
                 f"{txn_id.epoch} as its newest, but no snapshot of main's history carries it "
@@ -79,18 +115,17 @@ def committed_outcome(
                 pipeline=txn_id.pipeline, sink=txn_id.sink, epoch=txn_id.epoch, log_id=log_id,
             ))  # fmt: skip
         return None
-    summary = snapshot.summary
-    found = None if summary is None else summary.get("reconcile.log-id")
-    if found == log_id:
-        return OK
+    if record.log_id == log_id:
+        untrusted = binding.untrusted(record.claim(txn_id.sink, _what(txn_id, display), display))
+        return OK if untrusted is None else untrusted
     return foreign_commit(
         f"Iceberg sink {txn_id.sink!r}",
         txn_id,
         where,
-        found_txn=str(None if summary is None else summary.get("reconcile.txn")),
-        found_log=found,
+        found_txn=str(record.txn),
+        found_log=record.log_id,
         log_id=log_id,
-        location=f"Iceberg table {display} (snapshot {snapshot.snapshot_id})",
+        location=f"Iceberg table {display} (snapshot {record.snapshot.snapshot_id})",
         advice=(
             "to write this pipeline's epochs again, give it a new table (another table name "
             "or namespace): the table's history cannot be taken back."

@@ -21,9 +21,11 @@ from dataclasses import dataclass, field
 from urllib.parse import parse_qsl, urlsplit
 
 from pyiceberg.catalog import Catalog, load_catalog
+from pyiceberg.io import PY_IO_IMPL
 
 from reconcile.core.contract import ConfigurationError
-from sinks.base import redact_uri
+from reconcile.core.redaction import is_secret_name, redact, redact_uri
+from sinks.iceberg.bounded_io import IO_IMPL
 
 __all__ = ["DEFAULT_NAMESPACE", "IcebergLocation", "parse_uri"]
 
@@ -44,7 +46,8 @@ class IcebergLocation:
     """
 
     catalog: str
-    properties: dict[str, str] = field(default_factory=dict)
+    # Not in the repr: a property may hold a secret (credential=, s3.secret-access-key=).
+    properties: dict[str, str] = field(default_factory=dict, repr=False)
     namespace: str = DEFAULT_NAMESPACE
     table: str = ""
     key: tuple[str, ...] = ()
@@ -65,12 +68,19 @@ class IcebergLocation:
             ConfigurationError: pyiceberg cannot build the catalog from these
                 properties (the properties are not shown: they may hold secrets).
         """
+        properties = dict(self.properties)
+        if properties and PY_IO_IMPL not in properties:
+            # The catalog reads table metadata through a FileIO that bounds it
+            # (sinks.iceberg.bounded_io); a FileIO the user chose is kept.
+            properties[PY_IO_IMPL] = IO_IMPL
         try:
-            return load_catalog(self.catalog, **self.properties)
+            return load_catalog(self.catalog, **properties)
         except Exception as exc:  # pyiceberg raises ValueError, NotInstalledError, ...
+            # pyiceberg's message may echo a property: the secret ones are taken out.
+            secrets = [v for k, v in self.properties.items() if is_secret_name(k)]
             raise ConfigurationError(
                 f"Iceberg catalog {self.catalog!r} cannot be loaded with the properties given "
-                f"({sorted(self.properties)}): {type(exc).__name__}: {exc}"
+                f"({sorted(self.properties)}): {type(exc).__name__}: {redact(str(exc), *secrets)}"
             ) from None
 
     def with_table(

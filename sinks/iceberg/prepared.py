@@ -32,8 +32,15 @@ import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
 import pyarrow.parquet as pq  # type: ignore[import-untyped, unused-ignore]
 from pyiceberg.table import Table
 
-from reconcile.core.contract import Fatal, FatalError, SinkOutcome, SinkTxnId, TxnIdParseError
-from sinks.iceberg.tokens import SinkKeys
+from reconcile.core.contract import (
+    Fatal,
+    FatalError,
+    ObjectTooLargeError,
+    SinkOutcome,
+    SinkTxnId,
+    TxnIdParseError,
+)
+from sinks.iceberg.tokens import BadPropertyError, SinkKeys
 
 __all__ = [
     "INTENT_DIR",
@@ -65,13 +72,18 @@ _Sink = TypeVar("_Sink")
 def refuse_bad_record(
     operation: Callable[[_Sink, SinkTxnId], SinkOutcome],
 ) -> Callable[[_Sink, SinkTxnId], SinkOutcome]:
-    """A prepared record that fails its checks becomes a Fatal naming it; nothing is touched."""
+    """A record or property that fails its checks becomes a Fatal naming it; nothing is touched.
+
+    A retry would read the same garbage again: the operation stops, naming
+    the table, the property and the value (or the metadata file too large to
+    read, ``sinks.iceberg.bounded_io``).
+    """
 
     @functools.wraps(operation)
     def checked(sink: _Sink, txn_id: SinkTxnId) -> SinkOutcome:
         try:
             return operation(sink, txn_id)
-        except BadRecordError as exc:
+        except (BadRecordError, BadPropertyError, ObjectTooLargeError) as exc:
             return Fatal.of(exc)
 
     return checked

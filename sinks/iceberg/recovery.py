@@ -84,7 +84,7 @@ class _Snapshot:
                  keys: list[str]) -> None:  # fmt: skip
         self.target, self.table, self.schema, self.keys = target, table, schema, keys
         sink_keys = SinkKeys(target.pipeline, target.sink.name)
-        self.newest_epoch = int_property(table.metadata.properties, sink_keys.epoch)
+        self.newest_epoch = int_property(table, sink_keys.epoch)
         self.warnings: list[str] = []
         # Files are pruned by column bounds, never read by a key range's index.
         self.narrow_ranges = False
@@ -228,7 +228,7 @@ class IcebergRecoveryTarget:
         table = self._table()
         keys = SinkKeys(self.pipeline, self.sink.name)
         properties = table.metadata.properties
-        fence = int_property(properties, keys.generation)
+        fence = int_property(table, keys.generation)
         if self.generation is not None and fence is not None and fence > self.generation:
             raise FencedError(
                 f"Iceberg sink {self.sink.name!r} ({self.display}): generation "
@@ -236,7 +236,7 @@ class IcebergRecoveryTarget:
                 generation=self.generation,
                 fence=fence,
             )
-        newest = int_property(properties, keys.epoch)
+        newest = int_property(table, keys.epoch)
         if newest != repair.seen_newest:
             return None
         target = repair.target_epoch

@@ -30,12 +30,19 @@ import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
 import pyarrow.compute as pc  # type: ignore[import-untyped, unused-ignore]
 from pyiceberg.expressions import AlwaysTrue, And, BooleanExpression
 from pyiceberg.io.pyarrow import ArrowScan, _dataframe_to_data_files
-from pyiceberg.manifest import DataFile, ManifestContent, ManifestFile
-from pyiceberg.table import Table, TableProperties, Transaction
+from pyiceberg.manifest import (
+    DataFile,
+    ManifestContent,
+    ManifestEntry,
+    ManifestEntryStatus,
+    ManifestFile,
+)
+from pyiceberg.table import FileScanTask, Table, TableProperties, Transaction
 from pyiceberg.table.snapshots import Operation
 from pyiceberg.table.update.snapshot import _ManifestMergeManager, _OverwriteFiles
 
 from sinks.iceberg.expressions import at_least, at_most, one_of
+from sinks.iceberg.rebase import Carry, live
 
 __all__ = [
     "IN_LIST_LIMIT",
@@ -67,6 +74,9 @@ class Rewrite:
     removed: list[DataFile]
     added: list[DataFile]
     rows_removed: int
+    # The filter the files that may hold an affected key pass: a rebase
+    # checks the files appended since against it (rebase.rebase_onto).
+    prune: BooleanExpression | None = None
 
 
 def _prune_filter(affected: pa.Table, keys: Sequence[str]) -> BooleanExpression:
@@ -93,13 +103,9 @@ def plan_rewrite(
     removed: list[DataFile] = []
     kept: list[pa.Table] = []
     rows_removed = 0
-    if affected.num_rows and table.metadata.current_snapshot_id is not None:
-        try:
-            row_filter = _prune_filter(affected, keys)
-            tasks = list(table.scan(row_filter=row_filter).plan_files())
-        except (TypeError, ValueError):
-            # A key type whose literals pyiceberg cannot bind: read every file.
-            tasks = list(table.scan(row_filter=AlwaysTrue()).plan_files())
+    prune = _prune(affected, keys) if affected.num_rows else None
+    tasks = _candidates(table, prune)
+    if tasks:
         reader = ArrowScan(table.metadata, table.io, table.schema(), AlwaysTrue())
         for task in tasks:
             rows = reader.to_table([task]).cast(target)
@@ -111,7 +117,26 @@ def plan_rewrite(
             kept.append(survivors.select(target.names).cast(target))
     new = pa.concat_tables([*kept, upserts.cast(target)]) if kept else upserts.cast(target)
     added = list(_dataframe_to_data_files(table.metadata, new, table.io)) if new.num_rows else []
-    return Rewrite(removed, added, rows_removed)
+    return Rewrite(removed, added, rows_removed, prune)
+
+
+def _prune(affected: pa.Table, keys: Sequence[str]) -> BooleanExpression:
+    """The files' filter: by the keys, or every file for a key type pyiceberg cannot bind."""
+    try:
+        return _prune_filter(affected, keys)
+    except (TypeError, ValueError):
+        return AlwaysTrue()
+
+
+def _candidates(table: Table, prune: BooleanExpression | None) -> list[FileScanTask]:
+    """The data files of ``table``'s snapshot that ``prune`` matches (none without keys)."""
+    if prune is None or table.metadata.current_snapshot_id is None:
+        return []
+    try:
+        return list(table.scan(row_filter=prune).plan_files())
+    except (TypeError, ValueError):
+        # A key type whose literals pyiceberg cannot bind: read every file.
+        return list(table.scan(row_filter=AlwaysTrue()).plan_files())
 
 
 class _MergingOverwrite(_OverwriteFiles):
@@ -124,7 +149,43 @@ class _MergingOverwrite(_OverwriteFiles):
     the sink's default count is MERGE_MANIFESTS_AT, not pyiceberg's 100).
     """
 
+    carry: Carry | None = None
+
+    def _deleted_entries(self) -> list[ManifestEntry]:
+        carry = self.carry
+        if carry is not None and carry.reusable and carry.deleted is not None:
+            # A rebase onto appends only: the same entries, deleted by this snapshot.
+            return [
+                ManifestEntry.from_args(
+                    status=ManifestEntryStatus.DELETED,
+                    snapshot_id=self._snapshot_id,
+                    sequence_number=entry.sequence_number,
+                    file_sequence_number=entry.file_sequence_number,
+                    data_file=entry.data_file,
+                )
+                for entry in carry.deleted
+            ]
+        entries = super()._deleted_entries()
+        if carry is not None:
+            carry.deleted = entries
+        return entries
+
+    def _existing_manifests(self) -> list[ManifestFile]:
+        carry = self.carry
+        if carry is not None and carry.reusable and carry.existing is not None:
+            # Nothing of the old base read again; a manifest of deleted
+            # entries only is left out, as the appends since left it out.
+            return [*(m for m in carry.existing if live(m)), *carry.appended]
+        existing = super()._existing_manifests()
+        if carry is not None:
+            carry.existing = existing
+        return existing
+
     def _process_manifests(self, manifests: list[ManifestFile]) -> list[ManifestFile]:
+        if self.carry is not None and self.carry.reusable:
+            # A rebase stays as cheap as what was appended meanwhile: merging
+            # reads every manifest, so it waits for an uncontended epoch.
+            return manifests
         properties = self._transaction.table_metadata.properties
         merger = _ManifestMergeManager(
             target_size_bytes=int(
@@ -144,15 +205,32 @@ class _MergingOverwrite(_OverwriteFiles):
         return merger.merge_manifests(data) + deletes
 
 
-def stage_snapshot(transaction: Transaction, rewrite: Rewrite, summary: dict[str, str]) -> None:
-    """Stage ONE overwrite snapshot that removes and adds the rewrite's files."""
-    first = transaction.table_metadata.current_snapshot_id is None
+def stage_snapshot(
+    transaction: Transaction, rewrite: Rewrite, summary: dict[str, str], carry: Carry | None = None
+) -> None:
+    """Stage ONE overwrite snapshot that removes and adds the rewrite's files.
+
+    With ``carry``, what the staging reads of its base is kept there, or,
+    once ``rebase.rebase_onto`` found it still holds, reused instead.
+    """
+    base = transaction.table_metadata.current_snapshot()
     snapshot = _MergingOverwrite(
-        operation=Operation.APPEND if first else Operation.OVERWRITE,
+        operation=Operation.APPEND if base is None else Operation.OVERWRITE,
         transaction=transaction,
         io=transaction._table.io,
         snapshot_properties=summary,
     )
+    if carry is not None:
+        snapshot.carry = carry
+        if carry.snapshot_id is None:
+            carry.snapshot_id = snapshot._snapshot_id
+        else:
+            # The manifests written by the first staging carry its id.
+            snapshot._snapshot_id = carry.snapshot_id
+        if not carry.reusable:
+            carry.base = None if base is None else base.snapshot_id
+            manifests = [] if base is None else base.manifests(transaction._table.io)
+            carry.base_manifests = frozenset(m.manifest_path for m in manifests if live(m))
     with snapshot:
         for data_file in rewrite.removed:
             snapshot.delete_data_file(data_file)

@@ -19,11 +19,8 @@ from typing import Any
 
 import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
 from pyiceberg.catalog import Catalog
-from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.table import Table
-from pyiceberg.table.update import RemovePropertiesUpdate, SetPropertiesUpdate
 
-from reconcile.core import hooks
 from reconcile.core.contract import (
     OK,
     ConfigurationError,
@@ -39,7 +36,6 @@ from reconcile.core.sink import SinkCapabilities
 from sinks.iceberg import prepared as records
 from sinks.iceberg.fence import committed_outcome, fence_refusal, tidy
 from sinks.iceberg.location import IcebergLocation, parse_uri
-from sinks.iceberg.rewrite import plan_rewrite, remove_files, stage_snapshot
 from sinks.iceberg.rows import (
     EPOCH_COLUMN,
     arrow_upserts,
@@ -48,20 +44,11 @@ from sinks.iceberg.rows import (
     to_arrow,
 )
 from sinks.iceberg.tables import create_table, key_columns, load_table
-from sinks.iceberg.tokens import (
-    KIND_CLAIM,
-    SinkKeys,
-    commit_once,
-    epoch_summary,
-    int_property,
-    new_transaction,
-)
-from sinks.ownership import WriterBinding, foreign_prepare
+from sinks.iceberg.tokens import SinkKeys
+from sinks.iceberg.writing import COMMIT_CHECKED, abort_record, commit_intent, record_intent
+from sinks.ownership import WriterBinding
 
 __all__ = ["COMMIT_CHECKED", "IcebergSink"]
-
-# Between commit()'s reading of the table (record, fence, order) and its catalog commit.
-COMMIT_CHECKED = hooks.declare("iceberg_sink.commit.checked")
 
 
 class IcebergSink:
@@ -169,11 +156,11 @@ class IcebergSink:
             return bad
         table = self.table()
         if table is not None:
-            done = committed_outcome(table, txn_id, "prepare", self._binding.log_id, self.display)
+            done = committed_outcome(table, txn_id, "prepare", self._binding, self.display)
             if done is not None:  # the epoch is in (OK), or in for another log (Fatal)
                 self._staged.pop(txn_id.key, None)
                 return done
-            if (fenced := fence_refusal(table, txn_id, self.display)) is not None:
+            if (fenced := fence_refusal(table, txn_id, self.display, self._binding)) is not None:
                 return fenced
         staged = self._staged.get(txn_id.key)
         if staged is None:
@@ -201,7 +188,10 @@ class IcebergSink:
             intent = self._intent(table, staged, txn_id.epoch)
         except (InvalidInputError, ConfigurationError) as exc:
             return Fatal(f"Iceberg sink {self._name!r}, {txn_id}: {exc}", exc)
-        return self._record(table, txn_id, intent)
+        outcome = record_intent(self, table, txn_id, intent)
+        if outcome:
+            del self._staged[txn_id.key]
+        return outcome
 
     def _intent(self, table: Table, staged: list[Any], epoch: int) -> pa.Table:
         keys = self.key_columns(table)
@@ -223,43 +213,6 @@ class IcebergSink:
             to_arrow(upserts, schema, self.display), to_arrow(deletes, key_schema, self.display)
         )
 
-    def _record(self, table: Table, txn_id: SinkTxnId, intent: pa.Table) -> SinkOutcome:
-        """Write the intent file, then record it: one commit, main required unchanged."""
-        keys = SinkKeys.of(txn_id)
-        old = records.read_record(table, keys, txn_id.epoch)
-        path = records.write_intent(table, txn_id, intent) if intent.num_rows else None
-        record = records.PreparedRecord(txn_id, path, self._binding.log_id)
-        properties = {keys.prepared(txn_id.epoch): records.record_body(txn_id, path, record.log_id)}
-        transaction = new_transaction(table)
-        fence = int_property(table.metadata.properties, keys.generation)
-        if fence is None or fence < txn_id.generation:
-            # The claim: a newer generation raises the fence AND moves main (an
-            # empty snapshot), so every commit a stale writer planned before
-            # this fails the catalog's assert-ref-snapshot-id (tokens.py).
-            properties[keys.generation] = str(txn_id.generation)
-            claim = epoch_summary(txn_id, self._binding.log_id, kind=KIND_CLAIM)
-            with transaction.update_snapshot(snapshot_properties=claim).fast_append():
-                pass
-        try:
-            commit_once(table, transaction, (SetPropertiesUpdate(updates=properties),))
-        except CommitFailedException as exc:
-            # Another commit came first (a newer writer's claim, or another
-            # epoch): nothing was recorded. Fenced if a newer generation holds it.
-            records.delete_intent(table, record)
-            fenced = fence_refusal(self.table(), txn_id, self.display)
-            return (
-                fenced
-                if fenced is not None
-                else Retryable(
-                    f"Iceberg sink {self._name!r}, {txn_id}: prepare conflicted with another "
-                    f"commit of {self.display}; nothing was recorded: {exc}"
-                )
-            )
-        if old is not None and old.intent != path:
-            records.delete_intent(table, old)  # prepared again: the new intent replaces it
-        del self._staged[txn_id.key]
-        return OK
-
     @records.refuse_bad_record
     def commit(self, txn_id: SinkTxnId) -> SinkOutcome:
         """Make the prepared intent visible as ONE snapshot tagged with the txn's epoch."""
@@ -272,81 +225,7 @@ class IcebergSink:
                 return OK  # an empty epoch before the table exists: nothing to show
             return Fatal(f"Iceberg sink {self._name!r}, {txn_id}: commit of a txn that was "
                          f"never prepared (the table {self.display} does not exist)")  # fmt: skip
-        done = committed_outcome(table, txn_id, "commit", self._binding.log_id, self.display)
-        if done is not None:
-            # Committed before (the reply was lost, a replay, or a recovering
-            # writer settling a stale writer's leftover): only tidy up.
-            if done:
-                tidy(table, txn_id)
-            return done
-        if (fenced := fence_refusal(table, txn_id, self.display)) is not None:
-            return fenced
-        keys = SinkKeys.of(txn_id)
-        newest = int_property(table.metadata.properties, keys.epoch)
-        if newest is not None and newest > txn_id.epoch:
-            # The high-water mark must never move back: an older epoch after a
-            # newer one would make the newer one look uncommitted.
-            return Fatal(f"Iceberg sink {self._name!r}, {txn_id}: epoch {txn_id.epoch} is older "
-                         f"than committed epoch {newest}; committing it would reorder epochs; "
-                         "nothing was written")  # fmt: skip
-        record = records.read_record(table, keys, txn_id.epoch)
-        if record is None:
-            return Fatal(f"Iceberg sink {self._name!r}, {txn_id}: commit of a txn that was "
-                         "never prepared")  # fmt: skip
-        if record.log_id != self._binding.log_id:
-            return foreign_prepare(f"Iceberg sink {self._name!r}", txn_id,
-                                   found_log=record.log_id, log_id=self._binding.log_id,
-                                   location=f"table property {keys.prepared(txn_id.epoch)!r} "
-                                   f"of {self.display}")  # fmt: skip
-        return self._commit_record(table, txn_id, record)
-
-    def _commit_record(
-        self, table: Table, txn_id: SinkTxnId, record: records.PreparedRecord
-    ) -> SinkOutcome:
-        keys = SinkKeys.of(txn_id)
-        try:
-            changes = records.read_intent(table, record)
-        except FileNotFoundError:
-            return Fatal(f"Iceberg sink {self._name!r}, {txn_id}: the prepared intent file "
-                         f"{record.intent!r} is missing (removed by hand, or by an orphan-file "
-                         "clean-up); nothing was written")  # fmt: skip
-        if changes is None:
-            empty = table.schema().as_arrow().empty_table()
-            upserts, deletes = empty, empty
-        else:
-            upserts, deletes = records.ops_of(changes)
-        rewrite = plan_rewrite(table, upserts, deletes, self.key_columns(table))
-        transaction = new_transaction(table)
-        stage_snapshot(transaction, rewrite, epoch_summary(txn_id, self._binding.log_id))
-        fence = int_property(table.metadata.properties, keys.generation) or 0
-        properties = {keys.generation: str(max(fence, txn_id.generation)),
-                      keys.epoch: str(txn_id.epoch)}  # fmt: skip
-        if self._binding.log_id is not None:
-            properties[keys.log_id] = self._binding.log_id
-        hooks.point(COMMIT_CHECKED)
-        try:
-            commit_once(table, transaction, (
-                SetPropertiesUpdate(updates=properties),
-                RemovePropertiesUpdate(removals=[keys.prepared(txn_id.epoch)]),
-            ))  # fmt: skip
-        except CommitFailedException as exc:
-            # A requirement failed: nothing was written. A newer writer's claim
-            # fences us; anything else (another epoch's commit) is retried. The
-            # files written for this attempt are named by no snapshot: removed.
-            remove_files(table, [f.file_path for f in rewrite.added])
-            fenced = fence_refusal(self.table(), txn_id, self.display)
-            return (
-                fenced
-                if fenced is not None
-                else Retryable(
-                    f"Iceberg sink {self._name!r}, {txn_id}: commit conflicted with another commit "
-                    f"of {self.display}; nothing was written: {exc}"
-                )
-            )
-        # Any other exception escapes: the outcome is unknown, and the next
-        # commit() looks for the epoch's snapshot before anything else.
-        records.delete_intent(table, record)
-        return OK
+        return commit_intent(self, table, txn_id)
 
     @records.refuse_bad_record
     def abort(self, txn_id: SinkTxnId) -> SinkOutcome:
@@ -356,24 +235,7 @@ class IcebergSink:
         table = self.table()
         if table is None:
             return OK
-        if committed_outcome(table, txn_id, "abort", self._binding.log_id, self.display):
-            tidy(table, txn_id)
-            return Fatal(f"Iceberg sink {self._name!r}, {txn_id}: abort of a committed txn; "
-                         "data stays")  # fmt: skip
-        record = records.read_record(table, SinkKeys.of(txn_id), txn_id.epoch)
-        if record is None:
-            return OK
-        if record.txn.generation > txn_id.generation:
-            return OK  # a newer writer's prepared batch of the epoch: not ours to discard
-        removal = RemovePropertiesUpdate(removals=[SinkKeys.of(txn_id).prepared(txn_id.epoch)])
-        try:
-            commit_once(table, new_transaction(table), (removal,))
-        except CommitFailedException as exc:
-            # A newer writer may have claimed the table meanwhile: read again.
-            return Retryable(f"Iceberg sink {self._name!r}, {txn_id}: abort conflicted with "
-                             f"another commit; nothing was removed: {exc}")  # fmt: skip
-        records.delete_intent(table, record)
-        return OK
+        return abort_record(self, table, txn_id)
 
     def recover(self) -> Sequence[SinkTxnId]:
         """Txns recorded as prepared whose epoch no snapshot carries."""
@@ -382,7 +244,7 @@ class IcebergSink:
             return []
         stranded = []
         for record in records.prepared_records(table, self._name):
-            if committed_outcome(table, record.txn, "recover", self._binding.log_id, self.display):
+            if committed_outcome(table, record.txn, "recover", self._binding, self.display):
                 tidy(table, record.txn)  # committed: a leftover record only
                 continue
             stranded.append(record.txn)

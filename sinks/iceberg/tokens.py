@@ -36,7 +36,8 @@ what a fence must not do.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from pyiceberg.table import Table, Transaction
@@ -51,13 +52,16 @@ from pyiceberg.table.update import (
 )
 
 from reconcile.core import hooks
-from reconcile.core.contract import SinkTxnId
+from reconcile.core.claims import Claim
+from reconcile.core.contract import FatalError, SinkTxnId
 
 __all__ = [
     "BEFORE_CATALOG_COMMIT",
     "KIND_CLAIM",
     "KIND_EPOCH",
     "KIND_REPAIR",
+    "BadPropertyError",
+    "EpochRecord",
     "SinkKeys",
     "commit_once",
     "committed_snapshot",
@@ -65,6 +69,7 @@ __all__ = [
     "int_property",
     "new_transaction",
     "our_snapshots",
+    "table_name",
 ]
 
 # Right before the catalog is asked to commit (the kill -9 tests arm it).
@@ -75,6 +80,8 @@ KIND_CLAIM = "claim"  # a newer generation's claim: no rows, it moves main
 KIND_REPAIR = "repair"  # a pull-and-diff repair (it may stand for several epochs)
 
 SUMMARY_PREFIX = "reconcile."
+# An epoch or a generation as the sink writes it: a plain decimal int64.
+_INTEGER = re.compile(r"0|-?[1-9][0-9]{0,18}")
 
 
 @dataclass(frozen=True)
@@ -114,14 +121,43 @@ class SinkKeys:
         return f"{self.prefix}prepared.{epoch}"
 
 
-def int_property(properties: Mapping[str, str], name: str) -> int | None:
+class BadPropertyError(FatalError):
+    """A value the sink reads from the table's metadata is not what it writes there (a hand edit).
+
+    A retry reads the same value again: the operation stops, naming the
+    table, the property (or snapshot summary) and the value.
+    """
+
+
+def table_name(table: Table) -> str:
+    """The table as messages name it (``namespace.table``)."""
+    return ".".join(table.name())
+
+
+def _int_value(value: object, where: str) -> int:
+    """``value`` as an integer of the sink's own records, or BadPropertyError naming ``where``."""
+    text = str(value)
+    if not _INTEGER.fullmatch(text):
+        raise BadPropertyError(
+            f"{where} is {text[:100]!r}{' (cut)' if len(text) > 100 else ''}, not an integer "
+            "as this sink writes it: a hand edit, or another program's. Nothing was read past "
+            "it or written. Set it back (or remove it) once you know what wrote it.",
+            value=text[:100],
+        )
+    return int(text)
+
+
+def int_property(table: Table, name: str) -> int | None:
     """The integer table property ``name``; None if it is not set.
 
     Raises:
-        ValueError: it is set to something that is not an integer (a hand edit).
+        BadPropertyError: it is set to something that is not an integer (a
+            hand edit), naming the table, the property and the value.
     """
-    value = properties.get(name)
-    return None if value is None else int(value)
+    value = table.metadata.properties.get(name)
+    if value is None:
+        return None
+    return _int_value(value, f"table property {name!r} of Iceberg table {table_name(table)}")
 
 
 def epoch_summary(
@@ -164,29 +200,76 @@ def our_snapshots(metadata: TableMetadata, keys: SinkKeys) -> Iterator[Snapshot]
         snapshot = None if parent is None else metadata.snapshot_by_id(parent)
 
 
-def committed_snapshot(metadata: TableMetadata, txn_id: SinkTxnId) -> Snapshot | None:
+@dataclass(frozen=True)
+class EpochRecord:
+    """A snapshot that says epochs are in: one epoch's, or a repair's standing for several."""
+
+    snapshot: Snapshot
+    kind: str
+    first_epoch: int
+    epoch: int
+    generation: int | None
+    log_id: str | None
+    txn: str | None
+
+    def claim(self, sink: str, what: str, display: str) -> Claim:
+        """What it claims, for ``reconcile.core.claims``."""
+        return Claim(
+            sink=sink,
+            what=what,
+            record=f"snapshot {self.snapshot.snapshot_id} of Iceberg table {display}",
+            kind="repair" if self.kind == KIND_REPAIR else "commit",
+            epoch=self.epoch,
+            first_epoch=self.first_epoch,
+            generation=self.generation,
+        )
+
+
+def _epoch_record(table: Table, snapshot: Snapshot) -> EpochRecord | None:
+    """The epochs ``snapshot`` (one of our_snapshots) stands for; None: it stands for none."""
+    summary = snapshot.summary
+    assert summary is not None  # our_snapshots yields only snapshots with a summary
+    kind = summary.get("reconcile.kind")
+    if kind not in (KIND_EPOCH, KIND_REPAIR) or "reconcile.epoch" not in summary:
+        return None  # a claim, or a repair of rows only: it stands for no epoch
+    where = f"the summary of snapshot {snapshot.snapshot_id} of Iceberg table {table_name(table)}"
+    last = _int_value(summary["reconcile.epoch"], f"reconcile.epoch in {where}")
+    # (pyiceberg's Summary.get takes no default)
+    first_text = summary.get("reconcile.first-epoch")
+    first = last if not first_text else _int_value(first_text, f"reconcile.first-epoch in {where}")
+    generation_text = summary.get("reconcile.generation")
+    generation = (
+        None
+        if generation_text is None
+        else _int_value(generation_text, f"reconcile.generation in {where}")
+    )
+    log_id, txn = summary.get("reconcile.log-id"), summary.get("reconcile.txn")
+    return EpochRecord(snapshot, str(kind), first, last, generation,
+                       None if log_id is None else str(log_id),
+                       None if txn is None else str(txn))  # fmt: skip
+
+
+def committed_snapshot(table: Table, txn_id: SinkTxnId) -> EpochRecord | None:
     """The snapshot that brought ``txn_id``'s epoch into the table; None if it is not in.
 
     An epoch is in when an epoch snapshot carries it, or a repair snapshot
-    covers it (``first-epoch`` to ``epoch``). Above the high-water mark
-    nothing is read: the per-epoch path costs no walk of the history.
+    covers it (``first-epoch`` to ``epoch``, both included). Above the
+    high-water mark nothing is read: the per-epoch path costs no walk of the
+    history. The caller holds the record to what the store decided
+    (``reconcile.core.claims``) before it trusts it.
+
+    Raises:
+        BadPropertyError: the high-water mark, or an epoch or generation in one
+            of the sink's snapshot summaries, is not an integer.
     """
     keys = SinkKeys.of(txn_id)
-    newest = int_property(metadata.properties, keys.epoch)
+    newest = int_property(table, keys.epoch)
     if newest is None or newest < txn_id.epoch:
         return None
-    for snapshot in our_snapshots(metadata, keys):
-        summary = snapshot.summary
-        assert summary is not None  # our_snapshots yields only snapshots with a summary
-        if summary.get("reconcile.kind") not in (KIND_EPOCH, KIND_REPAIR):
-            continue
-        if "reconcile.epoch" not in summary:
-            continue  # a repair of rows only: it stands for no epoch
-        last = int(str(summary["reconcile.epoch"]))
-        # (pyiceberg's Summary.get takes no default)
-        first = int(str(summary.get("reconcile.first-epoch") or last))
-        if first <= txn_id.epoch <= last:
-            return snapshot
+    for snapshot in our_snapshots(table.metadata, keys):
+        record = _epoch_record(table, snapshot)
+        if record is not None and record.first_epoch <= txn_id.epoch <= record.epoch:
+            return record
     return None
 
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
+from reconcile.core.claims import Claim
 from reconcile.core.contract import (
     OK,
     Fatal,
@@ -97,7 +98,12 @@ class MemorySink:
             return None
         found = self.store.committed_log_ids.get(txn_id.key)
         if found == self._binding.log_id:
-            return OK
+            # This log's batch: believed only as far as the store decided.
+            claim = Claim(self._name, f"memory sink {self._name!r}",
+                          f"the memory store's batch of {held[0]}", "commit", txn_id.epoch,
+                          generation=held[0].generation)  # fmt: skip
+            untrusted = self._binding.untrusted(claim)
+            return OK if untrusted is None else untrusted
         return foreign_commit(
             f"memory sink {self._name!r}",
             txn_id,

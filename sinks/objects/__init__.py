@@ -46,6 +46,9 @@ version placed in the target's schema are still found there (the markers of a
 database are never split over two schemas), and checked the same way; the
 refusal then says how to move them.
 
-The SQL sink's tables are declared here, but no catalog check applies to them:
-that sink speaks any database SQLAlchemy speaks (see ``sql_state.py``).
+The SQL sink's tables are declared here (``sql_state.py``) and, on MySQL and
+MariaDB, checked here at every bind (``sql_checks.py``: kind, InnoDB, columns
+and their types, triggers, and every other user's grants as the server's grant
+tables list them); the PostgreSQL catalog check does not apply to them, as
+that sink speaks any database SQLAlchemy speaks.
 """

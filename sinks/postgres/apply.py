@@ -22,19 +22,34 @@ import pyarrow.csv as pacsv  # type: ignore[import-untyped, unused-ignore]
 from psycopg import errors, sql
 
 from reconcile.core import hooks
+from reconcile.core.contract import RetryableError
 from sinks.objects.stages import create_session_stage, session_stage
 
 from .arrow_batch import arrow_row_bytes
 from .schema import EPOCH_COLUMN, TableSchema, direct_copy_blockers
 from .staging import ValidatedBatch
 
-__all__ = ["ARRAY_CHUNK", "COPY_CHUNK", "ChunkLimits", "apply_with_arrays", "apply_with_copy"]
+__all__ = [
+    "ARRAY_CHUNK",
+    "COPY_CHUNK",
+    "ChunkLimits",
+    "DirectCopyRaced",
+    "apply_with_arrays",
+    "apply_with_copy",
+]
 
 log = logging.getLogger("reconcile.sinks.postgres")
 
 # Between reading the catalog facts that allow the direct COPY and the COPY
 # itself: the table lock must keep any DDL out of this window.
 DIRECT_COPY_CHECKED = hooks.declare("pg.apply.direct_copy_checked")
+# Between the probe that found the key range free and the direct COPY: a
+# concurrent writer may insert a key of the range here.
+DIRECT_COPY_PROBED = hooks.declare("pg.apply.direct_copy_probed")
+
+
+class DirectCopyRaced(RetryableError):
+    """The direct COPY met a key another transaction wrote after the probe: retry the epoch."""
 
 
 @dataclass(frozen=True)
@@ -183,9 +198,12 @@ def apply_with_copy(
     """COPY the batch into session temp tables, then upsert and delete in bulk.
 
     Fast path: a large Arrow batch whose integer key range holds no row of
-    the target yet is COPied straight into the target, under a savepoint; if
-    a key turns out to exist after all (a concurrent writer), the savepoint is
-    rolled back and the batch takes the temp table + ON CONFLICT path. It is
+    the target yet is COPied straight into the target, in the epoch's own
+    transaction (no savepoint: every row it writes carries the transaction's
+    xid, the one its marker records). If a key turns out to exist after all
+    (a concurrent writer inserted it after the probe), the transaction is
+    lost: ``DirectCopyRaced``, a RetryableError, and the epoch's retry takes
+    the temp table + ON CONFLICT path, its probe seeing that row. It is
     taken only where it is equivalent to that path (see ``_direct_copy_ok``),
     so the same rows get the same outcome whatever the epoch's size.
 
@@ -214,16 +232,29 @@ def apply_with_copy(
         if schema.has_epoch_column:
             epochs = pa.array(np.full(direct.num_rows, epoch, dtype=np.int64))
             direct = direct.append_column(EPOCH_COLUMN, epochs)
-        cur.execute("SAVEPOINT reconcile_direct_copy")
+        # No savepoint: rows written under one carry the subtransaction's xid,
+        # which no marker or repair records, so provenance would call the
+        # engine's own rows foreign. The rows are the epoch transaction's own.
+        arbiters = _key_indexes(cur, schema)
+        hooks.point(DIRECT_COPY_PROBED)
         try:
             _copy_arrow(cur, schema.ident, direct)
-        except errors.UniqueViolation:
-            # A key exists after all; any other error would fail the general
-            # path the same way, so it is not caught.
-            cur.execute("ROLLBACK TO SAVEPOINT reconcile_direct_copy")
-        else:
-            cur.execute("RELEASE SAVEPOINT reconcile_direct_copy")
-            return
+        except errors.UniqueViolation as err:
+            if err.diag.constraint_name not in arbiters:
+                # Another unique index: ON CONFLICT (key) does not cover it, so
+                # the general path fails on it the same way (a rejection).
+                raise
+            # A key of the range exists after all: a concurrent writer inserted
+            # it after the probe. The epoch's transaction is lost; its retry
+            # probes again, sees that row, and takes the general path.
+            raise DirectCopyRaced(
+                f"table {schema.display}: a row with a key in the epoch's range "
+                f"[{_bounds_text(direct, schema.key[0])}] was written by another "
+                "transaction during the direct COPY (constraint "
+                f"{err.diag.constraint_name}); nothing of the epoch was written; retry it",
+                sqlstate=err.sqlstate,
+            ) from None
+        return
     if batch.rows or batch.arrow is not None:
         # A session's own temp table (pg_temp), ON COMMIT DELETE ROWS: one per
         # session serves every epoch without a catalog write, and a rolled-back
@@ -277,6 +308,29 @@ def _direct_copy_ok(
         )
         return False
     return _range_is_free(cur, schema, table)
+
+
+def _key_indexes(cur: psycopg.Cursor[Any], schema: TableSchema) -> set[str]:
+    """The unique indexes on exactly the key: the arbiters of ``ON CONFLICT (key)``.
+
+    A partitioned table's included: a violation names the partition's index.
+    """
+    rows = cur.execute(
+        "SELECT i.relname FROM pg_catalog.pg_index x "
+        "JOIN pg_catalog.pg_class i ON i.oid = x.indexrelid "
+        "WHERE (x.indrelid = %(t)s::pg_catalog.regclass OR x.indrelid IN (SELECT p.relid "
+        "FROM pg_catalog.pg_partition_tree(%(t)s::pg_catalog.regclass) p)) AND x.indisunique "
+        "AND x.indpred IS NULL AND x.indexprs IS NULL AND x.indnkeyatts = 1 "
+        "AND x.indkey[0] = (SELECT a.attnum FROM pg_catalog.pg_attribute a "
+        "WHERE a.attrelid = x.indrelid AND a.attname = %(k)s)",
+        {"t": schema.ident.as_string(cur), "k": schema.key[0]},
+    ).fetchall()
+    return {str(r[0]) for r in rows}
+
+
+def _bounds_text(table: pa.Table, key: str) -> str:
+    bounds = pc.min_max(table.column(key)).as_py()
+    return f"{bounds['min']}, {bounds['max']}"
 
 
 def _range_is_free(cur: psycopg.Cursor[Any], schema: TableSchema, table: pa.Table) -> bool:

@@ -15,7 +15,7 @@ from reconcile.core.value_forms import FormError
 from . import values
 from .arrow_types import column_form
 from .schema import TableSchema
-from .values import BatchErrors, arrow_type_fits
+from .values import NOT_NULL, BatchErrors, arrow_type_fits
 
 __all__ = ["arrow_row_bytes", "hashable_key", "shown_key", "validate_arrow"]
 
@@ -120,7 +120,8 @@ def validate_arrow(
         if nulls and (name in schema.key or col.not_null):
             first = pc.index(pc.is_null(table.column(name)), True).as_py()
             what = "key" if name in schema.key else "NOT NULL"
-            raise check.error(f"NULL in {what} column (Arrow row {first})", name, None)
+            raise check.error(f"NULL in {what} column (Arrow row {first})", name, None,
+                              sqlstate=NOT_NULL)  # fmt: skip
         if col.kind == "numeric" and not pa.types.is_null(typ):
             # The shared decimal rule (see reconcile/core/decimals.py), vectorized;
             # the exact decimals are what COPY and unnest() then send.

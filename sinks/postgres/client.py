@@ -10,6 +10,7 @@ import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
 from psycopg import errors
 
 from reconcile.core import hooks
+from reconcile.core.conform import SinkColumn
 from reconcile.core.contract import (
     ConfigurationError,
     Fatal,
@@ -32,6 +33,7 @@ from .fencing import check_epoch_fence, claim_fence_row, take_over
 from .markers import Fence, StateTables
 from .options import PostgresKeywords, PostgresOptions
 from .ownership import Scope
+from .pull_columns import sink_columns
 from .schema import TableSchema
 from .session import Session, SessionSlot, classify_failure, describe_failure
 from .shared_stage import PgStageTarget, reflect_target
@@ -233,6 +235,10 @@ class PgSinkClient:
         """The target's columns as the expected state records them (``arrow_types.py``)."""
         return target_arrow_schema(self.setup())
 
+    def recovery_columns(self) -> dict[str, SinkColumn]:
+        """Every column of the target as verify reads it: the write path checks the store by it."""
+        return sink_columns(self.setup())
+
     def _start_up(self) -> None:
         what = self._what()
         conn = connect_checked(self.target, what, self.application_name)
@@ -286,6 +292,7 @@ class PgSinkClient:
             self._schema.schema,
             self._schema.table,
             None if self._writer is None else self._writer.log_id,
+            None if self._writer is None else self._writer.decisions,
         )
 
     def _session(self) -> Session:

@@ -5,17 +5,15 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import quote
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from reconcile.core.contract import ConfigurationError, ReconcileError, RetryableError
-from reconcile.core.logs import scrub
+from reconcile.core.redaction import REDACTED, redact
 
 __all__ = ["SECRET_PARAMS", "SESSION_SETTINGS", "PgTarget", "connect_failure", "redact_text"]
 
-REDACTED = "***"
 
 # libpq parameters whose values are secrets: kept out of ``params`` (and so out
 # of every repr), and redacted from every message by literal value.
@@ -63,26 +61,24 @@ _TERMINAL_CONNECT = re.compile(
     r"no pg_hba\.conf entry|no password supplied|password is required|"
     r"is not permitted to log in|permission denied for database|"
     r"invalid (?:connection option|sslmode value|port number)|"
-    r"server does not support SSL",
+    r"server does not support SSL|"
+    # A setting in the DSN's options that the server refuses at every start-up.
+    r"invalid value for parameter|unrecognized configuration parameter|"
+    r"parameter \"[^\"]*\" cannot be (?:changed|set)|outside the valid range for parameter",
     re.IGNORECASE,
 )
 
 
 def redact_text(text: str, *secrets: str | None) -> str:
-    """Remove secrets from ``text``: their literal values and any DSN-shaped occurrence.
+    """Remove secrets from ``text``: their values and any secret-shaped part.
 
     Used on every message this package logs or raises, including messages that
-    come from libpq or the server, which may echo a connection string. Each
-    secret is removed as given and in its percent-encoded forms (as it appears
-    inside a URI).
+    come from libpq or the server, which may echo a connection string. The one
+    redaction of the core (``reconcile.core.redaction.redact``): each secret in
+    every form text gives it (percent-encoded, escaped, base64), then every
+    URI password and secret-named parameter.
     """
-    for secret in secrets:
-        if not secret:
-            continue
-        variants = {secret, quote(secret, safe=""), quote(secret)}
-        for variant in sorted(variants, key=len, reverse=True):
-            text = text.replace(variant, REDACTED)
-    return scrub(text)
+    return redact(text, *secrets)
 
 
 @dataclass(frozen=True)
@@ -200,7 +196,8 @@ def connect_failure(target: PgTarget, err: psycopg.Error, what: str) -> Reconcil
 
     Returns:
         ConfigurationError for a wrong password, an unknown role or database,
-        a pg_hba.conf refusal or a bad option (no retry can fix them);
+        a pg_hba.conf refusal, a bad option or a setting in the options the
+        server refuses (no retry can fix them);
         RetryableError for everything else (the server is down, starting,
         restarting, out of connection slots, unreachable): a failure that a
         retry may cure, which the message leaves to the caller to promise.
@@ -209,7 +206,7 @@ def connect_failure(target: PgTarget, err: psycopg.Error, what: str) -> Reconcil
     if _TERMINAL_CONNECT.search(text):
         return ConfigurationError(
             f"{what}: cannot connect to {target.describe()}: {text}. Fix the connection "
-            "settings (user, password, database, pg_hba.conf); retrying cannot help",
+            "settings (user, password, database, pg_hba.conf, options); retrying cannot help",
             target=target.describe(),
         )
     # No promise to retry here: whether anyone retries is the caller's to say

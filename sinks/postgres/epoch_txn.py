@@ -34,15 +34,19 @@ from reconcile.core.contract import (
     SinkOutcome,
     SinkTxnId,
 )
-from reconcile.core.schema_change import SchemaChange, SchemaChangeRefused
+from reconcile.core.schema_change import (
+    SchemaChangeRefused,
+)
 from sinks.open_txn import Key
 
 from .client import FENCE_CHECKED, PgSinkClient
-from .evolution import evolve_in_txn, projected
+from .evolution import projected
+from .evolving import SchemaEvolving
+from .foreign import check_foreign_changes
 from .markers import MARKERS_TABLE, EpochStart
 from .ownership import check_marker
 from .resolve import InFlightTxn, Resolved, resolve_commit
-from .schema import TableSchema, reflect_table
+from .schema import TableSchema
 from .session import Session
 from .shared_stage import apply_staged
 from .staging import EpochBatch, ValidatedBatch, validate_batch
@@ -58,7 +62,7 @@ class EpochTxn:
     xid: str
 
 
-class EpochTxnSink(PgSinkClient, ABC):
+class EpochTxnSink(SchemaEvolving, PgSinkClient, ABC):
     """Staging and the epoch transaction of both Postgres modes; a mode fills in its steps.
 
     Arguments: see :class:`~sinks.postgres.client.PgSinkClient`.
@@ -70,9 +74,7 @@ class EpochTxnSink(PgSinkClient, ABC):
 
     def _init_mode(self) -> None:
         self._staged: dict[Key, EpochBatch] = {}
-        # A schema change to make in the next epoch's txn (kept until a txn finds
-        # nothing left to make: its DDL is committed).
-        self._evolution: SchemaChange | None = None
+        self._init_evolution()
         # The last ambiguous COMMIT's resolution and what decided it (diagnostics).
         self.last_resolution: Resolved | None = None
 
@@ -121,37 +123,6 @@ class EpochTxnSink(PgSinkClient, ABC):
         except psycopg.Error as err:
             return self._connect_outcome("prepare", txn_id, err)
         return batch, session
-
-    # -- schema evolution (evolution.py) -------------------------------------------
-
-    def evolve_schema(self, change: SchemaChange) -> None:
-        """Make ``change`` in the next epoch's txn, after its fence check (``evolution.py``).
-
-        Checked now against the table as reflected, so that a change the table
-        cannot take (a narrowing) stops the epoch before anything is written.
-
-        Raises:
-            SchemaChangeRefused: naming the table and the column.
-        """
-        projected(self.setup(), change)
-        self._evolution = change
-
-    def _evolve(
-        self,
-        conn: psycopg.Connection[Any],
-        cur: psycopg.Cursor[Any],
-        schema: TableSchema,
-        change: SchemaChange,
-    ) -> TableSchema:
-        """Make the change in this txn; the table as the txn now reads it, to write into."""
-        now = reflect_table(conn, schema.schema, schema.table, schema.key)
-        if not evolve_in_txn(cur, now, change):
-            # Nothing to make: an earlier epoch's txn made it and committed (or
-            # the columns were there): the change is done, the reflection current.
-            self._evolution = None
-            self._schema = now
-            return now
-        return reflect_table(conn, schema.schema, schema.table, schema.key)
 
     # -- the epoch transaction: one body for both modes --------------------------
 
@@ -235,7 +206,10 @@ class EpochTxnSink(PgSinkClient, ABC):
                 hooks.point(FENCE_CHECKED)
                 if self._evolution is not None:
                     # After the fence check: a zombie never alters the table.
-                    schema = self._evolve(conn, cur, schema, self._evolution)
+                    schema = self._evolve(conn, cur, txn_id)
+                # Someone else's change since the rows were checked stops the
+                # epoch here, named, before a row goes in (foreign.py).
+                check_foreign_changes(cur, schema, batch.columns, sink=self._name)
                 if batch.staged is not None:
                     apply_staged(cur, schema, batch.staged, batch.columns, txn_id.epoch,
                                  append_only=self.append_only)  # fmt: skip
@@ -255,9 +229,15 @@ class EpochTxnSink(PgSinkClient, ABC):
             # the batch): the typed cause stops the pipeline.
             self._rollback_quietly(session)
             return Fatal.of(err)
+        except RetryableError as err:
+            # The direct COPY raced a concurrent writer (apply.DirectCopyRaced):
+            # the txn is lost, nothing is in; the retry takes the general path.
+            self._rollback_quietly(session)
+            return Retryable(f"postgres sink {self._name!r}, epoch {txn_id.epoch}: {err}", err)
         except SchemaChangeRefused as err:
-            # The table changed since the rows were checked (a column retyped by
-            # hand): the DDL and the rows roll back together; nothing is in.
+            # The table changed since the rows were checked (a column dropped,
+            # retyped or added by hand): the DDL and the rows roll back
+            # together; nothing is in.
             self._rollback_quietly(session)
             return Fatal(f"postgres sink {self._name!r}, epoch {txn_id.epoch}: {err}", err)
         except errors.UniqueViolation as err:

@@ -14,6 +14,15 @@ The commit cycle hands the sink a :class:`~reconcile.core.schema_change.SchemaCh
   alters nothing. The DDL commits or rolls back with the epoch's rows and
   marker: no epoch is half in.
 
+A column the epoch brings that the table has already, though the store has not,
+was made by someone else (the engine makes a sink column only in the txn of
+the epoch that the store commits first): the pipeline takes it over only if
+verify can read it as the store's type and it holds no value yet (a column a
+DBA made ahead of the new logic); one of another type (``jsonb`` for JSON
+text) or with values someone else wrote is refused, naming it, before
+anything is written: taken over, it would be refused by every verify, or its
+values reported as drift and overwritten by a repair.
+
 ``ALTER TABLE`` takes an ACCESS EXCLUSIVE lock on the table until the epoch's
 txn ends: readers of the table wait that long (a rewrite makes it as long as
 the table is big). Identifiers are quoted; the type names come from the table
@@ -22,6 +31,7 @@ below, never from the caller's text.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import replace
 from typing import Any
 
@@ -29,8 +39,10 @@ import psycopg
 import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
 from psycopg import sql
 
+from reconcile.core.conform import fits
 from reconcile.core.schema_change import (
     REBUILD,
+    ForeignSchemaChange,
     SchemaChange,
     SchemaChangeRefused,
     declared_length,
@@ -39,6 +51,7 @@ from reconcile.core.schema_change import (
 )
 
 from .arrow_types import arrow_type
+from .pull_columns import recovery_kind
 from .schema import Column, TableSchema
 
 __all__ = ["evolve_in_txn", "pg_column", "projected"]
@@ -120,8 +133,9 @@ def _plan(schema: TableSchema, change: SchemaChange) -> list[tuple[str, Column, 
             steps.append((name, wanted, False))
             continue
         if name in change.added:
-            # The column is there (a replay, or a column of a type the store
-            # does not map, such as json): adding it asks nothing more.
+            # The column is there: made by this sink in an earlier txn of the
+            # change, or by someone else (``_foreign``); nothing to add.
+            _check_takeover(schema, column, change.after.field(name))
             continue
         holds = _holds(column, wanted)
         if holds is None:
@@ -142,6 +156,55 @@ def _plan(schema: TableSchema, change: SchemaChange) -> list[tuple[str, Column, 
     return steps
 
 
+def _check_takeover(schema: TableSchema, column: Column, field: pa.Field) -> None:
+    """Refuse to take over a column someone else made that verify cannot read as ``field``.
+
+    Raises:
+        ForeignSchemaChange: naming the table, the column and both types.
+    """
+    if fits(recovery_kind(column), field.type):
+        return
+    raise ForeignSchemaChange(
+        f"postgres sink: table {schema.display}: column {column.name!r}, new to the pipeline, "
+        f"is in the table already as {column.sql_type}, which the expected state cannot hold "
+        f"as {field.type} and verify cannot compare: someone else added it. Drop or rename it "
+        "(the pipeline then adds its own), or give the pipeline's column another name; "
+        "nothing was written",
+        table=schema.display,
+        column=column.name,
+        change="added",
+    )
+
+
+def _check_empty(cur: psycopg.Cursor[Any], schema: TableSchema, name: str) -> None:
+    """Refuse to take over a column someone else made that holds values already.
+
+    The store reads the rows written before the epoch as NULL in it: values
+    another writer put there would be drift from the first verify on, and a
+    repair would overwrite them. The probe stops at the first value.
+
+    Raises:
+        ForeignSchemaChange: naming the table and the column.
+    """
+    found = cur.execute(
+        sql.SQL("SELECT EXISTS (SELECT FROM {} WHERE {} IS NOT NULL)").format(
+            schema.ident, sql.Identifier(name)
+        )
+    ).fetchone()
+    if found is None or not found[0]:
+        return
+    raise ForeignSchemaChange(
+        f"postgres sink: table {schema.display}: column {name!r}, new to the pipeline, is in "
+        "the table already and holds values someone else wrote, which the expected state "
+        "does not have (verify would report every such row, and a repair overwrite it). "
+        "Empty it, drop or rename it, or give the pipeline's column another name; nothing "
+        "was written",
+        table=schema.display,
+        column=name,
+        change="added",
+    )
+
+
 def projected(schema: TableSchema, change: SchemaChange) -> TableSchema:
     """The table as it will be once ``change`` is made: what the epoch's rows are checked by.
 
@@ -158,17 +221,28 @@ def projected(schema: TableSchema, change: SchemaChange) -> TableSchema:
     return replace(schema, columns=columns)
 
 
-def evolve_in_txn(cur: psycopg.Cursor[Any], schema: TableSchema, change: SchemaChange) -> bool:
+def evolve_in_txn(
+    cur: psycopg.Cursor[Any],
+    schema: TableSchema,
+    change: SchemaChange,
+    owned: Collection[str] = (),
+) -> bool:
     """Make what ``change`` needs of the table, in the epoch's txn; True if any DDL ran.
 
     ``schema`` is the table as this txn reads it (a replay finds the columns
-    there: nothing runs).
+    there: nothing runs). ``owned``: the columns this sink added, or took
+    over, in an earlier txn of the change (their values are the pipeline's).
 
     Raises:
-        SchemaChangeRefused: as ``_plan``; the caller rolls the txn back.
+        SchemaChangeRefused: as ``_plan``, or a column someone else made that
+            holds values (``ForeignSchemaChange``); the caller rolls the txn back.
     """
+    steps = _plan(schema, change)
+    for name in change.added:
+        if name in schema.columns and name not in owned:
+            _check_empty(cur, schema, name)
     ran = False
-    for name, wanted, exists in _plan(schema, change):
+    for name, wanted, exists in steps:
         target = sql.SQL(wanted.sql_type)  # from _ARROW_PG / numeric / varchar above
         if not exists:
             statement = sql.SQL("ALTER TABLE {} ADD COLUMN IF NOT EXISTS {} {}").format(

@@ -56,7 +56,12 @@ from sinks.objects.declared import ENGINE_SCHEMA
 from sinks.objects.postgres import open_lease_table
 from sinks.postgres.connection import PgTarget
 
-__all__ = ["PgLease"]
+__all__ = ["MAX_TERM_S", "PgLease"]
+
+# The longest term: half of it is every lease statement's timeout, which
+# PostgreSQL takes in milliseconds up to 2**31 - 1 (24.8 days); 30 days leaves
+# room. An infinite term (``inf`` is a TOML float) would never run out.
+MAX_TERM_S = 30 * 86400.0
 
 
 # The upsert that takes the lease, before the condition of taking it (try_acquire's,
@@ -86,8 +91,9 @@ class PgLease:
     Args:
         dsn: a libpq DSN or URL (usually the sink database's).
         pipeline: the pipeline's name.
-        term_s: how long a taken or renewed lease lasts (default 2 s). The
-            holder renews it every ``term_s / 4``.
+        term_s: how long a taken or renewed lease lasts (default 2 s), more
+            than 0 and at most ``MAX_TERM_S`` (30 days). The holder renews it
+            every ``term_s / 4``.
         holder: this instance's name in the row (default host:pid:random).
         schema: the schema of the lease table (default ``reconcile``, the
             engine's; created if missing).
@@ -115,8 +121,11 @@ class PgLease:
         schema: str | None = None,
         owner: str | None = None,
     ) -> None:
-        if not term_s > 0:
-            raise ConfigurationError(f"lease term must be > 0 seconds, got {term_s!r}")
+        if not 0 < term_s <= MAX_TERM_S:  # NaN fails both
+            raise ConfigurationError(
+                f"lease term must be > 0 seconds and at most {MAX_TERM_S:.0f} (30 days), "
+                f"got {term_s!r}"
+            )
         self.target = PgTarget.parse(dsn)
         self.pipeline = validate_name("pipeline", pipeline)
         self.term_s = float(term_s)
@@ -135,6 +144,11 @@ class PgLease:
     def tenure(self) -> int | None:
         """The tenure we hold (None: we do not hold the lease)."""
         return self._tenure
+
+    @property
+    def held_until(self) -> float:
+        """The ``time.monotonic()`` up to which ``held()`` says yes (its tenure aside)."""
+        return self._valid_until
 
     def held(self) -> bool:
         """Whether we surely still hold the lease, by this process's own clock.

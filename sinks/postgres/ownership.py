@@ -8,14 +8,20 @@ run whose state folder was wiped and recreated, must never make the sink answer
 consults a marker or the fence row compares it with the writer's :class:`Scope`
 here and turns a mismatch into a MarkerMismatchError that says what was found
 and what to do.
+
+A marker of this writer's own log and target is believed only as far as the
+store decided (``reconcile.core.claims``): ``Scope.decisions`` is asked about
+it, and a marker claiming an epoch the store has not decided (or naming a
+generation it never granted) is an UntrustedRecordError, never "committed".
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from psycopg import sql
 
+from reconcile.core.claims import Claim, Decisions, check_claim
 from reconcile.core.contract import MarkerMismatchError
 
 from .markers import FENCES_TABLE, MARKERS_TABLE, Fence, Marker, StateTables
@@ -32,6 +38,8 @@ class Scope:
     target_schema: str
     target_table: str
     log_id: str | None  # None: the sink is not bound to a progress log (used directly)
+    # What the store decided (the bound writer's), which a marker is held to.
+    decisions: Decisions | None = field(default=None, compare=False, repr=False)
 
     @property
     def target(self) -> str:
@@ -77,7 +85,17 @@ def check_marker(
         scope.target_table,
     )
     if same_log and same_target:
-        return None
+        # Ours by its columns, which anyone who can insert a row can copy.
+        claim = Claim(
+            sink=scope.sink,
+            what=f"postgres sink {scope.sink!r} of pipeline {scope.pipeline!r}",
+            record=f"the marker of epoch {marker.epoch} in {state.display(MARKERS_TABLE)} "
+            f"(xid {marker.xid}, committed at {marker.committed_at})",
+            kind="commit",
+            epoch=marker.epoch,
+            generation=marker.generation,
+        )
+        return check_claim(claim, scope.decisions)
     found = (
         f"written for table {marker.target} by {describe_log(marker.log_id)} (generation "
         f"{marker.generation}, xid {marker.xid}, committed at {marker.committed_at})"

@@ -305,6 +305,7 @@ class PreparedPostgresSink(PostgresSink):
         if (bad := self._check_txn(txn_id)) is not None:
             return bad
         self._forget(txn_id)
+        self._forget_evolution(txn_id)
         try:
             session = self._session()
         except psycopg.Error as err:

@@ -15,16 +15,21 @@ from psycopg import sql
 
 from reconcile.core.conform import SinkColumn, wants_text
 
-from .arrow_types import recovery_kind
-from .schema import TableSchema
+from . import arrow_types
+from .schema import Column, TableSchema
 
-__all__ = ["select_list", "sink_columns"]
+__all__ = ["recovery_kind", "select_list", "sink_columns"]
+
+
+def recovery_kind(column: Column) -> str:
+    """The column's recovery kind (``reconcile.core.conform.SinkColumn``), by pg_type.typname."""
+    return arrow_types.recovery_kind(column.typname)
 
 
 def sink_columns(table: TableSchema) -> dict[str, SinkColumn]:
     """The target's columns as recovery sees them (kind by pg_type.typname)."""
     return {
-        name: SinkColumn(name, recovery_kind(col.typname), col.sql_type)
+        name: SinkColumn(name, recovery_kind(col), col.sql_type)
         for name, col in table.columns.items()
     }
 

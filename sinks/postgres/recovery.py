@@ -8,21 +8,23 @@ writer, with its generation), or from a DSN for an operator's ``verify`` /
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 
 import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
 
 from reconcile.core.conform import SinkColumn
 from reconcile.core.contract import ConfigurationError
-from reconcile.core.target import Repair
+from reconcile.core.target import Repair, RepairTurn
 from sinks.objects.declared import ENGINE_SCHEMA
 
 from .binding import connect_checked
 from .client import PgSinkClient
+from .heavy import DEFAULT_STATEMENT_TIMEOUT_MS
 from .markers import MARKERS_TABLE, REPAIRS_TABLE
 from .pull import MarkerSource, PgSnapshot
 from .pull_columns import sink_columns
 from .repair import apply_repair
+from .repair_turn import repair_turn
 from .schema import TableSchema, reflect_table
 
 __all__ = ["PgRecoveryTarget"]
@@ -132,6 +134,12 @@ class PgRecoveryTarget:
 
     def apply(self, repair: Repair) -> int | None:
         return apply_repair(self.sink, self.pipeline, repair, self.generation)
+
+    def take_repair_turn(self) -> AbstractContextManager[RepairTurn]:
+        """Hold the table for one repair at a time (``repair_turn.py``)."""
+        wait_ms = self.sink.options.statement_timeout_ms or DEFAULT_STATEMENT_TIMEOUT_MS
+        return repair_turn(self.sink.target, self._open(), app=self.sink.application_name,
+                           wait_ms=wait_ms)  # fmt: skip
 
     def close(self) -> None:
         """Close the sink client's connections (only for a client built for the repair)."""

@@ -71,6 +71,12 @@ class PostgresSink(EpochTxnSink, OpenTxnSink[EpochTxn, EpochBatch]):
         self._discard_all()
         super().close()
 
+    def abort(self, txn_id: SinkTxnId) -> SinkOutcome:
+        """Roll back the epoch's open txn (``OpenTxnSink.abort``), and forget its schema change."""
+        if self._check_txn(txn_id) is None:
+            self._forget_evolution(txn_id)
+        return OpenTxnSink.abort(self, txn_id)
+
     def __enter__(self) -> PostgresSink:
         return self
 

@@ -13,7 +13,7 @@ from reconcile.core.staged import StagedEpoch
 
 from .arrow_batch import hashable_key, shown_key, validate_arrow
 from .schema import EPOCH_COLUMN, TableSchema
-from .values import NO_VALUE, BadValue, BatchErrors, approx_bytes, coerce_value, oversize
+from .values import NO_VALUE, NOT_NULL, BadValue, BatchErrors, approx_bytes, coerce_value, oversize
 
 __all__ = ["EpochBatch", "ValidatedBatch", "validate_batch"]
 
@@ -182,7 +182,8 @@ def validate_batch(
         for col in cols.values():
             missing = col.name not in given and col.name != EPOCH_COLUMN
             if col.not_null and not col.has_default and missing:
-                raise check.error("NOT NULL column missing from the upserted rows", col.name)
+                raise check.error("NOT NULL column missing from the upserted rows", col.name,
+                                  sqlstate=NOT_NULL)  # fmt: skip
     columns = tuple(c for c in cols if c in given)
     if batch.staged is not None:
         return ValidatedBatch(columns=columns, rows=[], arrow=None, delete_keys=[],
@@ -198,9 +199,11 @@ def validate_batch(
             col, value = cols[name], raw[name]
             if value is None:
                 if name in schema.key:
-                    raise check.error(f"NULL in key column (row {index})", name, None)
+                    raise check.error(f"NULL in key column (row {index})", name, None,
+                                      sqlstate=NOT_NULL)  # fmt: skip
                 if col.not_null:
-                    raise check.error(f"NULL in NOT NULL column (row {index})", name, None)
+                    raise check.error(f"NULL in NOT NULL column (row {index})", name, None,
+                                      sqlstate=NOT_NULL)  # fmt: skip
                 out.append(None)
                 continue
             try:

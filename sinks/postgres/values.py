@@ -10,7 +10,7 @@ from typing import Any
 import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
 from psycopg.types.json import Json, Jsonb
 
-from reconcile.core.contract import InvalidInputError
+from reconcile.core.contract import RowsRejectedError
 from reconcile.core.decimals import DecimalFitError, check_decimal
 from reconcile.core.value_forms import FormError
 
@@ -19,6 +19,7 @@ from .schema import Column, TableSchema
 
 __all__ = [
     "MAX_ROW_BYTES",
+    "NOT_NULL",
     "NO_VALUE",
     "BadValue",
     "BatchErrors",
@@ -209,6 +210,8 @@ def arrow_type_fits(col: Column, typ: pa.DataType) -> bool:
 
 
 NO_VALUE: Any = object()
+# The SQLSTATE the server gives a NULL in a NOT NULL column (not_null_violation).
+NOT_NULL = "23502"
 
 
 class BatchErrors:
@@ -218,11 +221,16 @@ class BatchErrors:
         self.sink, self.schema, self.epoch = sink, schema, epoch
 
     def error(
-        self, what: str, column: str | None = None, value: Any = NO_VALUE
-    ) -> InvalidInputError:
+        self, what: str, column: str | None = None, value: Any = NO_VALUE, *, sqlstate: str = ""
+    ) -> RowsRejectedError:
+        """The epoch's rows refused before anything is sent: a rejection, as the server's.
+
+        ``sqlstate``: the one the server would have given (23502 for a NULL in
+        a NOT NULL column), "" where no single one fits.
+        """
         where = f" column {column!r}" if column is not None else ""
         shown = f" value {value!r:.200}" if value is not NO_VALUE else ""
-        return InvalidInputError(
+        return RowsRejectedError(
             f"postgres sink {self.sink!r}, table {self.schema.display}{where}{shown}: {what} "
             f"(epoch {self.epoch}); nothing was written",
             sink=self.sink,
@@ -230,4 +238,5 @@ class BatchErrors:
             column=column,
             value=None if value is NO_VALUE else repr(value)[:200],
             epoch=self.epoch,
+            sqlstate=sqlstate,
         )

@@ -23,6 +23,14 @@ So an epoch becomes visible exactly when its commit entry's PUT returns 200,
 all of it at once; a zombie can never append after a newer generation's fence
 entry; and each seq has exactly one winner. The fold also keeps only the first
 commit entry of an epoch (defensive: the check already refuses a second one).
+
+Whoever can write the bucket can put entries too. So the log is read with
+three limits: entries are read in sequence and never past a missing one (a
+removed entry could hide a fence); each entry is read with a ranged GET of at
+most ``MAX_ENTRY_BYTES`` (an entry the sink writes is well under a kilobyte:
+a larger one is refused, naming it and its size, without reading it); and
+what a commit or repair entry claims is trusted only as far as the store
+decided (``reconcile.core.claims``, asked by the sink).
 """
 
 from __future__ import annotations
@@ -33,11 +41,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from reconcile.core import hooks
-from reconcile.core.contract import FatalError, Retryable, SinkOutcome
+from reconcile.core.claims import Claim
+from reconcile.core.contract import FatalError, Retryable, SinkOutcome, SinkTxnId, TxnIdParseError
 from sinks.files.layout import Fences
 from sinks.s3.objects import Bucket, PreconditionFailed
 
-__all__ = ["APPEND", "CommitEntry", "CommitLog", "LogState", "RepairEntry"]
+__all__ = ["APPEND", "MAX_ENTRY_BYTES", "CommitEntry", "CommitLog", "LogState", "RepairEntry"]
 
 # The moment between the check of the log's state and the conditional put of
 # the next entry: another writer appending here must make this put fail.
@@ -49,6 +58,10 @@ _WIDTH = 20
 # gives up with a Retryable outcome (nothing was written): unbounded retries
 # would hide a sink that too many writers share.
 _ATTEMPTS = 32
+# The most bytes one log entry may hold. The sink's own entries are a few
+# hundred bytes (names, ids, counts); a thousand times that is refused as no
+# entry of ours, unread, instead of parsed whole into memory.
+MAX_ENTRY_BYTES = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -60,6 +73,18 @@ class CommitEntry:
     rows: int
     log_id: str | None
     batch: str
+
+    def claim(self, sink: str, what: str, where: str, epoch: int) -> Claim:
+        """What it claims: ``epoch`` (its key's), by the generation its txn id names.
+
+        ``where`` is its URI. A txn id that does not parse names no generation.
+        """
+        try:
+            generation: int | None = SinkTxnId.from_string(self.txn).generation
+        except TxnIdParseError:
+            generation = None
+        return Claim(sink=sink, what=what, record=f"commit entry {where}", kind="commit",
+                     epoch=epoch, generation=generation)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -80,6 +105,19 @@ class RepairEntry:
     log_id: str | None
     batch: str
     repair_id: str
+    generation: int | None = None  # the repairing writer's (None: an operator's, or older)
+
+    def claim(self, sink: str, what: str, where: str) -> Claim:
+        """What it claims: ``first_epoch`` to ``epoch`` (``where``: its URI)."""
+        return Claim(
+            sink=sink,
+            what=what,
+            record=f"repair entry {where}",
+            kind="repair",
+            epoch=self.epoch,
+            first_epoch=self.first_epoch,
+            generation=self.generation,
+        )
 
 
 @dataclass
@@ -135,11 +173,11 @@ class LogState:
             )
             self.committed.setdefault(key, found)
         elif kind == "repair":
-            first = entry.get("first_epoch")
+            first, by = entry.get("first_epoch"), entry.get("generation")
             self.repairs.append(RepairEntry(
                 seq, str(entry["pipeline"]), str(entry["sink"]),
                 None if first is None else int(first), int(entry["epoch"]), entry["log_id"],
-                str(entry["batch"]), str(entry["repair_id"]),
+                str(entry["batch"]), str(entry["repair_id"]), None if by is None else int(by),
             ))  # fmt: skip
         else:
             raise FatalError(f"{where}: log entry {seq} has unknown kind {kind!r}", path=where)
@@ -158,7 +196,8 @@ class CommitLog:
 
         Raises:
             FatalError: an entry is unreadable or out of sequence (the log is damaged:
-                it is never read past a gap, which could hide a fence).
+                it is never read past a gap, which could hide a fence), or larger
+                than MAX_ENTRY_BYTES (ObjectTooLargeError: it is not read).
         """
         start = None if self.state.end < 0 else self._name(self.state.end)
         for relative in self.bucket.list(_DIR, start_after=start):
@@ -172,7 +211,9 @@ class CommitLog:
                     "removed by hand. Stop every writer of this sink and restore it.",
                     path=where,
                 )
-            raw = self.bucket.get(relative)
+            # Bounded: an entry of any size someone put here costs at most
+            # MAX_ENTRY_BYTES to refuse (ObjectTooLargeError names it).
+            raw = self.bucket.get_bounded(relative, MAX_ENTRY_BYTES)
             try:
                 entry = json.loads(raw or b"")
                 if not isinstance(entry, dict):

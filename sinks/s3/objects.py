@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
-from reconcile.core.contract import ConfigurationError, RetryableError
+from reconcile.core.contract import ConfigurationError, ObjectTooLargeError, RetryableError
 from sinks.base import redact_uri
 
 __all__ = ["Bucket", "PreconditionFailed", "S3Location", "parse_s3_uri"]
@@ -33,6 +33,10 @@ _LOST_RACE = {"PreconditionFailed", "ConditionalRequestConflict", "412", "409"}
 
 class PreconditionFailed(Exception):
     """A conditional put lost: the key exists (If-None-Match) or changed (If-Match)."""
+
+
+class _EmptyObject(Exception):
+    """A ranged GET of an object that holds no byte (S3 answers 416, InvalidRange)."""
 
 
 @dataclass(frozen=True)
@@ -133,7 +137,45 @@ class Bucket:
             reply = self._call("get", relative, "get_object", **kwargs)
         except FileNotFoundError:
             return None
+        except _EmptyObject:
+            return b""
         return bytes(reply["Body"].read())
+
+    def get_bounded(self, relative: str, limit: int) -> bytes | None:
+        """The object's bytes, if it holds at most ``limit`` of them; None if absent.
+
+        At most ``limit + 1`` bytes are asked for (a ranged GET) and read,
+        whatever the object's size: an object someone else put there cannot
+        make the reader hold more.
+
+        Raises:
+            ObjectTooLargeError: the object holds more than ``limit`` bytes,
+                naming it and its size; nothing of it is used.
+            RetryableError: S3 could not be reached.
+        """
+        try:
+            reply = self._call("get", relative, "get_object", Range=f"bytes=0-{limit}")
+        except FileNotFoundError:
+            return None
+        except _EmptyObject:
+            return b""
+        stream = reply["Body"]
+        try:
+            body = bytes(stream.read(limit + 1))
+        finally:
+            stream.close()
+        size = _total_size(reply.get("ContentRange"), len(body))
+        if len(body) > limit or size > limit:
+            where = self.uri(relative)
+            raise ObjectTooLargeError(
+                f"{where} holds {size} bytes, more than the {limit} this sink ever writes "
+                "there: it was not read. Someone who can write the bucket put it there; "
+                "remove or restore it, then run again.",
+                path=where,
+                size=size,
+                limit=limit,
+            )
+        return body
 
     def delete(self, relative: str) -> None:
         """Remove the object (no error if it is absent: S3's DELETE is idempotent)."""
@@ -166,6 +208,8 @@ class Bucket:
                 raise PreconditionFailed(self.uri(relative)) from exc
             if code in ("NoSuchKey", "404"):
                 raise FileNotFoundError(self.uri(relative)) from exc
+            if code == "InvalidRange" and "Range" in kwargs:
+                raise _EmptyObject(self.uri(relative)) from exc
             raise self._error(what, relative, exc) from exc
 
     def _error(self, what: str, relative: str, exc: Exception) -> Exception:
@@ -215,3 +259,9 @@ def _error_code(exc: Exception) -> str:
     if code:
         return str(code)
     return str(response.get("ResponseMetadata", {}).get("HTTPStatusCode", ""))
+
+
+def _total_size(content_range: object, read: int) -> int:
+    """The object's size from a ranged GET's ``Content-Range: bytes 0-N/TOTAL`` (else ``read``)."""
+    total = str(content_range or "").rpartition("/")[2]
+    return int(total) if total.isdigit() else read

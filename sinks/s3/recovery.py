@@ -279,6 +279,7 @@ class S3RecoveryTarget:
             "log_id": owner,
             "batch": batch,
             "repair_id": repair_id,
+            "generation": self.generation,  # None: an operator's repair
             "mode": repair.mode,
             **{k: int(v) for k, v in repair.counts.items()},
         }  # fmt: skip

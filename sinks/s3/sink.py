@@ -13,6 +13,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+from reconcile.core.claims import Claim
 from reconcile.core.contract import (
     OK,
     Fatal,
@@ -252,6 +253,14 @@ class S3FileSink(BatchStaging):
         if txn_id.generation >= newest.generation:
             return None
         mine = self._binding.log_id
+        if newest.log_id == mine:
+            # A fence of this log newer than any generation the store granted
+            # is no writer's: refused as untrusted, not obeyed as a takeover.
+            claim = Claim(self._name, f"file sink {self._name!r} on S3",
+                          f"the fence in {self.bucket.uri('log/')}", "fence", None,
+                          generation=newest.generation)  # fmt: skip
+            if (untrusted := self._binding.untrusted(claim)) is not None:
+                return untrusted
         detail = ""
         if newest.log_id != mine:
             # Generations of two progress logs are unrelated numbers: say so, or
@@ -277,16 +286,22 @@ class S3FileSink(BatchStaging):
         An epoch a repair stands for is committed: the repair brought the sink
         to it, and a replay's rows folded after the repair's would undo it.
         """
+        what = f"file sink {self._name!r} on S3"
         entry: CommitEntry | None = state.committed.get(txn_id.key)
         if entry is not None:
             found_txn, found_log, seq = entry.txn, entry.log_id, entry.seq
+            where = self.bucket.uri(f"log/{seq:020d}.json")
+            claim = entry.claim(self._name, what, where, txn_id.epoch)
         else:
             repair = state.covering(*txn_id.key)
             if repair is None:
                 return None
             found_txn, found_log, seq = f"repair {repair.repair_id}", repair.log_id, repair.seq
+            claim = repair.claim(self._name, what, self.bucket.uri(f"log/{seq:020d}.json"))
         if found_log == self._binding.log_id:
-            return OK
+            # This log's record: believed only as far as the store decided.
+            untrusted = self._binding.untrusted(claim)
+            return OK if untrusted is None else untrusted
         return foreign_commit(
             f"file sink {self._name!r}",
             txn_id,

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
 import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
@@ -27,11 +27,13 @@ from reconcile.core.contract import (
     MarkerMismatchError,
     RetryableError,
 )
-from reconcile.core.target import KeyRange, Progress, Repair
+from reconcile.core.target import KeyRange, Progress, Repair, RepairTurn
 from sinks.objects.sql_state import create_scope_keys
 
 from .arrow_types import is_boolean
+from .repair_turn import sql_repair_turn
 from .rows import EPOCH_COLUMN, write_rows
+from .sessions import mark_session
 from .sink import SqlSink
 
 __all__ = ["SqlRecoveryTarget", "sink_kind"]
@@ -232,6 +234,11 @@ class SqlRecoveryTarget:
                 finally:
                     txn.rollback()
 
+    def take_repair_turn(self) -> AbstractContextManager[RepairTurn]:
+        """Hold the table for one repair at a time (``repair_turn.py``), 15 minutes at most."""
+        return sql_repair_turn(self.sink.engine, self.sink.schema_name, self.sink.table_name,
+                               wait_s=15 * 60.0)  # fmt: skip
+
     def apply(self, repair: Repair) -> int | None:
         """The repair in ONE transaction: fence locked, newest marker re-checked, rows, markers."""
         sink, state = self.sink, self.sink.state
@@ -240,6 +247,8 @@ class SqlRecoveryTarget:
         repair_id = str(uuid.uuid4())
         try:
             with sink.engine.begin() as conn:
+                # Marked as the writer's epochs are: a takeover ends it too (sessions.py).
+                mark_session(conn, self.pipeline, sink.name, sink._log_id())
                 fence = state.lock_fence(conn, self.pipeline, sink.name, self.generation)
                 newest = state.newest(conn, self.pipeline, sink.name)
                 if newest != repair.seen_newest:
@@ -253,7 +262,10 @@ class SqlRecoveryTarget:
                 owner = self._owner(fence)
                 items: list[Any] = [Change("delete", r) for r in repair.deletes.to_pylist()]
                 items += repair.upserts.to_pylist()
-                applied = write_rows(conn, table, keys, items, repair.target_epoch) if items else 0
+                shape = sink.shape_now(conn)  # a column changed since bind refuses the repair
+                applied = (
+                    write_rows(conn, table, keys, items, repair.target_epoch, shape) if items else 0
+                )
                 markers = self._markers(conn, newest, repair, owner, applied)
                 if not applied and not markers:
                     conn.rollback()

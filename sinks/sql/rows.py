@@ -5,7 +5,9 @@ statement per key for the deletes. On MySQL and MariaDB, where a round trip per
 key bounds a big epoch (about 9k rows/s over PyMySQL), the upserts are instead
 ``INSERT ... ON DUPLICATE KEY UPDATE`` in multi-row statements, and the deletes
 ``DELETE ... WHERE (key) IN (...)`` in chunks, where that is the same write:
-see :func:`upserts_in_place`.
+see :func:`upserts_in_place`, which decides by the unique indexes read in the
+epoch's own transaction (``shape.py``), never by a picture of the table from
+bind: an index added since would turn an upsert into an overwrite.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from sqlalchemy.dialects import mysql
 
 from reconcile.core.contract import Change
 
+from .shape import TargetShape, lock_target, read_shape
+
 __all__ = ["EPOCH_COLUMN", "upserts_in_place", "write_rows"]
 
 EPOCH_COLUMN = "_epoch"
@@ -27,34 +31,45 @@ _DELETE_CHUNK = 1000
 _IN_PLACE_DIALECTS = frozenset({"mysql", "mariadb"})
 
 
-def upserts_in_place(conn: sa.Connection, table: sa.Table, keys: list[str]) -> bool:
+def upserts_in_place(conn: sa.Connection, shape: TargetShape | None, keys: list[str]) -> bool:
     """Whether ``INSERT ... ON DUPLICATE KEY UPDATE`` writes exactly what delete + insert would.
 
     It does when:
-      * the dialect has it (MySQL, MariaDB);
-      * the key is the table's primary key, and the table has no other unique
-        index: ON DUPLICATE KEY fires on *any* unique index, so a row whose
-        other unique column clashes with another key's row would update that
-        row in place, where delete + insert fails on the constraint.
+      * the dialect has it (MySQL, MariaDB), and ``shape`` was read in the
+        transaction that writes (see ``shape.py``);
+      * the table's only unique index is its primary key, and that is the key,
+        whole columns each: ON DUPLICATE KEY fires on *any* unique index, so a
+        row whose other unique column clashes with another key's row would
+        update that row in place, where delete + insert fails on the
+        constraint; a primary key wider than the key never fires for a key
+        whose other columns changed (the key's row would repeat); a prefix
+        index takes two keys that share the prefix for one.
 
     A column a row leaves out needs no condition: the update sets every
     non-key column to ``VALUES(column)``, the value the insert would have
     written, which for a column left out is its default, as delete + insert
     gives it.
     """
-    if conn.dialect.name not in _IN_PLACE_DIALECTS:
+    if conn.dialect.name not in _IN_PLACE_DIALECTS or shape is None:
         return False
-    if {c.name for c in table.primary_key.columns} != set(keys):
+    primary = shape.unique.get("PRIMARY", ())
+    if set(shape.unique) != {"PRIMARY"} or any(part is not None for _, part in primary):
         return False
-    unique_indexes = [ix for ix in table.indexes if ix.unique]
-    unique = [c for c in table.constraints if isinstance(c, sa.UniqueConstraint)]
-    return not unique_indexes and not unique
+    return sorted(column for column, _ in primary) == sorted(keys)
 
 
 def write_rows(
-    conn: sa.Connection, table: sa.Table, keys: list[str], items: Sequence[Any], epoch: int
+    conn: sa.Connection,
+    table: sa.Table,
+    keys: list[str],
+    items: Sequence[Any],
+    epoch: int,
+    shape: TargetShape | None = None,
 ) -> int:
     """Apply upserts and deletes: the deleted keys removed, the upserted rows written.
+
+    ``shape``: the table as read in this transaction, after its metadata
+    lock; on MySQL and MariaDB it is read here when not given.
 
     Returns the rows upserted plus the keys deleted.
     """
@@ -73,7 +88,10 @@ def write_rows(
     if EPOCH_COLUMN in table.c:
         for row in rows:
             row[EPOCH_COLUMN] = epoch
-    if upserts_in_place(conn, table, keys):
+    if shape is None and conn.dialect.name in _IN_PLACE_DIALECTS:
+        lock_target(conn, table.schema, table.name)
+        shape = read_shape(conn, table.schema, table.name)
+    if upserts_in_place(conn, shape, keys):
         _delete_in_chunks(conn, table, keys, list(deletes))
         _insert_or_update(conn, table, keys, rows)
         return len(upserts) + len(deletes)

@@ -27,6 +27,7 @@ from reconcile.core.contract import (
     ConfigurationError,
     Fatal,
     FencedError,
+    InvalidInputError,
     MarkerMismatchError,
     Ok,
     Retryable,
@@ -35,17 +36,22 @@ from reconcile.core.contract import (
     WriterIdentity,
     validate_name,
 )
-from reconcile.core.decisions import is_rejection_sqlstate
-from reconcile.core.keys import float_key_error
 from reconcile.core.sink import SinkCapabilities
-from sinks.objects.sql_state import create_sql_state
 from sinks.open_txn import OpenTxnSink
 
 from .arrow_types import table_arrow_schema
-from .errors import describe_error, redact_url, rejection, sqlstate_of
+from .binding import open_engine, reflect_target
+from .errors import describe_error, prepare_failure, redact_url
 from .rows import EPOCH_COLUMN, write_rows
-from .sessions import Session, end_session, session_of
-from .state import SqlState
+from .sessions import (
+    SESSION_DIALECTS,
+    Session,
+    end_session,
+    end_writer_sessions,
+    mark_session,
+)
+from .shape import TargetShape, epoch_shape
+from .state import SqlState, untrusted_marker
 
 __all__ = ["EPOCH_COLUMN", "SqlSink"]
 
@@ -94,29 +100,11 @@ class SqlSink(OpenTxnSink[SqlTxn, list[Any]]):
         self.pipeline = None if pipeline is None else validate_name("pipeline", pipeline)
         self.url, self.table_name, self.schema_name = url, table, schema
         self.key_given = None if key is None else list(key)
-        try:
-            parsed = sa.make_url(url)
-        except sa.exc.ArgumentError:
-            # SQLAlchemy's message quotes the whole string, password included.
-            raise ConfigurationError(
-                f"sql sink {name!r}: not an SQLAlchemy URL (dialect+driver://...); the string "
-                "is not shown: it may hold a password"
-            ) from None
-        if "@" in (parsed.host or ""):
-            raise ConfigurationError(
-                f"sql sink {name!r}: the URL's host holds an '@', so a user name or password "
-                "in it has an '@' that is not percent-encoded; write it as %40. The URL is not "
-                "shown: it may hold a password"
-            )
-        try:
-            self.engine = sa.create_engine(parsed)
-        except (sa.exc.ArgumentError, ImportError) as err:
-            extra = "mariadb" if parsed.get_backend_name() in ("mysql", "mariadb") else "sql"
-            what = f"cannot use the URL (pip install 'reconcile-engine[{extra}]')"
-            raise ConfigurationError(describe_error(name, url, what, err)) from None
+        self.engine = open_engine(url, name)
         self.state = SqlState(state_schema)
         self._writer: WriterIdentity | None = None
         self._target: sa.Table | None = None
+        self._shape: TargetShape | None = None  # MySQL, MariaDB: the target as bound
         self._unended: dict[tuple[str, str, int], Session] = {}  # epoch -> session to end first
         OpenTxnSink.__init__(self)
 
@@ -144,47 +132,38 @@ class SqlSink(OpenTxnSink[SqlTxn, list[Any]]):
     def _error(self, what: str, err: BaseException) -> str:
         return describe_error(self._name, self.url, what, err)
 
-    def _rejected(self, txn_id: SinkTxnId, err: sa.exc.StatementError) -> Fatal:
-        """The database refused the epoch's rows (a constraint, a value, a privilege): stop."""
+    def _failed(self, txn_id: SinkTxnId, err: sa.exc.SQLAlchemyError) -> SinkOutcome:
+        """What a prepare that failed returns: a refusal stops, a transient failure retries."""
         table = f"{self.schema_name}.{self.table_name}" if self.schema_name else self.table_name
-        rejected = rejection(err, epoch=txn_id.epoch, table=table, sink=self._name, url=self.url)
-        return Fatal(self._error(f"prepare({txn_id}) refused; nothing was written", err), rejected)
+        return prepare_failure(err, txn_id, table=table, sink=self._name, url=self.url)
 
     def target(self) -> sa.Table:
         """The reflected target table (reflected once; the state tables created if missing).
 
         Raises:
             ConfigurationError: the database cannot be reached, or the table is
-                missing or has no key.
+                missing, has no key, or cannot be written exactly (``binding.py``).
         """
         if self._target is None:
-            try:
-                table = sa.Table(
-                    self.table_name, sa.MetaData(schema=self.schema_name), autoload_with=self.engine
-                )
-                create_sql_state(self.engine, self.state.metadata, self._name)  # checked
-            except sa.exc.NoSuchTableError:
-                raise ConfigurationError(
-                    f"sql sink {self._name!r}: target table {self.table_name!r} does not exist"
-                ) from None
-            except sa.exc.SQLAlchemyError as err:
-                raise ConfigurationError(self._error("start-up check failed", err)) from None
-            if not self.key_columns(table):
-                raise ConfigurationError(
-                    f"sql sink {self._name!r}: table {self.table_name!r} has no primary key; "
-                    "give key=(...)"
-                )
-            for key in self.key_columns(table):
-                # sa.Float covers REAL, DOUBLE PRECISION and FLOAT in every dialect.
-                if key in table.c and isinstance(table.c[key].type, sa.Float):
-                    raise float_key_error(
-                        f"sql sink {self._name!r}: table {self.table_name!r}",
-                        key,
-                        str(table.c[key].type),
-                        ConfigurationError,
-                    )
-            self._target = table
+            self._target, self._shape = reflect_target(
+                self.engine, self.url, self._name, (self.schema_name, self.table_name),
+                self.key_given, self.state.metadata,
+            )  # fmt: skip
         return self._target
+
+    def shape_now(self, conn: sa.Connection) -> TargetShape | None:
+        """The target as it is in ``conn``'s transaction, which holds its metadata lock from here.
+
+        MySQL and MariaDB; None elsewhere. A column changed since bind refuses
+        the write here; the unique indexes read here decide the upsert
+        (``shape.py``, ``rows.py``).
+
+        Raises:
+            InvalidInputError: a column dropped or retyped since bind.
+        """
+        if self._shape is None:
+            return None
+        return epoch_shape(conn, self._shape, self.schema_name, self.table_name)
 
     def arrow_schema(self) -> pa.Schema:
         """The target's columns as the expected state records them (``arrow_types.py``)."""
@@ -257,7 +236,10 @@ class SqlSink(OpenTxnSink[SqlTxn, list[Any]]):
                     epoch=txn_id.epoch,
                 )
             )
-        return OK
+        # Ours by its columns, which anyone who can insert a row can copy: held
+        # to what the store decided (reconcile.core.claims) before it is believed.
+        refused = untrusted_marker(self._name, self.state, marker, self._writer)
+        return OK if refused is None else refused  # (a Fatal is falsy: never `refused or OK`)
 
     def _fenced(self, conn: sa.Connection, txn_id: SinkTxnId) -> Fatal | None:
         fence = self.state.lock_fence(conn, txn_id.pipeline, self._name, txn_id.generation)
@@ -288,6 +270,9 @@ class SqlSink(OpenTxnSink[SqlTxn, list[Any]]):
         conn = self.engine.connect()
         txn = conn.begin()
         try:
+            # Marked before anything is locked: a resolver or a takeover tells
+            # this session apart by its mark, never by its id (sessions.py).
+            session = mark_session(conn, txn_id.pipeline, self._name, self._log_id())
             done = self._marker_outcome(conn, txn_id)
             if done is not None:
                 txn.rollback()
@@ -304,11 +289,21 @@ class SqlSink(OpenTxnSink[SqlTxn, list[Any]]):
                 txn.rollback()
                 conn.close()
                 return fenced
-            written = write_rows(conn, table, self.key_columns(), staged, txn_id.epoch)
+            shape = self.shape_now(conn)
+            written = write_rows(conn, table, self.key_columns(), staged, txn_id.epoch, shape)
             conn.execute(self.state.markers.insert().values(
                 pipeline=txn_id.pipeline, sink=self._name, epoch=txn_id.epoch,
                 target_table=self.table_name, log_id=self._log_id(),
                 generation=txn_id.generation, row_count=written,
+            ))  # fmt: skip
+        except InvalidInputError as err:
+            txn.rollback()
+            conn.close()
+            # Not a retry's to cure: the table must be put back (or the change made through the
+            # pipeline) first. The details (table) stay with the error.
+            return Fatal.of(type(err)(
+                f"sql sink {self._name!r}: epoch {txn_id.epoch} refused, nothing of it was "
+                f"written: {err}", **err.details,
             ))  # fmt: skip
         except sa.exc.IntegrityError as err:
             txn.rollback()
@@ -320,16 +315,12 @@ class SqlSink(OpenTxnSink[SqlTxn, list[Any]]):
                     if isinstance(again, Ok):
                         self._hold_committed(txn_id)
                     return again
-            return self._rejected(txn_id, err)
-        except (sa.exc.DataError, sa.exc.StatementError) as err:
+            return self._failed(txn_id, err)
+        except sa.exc.SQLAlchemyError as err:
             txn.rollback()
             conn.close()
-            if isinstance(err, sa.exc.DataError) or is_rejection_sqlstate(sqlstate_of(err)):
-                return self._rejected(txn_id, err)
-            if isinstance(err, sa.exc.OperationalError):
-                return Retryable(self._error(f"prepare({txn_id}); nothing was written", err))
-            return Fatal(self._error(f"prepare({txn_id}) refused; nothing was written", err))
-        self._hold(txn_id, SqlTxn(conn, txn, session_of(conn)))
+            return self._failed(txn_id, err)
+        self._hold(txn_id, SqlTxn(conn, txn, session))
         return OK
 
     # -- the steps of the open-transaction lifecycle (sinks.open_txn) -----------
@@ -360,7 +351,7 @@ class SqlSink(OpenTxnSink[SqlTxn, list[Any]]):
         try:
             if (session := self._unended.get(txn_id.key)) is not None:
                 end_session(self.engine, session)  # kept until it ended: a retry ends it first
-                del self._unended[txn_id.key]
+                self._unended.pop(txn_id.key, None)
             with self.engine.connect() as conn:
                 done = self._marker_outcome(conn, txn_id)
         except sa.exc.SQLAlchemyError as err:
@@ -383,6 +374,21 @@ class SqlSink(OpenTxnSink[SqlTxn, list[Any]]):
             log.warning("%s", self._error("rollback failed; closing the connection", err))
         finally:
             held.conn.close()
+
+    def end_writer_sessions(self, writer: WriterIdentity) -> int:
+        """End the sessions ``writer``'s sink holds open elsewhere (a takeover's); how many ended.
+
+        Only sessions the writer's epochs marked (``sessions.py``), of this
+        sink's user: a paused old main's open epoch, whose locks the new
+        writer would otherwise wait out. Never raises for a database failure.
+        """
+        if self.engine.dialect.name not in SESSION_DIALECTS:
+            return 0
+        try:
+            return end_writer_sessions(self.engine, writer, self._name)
+        except sa.exc.SQLAlchemyError as err:
+            log.warning("%s", self._error("could not look for the old writer's sessions", err))
+            return 0
 
     def close(self) -> None:
         """Roll back open epochs, close connections."""

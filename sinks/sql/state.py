@@ -5,7 +5,8 @@ speaks, under their own names (``reconcile_sql_*``) so that both sinks can share
 a database: a marker per committed epoch (written in the epoch's transaction),
 the newest writer generation per (pipeline, sink), and one row per repair.
 There is no transaction id to record: an ambiguous COMMIT is settled by the
-marker (or the repair's row) alone.
+marker (or the repair's row) alone. A marker is believed only as far as the
+store decided (:func:`untrusted_marker`, ``reconcile.core.claims``).
 """
 
 from __future__ import annotations
@@ -15,9 +16,11 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from reconcile.core.claims import Claim, check_claim
+from reconcile.core.contract import Fatal, WriterIdentity
 from sinks.objects.sql_state import SQL_MARKERS, sql_state_tables
 
-__all__ = ["SqlMarker", "SqlState"]
+__all__ = ["SqlMarker", "SqlState", "untrusted_marker"]
 
 
 @dataclass(frozen=True)
@@ -104,3 +107,25 @@ class SqlState:
             found = self.fence(conn, pipeline, sink)
         assert found is not None
         return found
+
+
+def untrusted_marker(
+    sink: str, state: SqlState, marker: SqlMarker, writer: WriterIdentity | None
+) -> Fatal | None:
+    """None if the store's decisions back this writer's ``marker``; else the Fatal refusing it.
+
+    A marker row claims its epoch, by its generation: trusted only for an
+    epoch the store decided and a generation it granted (an
+    UntrustedRecordError otherwise, counted and logged). An unbound sink has
+    no store to ask.
+    """
+    claim = Claim(
+        sink=sink,
+        what=f"sql sink {sink!r}",
+        record=f"the marker of epoch {marker.epoch} in table {state.markers.fullname}",
+        kind="commit",
+        epoch=marker.epoch,
+        generation=marker.generation,
+    )
+    refused = check_claim(claim, None if writer is None else writer.decisions)
+    return None if refused is None else Fatal.of(refused)

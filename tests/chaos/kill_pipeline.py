@@ -5,9 +5,9 @@
 With ``RECONCILE_EXPECTED_STATE=1`` in the environment the pipeline records its
 expected state under ``ROOT/expected`` (its epochs table is then the progress log).
 
-KIND is file, s3, delta, iceberg, postgres, postgres_prepared or mariadb; TARGET is
+KIND is file, s3, delta, iceberg, postgres, postgres_prepared, mariadb or kafka; TARGET is
 the sink root folder (file, delta; iceberg: its SQLite catalog and warehouse), a bucket
-(s3), the database DSN (postgres) or URL (mariadb). The pipeline dies by
+(s3), the database DSN (postgres), URL (mariadb) or BOOTSTRAP|TOPIC (kafka). The pipeline dies by
 SIGKILL at POINT (a fault point of the cycle or a sink); a hook point inside
 a sink can be armed instead with RECONCILE_KILL_AT in the environment. NONCE
 is the first run number of this process's outputs, so a restarted process
@@ -47,6 +47,10 @@ def harness_for(kind: str, target: str) -> SinkHarness:
         from tests.fix_mariadb import MariadbHarness
 
         return MariadbHarness(target)
+    if kind == "kafka":
+        from tests.fix_kafka import KafkaHarness
+
+        return KafkaHarness(target)  # BOOTSTRAP|TOPIC
     from tests.fix_pg import PostgresHarness
 
     return PostgresHarness(target, "prepared" if kind == "postgres_prepared" else "transactional")

@@ -28,12 +28,12 @@ from tests.demo_checks import (
 # The whole demo in subprocesses (Spark's JVM each time): minutes on a loaded machine.
 pytestmark = [
     pytest.mark.integration,
-    pytest.mark.spark,
     pytest.mark.chaos,
     pytest.mark.timeout(900),
 ]
 
 
+@pytest.mark.spark  # in a subprocess
 def test_demo_under_chaos_verifies_and_its_faults_fired(pg_db: str, tmp_path: Path) -> None:
     workdir = tmp_path / "demo"
     summary = run_demo(pg_db, workdir, "--epochs", "4", "--chaos", "3", "--crashes", "2",
@@ -54,8 +54,21 @@ def test_demo_under_chaos_verifies_and_its_faults_fired(pg_db: str, tmp_path: Pa
     assert summary["committed_epochs"] == len(set(batches_of_files(workdir).values()))
     assert_sinks_exact(pg_db, workdir, 4)
 
+    # A restart does not wait for its pull-and-diff to start Spark: each pipeline
+    # process that recovered the sinks had begun Spark's start first (its steps, as
+    # it logged them in order), and started the stream only once they were settled.
+    steps: dict[int, list[str]] = {}
+    for entry in EventLog(workdir / "events.jsonl").read():
+        steps.setdefault(entry["pid"], []).append(entry["event"])
+    recovered = {pid: names for pid, names in steps.items() if "recovery" in names}
+    assert recovered  # the kill after a sink's COMMIT left epochs to recover
+    for names in recovered.values():
+        assert names.index("spark_starting") < names.index("recovery"), names
+        assert names.index("settled") < names.index("started"), names
+
 
 @pytest.mark.slow  # in CI's slow chaos sample: keeps the default suite under 20 minutes
+@pytest.mark.spark  # in a subprocess
 def test_demo_killed_whole_resumes_with_the_same_workdir(pg_db: str, tmp_path: Path) -> None:
     workdir = tmp_path / "demo"
     cmd = demo_command(pg_db, workdir, "--epochs", "5", "--interval", "1")

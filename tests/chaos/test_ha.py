@@ -25,7 +25,6 @@ from tests.fix_pg import markers_table
 # minutes alone, more than the default limit beside CI's other steps.
 pytestmark = [
     pytest.mark.integration,
-    pytest.mark.spark,
     pytest.mark.chaos,
     pytest.mark.slow,
     pytest.mark.timeout(1200),
@@ -47,6 +46,7 @@ def _generations(dsn: str) -> list[int]:
     return [r[0] for r in rows]
 
 
+@pytest.mark.spark  # in a subprocess
 def test_kill_pause_kill_the_leader_nothing_lost_or_doubled(pg_db: str, tmp_path: Path) -> None:
     workdir = tmp_path / "ha"
     # Every kill at a named point, the first between the store commit and the

@@ -18,6 +18,7 @@ import pytest
 
 from reconcile.testing.scenario import SINKS, Scenario
 from tests.chaos.kill_pipeline import harness_for
+from tests.fix_kafka import KafkaBroker, create_topic
 from tests.fix_pg import PgServer
 from tests.mariadb_server import MariadbServer
 
@@ -51,7 +52,7 @@ ICEBERG_HOOK_POINTS = [
     ("iceberg-commit-checked", "iceberg_sink.commit.checked:2"),
     ("iceberg-before-catalog-commit", "iceberg_sink.commit.before_catalog:3"),
 ]
-KINDS = ["file", "delta", "iceberg", "postgres", "postgres_prepared", "mariadb"]
+KINDS = ["file", "delta", "iceberg", "postgres", "postgres_prepared", "mariadb", "kafka"]
 # The file sink on S3, killed inside its own steps and right before a commit
 # entry's conditional put (the kills between the sinks' steps are the cycle's,
 # which the local file sink takes).
@@ -77,6 +78,10 @@ def target(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[str
     kind = request.param
     if kind == "s3":
         yield kind, request.getfixturevalue("s3_bucket")  # the endpoint is in the environment
+        return
+    if kind == "kafka":
+        broker: KafkaBroker = request.getfixturevalue("kafka_broker")
+        yield kind, f"{broker.bootstrap}|{create_topic(broker, 'k9')}"
         return
     if kind == "mariadb":
         maria: MariadbServer = request.getfixturevalue("mariadb_server")

@@ -14,7 +14,7 @@ import pytest
 from tests.recovery_setup import SIMPLE_DDL, SIMPLE_SCHEMA, make_setup
 
 # spark-submit of the job: a JVM of its own.
-pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -29,6 +29,7 @@ def load_example() -> object:
     return module
 
 
+@pytest.mark.spark  # in a subprocess
 def test_the_dag_command_runs_the_spark_job(pg_db: str, tmp_path: Path) -> None:
     example = load_example()
     setup = make_setup(pg_db, str(tmp_path), "orders", SIMPLE_SCHEMA, SIMPLE_DDL, ["id"])

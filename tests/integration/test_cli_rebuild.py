@@ -31,7 +31,7 @@ from tests.cli_run import REPO
 from tests.fix_pg import PASSWORD
 from tests.integration.test_cli_config import password_dsn
 
-pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 ROWS_PER_FILE = 20
 
@@ -185,6 +185,7 @@ def pipeline(pg_db: str, tmp_path: Path) -> Iterator[Pipeline]:
 
 
 @pytest.mark.timeout(900)
+@pytest.mark.spark  # in a subprocess
 def test_rebuild_plans_applies_only_the_changes_and_switches_the_logic(
     pipeline: Pipeline,
 ) -> None:
@@ -247,6 +248,7 @@ def wait_for(what: str, check: Any, deadline: float) -> None:
 
 
 @pytest.mark.timeout(900)
+@pytest.mark.spark  # in a subprocess
 def test_a_rebuild_while_a_main_and_a_standby_run_makes_both_step_aside(
     pipeline: Pipeline,
 ) -> None:

@@ -24,7 +24,7 @@ from tests.cli_run import REPO
 from tests.fix_pg import PASSWORD
 from tests.integration.test_cli_run import CONFIG, run_env
 
-pytestmark = [pytest.mark.integration, pytest.mark.spark]
+pytestmark = [pytest.mark.integration]
 
 
 def test_a_bad_config_or_app_is_one_line_and_exit_2(tmp_path: Path) -> None:
@@ -103,6 +103,7 @@ def lines(spark, pipeline):
 """
 
 
+@pytest.mark.spark  # in a subprocess
 def test_an_app_that_fails_never_prints_the_password(tmp_path: Path) -> None:
     (tmp_path / "app").mkdir()
     (tmp_path / "app" / "at_import.py").write_text(BROKEN_AT_IMPORT)

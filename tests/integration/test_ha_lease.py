@@ -11,7 +11,7 @@ import pytest
 
 from reconcile.core.contract import ConfigurationError, RetryableError
 from reconcile.core.lease import wait_s
-from sinks.postgres.lease import PgLease
+from sinks.postgres.lease import MAX_TERM_S, PgLease
 
 
 def test_one_holder_then_the_other_after_expiry(pg_db: str) -> None:
@@ -114,8 +114,9 @@ def test_racing_standbys_exactly_one_wins(pg_db: str) -> None:
 
 
 def test_bad_settings_and_an_unreachable_database() -> None:
-    with pytest.raises(ConfigurationError, match="term"):
-        PgLease("host=localhost", "p", term_s=0)
+    for bad in (0, -1.0, float("nan"), float("inf"), MAX_TERM_S * 1.001):
+        with pytest.raises(ConfigurationError, match="term"):
+            PgLease("host=localhost", "p", term_s=bad)
     lease = PgLease("host=127.0.0.1 port=9 user=x password=sekret dbname=x", "p", term_s=1)
     with pytest.raises(RetryableError) as caught:
         lease.try_acquire()
@@ -211,3 +212,98 @@ def test_two_standby_processes_race_for_one_lease_exactly_one_wins(pg_db: str) -
                 (pipeline,),
             ).fetchone()
         assert row == (winner, 2), f"round {round_}: the row says {row}, the racers {said}"
+
+
+def _lease_pid(dsn: str, pipeline: str) -> int:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT pid FROM pg_stat_activity WHERE application_name = %s",
+            (f"reconcile-lease:{pipeline}",),
+        ).fetchall()
+    assert len(rows) == 1, rows
+    return int(rows[0][0])
+
+
+@pytest.mark.parametrize("statement", ["renew", "try_acquire"])
+def test_a_term_counts_from_before_its_statement_was_sent(pg_db: str, statement: str) -> None:
+    """A renewal that waits on the row is held for a term from when it was sent, not answered.
+
+    The database sets the new expiry when the statement runs, after its wait:
+    counted from the answer instead, the holder would believe it leads for as
+    long as the wait after its row ran out for everyone else.
+    """
+    lease = PgLease(pg_db, "slow", term_s=4.0, holder="a")
+    assert lease.try_acquire() is not None
+    pid = _lease_pid(pg_db, "slow")
+    blocker = psycopg.connect(pg_db)
+    blocker.execute("SELECT 1 FROM reconcile.reconcile_leases WHERE pipeline = 'slow' FOR UPDATE")
+    released: list[float] = []
+
+    def release_once_waiting() -> None:
+        with psycopg.connect(pg_db, autocommit=True) as conn:
+            while not conn.execute(
+                "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = %s", (pid,)
+            ).fetchone()[0]:  # type: ignore[index]
+                time.sleep(0.01)
+        released.append(time.monotonic())  # the statement was sent before this
+        blocker.rollback()
+
+    thread = threading.Thread(target=release_once_waiting)
+    thread.start()
+    try:
+        if statement == "renew":
+            assert lease.renew()
+        else:
+            assert lease.try_acquire() is not None
+    finally:
+        thread.join(10)
+        blocker.close()
+    assert released, "the statement never waited on the row"
+    assert lease.held() and lease.held_until < released[0] + lease.term_s
+    lease.close()
+
+
+def test_a_renewal_records_the_session_it_came_from(pg_db: str) -> None:
+    """A holder that reconnected is alive: its new session is the row's, not the ended one."""
+    a = PgLease(pg_db, "moved", term_s=30, holder="a")
+    assert a.try_acquire() is not None
+    assert _end_session_of(pg_db, "reconcile-lease:moved") == 1  # its connection drops
+    with pytest.raises(RetryableError):
+        a.renew()  # finds the connection ended
+    assert a.renew()  # on a new one
+    with psycopg.connect(pg_db) as conn:
+        row = conn.execute(
+            "SELECT backend_pid FROM reconcile.reconcile_leases WHERE pipeline = 'moved'"
+        ).fetchone()
+    assert row == (_lease_pid(pg_db, "moved"),)
+    # So a standby whose grace (half its term) has passed since a's renewal
+    # still finds a's session, and waits for the term.
+    b = PgLease(pg_db, "moved", term_s=0.2, holder="b")
+    time.sleep(0.15)
+    assert b.try_acquire() is None, "a live holder that reconnected was taken over as gone"
+    for lease in (a, b):
+        lease.close()
+
+
+def test_a_holder_row_without_a_session_is_not_taken_as_gone(pg_db: str) -> None:
+    """A NULL ``backend_pid`` (a row from before the column was filled) waits for its term."""
+    a = PgLease(pg_db, "nopid", term_s=30, holder="a")
+    assert a.try_acquire() is not None
+    with psycopg.connect(pg_db, autocommit=True) as conn:
+        conn.execute(
+            "UPDATE reconcile.reconcile_leases SET backend_pid = NULL, "
+            "renewed_at = renewed_at - interval '1 minute' WHERE pipeline = 'nopid'"
+        )
+    b = PgLease(pg_db, "nopid", term_s=0.2, holder="b")
+    assert b.try_acquire() is None, "a lease whose session is unknown was taken before its term"
+    for lease in (a, b):
+        lease.close()
+
+
+def test_the_longest_term_is_one_the_database_takes(pg_db: str) -> None:
+    """At MAX_TERM_S, half a term is still a statement timeout PostgreSQL accepts."""
+    lease = PgLease(pg_db, "long", term_s=MAX_TERM_S, holder="a")
+    state = lease.try_acquire()
+    assert state is not None and MAX_TERM_S - 60 < state.remaining_s <= MAX_TERM_S
+    assert lease.renew() and lease.held()
+    lease.close()

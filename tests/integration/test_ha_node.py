@@ -42,7 +42,7 @@ from sinks.postgres.factory import postgres_sink
 from sinks.postgres.lease import PgLease
 from tests.fix_pg import markers_table
 
-pytestmark = [pytest.mark.integration, pytest.mark.spark]
+pytestmark = [pytest.mark.integration]
 
 PIPE = "hanode"
 ROWS = 5  # per file

@@ -19,7 +19,7 @@ from reconcile.core.hashing import row_hash_arrow
 from reconcile.spark.hashing import row_hash_column, row_hash_sql
 from tests.unit.test_hashing import EXPECTED, MOVE, MULTI, SINGLE, VECTORS
 
-pytestmark = [pytest.mark.spark, pytest.mark.integration]
+pytestmark = [pytest.mark.integration]
 
 
 def spark_hashes(spark: Any, table: pa.Table, path: Path, columns: list[str]) -> list[int]:

@@ -25,7 +25,7 @@ from tests.integration.test_cli_config import password_dsn
 
 # About 50 s, most of it Spark's start-up: slow (the fast checks of the same
 # guarantee are in test_engine_objects.py).
-pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 APP = """
 from pyspark.sql import types as T
@@ -55,6 +55,7 @@ master = "local[1]"
 """
 
 
+@pytest.mark.spark  # in a subprocess
 def test_a_lease_the_role_may_not_create_ends_reconcile_run_with_exit_2(
     pg_server: PgServer, pg_db: str, tmp_path: Path
 ) -> None:

@@ -304,10 +304,9 @@ def test_password_never_in_errors_reprs_or_logs(
         assert PASSWORD not in text and "Fa1lword" not in text and "Pa55word" not in text, text
 
 
-def test_large_arrow_epoch_direct_copy_and_its_fallback(
-    pg_db: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    from sinks.postgres import apply
+def test_large_arrow_epoch_direct_copy_and_its_fallback(pg_db: str) -> None:
+    from reconcile.core import hooks
+    from sinks.postgres.apply import DIRECT_COPY_PROBED
 
     make_table(pg_db, "id bigint PRIMARY KEY, v bigint, _epoch bigint", "big")
     sink = PostgresSink(pg_db, "big", name="big", pipeline=PIPE)
@@ -319,13 +318,29 @@ def test_large_arrow_epoch_direct_copy_and_its_fallback(
         {"id": pa.array(range(n // 2, n + n // 2), pa.int64()), "v": pa.array([2] * n)}
     )
     run_epoch(sink, txn(2, sink="big"), second)
-    # A probe that misses a conflict (as with a concurrent writer): the direct
-    # COPY fails on the key, its savepoint is rolled back, the upsert runs.
-    monkeypatch.setattr(apply, "_range_is_free", lambda *a: True)
-    third = pa.table({"id": pa.array(range(n), pa.int64()), "v": pa.array([3] * n)})
-    run_epoch(sink, txn(3, sink="big"), third)
+
+    # A concurrent writer inserts a key of a free range after the probe: the
+    # direct COPY fails on it, and the epoch's txn with it (no savepoint).
+    def concurrent_insert() -> None:
+        with psycopg.connect(pg_db, autocommit=True) as other:
+            other.execute("INSERT INTO big (id, v) VALUES (%s, -1)", (3 * n,))
+
+    third = pa.table(
+        {"id": pa.array(range(2 * n, 4 * n), pa.int64()), "v": pa.array([3] * (2 * n))}
+    )
+    t3 = txn(3, sink="big")
+    assert sink.stage(t3, third) == OK
+    with hooks.at(DIRECT_COPY_PROBED, concurrent_insert) as window:
+        outcome = sink.prepare(t3)
+    assert window.fired == 1
+    assert isinstance(outcome, Retryable), outcome
+    assert "another transaction" in outcome.reason and "big_pkey" in outcome.reason
+    sink.abort(t3)
+    assert rows_of(pg_db, "SELECT count(*) FROM big WHERE _epoch = 3") == [(0,)]
+    # The retry's probe sees that row: the upsert path runs, over it too.
+    run_epoch(sink, t3, third)
     got = rows_of(pg_db, "SELECT v, _epoch, count(*) FROM big GROUP BY 1, 2 ORDER BY 1")
-    assert got == [(2, 2, n // 2), (3, 3, n)]
+    assert got == [(1, 1, n // 2), (2, 2, n), (3, 3, 2 * n)]
 
 
 def test_eager_takeover_fences_the_old_writer_before_the_new_one_writes(orders: str) -> None:

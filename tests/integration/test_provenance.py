@@ -259,7 +259,7 @@ max_change_fraction = 0.5  # 10 rows: two hand edits are a fifth of the table
     simple.record([{"id": 3, "name": "m3", "total": 30}])  # the engine's row, differing
     watched = cli("watch", "--config", str(config), "--every", "1s", "--count", "1")
     assert watched.returncode == 1, watched.stderr
-    assert "2 foreign writes" in watched.stdout
+    assert "2 rows written by 1 foreign transaction" in watched.stdout
     exported = (tmp_path / "metrics.prom").read_text()
     assert 'reconcile_drift_foreign_writes{pipeline="shop",table="public.orders"} 2.0' in exported
     # Repaired in the first round, clean in the second: the gauge is back to 0.

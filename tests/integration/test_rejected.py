@@ -21,10 +21,12 @@ from reconcile.core.contract import (
     Fatal,
     InvalidInputError,
     RejectedError,
+    RowsRejectedError,
     SinkOutcome,
     SinkTxnId,
 )
-from reconcile.core.decisions import is_terminal
+from reconcile.core.decisions import Failure, classify, is_terminal
+from reconcile.core.metrics import InMemoryMetrics
 from reconcile.engine.driver import RetryPolicy
 from reconcile.engine.progress_file import FileProgressLog
 from sinks.postgres.factory import postgres_sink
@@ -78,11 +80,13 @@ def test_the_postgres_sink_names_the_constraint_the_column_and_the_value(
         assert "column note" in str(absent)
         with psycopg.connect(pg_db, autocommit=True) as conn:
             conn.execute("ALTER TABLE shop_lines DROP COLUMN note")
-        # A NULL the sink sees itself is refused before anything is sent: bad
-        # input, typed, so that it stops the pipeline too (never retried).
-        null = one_epoch(sink, [{"id": 4, "qty": None}], 2)
-        assert isinstance(null, Fatal) and isinstance(null.error, InvalidInputError), null
-        assert is_terminal(null.error) and "column 'qty'" in null.reason
+        # A NULL the sink sees itself is refused before anything is sent: a
+        # rejection all the same (the column and the SQLSTATE the server
+        # would give), and bad input, typed: it stops the pipeline, never retried.
+        null = rejected_by(one_epoch(sink, [{"id": 4, "qty": None}], 2))
+        assert isinstance(null, RowsRejectedError) and isinstance(null, InvalidInputError)
+        assert (null.epoch, null.sqlstate, null.details["column"]) == (2, "23502", "qty")
+        assert is_terminal(null) and "column 'qty'" in str(null)
         # A data exception the server raises (22012, in a generated column).
         with psycopg.connect(pg_db, autocommit=True) as conn:
             conn.execute(
@@ -102,25 +106,40 @@ def test_the_postgres_sink_names_the_constraint_the_column_and_the_value(
     assert epochs == [(0,)]
 
 
+# Who refuses epoch 1's row (its qty), and what the rejection names.
+REFUSED_BY = {
+    "database": (-1, {"constraint": "qty_positive", "sqlstate": "23514"}),
+    "engine": (None, {"column": "qty", "sqlstate": "23502"}),  # NOT NULL, checked before sending
+}
+
+
+@pytest.mark.parametrize("refused_by", sorted(REFUSED_BY))
 def test_drive_stops_at_a_rejected_epoch_with_nothing_of_it_written(
-    pg_db: str, tmp_path: Path
+    pg_db: str, tmp_path: Path, refused_by: str
 ) -> None:
+    bad, named = REFUSED_BY[refused_by]
     with psycopg.connect(pg_db, autocommit=True) as conn:
         conn.execute(DDL)
     log = FileProgressLog(tmp_path / "progress", PIPE)
     builds: list[int] = []
+    metrics = InMemoryMetrics()
 
     def build() -> CommitCycle:
         builds.append(1)
-        return CommitCycle(PIPE, [postgres_sink(pg_db, "shop_lines", name="lines")], log)
+        return CommitCycle(PIPE, [postgres_sink(pg_db, "shop_lines", name="lines")], log,
+                           metrics=metrics)  # fmt: skip
 
     def outputs(epoch: int) -> dict[str, list[dict[str, Any]]]:
-        return {"lines": [{"id": epoch, "qty": -1 if epoch == 1 else epoch + 1}]}
+        return {"lines": [{"id": epoch, "qty": bad if epoch == 1 else epoch + 1}]}
 
     with pytest.raises(RejectedError) as stopped:
         drive(build, range(4), outputs, retry=FAST)
-    assert stopped.value.epoch == 1 and stopped.value.details["constraint"] == "qty_positive"
+    assert stopped.value.epoch == 1 and classify(stopped.value) is Failure.REJECTED
+    assert {k: stopped.value.details[k] for k in named} == named
     assert builds == [1]  # no restart
+    # The one metric of a rejection, whoever found it.
+    sqlstate = named["sqlstate"]
+    assert metrics.value("pipeline.rejected", sink="lines", sqlstate=sqlstate) == 1
     assert FileProgressLog(tmp_path / "progress", PIPE).claim_generation() == 2
     with psycopg.connect(pg_db, autocommit=True) as conn:
         assert conn.execute("SELECT id FROM shop_lines").fetchall() == [(0,)]

@@ -20,7 +20,7 @@ import pytest
 from reconcile.core.contract import ConfigurationError, InvalidInputError
 from reconcile.spark.replay import file_source_batches, replay
 
-pytestmark = [pytest.mark.integration, pytest.mark.spark]
+pytestmark = [pytest.mark.integration]
 
 
 def _stream(spark: Any, inbox: Path, checkpoint: Path, files: list[list[dict[str, int]]]) -> None:

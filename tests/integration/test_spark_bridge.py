@@ -21,7 +21,7 @@ from reconcile.core.contract import InvalidInputError
 from reconcile.core.hashing import row_hash_arrow
 from reconcile.spark.hashing import row_hash_column
 
-pytestmark = [pytest.mark.spark, pytest.mark.integration]
+pytestmark = [pytest.mark.integration]
 
 REPO = Path(__file__).resolve().parents[2]
 APP = "pipe/sink"

@@ -11,7 +11,7 @@ import pytest
 
 from tests import spark_cds
 
-pytestmark = [pytest.mark.integration, pytest.mark.spark]
+pytestmark = [pytest.mark.integration]
 
 START = """
 from pyspark.sql import SparkSession
@@ -21,6 +21,7 @@ spark.stop()
 """
 
 
+@pytest.mark.spark  # in a subprocess
 def test_a_spark_start_loads_its_classes_from_the_archive(tmp_path: Path) -> None:
     assert spark_cds.archive().exists(), "no Spark class archive: run scripts/setup"
     opts = spark_cds.submit_opts()

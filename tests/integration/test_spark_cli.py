@@ -13,7 +13,7 @@ from reconcile.cli import command as cli
 from tests.recovery_setup import SIMPLE_DDL, SIMPLE_SCHEMA, expected_rows, make_setup, sink_rows
 
 # The CLI with --spark: a Spark session in each subprocess.
-pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
 
 def test_verify_and_repair_with_spark_exit_codes(

@@ -27,7 +27,7 @@ import pytest
 from expected_state.store import ExpectedStateStore
 
 # Most tests run the pipeline twice in a subprocess (a JVM each time): minutes when loaded.
-pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
 REPO = Path(__file__).resolve().parents[2]
 BATCHES = 3
@@ -168,6 +168,7 @@ WAYS = {"write_stream": "executors", "driver": "driver", "auto": "collect"}
 
 
 @pytest.mark.parametrize("form", ["write_stream", "driver", "auto"])
+@pytest.mark.spark  # in a subprocess
 def test_a_clean_run_writes_every_batch_once_and_a_rerun_writes_nothing(
     pg_db: str, tmp_path: Path, form: str
 ) -> None:
@@ -220,6 +221,7 @@ KILLS = {
 @pytest.mark.chaos
 @pytest.mark.parametrize("form", ["write_stream", "auto"])
 @pytest.mark.parametrize("point", sorted(KILLS))
+@pytest.mark.spark  # in a subprocess
 def test_driver_killed_mid_batch_resumes_exactly_once(
     pg_db: str, tmp_path: Path, point: str, form: str
 ) -> None:
@@ -237,6 +239,7 @@ def test_driver_killed_mid_batch_resumes_exactly_once(
 
 
 @pytest.mark.chaos
+@pytest.mark.spark  # in a subprocess
 def test_a_dead_drivers_staged_rows_are_swept_when_the_next_run_collects(
     pg_db: str, tmp_path: Path
 ) -> None:
@@ -253,6 +256,7 @@ def test_a_dead_drivers_staged_rows_are_swept_when_the_next_run_collects(
 
 @pytest.mark.chaos
 @pytest.mark.parametrize("form", ["write_stream", "driver"])
+@pytest.mark.spark  # in a subprocess
 def test_an_executor_killed_after_staging_its_file_is_retried_and_counted_once(
     pg_db: str, tmp_path: Path, form: str
 ) -> None:
@@ -282,6 +286,7 @@ def test_an_executor_killed_after_staging_its_file_is_retried_and_counted_once(
         assert all(now == 0 for now, _ in stages)
 
 
+@pytest.mark.spark  # in a subprocess
 def test_format_reconcile_writes_every_batch_once(pg_db: str, tmp_path: Path) -> None:
     """``df.writeStream.format("reconcile")``: executors write, Spark's commit runs the cycle."""
     make_inbox(tmp_path)
@@ -292,6 +297,7 @@ def test_format_reconcile_writes_every_batch_once(pg_db: str, tmp_path: Path) ->
 
 
 @pytest.mark.chaos
+@pytest.mark.spark  # in a subprocess
 def test_format_reconcile_commit_process_killed_after_the_decision(
     pg_db: str, tmp_path: Path
 ) -> None:

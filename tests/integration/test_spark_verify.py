@@ -24,7 +24,7 @@ import pytest
 from tests.fix_pg import PgServer
 from tests.recovery_setup import TYPES_DDL, TYPES_KEYS, TYPES_SCHEMA, make_setup, types_row
 
-pytestmark = [pytest.mark.integration, pytest.mark.spark]
+pytestmark = [pytest.mark.integration]
 
 REPO = Path(__file__).resolve().parents[2]
 COUNTS = ("missing", "extra", "changed")
@@ -38,6 +38,7 @@ def logged_server() -> Any:
 
 
 @pytest.mark.timeout(900)  # a driver and two executor JVMs, in a subprocess
+@pytest.mark.spark  # in a subprocess
 def test_spark_verify_and_repair_on_separate_executors(logged_server: Any, tmp_path: Path) -> None:
     dsn = logged_server.dsn(logged_server.create_database())
     setup = make_setup(dsn, str(tmp_path), "things", TYPES_SCHEMA, TYPES_DDL, TYPES_KEYS)

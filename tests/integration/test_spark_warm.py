@@ -9,7 +9,7 @@ import pytest
 
 from reconcile.spark.warm import warm_up
 
-pytestmark = [pytest.mark.integration, pytest.mark.spark]
+pytestmark = [pytest.mark.integration]
 
 
 def test_warm_up_runs_each_transform_on_an_empty_batch_and_reads_nothing(

@@ -11,7 +11,7 @@ import pytest
 from reconcile.spark.staging import ROW_HASH_STAGED, _same_rows, hashed_by_spark
 from tests.integration.test_stream_collect import FILES, _inbox, _run
 
-pytestmark = [pytest.mark.integration, pytest.mark.spark]
+pytestmark = [pytest.mark.integration]
 
 STORE = pa.schema([("id", pa.int64()), ("v", pa.string()), ("price", pa.decimal128(12, 2))])
 

@@ -115,3 +115,30 @@ def test_a_takeover_that_lands_before_the_rebases_commit_fences_it(tmp_path: Pat
     assert armed.fired == 1
     assert store.rebased_by("zombie") is None  # no commit of it in the Delta log
     assert {r["id"]: r["v"] for r in store.snapshot(0, ["id", "v"]).to_pylist()} == {1: 1, 2: 2}
+
+
+def test_an_epoch_in_a_merged_file_keeps_one_live_file_per_epoch(tmp_path: Path) -> None:
+    # Key 0 is written by every epoch; the others by one each.
+    epochs = [pa.table({"id": [0, *range(e * 10 + 1, e * 10 + 10)], "v": [e] * 10})
+              for e in range(5)]  # fmt: skip
+    store = _store(tmp_path, ["id"], epochs)
+    store.compact_changes(through_epoch=4)  # epochs 0..4, the newest too, in one merged file
+
+    def covering() -> dict[int, list[str]]:
+        files = [f for f in live_files(DeltaTable(store.uri), name=store.uri) if f.kind == "change"]
+        return {e: [f.path for f in files if f.first <= e <= f.epoch] for e in range(5)}
+
+    [merged] = {p for paths in covering().values() for p in paths}
+    assert all(paths == [merged] for paths in covering().values())
+    new = pa.table({"id": [0, *range(1, 40)], "v": [-1, *range(1, 40)]})  # 40..49 deleted
+    _check(store, new, ["id"])
+    # The rebase replaced the merged file by one merged file again: each epoch
+    # 0..4 is in exactly one live file, whose name says the epochs it holds.
+    after = covering()
+    [rebased] = {p for paths in after.values() for p in paths}
+    assert rebased != merged and all(paths == [rebased] for paths in after.values()), after
+    reader = ExpectedStateStore(str(tmp_path), "shop", "t", ["id"])
+    assert {r["id"]: r["v"] for r in reader.snapshot(4, ["id", "v"]).to_pylist()} == {
+        r["id"]: r["v"] for r in new.to_pylist()
+    }  # read through the store's own checks of the files and their names
+    reader.check_version(DeltaTable(reader.uri).version())

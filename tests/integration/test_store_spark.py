@@ -12,7 +12,7 @@ from expected_state.spark_state import read_state
 from expected_state.store import ExpectedStateStore
 from reconcile.core.contract import Change
 
-pytestmark = [pytest.mark.spark, pytest.mark.integration]
+pytestmark = [pytest.mark.integration]
 
 
 def test_spark_reads_the_state_of_every_epoch(spark: Any, tmp_path: Path) -> None:

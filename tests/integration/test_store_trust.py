@@ -106,6 +106,29 @@ def test_a_foreign_append_or_optimize_is_refused_naming_the_files(tmp_path: Path
         fresh(tmp_path).snapshot()
 
 
+def test_only_this_tables_own_writer_ids_are_trusted(tmp_path: Path) -> None:
+    from deltalake import CommitProperties
+
+    from expected_state.progress_log import progress_fence_id
+
+    # A commit carrying the engine's label of another of its writers (a
+    # sibling table's token or fence, another pipeline's table, the progress
+    # log, the rebuild log) is someone else's commit here: its file is refused.
+    labels = ("pipe/u", "pipe/u#generation", "other/t", "other/t#generation",
+              progress_fence_id("pipe"), "pipe#rebuilds", "pipe/t#rebuild", "pipe")  # fmt: skip
+    for label in labels:
+        root = tmp_path / label.replace("/", "_").replace("#", "_")
+        store = filled(root, epochs=2)
+        extra = pa.table({"k": [1000], "v": [1], "_row_hash": [0], "_epoch": [1],
+                          "_op": ["upsert"]})  # fmt: skip
+        write_deltalake(store.uri, extra, mode="append", schema_mode="merge",
+                        commit_properties=CommitProperties(
+                            custom_metadata={"reconcile.app_id": label}))  # fmt: skip
+        assert DeltaTable(store.uri).history(1)[0]["reconcile.app_id"] == label
+        with pytest.raises(StoreIntegrityError, match=r"holds 1 file.* the engine did not write"):
+            fresh(root).snapshot()
+
+
 def test_a_foreign_commit_that_changes_no_data_file_is_accepted(tmp_path: Path) -> None:
     store = filled(tmp_path)
     DeltaTable(store.uri).alter.set_table_properties({"delta.appendOnly": "false"})

@@ -23,7 +23,7 @@ import psycopg
 import pyarrow as pa
 import pytest
 
-pytestmark = [pytest.mark.integration, pytest.mark.spark]
+pytestmark = [pytest.mark.integration]
 
 ROWS = 40  # per file
 FILES = 2

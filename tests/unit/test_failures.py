@@ -130,3 +130,26 @@ def test_a_lease_the_role_may_not_use_stops_the_node_at_once() -> None:
     with pytest.raises(ConfigurationError, match="may not CREATE"):
         node.run()
     assert lease.tries == 1  # not tried again: no retry can cure it
+
+
+def test_the_engines_own_rejection_is_a_rejection_for_every_caller() -> None:
+    from reconcile.cli.run import EXIT_ERROR, EXIT_REJECTED, exit_code
+    from reconcile.core.contract import InvalidInputError, RowsRejectedError
+
+    # What the sink's check raises for a NULL in a NOT NULL column, before
+    # anything is sent: the same verdict, exit code and HA decision as the
+    # database's refusal of the same row.
+    engine = RowsRejectedError("postgres sink 'lines', table shop.order_lines column 'qty' "
+                               "value None: NULL in NOT NULL column (row 0) (epoch 7); nothing "
+                               "was written", epoch=7, table="shop.order_lines", sink="lines",
+                               column="qty", sqlstate="23502")  # fmt: skip
+    for error in (engine, rejected()):
+        assert classify(error) is Failure.REJECTED and rejection_of(error) is error
+        assert exit_code(error) == EXIT_REJECTED == 3
+        stop = QueryFailures("p", limit=3, max_wait_s=1.0).decide(error, 7, "x", 0.1)
+        assert (stop.action, stop.reason) == ("stop", "rejected")
+    # Still bad input to code that asks for that; and it survives pickling.
+    assert isinstance(engine, InvalidInputError)
+    back = pickle.loads(pickle.dumps(engine))
+    assert type(back) is RowsRejectedError and (back.epoch, back.sqlstate) == (7, "23502")
+    assert exit_code(ConfigurationError("x")) == exit_code(RuntimeError("x")) == EXIT_ERROR == 2

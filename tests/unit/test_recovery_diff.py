@@ -56,6 +56,25 @@ def test_repeated_sink_keys_are_extra_and_key_types_are_aligned() -> None:
     assert diff.counts == {"missing": 0, "extra": 2, "changed": 0}
 
 
+def test_a_key_held_exactly_twice_is_one_extra_row() -> None:
+    """The edge of "more than once": two copies, beside keys held once, each surplus once."""
+    expected = side({(1, "x"): 10, (2, "x"): 20, (3, "y"): 30})
+    actual = pa.table(
+        {
+            "a": pa.array([1, 2, 2, 3, 3, 3], pa.int64()),
+            "b": ["x", "x", "x", "y", "y", "y"],
+            "_row_hash": pa.array([10, 20, 20, 30, 30, 30], pa.int64()),
+        }
+    )
+    diff = diff_tables(expected, actual, ["a", "b"])
+    assert keys_of(diff.extra) == [(2, "x"), (3, "y"), (3, "y")]
+    assert diff.counts == {"missing": 0, "extra": 3, "changed": 0}
+    # Two copies of a key the store does not have: both are extra.
+    stray = pa.concat_tables([actual, side({(9, "z"): 90}), side({(9, "z"): 90})])
+    assert keys_of(diff_tables(expected, stray, ["a", "b"]).extra) == [
+        (2, "x"), (3, "y"), (3, "y"), (9, "z"), (9, "z")]  # fmt: skip
+
+
 def test_bad_sides_are_named() -> None:
     with pytest.raises(InvalidInputError, match="sink side lacks column '_row_hash'"):
         diff_tables(side({}), pa.table({"a": [1], "b": ["x"]}), ["a", "b"])

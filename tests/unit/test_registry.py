@@ -20,6 +20,7 @@ from sinks.files.sink import FileSink
 from sinks.http.sink import HttpSink
 from sinks.iceberg.factory import pullable_sink
 from sinks.iceberg.sink import IcebergSink
+from sinks.kafka.recovery import pullable_sink as kafka_pullable_sink
 from sinks.memory.sink import MemorySink
 from sinks.postgres.factory import postgres_sink
 from sinks.postgres.lease import PgLease
@@ -67,7 +68,9 @@ def test_every_backend_package_declares_itself() -> None:
     # packages under sinks/ declare, one backend per package with a backend module.
     declared = {p.parent.name for p in (REPO / "sinks").glob("*/backend.py")}
     assert {b.name for b in registry.backends()} == declared
-    assert declared == {"delta", "files", "http", "iceberg", "memory", "postgres", "s3", "sql"}
+    assert declared == {
+        "delta", "files", "http", "iceberg", "kafka", "memory", "postgres", "s3", "sql"
+    }  # fmt: skip
     for backend in registry.backends():
         assert backend.schemes or backend.accepts is not None, backend.name
         # Every reference names something that exists (the extras are installed here).
@@ -105,6 +108,7 @@ def test_capabilities_come_from_the_backend_of_the_connection() -> None:
     assert registry.capability(pg, LEASE) is PgLease
     assert registry.capability(lite, PULLABLE) is SqlSink
     assert registry.capability("iceberg://cat?type=sql", PULLABLE) is pullable_sink
+    assert registry.capability("kafka://broker:9092", PULLABLE) is kafka_pullable_sink
     # Without the fast path, Postgres too goes through the generic backend (SQLAlchemy).
     assert registry.capability(pg, PULLABLE, generic=True) is SqlSink
     assert registry.provides(pg, LEASE) and not registry.provides(lite, LEASE)

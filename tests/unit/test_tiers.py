@@ -5,11 +5,22 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
 
-from tests.fix_tiers import SAMPLE_ENV, parse_sample, sample, slow_tier, unmatched
+from tests.fix_tiers import (
+    HEAVY,
+    SAMPLE_ENV,
+    mark_spark_tests,
+    marks_module_spark,
+    parse_sample,
+    sample,
+    slow_tier,
+    unmatched,
+)
+from tests.mutation import drawn, load_mutants
 
 REPO = Path(__file__).resolve().parents[2]
 KILL9 = "tests/chaos/test_kill9.py::test_kill9_then_restart_converges"
@@ -34,6 +45,7 @@ def test_a_pattern_that_matches_nothing_in_its_collected_file_is_stale() -> None
         f"{KILL9}[stage-file]",
         f"{KILL9}[finalize-file]",
         f"{KILL9}[stage-mariadb]",
+        f"{KILL9}[stage-kafka]",
         # (the file's other slow pattern, matched: only the renamed one is stale)
         "tests/chaos/test_kill9.py::test_kill9_inside_the_iceberg_commit"
         "[iceberg-commit-checked-iceberg]",
@@ -60,7 +72,7 @@ def test_a_run_marks_them_slow_before_it_selects() -> None:
     chosen = [line for line in proc.stdout.splitlines() if "::" in line]
     assert chosen and all(slow_tier(nodeid) for nodeid in chosen)
     assert {n.rsplit("-", 1)[1] for n in chosen} == {
-        "postgres_prepared]", "delta]", "file]", "iceberg]", "mariadb]",
+        "postgres_prepared]", "delta]", "file]", "iceberg]", "mariadb]", "kafka]",
     }  # fmt: skip
     assert not any("[stage-file]" in n or "[prepare-done-file]" in n for n in chosen)
 
@@ -115,9 +127,9 @@ def test_a_sampled_run_says_how_to_repeat_it_and_keeps_the_claimed_tests() -> No
     )  # fmt: skip
     chosen = [line for line in proc.stdout.splitlines() if "::" in line]
     kill9 = [n for n in chosen if "test_kill9" in n]
-    # A third of the 37 slow parameter sets, rounded up (13), and the lone kill inside
+    # A third of the 44 slow parameter sets, rounded up (15), and the lone kill inside
     # the Iceberg commit (a family of one runs whole).
-    assert len(kill9) == 14
+    assert len(kill9) == 16
     # The one driver-killed test that a mutant's kill set (-k cycle.decided) selects.
     assert any("test_driver_killed" in n and "cycle.decided-auto" in n for n in chosen)
     assert f"({SAMPLE_ENV}=draw-7): " in proc.stdout
@@ -130,8 +142,60 @@ def test_a_sampled_run_that_draws_none_of_a_patterns_tests_is_not_stale() -> Non
         [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
          "-p", "no:xdist", "-m", "slow", "tests/chaos/test_kill9.py"],
         cwd=REPO, capture_output=True, text=True, check=False,
-        env={**os.environ, SAMPLE_ENV: "000ddraw"},
+        env={**os.environ, SAMPLE_ENV: "002ddraw"},
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr
     chosen = [line for line in proc.stdout.splitlines() if "::" in line]
     assert chosen and not any(n.endswith("-file]") for n in chosen)
+
+
+class _Item:
+    """What tests/fix_tiers.py reads of a collected test."""
+
+    def __init__(self, nodeid: str, module: object, *fixtures: str) -> None:
+        self.nodeid, self.module, self.fixturenames = nodeid, module, list(fixtures)
+        self.marks: list[str] = []
+
+    def add_marker(self, mark: pytest.MarkDecorator) -> None:
+        self.marks.append(mark.name)
+
+
+def test_the_tests_that_use_the_spark_session_are_marked_and_no_others() -> None:
+    """A Spark module's test that needs no JVM stays in the non-Spark tier."""
+    module = types.SimpleNamespace(pytestmark=[pytest.mark.integration])
+    stream = _Item("t.py::test_stream", module, "spark", "pg_db")
+    heartbeat = _Item("t.py::test_heartbeat", module, "pg_db")
+    mark_spark_tests([stream, heartbeat])  # type: ignore[list-item]
+    assert (stream.marks, heartbeat.marks) == (["spark"], [])
+
+
+def test_a_spark_marker_on_a_whole_module_fails_the_run() -> None:
+    whole = types.SimpleNamespace(pytestmark=pytest.mark.spark)  # a lone mark, not a list
+    listed = types.SimpleNamespace(pytestmark=[pytest.mark.integration, pytest.mark.spark])
+    assert marks_module_spark(whole) and marks_module_spark(listed)
+    assert not marks_module_spark(types.SimpleNamespace()) and not marks_module_spark(None)
+    with pytest.raises(pytest.UsageError, match=r"\['t\.py'\] mark `spark` on the whole module"):
+        mark_spark_tests([_Item("t.py::test_x", listed)])  # type: ignore[list-item]
+
+
+def test_a_sample_runs_one_of_the_benchmarks_smoke_runs_besides_the_claimed() -> None:
+    heavy = sorted(HEAVY)
+    lone = ["tests/chaos/test_x.py::test_lone"]
+    left_out = sample(heavy + lone, "seed-1", 1 / 3, set())
+    assert len(left_out) == len(heavy) - 1 and not set(left_out) & set(lone)
+    assert any(
+        set(sample(heavy, f"seed-{n}", 1 / 3, set())) != set(left_out) for n in range(2, 8)
+    )  # another seed draws another one: over commits, each runs
+    assert sample(heavy, "seed-1", 1 / 3, set(heavy)) == []  # a claimed one always runs
+
+
+def test_a_mutant_draw_is_per_mutant_and_repeatable() -> None:
+    mutants = load_mutants()
+    names = {m.name for m in drawn(mutants, "seed-1")}
+    assert 0 < len(names) < len(mutants)
+    assert abs(len(names) - len(mutants) / 3) < len(mutants) / 10  # a third, near enough
+    assert {m.name for m in drawn(mutants, "seed-1")} == names  # the same value, the same draw
+    assert {m.name for m in drawn(mutants[::2], "seed-1")} == names & {m.name for m in mutants[::2]}
+    assert drawn(mutants, "") == mutants and drawn(mutants, "s:1") == mutants
+    with pytest.raises(ValueError, match="RECONCILE_MUTATION_SAMPLE"):
+        drawn(mutants, ":0.5")

@@ -1,0 +1,45 @@
+"""The JARs Spark takes from the venv's cache: its Kafka connector, on every session's classpath.
+
+``scripts/fetch-jars`` fetches each group once from Maven Central into
+``<venv>/jars/<group>/``; a session started by the engine (``local_session``)
+lists the Spark groups that are there in ``spark.jars``. Nothing is downloaded
+at run time: a group that is missing is named, with the script that fetches it,
+by whoever needs it (:func:`require`).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from reconcile.core.contract import ConfigurationError
+
+__all__ = ["SPARK_GROUPS", "group_folder", "require", "spark_jars"]
+
+# The cached groups that go on Spark's classpath (the Kafka broker's does not).
+SPARK_GROUPS = ("spark-kafka",)
+
+
+def group_folder(group: str) -> Path:
+    """Where ``group``'s JARs are cached in this venv."""
+    return Path(sys.prefix) / "jars" / group
+
+
+def spark_jars() -> list[str]:
+    """Every cached JAR of the Spark groups, for ``spark.jars`` (missing groups left out)."""
+    return sorted(str(p) for g in SPARK_GROUPS for p in group_folder(g).glob("*.jar"))
+
+
+def require(group: str, what: str) -> Path:
+    """The folder of ``group``'s JARs.
+
+    Raises:
+        ConfigurationError: they are not cached, naming ``what`` needs them and how to fetch.
+    """
+    folder = group_folder(group)
+    if not any(folder.glob("*.jar")):
+        raise ConfigurationError(
+            f"{what} needs the {group} JARs, which are not in {folder}: run scripts/setup "
+            "(or scripts/fetch-jars), which fetches them once from Maven Central"
+        )
+    return folder

@@ -1,0 +1,386 @@
+"""Pull-and-diff on a Kafka topic used as a table: read to the end, keep the last value per key.
+
+A compacted topic is a table: a key's newest record is its row, a tombstone
+(a record with a null value) its removal. A pull reads the topic's partitions
+with ``read_committed`` up to the ends they had when the pull began (records
+committed later are the next pull's), and folds them in offset order. A record
+without the engine's headers was produced by someone else: it still counts as
+what the topic holds (a consumer sees it), and the report says how many there
+were.
+
+Rows are JSON, so the topic has no schema of its own: every column the expected
+state names may be in its rows (a row without it holds NULL there), and each
+value is converted to the expected state's type as it is read; a value that
+does not convert is drift of its row, never dropped.
+
+A repair is ONE Kafka transaction: the upserts and tombstones of the
+difference, and a repair marker that stands for the epochs up to the target.
+Kafka has no conditional write, so the repair's producer takes the sink's
+``transactional.id``: its ``init_transactions`` fences the writer's producer
+(whose next commit fails and is retried) and finishes whatever the writer had
+in flight. The marker topic is read again after that: if an epoch committed
+since the pull, nothing is written and the caller pulls again.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
+
+from reconcile.core.conform import SinkColumn, values_to_arrow
+from reconcile.core.contract import (
+    ConfigurationError,
+    FencedError,
+    InvalidInputError,
+    RetryableError,
+    SinkTxnId,
+)
+from reconcile.core.target import Progress, Repair
+
+from .markers import MarkerState, marker_value, record_key
+from .records import EPOCH_HEADER, TXN_HEADER, decode_key, decode_value, encode_key, encode_value
+from .records import header as header_of
+
+if TYPE_CHECKING:
+    from .sink import KafkaSink
+
+__all__ = ["JSON_KIND", "KafkaRecoveryTarget", "pull_topic"]
+
+JSON_KIND = "json"
+_TIMEOUT_S = 60.0
+_BATCH_ROWS = 65_536
+REPAIR_HEADER = "reconcile.repair"
+
+
+class _AnyColumn(dict[str, SinkColumn]):
+    """The columns of a schemaless topic: whatever the expected state names is there."""
+
+    def get(self, name: str, default: Any = None) -> SinkColumn:
+        return SinkColumn(name, JSON_KIND, "a JSON value")
+
+
+def _to_arrow(rows: list[dict[str, Any]], schema: pa.Schema) -> pa.Table:
+    return values_to_arrow([[row.get(f.name) for row in rows] for f in schema], schema)
+
+
+class Pulled:
+    """A topic folded to its rows: key -> row, key -> epoch of the record, foreign records."""
+
+    def __init__(self) -> None:
+        self.rows: dict[bytes, dict[str, Any]] = {}
+        self.epochs: dict[bytes, int | None] = {}
+        self.foreign = 0
+        self.records = 0
+
+
+def pull_topic(
+    client: dict[str, Any],
+    topic: str,
+    keys: Sequence[str],
+    progress: Progress | None = None,
+) -> Pulled:
+    """Fold every committed record of ``topic`` up to its current end into rows.
+
+    Raises:
+        RetryableError: the brokers cannot be read.
+        InvalidInputError: a record whose key or value is not a row of the table,
+            naming the topic, partition and offset.
+    """
+    from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+
+    pulled = Pulled()
+    consumer = Consumer(
+        {
+            **client,
+            "group.id": f"reconcile-pull-{uuid.uuid4().hex}",
+            "isolation.level": "read_committed",
+            "enable.auto.commit": False,
+            "enable.partition.eof": True,
+            "fetch.wait.max.ms": 10,  # the end of a partition is known without waiting
+        }
+    )
+    try:
+        metadata = consumer.list_topics(topic, timeout=_TIMEOUT_S).topics.get(topic)
+        if metadata is None or metadata.error is not None:
+            raise ConfigurationError(f"kafka topic {topic!r} does not exist")
+        ends: dict[int, int] = {}
+        for partition in metadata.partitions:
+            low, high = consumer.get_watermark_offsets(
+                TopicPartition(topic, partition, 0), timeout=_TIMEOUT_S
+            )
+            if high > low:
+                ends[partition] = high
+        consumer.assign([TopicPartition(topic, p, 0) for p in ends])
+        pending = set(ends)
+        while pending:
+            message = consumer.poll(_TIMEOUT_S)
+            if message is None:
+                raise RetryableError(f"kafka topic {topic!r}: nothing read for {_TIMEOUT_S:.0f} s")
+            error = message.error()
+            if error is not None:
+                if error.code() == KafkaError._PARTITION_EOF:
+                    pending.discard(int(message.partition() or 0))
+                    continue
+                raise KafkaException(error)
+            partition, offset = int(message.partition() or 0), int(message.offset() or 0)
+            if offset >= ends.get(partition, 0):
+                pending.discard(partition)  # committed after the pull began: the next pull's
+                continue
+            _fold(pulled, message, keys, topic)
+            if progress is not None and pulled.records % _BATCH_ROWS == 0:
+                progress(len(pulled.rows), None)
+    except KafkaException as err:
+        raise RetryableError(f"kafka topic {topic!r}: cannot be read: {err}") from None
+    finally:
+        consumer.close()
+    return pulled
+
+
+def _fold(pulled: Pulled, message: Any, keys: Sequence[str], topic: str) -> None:
+    pulled.records += 1
+    key = message.key()
+    where = f"kafka topic {topic!r} partition {message.partition()} offset {message.offset()}"
+    if key is None:
+        raise InvalidInputError(f"{where}: a record without a key: not a row of a table")
+    try:
+        decode_key(key, keys)
+        value = message.value()
+        row = None if value is None else decode_value(value)
+    except ValueError as err:
+        raise InvalidInputError(f"{where}: {err}") from None
+    epoch = header_of(message.headers(), EPOCH_HEADER)
+    if header_of(message.headers(), TXN_HEADER) is None:
+        pulled.foreign += 1
+    if row is None:
+        pulled.rows.pop(key, None)
+        pulled.epochs.pop(key, None)
+    else:
+        pulled.rows[key] = row
+        pulled.epochs[key] = None if epoch is None else int(epoch)
+
+
+class _Snapshot:
+    """The topic as of the ends it had when the pull began (the protocol ``SinkSnapshot``)."""
+
+    def __init__(self, target: KafkaRecoveryTarget, state: MarkerState, schema: pa.Schema,
+                 keys: list[str]) -> None:  # fmt: skip
+        self.target, self.schema, self.keys = target, schema, keys
+        marker = state.marker
+        self.newest_epoch = None if marker is None else marker.epoch
+        self.marker_end = state.end_offset
+        self.warnings: list[str] = []
+        self.narrow_ranges = False
+        self._pulled: Pulled | None = None
+
+    def _fold(self, progress: Progress | None) -> Pulled:
+        if self._pulled is None:
+            sink = self.target.sink
+            self._pulled = pull_topic(sink.client, sink.topic, self.keys, progress)
+            if self._pulled.foreign:
+                self.warnings.append(
+                    f"{self._pulled.foreign} records of kafka topic {sink.topic!r} were not "
+                    "written by the engine (no reconcile.txn header): another producer"
+                )
+        return self._pulled
+
+    def pull_all(self, progress: Progress | None) -> pa.Table:
+        return _to_arrow(list(self._fold(progress).rows.values()), self.schema)
+
+    def pull_each(self, each: Callable[[pa.Table], None], progress: Progress | None) -> None:
+        # The fold must see every record before any row is final: it is done
+        # whole, then handed on in slices.
+        rows = list(self._fold(progress).rows.values())
+        for start in range(0, len(rows), _BATCH_ROWS):
+            each(_to_arrow(rows[start : start + _BATCH_ROWS], self.schema))
+
+    def estimated_rows(self) -> int | None:
+        return None if self._pulled is None else len(self._pulled.rows)
+
+    def pull_keys(self, keys: pa.Table, newer_than: int) -> pa.Table:
+        """The rows of ``keys``, those a record past ``newer_than`` wrote, and foreign ones."""
+        pulled = self._fold(None)
+        topic = self.target.sink.topic
+        wanted = {encode_key(dict(zip(self.keys, values, strict=True)), self.keys, topic)
+                  for values in zip(*(keys.column(k).to_pylist() for k in self.keys),
+                                    strict=True)}  # fmt: skip
+        picked = []
+        for key, row in pulled.rows.items():
+            epoch = pulled.epochs[key]
+            # A record of another producer carries no epoch: it is in scope always.
+            if key in wanted or epoch is None or epoch > newer_than:
+                picked.append(row)
+        return _to_arrow(picked, self.schema)
+
+    def count_rows(self) -> int:
+        return len(self._fold(None).rows)
+
+    def check_buckets(self) -> None:
+        raise InvalidInputError(
+            f"{self.target.display}: buckets mode needs the sink's system to checksum rows, "
+            "which Kafka does not do; use mode full or scoped",
+            table=self.target.display,
+        )
+
+    def bucket_sums(self, bounds: list[Any], within: Any) -> dict[int, tuple[int, int]]:
+        self.check_buckets()
+        return {}
+
+    def pull_ranges(self, ranges: Any) -> pa.Table:
+        self.check_buckets()
+        return _to_arrow([], self.schema)
+
+
+class KafkaRecoveryTarget:
+    """The ``RecoveryTarget`` of one Kafka topic (see ``KafkaSink``)."""
+
+    bucket_checksums = False
+    # Each record carries the epoch that wrote it: scoped mode can run.
+    epoch_column = True
+
+    def __init__(self, sink: KafkaSink, pipeline: str, generation: int | None) -> None:
+        self.sink, self.pipeline, self.generation = sink, pipeline, generation
+
+    @property
+    def display(self) -> str:
+        return f"kafka topic {self.sink.topic}"
+
+    def columns(self) -> dict[str, SinkColumn]:
+        return _AnyColumn()
+
+    def key_columns(self) -> list[str]:
+        return list(self.sink.key)
+
+    @contextmanager
+    def snapshot(self, schema: pa.Schema, keys: list[str]) -> Iterator[_Snapshot]:
+        self.sink.check_topic()
+        yield _Snapshot(self, self.sink.markers(self.pipeline).read(), schema, keys)
+
+    def apply(self, repair: Repair) -> int | None:
+        """The repair in ONE Kafka transaction with its marker, if no epoch committed since.
+
+        Returns None (nothing written) when the sink's newest marker moved since
+        the pull: the caller pulls again.
+
+        Raises:
+            FencedError: a newer writer generation holds the sink's fence.
+            InvalidInputError: the target epoch is older than the sink's newest,
+                or a row cannot be written.
+            RetryableError: the brokers cannot be reached.
+        """
+        from confluent_kafka import KafkaException, Producer
+
+        sink, topic = self.sink, self.sink.topic
+        records: list[tuple[bytes, bytes | None]] = [
+            (encode_key(r, sink.key, topic), None) for r in repair.deletes.to_pylist()
+        ]
+        records += [(encode_key(r, sink.key, topic), encode_value(r, topic))
+                    for r in repair.upserts.to_pylist()]  # fmt: skip
+        markers = sink.markers(self.pipeline)
+        producer = Producer(
+            {
+                **sink.client,
+                "transactional.id": f"{sink.transactional_prefix}.{self.pipeline}.{sink.name}",
+                "transaction.timeout.ms": sink.transaction_timeout_ms,
+            }
+        )
+        try:
+            # Fences the writer's producer and finishes its open transaction,
+            # so the marker read next is final until this repair commits.
+            producer.init_transactions(_TIMEOUT_S)
+            state = markers.read()
+            if self.generation is not None and state.fence_generation > self.generation:
+                raise FencedError(
+                    f"kafka sink {sink.name!r}: generation {self.generation} is fenced off by "
+                    f"{state.fence_generation}; nothing was written",
+                    generation=self.generation,
+                    fence=state.fence_generation,
+                )
+            newest = None if state.marker is None else state.marker.epoch
+            if newest != repair.seen_newest:
+                _abort_quietly(producer)
+                return None  # an epoch committed since the pull: pull again
+            if newest is not None and repair.target_epoch < newest:
+                raise InvalidInputError(
+                    f"kafka sink {sink.name!r}: cannot repair to epoch {repair.target_epoch}, "
+                    f"older than the sink's newest epoch ({newest}); nothing was written"
+                )
+            owner = sink._log_id() if self.generation is not None else state.fence_log_id
+            generation = self.generation if self.generation is not None else state.fence_generation
+            advances = newest is None or newest < repair.target_epoch
+            if not records and not advances:
+                return 0
+            repair_id = str(uuid.uuid4())
+            txn = str(SinkTxnId(self.pipeline, sink.name, repair.target_epoch, max(generation, 1)))
+            headers: list[tuple[str, str | bytes | None]] = [(TXN_HEADER, txn.encode()),
+                       (EPOCH_HEADER, str(repair.target_epoch).encode()),
+                       (REPAIR_HEADER, repair_id.encode())]  # fmt: skip
+            producer.begin_transaction()
+            for key, value in records:
+                producer.produce(topic, key=key, value=value, headers=headers)
+                producer.poll(0)
+            if advances:
+                producer.produce(
+                    sink.marker_topic,
+                    key=record_key(self.pipeline, sink.name, "commit"),
+                    value=marker_value(
+                        pipeline=self.pipeline,
+                        sink=sink.name,
+                        epoch=repair.target_epoch,
+                        first_epoch=repair.target_epoch if newest is None else newest + 1,
+                        generation=generation,
+                        log_id=owner,
+                        txn=f"repair {repair_id}",
+                        kind="repair",
+                    ),
+                )
+            producer.commit_transaction(_TIMEOUT_S)
+        except KafkaException as err:
+            _abort_quietly(producer)
+            raise RetryableError(
+                f"kafka sink {sink.name!r}: repair of topic {topic!r} failed ({err}); a "
+                "repair that did not commit wrote nothing: run it again"
+            ) from None
+        return len(records)
+
+    def close(self) -> None:
+        self.sink.close()
+
+
+def _abort_quietly(producer: Any) -> None:
+    """Abort whatever the producer has open; a producer that cannot is dropped anyway."""
+    try:
+        producer.abort_transaction(5)
+    except Exception:  # nothing open, or the broker is away: it aborts on its own timeout
+        return
+
+
+def pullable_sink(
+    dsn: str,
+    table: str,
+    *,
+    name: str,
+    schema: str | None = None,
+    key: Sequence[str] | None = None,
+) -> KafkaSink:
+    """The sink recovery pulls from: topic ``table`` on the brokers of ``dsn`` (``kafka://``).
+
+    Raises:
+        ConfigurationError: no key columns, or a ``schema`` (topics have none).
+    """
+    from .factory import brokers_of
+    from .sink import KafkaSink
+
+    if not key:
+        raise ConfigurationError(
+            f"kafka topic {table!r}: give the table's keys (keys = [...] in the config file)"
+        )
+    if schema is not None:
+        raise ConfigurationError(
+            f"kafka topic {schema}.{table}: a topic has no schema; name it without one"
+        )
+    bootstrap, marker_topic = brokers_of(name, dsn)
+    return KafkaSink(bootstrap, table, name=name, key=key, marker_topic=marker_topic)
