@@ -106,13 +106,13 @@ KINDS: dict[str, str] = {
     # Held as their value form's text (reconcile.core.value_forms): the field is
     # that text, which the server side reads as the column gives it back.
     "bpchar": "char",
-    "json": "jsontext",
+    "json": "jsonb",
     "jsonb": "jsonb",
     "uuid": "uuid",
     "bytea": "bytes",
 }
 # Kinds whose field is the text the expected state holds, as for ``text``.
-_TEXT_KINDS = frozenset({"text", "char", "jsontext", "jsonb"})
+_TEXT_KINDS = frozenset({"text", "char", "jsonb"})
 _SUPPORTED = frozenset(KINDS.values())
 _SEP = "|"
 _MASK32 = np.uint32(0xFFFFFFFF)

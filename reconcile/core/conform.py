@@ -49,7 +49,7 @@ class SinkColumn:
     Attributes:
         name: the column name.
         kind: int, numeric, float8, float4, bool, text, char (blank-padded
-            text), jsontext (JSON text as given), jsonb (canonical JSON text),
+            text), jsonb (a json or jsonb column: jsonb's text of it),
             uuid, date, timestamp, timestamptz, bytes, json (any value: a
             schemaless sink's), or other.
         sql_type: the database's own spelling of its type, for messages.
@@ -79,7 +79,6 @@ def fits(kind: str, typ: pa.DataType) -> bool:
         "text": stringy,
         # Text in a value form (reconcile.core.value_forms): char(n), json, jsonb.
         "char": stringy,
-        "jsontext": stringy,
         "jsonb": stringy,
         "uuid": stringy or (t.is_fixed_size_binary(typ) and typ.byte_width == 16),
         "date": t.is_date(typ),
@@ -158,7 +157,7 @@ def wants_text(kind: str, typ: pa.DataType) -> bool:
     the expected state is read as its canonical (lowercase, hyphenated) text;
     json and jsonb as their text, which is their value form (``value_forms``).
     """
-    return kind in ("numeric", "jsontext", "jsonb") or (
+    return kind in ("numeric", "jsonb") or (
         kind == "uuid" and (pa.types.is_string(typ) or pa.types.is_large_string(typ))
     )
 

@@ -11,8 +11,8 @@ and unpaired surrogates are refused (jsonb holds none of them).
 ``tests/integration/test_column_types.py`` checks that PostgreSQL gives back
 exactly this text for what the engine writes.
 
-``json_form`` is the ``json`` and ``jsonb`` value forms of
-``reconcile.core.value_forms``.
+``json_form`` is the ``jsonb`` value form of ``reconcile.core.value_forms``
+(PostgreSQL's json columns take it too: they are compared by meaning).
 """
 
 from __future__ import annotations
@@ -128,22 +128,15 @@ def canonical_json(value: Any) -> str:
     return _canonical(value, True, 0)
 
 
-def json_form(value: Any, *, jsonb: bool) -> str:
-    """A value of a ``json`` (``jsonb`` False) or ``jsonb`` column as the text it holds.
+def json_form(value: Any) -> str:
+    """A value of a ``json`` or ``jsonb`` column as its ``jsonb`` text.
+
+    A str is JSON text, parsed (``'{"a": 1}'`` is an object, never a JSON
+    string); any other value is a Python JSON value.
 
     Raises:
         FormError: not JSON, or not JSON the column can hold.
     """
     if isinstance(value, str):
-        parsed = _parse_json(value)
-        if jsonb:
-            return _canonical(parsed, True, 0)
-        # json keeps its text exactly: checked to be JSON that can be sent, never changed.
-        if "\x00" in value:
-            raise FormError("text cannot contain NUL characters", value)
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError:
-            raise FormError("an unpaired surrogate is no character", value) from None
-        return value
-    return _canonical(value, jsonb, 0)
+        return _canonical(_parse_json(value), True, 0)
+    return _canonical(value, True, 0)

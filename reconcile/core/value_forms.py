@@ -23,9 +23,9 @@ form               the value the store holds
 ``uuid``           lowercase hyphenated text (``8-4-4-4-12``), from any text
                    that spells 32 hex digits (any case, hyphens anywhere,
                    ``{…}``, ``urn:uuid:``), a ``uuid.UUID`` or 16 bytes
-``jsonb``          PostgreSQL's own output text of the jsonb value (below)
-``json``           JSON text exactly as given (checked to be JSON); a Python
-                   value (dict, list, number, bool) as its ``jsonb`` text
+``jsonb``          PostgreSQL's own output text of the jsonb value (below), from
+                   JSON text (a document: ``'{"a": 1}'`` is an object, never a
+                   JSON string) or a Python value (dict, list, number, bool)
 ``bpchar(n)``      text padded with blanks to ``n`` characters (blanks past
                    ``n`` dropped, as the server does; a longer value refused)
 ``bpchar``         text as given (``bpchar`` without a length pads nothing)
@@ -81,7 +81,7 @@ REFUSED_KEY = b"refused_columns"
 _UUID_HEX = re.compile(r"[0-9a-f]{32}")
 _SPEC = re.compile(r"([a-z]+)(?:\((\d+)\))?")
 _SIZED = frozenset({"bpchar", "rtrim", "maxlen", "zeropad", "fraction"})
-_NAMES = frozenset({"uuid", "jsonb", "json", "finite", *_SIZED})
+_NAMES = frozenset({"uuid", "jsonb", "finite", *_SIZED})
 
 
 # ---------------------------------------------------------------------------
@@ -160,7 +160,7 @@ class ValueForm:
     """A column's form (see the module's docstring).
 
     Attributes:
-        name: ``uuid``, ``jsonb``, ``json``, ``bpchar``, ``rtrim``, ``maxlen``,
+        name: ``uuid``, ``jsonb``, ``bpchar``, ``rtrim``, ``maxlen``,
             ``zeropad``, ``fraction`` or ``finite``.
         size: the length (``bpchar``, ``rtrim``, ``maxlen``, ``zeropad``) or the
             fractional digits (``fraction``); None where there is none.
@@ -210,8 +210,8 @@ class ValueForm:
         name, size = self.name, self.size
         if name == "uuid":
             return _uuid_value(value)
-        if name in ("jsonb", "json"):
-            return json_form(value, jsonb=name == "jsonb")
+        if name == "jsonb":
+            return json_form(value)
         if name == "fraction":
             if isinstance(value, dt.datetime) and value.microsecond % 10 ** (6 - (size or 0)):
                 raise FormError(f"more than {size} fractional digits of a second (the "
@@ -249,7 +249,7 @@ class ValueForm:
         """An Arrow array's values in this form (NULLs stay NULL).
 
         Text forms give a string array (from text; ``uuid`` also from 16-byte
-        binaries; ``json``/``jsonb`` also from structs and lists); the others
+        binaries; ``jsonb`` also from structs and lists); the others
         give the array back once checked.
 
         Raises:

@@ -173,14 +173,17 @@ PG_TYPES: tuple[PgType, ...] = (
     ), pa.binary(), kind="bytes"),
     PgType(("json",), ColumnType(
         "json", "string",
-        "str: JSON text (kept as given); dict, list, int, float, Decimal, bool: JSON",
-        "string (JSON text), struct, list", "binary COPY (json)",
-        "form `json`: the text exactly as written (the server keeps it); a Python value "
-        "as its jsonb text",
-    ), pa.string(), _fixed("json"), kind="jsontext"),
+        "str: JSON text (a document, not a JSON string); dict, list, int, float, Decimal, "
+        "bool: JSON", "string (JSON text), struct, list",
+        "binary COPY (json) of its jsonb text (key order, whitespace and duplicate keys of "
+        "the given text are not kept)",
+        "form `jsonb`: by meaning, as jsonb's text on both sides (the sink's value read "
+        "as `::jsonb::text`)",
+    ), pa.string(), _fixed("jsonb"), kind="jsonb"),
     PgType(("jsonb",), ColumnType(
         "jsonb", "string",
-        "str: JSON text; dict, list, int, float, Decimal, bool: JSON",
+        "str: JSON text (a document, not a JSON string); dict, list, int, float, Decimal, "
+        "bool: JSON",
         "string (JSON text), struct, list", "binary COPY (jsonb) of its canonical text",
         "form `jsonb`: PostgreSQL's own text of it (keys by length, then bytes; numbers "
         "as numeric prints them)",

@@ -45,9 +45,11 @@ def _field_sql(column: str, kind: str, alias: str | None) -> sql.Composable:
         )
     if kind == "text":
         return sql.SQL("pg_catalog.octet_length({c})::text || ':' || {c}::text").format(c=c)
-    if kind in ("jsonb", "jsontext"):
-        # Their text is their form: jsonb's canonical output, json's text as given.
-        return sql.SQL("pg_catalog.octet_length({c}::text)::text || ':' || {c}::text").format(c=c)
+    if kind == "jsonb":
+        # json and jsonb by meaning: jsonb's text, the form the expected state holds.
+        return sql.SQL(
+            "pg_catalog.octet_length({c}::jsonb::text)::text || ':' || {c}::jsonb::text"
+        ).format(c=c)
     if kind == "char":
         # char(n) with its padding, as the expected state holds it: a cast to
         # text would drop the trailing blanks.

@@ -2,7 +2,7 @@
 
 A column's recovery kind comes from its ``pg_type.typname`` (``arrow_types``);
 a pull selects a value as text where the expected state keeps it as text
-(``wants_text``: numeric, uuid, json, jsonb), a uuid as its 16 bytes where the
+(``wants_text``: numeric, uuid, json and jsonb as jsonb's text), a uuid as its 16 bytes where the
 store keeps bytes, and every other column as it is (a ``char(n)`` with its
 padding, which a cast to text would drop), so that Arrow gets each value in
 the expected state's own type and form.
@@ -40,7 +40,12 @@ def select_list(schema: pa.Schema, columns: dict[str, SinkColumn]) -> sql.Compos
     for field in schema:
         column = columns[field.name]
         ident = sql.Identifier("t", field.name)
-        if wants_text(column.kind, field.type):
+        if column.kind == "jsonb" and wants_text(column.kind, field.type):
+            # json as jsonb's text too: compared by meaning, as the store holds it.
+            parts.append(
+                sql.SQL("{}::jsonb::text AS {}").format(ident, sql.Identifier(field.name))
+            )
+        elif wants_text(column.kind, field.type):
             parts.append(sql.SQL("{}::text AS {}").format(ident, sql.Identifier(field.name)))
         elif column.kind == "uuid":  # a 16-byte binary in the expected state
             parts.append(

@@ -158,7 +158,7 @@ def coerce_value(col: Column, value: Any) -> Any:
     if kind == "json":
         # A str is JSON text (not a JSON string); anything else is dumped. The
         # text sent is the one the expected state holds (its form): jsonb's
-        # canonical text, json's text as given. Kept, so it is not dumped twice.
+        # canonical text, for json too. Kept, so it is not dumped twice.
         text = _formed(col, value)
         wrapper = Jsonb if col.typname == "jsonb" else Json
         return wrapper(value, dumps=DumpedJson(text))
