@@ -65,9 +65,12 @@ def _formed(check: BatchErrors, schema: TableSchema, table: pa.Table) -> pa.Tabl
     """Columns with a value form in that form (``reconcile.core.value_forms``), as the
     expected state holds them: the text COPY then sends is what the server gives back."""
     for index, name in enumerate(table.column_names):
-        form = column_form(schema.columns[name])
-        if form is None or (form.name == "fraction" and not pa.types.is_timestamp(
-                table.schema.field(index).type)):  # fmt: skip
+        form, typ = column_form(schema.columns[name]), table.schema.field(index).type
+        # A form reads only the Arrow types it knows (uuid: also 16-byte binaries;
+        # jsonb: also structs and lists); any other type is left to the type
+        # check below, which names it.
+        if form is None or not (form.applies_to(typ) or form.name == "jsonb" or (
+                form.name == "uuid" and pa.types.is_fixed_size_binary(typ))):  # fmt: skip
             continue
         try:
             column = form.of_arrow(table.column(index))

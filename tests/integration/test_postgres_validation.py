@@ -123,7 +123,7 @@ def test_valid_values_of_every_kind_are_written(items: str, mode: type) -> None:
             tag=str(tag),
             doc={"a": [1, "x"]},
         ),
-        row(id=2, name="héé", qty=-5, price=None, doc="s"),
+        row(id=2, name="héé", qty=-5, price=None, doc='"s"'),  # JSON text: a JSON string
     ]
     assert sink.stage(txn, rows) == OK and sink.prepare(txn) == OK and sink.commit(txn) == OK
     with psycopg.connect(items, autocommit=True) as conn:
