@@ -87,33 +87,18 @@ U64 = npt.NDArray[np.uint64]
 # hashtextextended's seed (any non-zero int64; "reconcil" in ASCII).
 SEED = 0x7265636F6E63696C
 
-# PostgreSQL type name (pg_type.typname) -> checksum kind (a column is named
-# with its kind everywhere below: the sink's reflection gives it).
-KINDS: dict[str, str] = {
-    "int2": "int",
-    "int4": "int",
-    "int8": "int",
-    "bool": "bool",
-    "numeric": "numeric",
-    "float8": "float8",
-    "float4": "float4",
-    "date": "date",
-    "timestamp": "timestamp",
-    "timestamptz": "timestamptz",
-    "text": "text",
-    "varchar": "text",
-    "citext": "text",
-    # Held as their value form's text (reconcile.core.value_forms): the field is
-    # that text, which the server side reads as the column gives it back.
-    "bpchar": "char",
-    "json": "jsonb",
-    "jsonb": "jsonb",
-    "uuid": "uuid",
-    "bytea": "bytes",
-}
+# The recovery kinds (``reconcile.core.conform.SinkColumn.kind``) buckets mode
+# checksums; which column type has which kind is the sink's type table's
+# (``sinks.postgres.arrow_types.PG_TYPES``). char, json and jsonb are held as
+# their value form's text (``reconcile.core.value_forms``): the field is that
+# text, which the server side reads as the column gives it back.
+KINDS = frozenset(
+    {"int", "bool", "numeric", "float8", "float4", "date", "timestamp", "timestamptz",
+     "text", "char", "jsonb", "uuid", "bytes"}
+)  # fmt: skip
 # Kinds whose field is the text the expected state holds, as for ``text``.
 _TEXT_KINDS = frozenset({"text", "char", "jsonb"})
-_SUPPORTED = frozenset(KINDS.values())
+_SUPPORTED = KINDS
 _SEP = "|"
 _MASK32 = np.uint32(0xFFFFFFFF)
 _EPOCH_2000_DAYS = 10_957  # 2000-01-01 - 1970-01-01

@@ -1,12 +1,11 @@
-"""The type table: every column type of every sink's system, and how the engine holds it.
+"""The type table: every column type of a sink's system, and how the engine holds it.
 
-Each sink that has a table declares its column types in one registry beside
-its mapping code (``sinks.postgres.arrow_types.PG_TYPES``,
-``sinks.sql.arrow_types.MARIADB_TYPES``, ``sinks.iceberg.types.ICEBERG_TYPES``):
-the same entries say which Arrow type the expected-state store keeps, which
-value form (``reconcile.core.value_forms``) both sides put values in, and
+A sink that has a table declares its column types in one registry beside its
+mapping code (``sinks.postgres.arrow_types.PG_TYPES``): the same entries say
+which Arrow type the expected-state store keeps, which value form
+(``reconcile.core.value_forms``) both sides put values in, and
 which types are refused. A :class:`ColumnType` is the part of an entry that
-the documentation shows; ``sinks.types_doc`` renders every registry into
+the documentation shows; ``sinks.types_doc`` renders the registry into
 ``docs/types.md``, and a test fails when that page is not what the code says.
 """
 

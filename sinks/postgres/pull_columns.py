@@ -42,9 +42,7 @@ def select_list(schema: pa.Schema, columns: dict[str, SinkColumn]) -> sql.Compos
         ident = sql.Identifier("t", field.name)
         if column.kind == "jsonb" and wants_text(column.kind, field.type):
             # json as jsonb's text too: compared by meaning, as the store holds it.
-            parts.append(
-                sql.SQL("{}::jsonb::text AS {}").format(ident, sql.Identifier(field.name))
-            )
+            parts.append(sql.SQL("{}::jsonb::text AS {}").format(ident, sql.Identifier(field.name)))
         elif wants_text(column.kind, field.type):
             parts.append(sql.SQL("{}::text AS {}").format(ident, sql.Identifier(field.name)))
         elif column.kind == "uuid":  # a 16-byte binary in the expected state
