@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from psycopg import sql
 
 from reconcile.core.checksum import SEED, row_checksums
+from reconcile.core.value_forms import ValueForm
 from sinks.postgres.checksum_sql import row_checksum_sql, row_text_sql, server_check_sql
 from tests.unit.test_checksum import FIELD_VECTORS, HASH_VECTORS
 
@@ -122,4 +123,28 @@ def test_random_rows_checksum_alike_in_postgres_and_python(
     got = conn.execute(sql.SQL("SELECT k, {} FROM ck").format(row_checksum_sql(KINDS))).fetchall()
     table = pa.Table.from_pylist(rows, schema=SCHEMA)
     mine = [v - (1 << 64) if v >= 1 << 63 else v for v in map(int, row_checksums(table, KINDS))]
+    assert sorted(got) == sorted(zip(table.column("k").to_pylist(), mine, strict=True))
+
+
+def test_char_json_and_jsonb_checksum_as_their_forms(conn: Any) -> None:
+    """What the server holds, respelled or padded, checksums as the store's form of it."""
+    conn.execute("CREATE TABLE ck_forms (k bigint, c char(4), j json, jb jsonb)")
+    given = [
+        (1, "ab", '{"b": [1, 2.50],  "a": 1}', '{"z": {"y": null}, "a": true}'),
+        (2, "abcd", '"text"', "[1e2, -0.0]"),
+        (3, None, None, None),
+    ]
+    conn.cursor().executemany("INSERT INTO ck_forms VALUES (%s, %s, %s, %s)", given)
+    kinds = [("c", "char"), ("j", "jsonb"), ("jb", "jsonb")]
+    got = conn.execute(
+        sql.SQL("SELECT k, {} FROM ck_forms").format(row_checksum_sql(kinds))
+    ).fetchall()
+    forms = {"c": ValueForm("bpchar", 4), "j": ValueForm("jsonb"), "jb": ValueForm("jsonb")}
+    table = pa.table({
+        "k": pa.array([r[0] for r in given], pa.int64()),
+        **{name: forms[name].of_arrow(pa.array([r[i + 1] for r in given], pa.string()))
+           for i, name in enumerate(("c", "j", "jb"))},
+    })  # fmt: skip
+    assert table.column("c").to_pylist() == ["ab  ", "abcd", None]
+    mine = [v - (1 << 64) if v >= 1 << 63 else v for v in map(int, row_checksums(table, kinds))]
     assert sorted(got) == sorted(zip(table.column("k").to_pylist(), mine, strict=True))
