@@ -23,6 +23,7 @@ from deltalake import DeltaTable
 from expected_state.store import ExpectedStateStore
 from reconcile import CommitCycle, CommitFatal, CommitSucceeded, drive
 from reconcile.core.contract import Change, ConfigurationError, InvalidInputError, RetryableError
+from reconcile.core.value_forms import refused_columns
 from reconcile.engine.expected import ExpectedState
 from reconcile.recovery.api import recover
 from sinks.memory.sink import MemorySink, MemoryStore
@@ -317,10 +318,18 @@ def test_the_postgres_sink_maps_each_column_type(pg_db: str) -> None:
         "o": pa.timestamp("us"),
         "p": pa.timestamp("us", tz="UTC"),
         "q": pa.binary(),
+        "r": pa.string(),  # jsonb: its text, in jsonb's form
         "x": pa.int64(),  # BY DEFAULT: a writer may give it
     }
     assert schema.field("d").metadata == {b"sql_type": b"numeric(12,2)"}
-    assert schema.field("k").metadata == {b"sql_type": b"character varying(5)"}
+    assert schema.field("k").metadata == {
+        b"sql_type": b"character varying(5)",
+        b"value_form": b"maxlen(5)",
+    }
+    forms = {f.name: f.metadata.get(b"value_form") for f in schema}
+    assert (forms["l"], forms["m"], forms["r"]) == (b"bpchar(3)", b"uuid", b"jsonb")
+    # The types the engine cannot hold are named, with why, for the store to refuse.
+    assert sorted(refused_columns(schema)) == ["f", "s", "u"]
 
 
 def test_an_existing_store_that_holds_the_sink_types_starts(pg_db: str, tmp_path: Path) -> None:
