@@ -87,11 +87,6 @@ def _bpchar(column: Column) -> ValueForm:
     return ValueForm("bpchar", column.max_length)
 
 
-def _varchar(column: Column) -> ValueForm | None:
-    length = column.max_length
-    return None if length is None else ValueForm("maxlen", length)
-
-
 def _fixed(form: str) -> Callable[[Column], ValueForm]:
     return lambda _column: ValueForm(form)
 
@@ -132,8 +127,8 @@ PG_TYPES: tuple[PgType, ...] = (
     ), pa.string(), kind="text"),
     PgType(("varchar",), ColumnType(
         "varchar(n), varchar", "string", "str of at most n characters (no NUL)", _TEXT_ARROW,
-        "binary COPY (text)", "the UTF-8 text (form `maxlen(n)`: longer refused)",
-    ), pa.string(), _varchar, kind="text"),
+        "binary COPY (text)", "the UTF-8 text (a longer value is refused by the sink)",
+    ), pa.string(), kind="text"),
     PgType(("bpchar",), ColumnType(
         "char(n), character(n), bpchar", "string",
         "str of at most n characters, trailing blanks aside (no NUL)", _TEXT_ARROW,
