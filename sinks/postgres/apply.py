@@ -67,8 +67,6 @@ COPY_CHUNK = ChunkLimits(rows=65_536, bytes=8 << 20)
 # PostgreSQL's 1 GB message limit even with a maximal row (staging.py refuses
 # rows above values.MAX_ROW_BYTES).
 ARRAY_CHUNK = ChunkLimits(rows=50_000, bytes=32 << 20)
-# pg_type.oid of text (fixed at initdb).
-_TEXT_OID = 25
 # Below this many Arrow rows the key-range probe is not worth a round trip.
 _DIRECT_MIN_ROWS = 10_000
 
@@ -148,11 +146,9 @@ def _copy_rows(
     )
     with cur.copy(query) as copy:
         if binary:
-            # A text column's values go as text's binary form (its UTF-8 bytes),
-            # which every text type's binary input reads (bpcharrecv pads to the
-            # column's length as an INSERT would): psycopg has no binary dumper
-            # for bpchar, nor for an extension's type such as citext.
-            copy.set_types([_TEXT_OID if c.kind == "text" else c.type_oid for c in cols])
+            # Text types go as text (oid 25, its UTF-8 bytes), which bpcharrecv pads
+            # as an INSERT would: psycopg has no binary dumper for bpchar or citext.
+            copy.set_types([25 if c.kind == "text" else c.type_oid for c in cols])
         for row in rows:
             copy.write_row(row)
 
