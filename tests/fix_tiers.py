@@ -244,6 +244,7 @@ HEAVY_FAMILY = "the benchmarks' smoke runs"
 HEAVY = frozenset(
     {
         "tests/integration/test_benchmark_scale.py::test_scale_benchmark_quick",
+        "tests/integration/test_benchmark_kafka.py::test_kafka_benchmark_quick",
         "tests/integration/test_benchmark_latency.py::test_latency_benchmark_tiny",
         "tests/integration/test_benchmark_sinks.py::test_one_command_measures_every_sink_beside_postgres",
         "tests/integration/test_benchmark_rebuild.py::test_quick_run_reports_both_ratios_and_the_rebuild_writes_only_the_changed_rows",
