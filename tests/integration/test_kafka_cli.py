@@ -123,3 +123,23 @@ def test_verify_and_repair_a_topic_from_the_config_file(
 
     again = cli("verify", "--config", config, "--all", "--json")
     assert again.returncode == 0, again.stderr + again.stdout
+
+
+@pytest.mark.slow
+def test_watch_repairs_the_newest_epochs_of_a_topic_in_scoped_mode(
+    kafka_broker: KafkaBroker, kafka_topic: Callable[..., str], tmp_path: Path
+) -> None:
+    topic = kafka_topic("orders", **{"cleanup.policy": "compact"})
+    config = written(kafka_broker, topic, tmp_path)
+    want = table_of(kafka_broker, topic)
+    newest = (EPOCHS - 1) * 5 + 2  # a row the newest epoch wrote
+    produce_by_hand(kafka_broker, topic, [{"id": newest, "qty": -1}], [])
+    watched = cli("watch", "--config", config, "--pipeline", "shop", "--every", "1s",
+                  "--count", "1", "--epochs", "2", "--repair", "--json")  # fmt: skip
+    assert watched.returncode == 1, watched.stderr  # its one round found drift
+    [round_] = [json.loads(line) for line in watched.stdout.splitlines()]
+    [first] = round_["tables"]
+    assert (first["mode"], first["changed"], first["applied"]) == ("scoped", 1, 1)
+    assert first["foreign_rows"] == 1
+    assert table_of(kafka_broker, topic) == want
+    assert cli("verify", "--config", config, "--all").returncode == 0
