@@ -9,7 +9,7 @@ fails is reported and the others still run; the exit status is 1 if any
 failed.
 
 Benchmarks, in the order they run: hashing, postgres_write, expected_state,
-recovery, rebuild, spark, latency, failover, scale (the last takes an hour or more).
+recovery, rebuild, spark, latency, failover, kafka, scale (the last takes an hour or more).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ __all__ = ["BENCHMARKS", "QUICK", "main"]
 
 BENCHMARKS = (
     "hashing", "postgres_write", "expected_state", "recovery", "rebuild", "spark", "latency",
-    "failover", "scale",
+    "failover", "kafka", "scale",
 )  # fmt: skip
 
 # Small sizes per benchmark (each module's own options; see its --help).
@@ -46,6 +46,7 @@ QUICK: dict[str, list[str]] = {
     "latency": ["--quick", "--epochs", "6", "--crash-epochs", "8", "--triggers", "1",
                 "--checkpoints", "1,30"],
     "failover": ["--failovers", "2", "--epochs", "30"],
+    "kafka": ["--quick"],
     "scale": ["--quick"],
 }  # fmt: skip
 

@@ -209,8 +209,8 @@ def markdown(r: dict[str, Any]) -> str:
                 continue
             kills = f"{len(f['crashes'])}: {', '.join(f['crashes'])}" if f["crashes"] else "none"
             lines.append(
-                f"| {name} | {kills} | {', '.join(_fmt(x) for x in f['settled_s'])} | "
-                f"{', '.join(_fmt(x) for x in f['resumed_s'])} | {f['duplicates']} | "
+                f"| {name} | {kills} | {_seconds(f.get('settled_s'))} | "
+                f"{_seconds(f.get('resumed_s'))} | {f['duplicates']} | "
                 f"{f['missing']} | {f['lines_over_counted']} / {f['lines_under_counted']} | "
                 f"{f['customers_wrong']} | {_fmt(f['p99_ms'])} |"
             )
@@ -305,6 +305,13 @@ def _restart_table(crash_runs: dict[str, Any]) -> list[str]:
             cells = " | ".join(_fmt(steps.get(key)) for key, _ in _STEP_NAMES)
             lines.append(f"| {name}, {i} | {cells} |")
     return lines
+
+
+def _seconds(found: list[float] | None) -> str:
+    """A crash run's restart times; a results file of a run before they were measured has none."""
+    if found is None:
+        return "not measured (an older run)"
+    return ", ".join(_fmt(x) for x in found)
 
 
 def _load(r: dict[str, Any]) -> str:

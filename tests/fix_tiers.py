@@ -119,10 +119,14 @@ SLOW: dict[str, str] = {
     r"_rerun_writes_nothing\[": "the clean run, on each writer path",
     # The kill and the recovery are the cycle's, the same whichever way the rows go,
     # and each of these runs starts Spark twice.
-    r"tests/integration/test_spark_stream\.py::test_driver_killed_mid_batch_resumes_exactly_once"
-    r"\[(?!cycle\.decided-write_stream\])": "the driver killed at the other points and paths",
+    # The driver killed after the decision stays in the default tier on the
+    # Kafka-fed stream (tests/integration/test_kafka_stream.py), which takes the
+    # same writer, cycle and recovery with a replaying source; from files every
+    # point and path runs here.
+    r"tests/integration/test_spark_stream\.py::test_driver_killed_mid_batch_resumes_exactly_once":
+        "the driver of a file-fed stream killed, at every point and path",
     r"tests/integration/test_spark_stream\.py::test_an_executor_killed_after_staging_its_file"
-    r"_is_retried_and_counted_once\[driver\]": "an executor killed, with the rows collected",
+    r"_is_retried_and_counted_once": "an executor killed, on each writer path",
     # A COMMIT cut before the server got it is a definite failure, the epoch retried;
     # the one cut after it (the ambiguous case) stays in the default tier on both paths.
     r"tests/integration/test_spark_stream\.py::test_an_ambiguous_commit_in_a_micro_batch_is"
@@ -164,6 +168,22 @@ SLOW: dict[str, str] = {
     r"tests/unit/test_imports\.py::test_every_module_imports_first_in_a_fresh_interpreter":
         "every module imported alone, a fresh interpreter each (the import contracts and the "
         "modules a Spark worker imports first run in the default tier)",
+    # A minute or more each, beside a cheaper neighbour of the same kind that
+    # stays in the default tier (named after each).
+    r"tests/integration/test_rebuild_property\.py::":
+        "random sequences of epochs and rebuilds (test_rebuild.py's cases stay)",
+    r"tests/integration/test_s3_store\.py::test_verify_repair_and_watch_from_a_config":
+        "the CLI with the store on S3 (the MariaDB and Kafka CLI tests stay)",
+    r"tests/integration/test_iceberg_cli\.py::test_verify_repair_and_watch":
+        "the CLI on Iceberg (the MariaDB and Kafka CLI tests stay)",
+    r"tests/integration/test_recover_sql\.py::test_the_sql_sink_passes_the_contract_suite":
+        "the contract suite on SQLite (MariaDB's stays, test_sink_contract.py)",
+    r"tests/integration/test_store_long_run\.py::test_a_long_lived_writer":
+        "a long-lived writer's window (the store's layout tests stay)",
+    r"tests/integration/test_spark_cli\.py::test_verify_and_repair_with_spark_exit_codes":
+        "verify --spark's exit codes (the brake and store check on Spark stay)",
+    r"tests/integration/test_iceberg_contention\.py::test_the_engines_commits_land_while":
+        "a co-writer appending every 50 ms (the lost races and the rebase that plans again stay)",
 }  # fmt: skip
 
 _COMPILED = [re.compile(pattern) for pattern in SLOW]
@@ -244,6 +264,7 @@ HEAVY_FAMILY = "the benchmarks' smoke runs"
 HEAVY = frozenset(
     {
         "tests/integration/test_benchmark_scale.py::test_scale_benchmark_quick",
+        "tests/integration/test_benchmark_kafka.py::test_kafka_benchmark_quick",
         "tests/integration/test_benchmark_latency.py::test_latency_benchmark_tiny",
         "tests/integration/test_benchmark_sinks.py::test_one_command_measures_every_sink_beside_postgres",
         "tests/integration/test_benchmark_rebuild.py::test_quick_run_reports_both_ratios_and_the_rebuild_writes_only_the_changed_rows",

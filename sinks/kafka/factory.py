@@ -19,6 +19,7 @@ def brokers_of(name: str, dsn: str) -> tuple[str, str]:
         ConfigurationError: not a kafka:// URI with brokers, or an unknown option.
     """
     parts = urlsplit(dsn)
+    _no_credentials(name, dsn, parts.netloc)
     options = dict(parse_qsl(parts.query, keep_blank_values=True))
     marker_topic = options.pop("marker_topic", DEFAULT_MARKER_TOPIC)
     if parts.scheme != "kafka" or not parts.netloc or parts.path.strip("/") or options:
@@ -36,6 +37,7 @@ def open_uri(name: str, uri: str) -> KafkaSink:
         ConfigurationError: no topic, no key, or an option the sink does not know.
     """
     parts = urlsplit(uri)
+    _no_credentials(name, uri, parts.netloc)
     topic = parts.path.lstrip("/")
     options = dict(parse_qsl(parts.query, keep_blank_values=True))
     key = [k for k in options.pop("key", "").split(",") if k]
@@ -54,3 +56,17 @@ def open_uri(name: str, uri: str) -> KafkaSink:
             f"{sorted(options)}"
         )
     return KafkaSink(parts.netloc, topic, name=name, key=key, marker_topic=marker_topic)
+
+
+def _no_credentials(name: str, uri: str, netloc: str) -> None:
+    """Refuse user info in a ``kafka://`` URI, shown redacted.
+
+    The netloc is the bootstrap list as it is: a ``user:password@`` in it would
+    become part of a broker's address (and of every client error that names
+    it). SASL and TLS settings are given in code, as librdkafka settings.
+    """
+    if "@" in netloc:
+        raise ConfigurationError(
+            f"sink {name!r}: {redact_uri(uri)!r}: a kafka:// URI takes no credentials; "
+            "give SASL or TLS settings to KafkaSink(..., **config) in code"
+        )

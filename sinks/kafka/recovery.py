@@ -1,12 +1,11 @@
 """Pull-and-diff on a Kafka topic used as a table: read to the end, keep the last value per key.
 
 A compacted topic is a table: a key's newest record is its row, a tombstone
-(a record with a null value) its removal. A pull reads the topic's partitions
-with ``read_committed`` up to the ends they had when the pull began (records
-committed later are the next pull's), and folds them in offset order. A record
-without the engine's headers was produced by someone else: it still counts as
-what the topic holds (a consumer sees it), and the report says how many there
-were.
+(a record with a null value) its removal (the pull itself is
+``sinks.kafka.pull``). A record without the engine's headers was produced by
+someone else: it still counts as what the topic holds (a consumer sees it),
+the report says how many there were, and the differing rows it wrote are
+counted as foreign writes (``row_writers``, the report's provenance).
 
 Rows are JSON, so the topic has no schema of its own: every column the expected
 state names may be in its rows (a row without it holds NULL there), and each
@@ -39,11 +38,11 @@ from reconcile.core.contract import (
     RetryableError,
     SinkTxnId,
 )
-from reconcile.core.target import Progress, Repair
+from reconcile.core.target import WRITER_COLUMNS, Progress, Repair
 
 from .markers import MarkerState, marker_value, record_key
-from .records import EPOCH_HEADER, TXN_HEADER, decode_key, decode_value, encode_key, encode_value
-from .records import header as header_of
+from .pull import Pulled, pull_topic
+from .records import EPOCH_HEADER, TXN_HEADER, encode_key, encode_value
 
 if TYPE_CHECKING:
     from .sink import KafkaSink
@@ -65,102 +64,6 @@ class _AnyColumn(dict[str, SinkColumn]):
 
 def _to_arrow(rows: list[dict[str, Any]], schema: pa.Schema) -> pa.Table:
     return values_to_arrow([[row.get(f.name) for row in rows] for f in schema], schema)
-
-
-class Pulled:
-    """A topic folded to its rows: key -> row, key -> epoch of the record, foreign records."""
-
-    def __init__(self) -> None:
-        self.rows: dict[bytes, dict[str, Any]] = {}
-        self.epochs: dict[bytes, int | None] = {}
-        self.foreign = 0
-        self.records = 0
-
-
-def pull_topic(
-    client: dict[str, Any],
-    topic: str,
-    keys: Sequence[str],
-    progress: Progress | None = None,
-) -> Pulled:
-    """Fold every committed record of ``topic`` up to its current end into rows.
-
-    Raises:
-        RetryableError: the brokers cannot be read.
-        InvalidInputError: a record whose key or value is not a row of the table,
-            naming the topic, partition and offset.
-    """
-    from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
-
-    pulled = Pulled()
-    consumer = Consumer(
-        {
-            **client,
-            "group.id": f"reconcile-pull-{uuid.uuid4().hex}",
-            "isolation.level": "read_committed",
-            "enable.auto.commit": False,
-            "enable.partition.eof": True,
-            "fetch.wait.max.ms": 10,  # the end of a partition is known without waiting
-        }
-    )
-    try:
-        metadata = consumer.list_topics(topic, timeout=_TIMEOUT_S).topics.get(topic)
-        if metadata is None or metadata.error is not None:
-            raise ConfigurationError(f"kafka topic {topic!r} does not exist")
-        ends: dict[int, int] = {}
-        for partition in metadata.partitions:
-            low, high = consumer.get_watermark_offsets(
-                TopicPartition(topic, partition, 0), timeout=_TIMEOUT_S
-            )
-            if high > low:
-                ends[partition] = high
-        consumer.assign([TopicPartition(topic, p, 0) for p in ends])
-        pending = set(ends)
-        while pending:
-            message = consumer.poll(_TIMEOUT_S)
-            if message is None:
-                raise RetryableError(f"kafka topic {topic!r}: nothing read for {_TIMEOUT_S:.0f} s")
-            error = message.error()
-            if error is not None:
-                if error.code() == KafkaError._PARTITION_EOF:
-                    pending.discard(int(message.partition() or 0))
-                    continue
-                raise KafkaException(error)
-            partition, offset = int(message.partition() or 0), int(message.offset() or 0)
-            if offset >= ends.get(partition, 0):
-                pending.discard(partition)  # committed after the pull began: the next pull's
-                continue
-            _fold(pulled, message, keys, topic)
-            if progress is not None and pulled.records % _BATCH_ROWS == 0:
-                progress(len(pulled.rows), None)
-    except KafkaException as err:
-        raise RetryableError(f"kafka topic {topic!r}: cannot be read: {err}") from None
-    finally:
-        consumer.close()
-    return pulled
-
-
-def _fold(pulled: Pulled, message: Any, keys: Sequence[str], topic: str) -> None:
-    pulled.records += 1
-    key = message.key()
-    where = f"kafka topic {topic!r} partition {message.partition()} offset {message.offset()}"
-    if key is None:
-        raise InvalidInputError(f"{where}: a record without a key: not a row of a table")
-    try:
-        decode_key(key, keys)
-        value = message.value()
-        row = None if value is None else decode_value(value)
-    except ValueError as err:
-        raise InvalidInputError(f"{where}: {err}") from None
-    epoch = header_of(message.headers(), EPOCH_HEADER)
-    if header_of(message.headers(), TXN_HEADER) is None:
-        pulled.foreign += 1
-    if row is None:
-        pulled.rows.pop(key, None)
-        pulled.epochs.pop(key, None)
-    else:
-        pulled.rows[key] = row
-        pulled.epochs[key] = None if epoch is None else int(epoch)
 
 
 class _Snapshot:
@@ -214,6 +117,34 @@ class _Snapshot:
             if key in wanted or epoch is None or epoch > newer_than:
                 picked.append(row)
         return _to_arrow(picked, self.schema)
+
+    def row_writers(self, keys: pa.Table) -> tuple[pa.Table | None, bool, str]:
+        """The rows of ``keys`` the topic holds, each with the record that wrote it.
+
+        The writer is the engine's when the record's ``reconcile.txn`` names
+        this pipeline and sink; any other record (no header: another
+        producer; another pipeline's) is foreign. Kafka keeps no older
+        records an engine could have pruned, so none is "before" a marker.
+        """
+        pulled, sink = self._fold(None), self.target.sink
+        picked, meta = [], []
+        for values in zip(*(keys.column(k).to_pylist() for k in self.keys), strict=True):
+            key = encode_key(dict(zip(self.keys, values, strict=True)), self.keys, sink.topic)
+            row, origin = pulled.rows.get(key), pulled.origins.get(key)
+            if row is None or origin is None:
+                continue
+            picked.append(row)
+            meta.append(origin)
+        table = _to_arrow(picked, self.schema)
+        xid, at, engine, before = WRITER_COLUMNS
+        table = table.append_column(xid, pa.array([m.writer for m in meta], pa.string()))
+        table = table.append_column(
+            at, pa.array([m.committed_at for m in meta], pa.timestamp("us", tz="UTC"))
+        )
+        engine_of = [m.written_by(self.target.pipeline, sink.name) for m in meta]
+        table = table.append_column(engine, pa.array(engine_of, pa.bool_()))
+        table = table.append_column(before, pa.nulls(len(meta), pa.int64()))
+        return table, True, ""
 
     def count_rows(self) -> int:
         return len(self._fold(None).rows)

@@ -80,7 +80,10 @@ def test_mariadb_a_forged_marker_of_the_next_epoch_stops_it_loudly(
     db = mariadb_server.create_database("claims")
     try:
         with mariadb_server.connect(db) as conn, conn.cursor() as cur:
-            cur.execute("CREATE TABLE orders (k VARCHAR(20) PRIMARY KEY, v BIGINT)")
+            cur.execute(
+                "CREATE TABLE orders (k VARCHAR(20) COLLATE utf8mb4_nopad_bin PRIMARY KEY, "
+                "v BIGINT) ENGINE=InnoDB"
+            )
         state = tmp_path / "state"
         url = mariadb_server.url(db)
         results = run(SqlSink(url, "orders", name="orders"), state, range(2))

@@ -122,14 +122,17 @@ def test_a_marker_with_the_same_low_32_bits_from_another_epoch_is_not_ours(
 ) -> None:
     # The row's xmin holds only the low 32 bits of its xid; a recorded xid8 that
     # shares them but lies 2^32 transactions earlier names another transaction.
+    # The planted marker is of epoch 1, which the store has decided (a marker of an
+    # epoch it never decided would be refused as untrusted before any tracing).
     xid, _ = hand_edit(simple.dsn, "UPDATE orders SET total = -1 WHERE id = 1")
+    assert simple.record([{"id": 100, "name": "n100", "total": 100}], []) == 1
     with psycopg.connect(simple.dsn) as conn:
         markers = markers_table(conn)
         assert markers is not None
         conn.execute(
             sql.SQL(
                 "INSERT INTO {} (pipeline, sink, epoch, target_schema, target_table, log_id, "
-                "xid, backend_pid, generation, row_count) SELECT pipeline, sink, 999, "
+                "xid, backend_pid, generation, row_count) SELECT pipeline, sink, 1, "
                 "target_schema, target_table, log_id, (%s::bigint + 4294967296)::text::xid8, "
                 "backend_pid, generation, 0 FROM {} WHERE epoch = 0"
             ).format(markers, markers),
