@@ -61,6 +61,10 @@ def add_demo_parser(commands: Any) -> None:
         action="store_true",
         help="drop the demo tables and markers of an earlier run in --pg first",
     )
+    demo.add_argument("--source", choices=("files", "kafka"), default="files",
+                      help="how lineitem reaches the pipeline: files dropped into a folder "
+                      "(default), or records in a topic of a Kafka broker the run starts "
+                      "(from the JARs scripts/setup cached)")  # fmt: skip
     demo.add_argument("--master", default="local[2,4]", help="Spark master (default local[2,4])")
     demo.add_argument("--via", choices=("auto", "executors", "driver"), default="auto",
                       help="how each micro-batch's rows are staged (write_stream's via=; default "
@@ -110,6 +114,7 @@ def run_demo_command(args: argparse.Namespace) -> int:
             master=args.master,
             via=args.via,
             progress=not args.json,
+            source=args.source,
         )
     )
     if args.json:

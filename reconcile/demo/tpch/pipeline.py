@@ -169,7 +169,7 @@ def setup(workdir: Path, dsn: str, master: str, session: tuple[Any, Any] | None 
     """Describe the stream (Spark started here unless ``session`` is given); no sink touched."""
     from expected_state.store import ExpectedStateStore
     from reconcile import CommitCycle
-    from reconcile.demo.tpch.data import LINEITEM_SPARK_SCHEMA
+    from reconcile.demo.tpch.kafka_source import lines_stream
     from reconcile.engine.expected import ExpectedState
     from sinks.postgres.factory import postgres_sink
 
@@ -198,11 +198,7 @@ def setup(workdir: Path, dsn: str, master: str, session: tuple[Any, Any] | None 
         return CommitCycle(PIPELINE, sinks, expected_state=expected, metrics=metrics)
 
     spark, orders = session if session is not None else start_spark(workdir, master, events)
-    lines = (
-        spark.readStream.schema(LINEITEM_SPARK_SCHEMA)
-        .option("maxFilesPerTrigger", 1)
-        .parquet(str(workdir / "inbox"))
-    )
+    lines = lines_stream(spark, workdir)  # the inbox's files, or the topic of --source kafka
     revenue_store = ExpectedStateStore(store, PIPELINE, "demo_customer_revenue", ["o_custkey"])
     outputs = {
         "demo_lineitem": lambda batch: batch,

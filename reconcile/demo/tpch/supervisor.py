@@ -28,7 +28,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -40,11 +40,13 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from reconcile.core.contract import ConfigurationError
 from reconcile.demo.tpch.data import SINK_TABLES_SQL, Feed, generate
 from reconcile.demo.tpch.events import EventLog
+from reconcile.demo.tpch.kafka_source import feed_source
 from reconcile.demo.tpch.pipeline import KEYS, PIPELINE
+from reconcile.demo.tpch.status import status_line
 from reconcile.demo.tpch.summary import Summary, audit
 
 if TYPE_CHECKING:
-    from rich.console import Console
+    pass
 
 __all__ = [
     "KILL_POINTS", "Feeder", "Options", "launch_pipeline", "prepare_tables", "run", "run_settings"
@@ -81,6 +83,7 @@ class Options:
     master: str = "local[2,4]"
     via: str = "auto"
     progress: bool = True
+    source: str = "files"  # or "kafka": lineitem through a broker the run starts
 
 
 def _die_with_parent() -> None:
@@ -307,10 +310,10 @@ def _run(workdir: Path, options: Options) -> Summary:
     console.print(f"[bold]reconcile demo[/]: TPC-H scale {options.scale}, {options.epochs} "
                   f"epochs, work folder {workdir}" + (" (resumed)" if resumed else ""))  # fmt: skip
     shown = options.progress and console.is_terminal
-    with _status(console, shown, f"generating TPC-H scale {options.scale} (tpchgen-cli)"):
+    with status_line(console, shown, f"generating TPC-H scale {options.scale} (tpchgen-cli)"):
         tables = generate(workdir / "tpch", options.scale)
-    feed = Feed(tables, workdir / "inbox", options.epochs)
-    with _postgres(options, workdir) as dsn:
+    source = feed_source(options.source, tables, workdir, options.epochs, resumed)
+    with source as (feed, source_env), _postgres(options, workdir) as dsn:
         prepare_tables(dsn, resumed=resumed, reset=options.reset)
         proxy = None
         pipeline_dsn = dsn
@@ -341,7 +344,9 @@ def _run(workdir: Path, options: Options) -> Summary:
                 kill = chaos.plan(crashes, launch) if chaos is not None else None
                 events.write("launch", launch=launch, kill=kill)
                 launched = time.time()
-                proc = launch_pipeline(workdir, options, pipeline_dsn, launch, kill)
+                proc = launch_pipeline(
+                    workdir, options, pipeline_dsn, launch, kill, None, source_env
+                )
                 injected_before = dict(proxy.injected) if proxy else {}
                 while proc.poll() is None:
                     log = list(events.read())  # one read of the log per poll
@@ -379,22 +384,7 @@ def _run(workdir: Path, options: Options) -> Summary:
         feeder.stop.set()
         if proxy is not None:
             proxy.close()
-        with _status(console, shown, "verifying") as status:
+        with status_line(console, shown, "verifying") as status:
             summary = audit(dsn, workdir, feed, events, options.epochs, step=status)
         summary.settings = run_settings(options)
         return summary
-
-
-@contextlib.contextmanager
-def _status(console: Console, shown: bool, what: str) -> Iterator[Callable[[str], object]]:
-    """A spinner naming the step under way (on a terminal); yields a function to rename it.
-
-    The steps before and after the epochs' bar (generating TPC-H, verifying
-    millions of rows) take tens of seconds at scale 1: a silent terminal
-    would look hung.
-    """
-    if not shown:
-        yield lambda _: None
-        return
-    with console.status(what) as spinner:
-        yield lambda text: spinner.update(text)
