@@ -132,7 +132,7 @@ def feed_source(
     if resumed:
         raise ConfigurationError(
             f"--source kafka cannot resume the run in {workdir}: its broker and topic lived "
-            "only as long as that run. Use a new --workdir (or --reset)"
+            "only as long as that run. Use a new --workdir"
         )
     from confluent_kafka.admin import AdminClient
     from confluent_kafka.cimpl import NewTopic
