@@ -13,6 +13,7 @@ import pytest
 from reconcile.core.contract import ConfigurationError
 from reconcile.demo.tpch import supervisor
 from reconcile.demo.tpch.data import Feed, generate
+from reconcile.demo.tpch.status import status_line
 from reconcile.demo.tpch.summary import Summary
 from reconcile.demo.tpch.supervisor import Options, _check_run, prepare_tables, run_settings
 from reconcile.spark.outputs import apply_transform
@@ -189,7 +190,7 @@ def test_the_steps_around_the_epochs_name_themselves_on_a_terminal_only() -> Non
 
     screen = io.StringIO()
     console = Console(file=screen, force_terminal=True, width=100)
-    with supervisor._status(console, True, "generating TPC-H scale 1") as step:
+    with status_line(console, True, "generating TPC-H scale 1") as step:
         console.print("a line")  # rich draws the spinner under each line printed
         step("checking the tables against TPC-H itself")
         console.print("another line")
@@ -197,6 +198,6 @@ def test_the_steps_around_the_epochs_name_themselves_on_a_terminal_only() -> Non
     assert drawn.index("generating TPC-H scale 1") < drawn.index("checking the tables")
     # Not a terminal (a log file, --json): nothing drawn, the steps still run.
     quiet = io.StringIO()
-    with supervisor._status(Console(file=quiet), False, "verifying") as step:
+    with status_line(Console(file=quiet), False, "verifying") as step:
         step("checking the tables against TPC-H itself")
     assert quiet.getvalue() == ""

@@ -294,7 +294,7 @@ def test_a_holder_row_without_a_session_is_not_taken_as_gone(pg_db: str) -> None
             "UPDATE reconcile.reconcile_leases SET backend_pid = NULL, "
             "renewed_at = renewed_at - interval '1 minute' WHERE pipeline = 'nopid'"
         )
-    b = PgLease(pg_db, "nopid", term_s=0.2, holder="b")
+    b = PgLease(pg_db, "nopid", term_s=2.0, holder="b")  # a statement timeout of 1 s
     assert b.try_acquire() is None, "a lease whose session is unknown was taken before its term"
     for lease in (a, b):
         lease.close()

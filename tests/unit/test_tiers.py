@@ -35,8 +35,13 @@ def test_the_listed_parameters_are_slow_and_their_neighbours_are_not() -> None:
         "tests/integration/test_spark_stream.py::test_driver_killed_mid_batch_resumes_exactly_once"
     )
     assert slow_tier(f"{spark}[cycle.decided-auto]")
-    assert slow_tier(f"{spark}[stream.batch_staged-write_stream]")
-    assert not slow_tier(f"{spark}[cycle.decided-write_stream]")
+    assert slow_tier(f"{spark}[cycle.decided-write_stream]")  # the Kafka-fed one stays
+    kafka = (
+        "tests/integration/test_kafka_stream.py::"
+        "test_kafka_to_postgres_and_kafka_exactly_once_with_the_driver_killed"
+    )
+    assert slow_tier(f"{kafka}[stream.batch_staged]")
+    assert not slow_tier(f"{kafka}[cycle.decided]")
 
 
 def test_a_pattern_that_matches_nothing_in_its_collected_file_is_stale() -> None:

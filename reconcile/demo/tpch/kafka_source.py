@@ -38,7 +38,7 @@ from reconcile.demo.tpch.data import LINEITEM_COLUMNS, Feed
 __all__ = ["ENV", "SOURCES", "TOPIC", "KafkaFeed", "feed_source", "lines_stream"]
 
 SOURCES = ("files", "kafka")
-ENV = "RECONCILE_DEMO_KAFKA"  # BOOTSTRAP|TOPIC, for the pipeline process
+ENV = "RECONCILE_DEMO_KAFKA"  # BOOTSTRAP|TOPIC|RECORDS_PER_BATCH, for the pipeline process
 TOPIC = "demo_lineitem_in"
 
 
@@ -144,10 +144,11 @@ def feed_source(
         admin = AdminClient({"bootstrap.servers": broker.bootstrap})
         for future in admin.create_topics([NewTopic(TOPIC, 2, 1)]).values():
             future.result(timeout=60)
-        yield (
-            KafkaFeed(tpch, workdir, epochs, broker.bootstrap),
-            {ENV: f"{broker.bootstrap}|{TOPIC}"},
-        )
+        feed = KafkaFeed(tpch, workdir, epochs, broker.bootstrap)
+        # At most a slice a micro-batch, as the files demo reads a file a batch: a
+        # pipeline that starts late would otherwise take every slice in one epoch.
+        per_batch = max(part.rows for part in feed.slices)
+        yield feed, {ENV: f"{broker.bootstrap}|{TOPIC}|{per_batch}"}
     finally:
         broker.stop()
 
@@ -165,13 +166,14 @@ def lines_stream(spark: Any, workdir: Path) -> Any:
             .option("maxFilesPerTrigger", 1)
             .parquet(str(workdir / "inbox"))
         )
-    bootstrap, topic = source.split("|", 1)
+    bootstrap, topic, per_batch = source.split("|", 2)
     as_text = ", ".join(f"{name} string" for name, _, _ in LINEITEM_COLUMNS)
     records = (
         spark.readStream.format("kafka")
         .option("kafka.bootstrap.servers", bootstrap)
         .option("subscribe", topic)
         .option("startingOffsets", "earliest")
+        .option("maxOffsetsPerTrigger", per_batch)
         .option("failOnDataLoss", "true")
         .load()
     )
