@@ -153,7 +153,9 @@ def _converged(dsn: str, root: str, logic: str, *, same_epochs: bool = True) -> 
     assert (verify.missing, verify.extra, verify.changed) == (0, 0, 0)
     store = ExpectedState(root, PIPELINE, {"orders": ["id"]}).tables["orders"]
     stored = {r["id"]: r["_epoch"] for r in store.snapshot(2, ["id", "_epoch"]).to_pylist()}
-    deadline = time.monotonic() + 15
+    # n_live_tup is what backends report: an idle one flushes its counts within
+    # PostgreSQL's longest stats interval (60 s), a long wait on a loaded machine.
+    deadline = time.monotonic() + 75
     with psycopg.connect(dsn, autocommit=True) as conn:
         count, keys, epochs = conn.execute(
             "SELECT count(*), count(DISTINCT id), count(_epoch) FROM orders"
