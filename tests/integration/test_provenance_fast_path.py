@@ -133,6 +133,6 @@ mode = "full"
     fast.record([{"id": 9, "name": "m9", "total": 90}])  # the fast path's row, differing
     watched = cli("watch", "--config", str(config), "--every", "1s", "--count", "1")
     assert watched.returncode == 1, watched.stderr
-    assert "2 foreign writes" in watched.stdout, watched.stdout
+    assert "2 rows written by 1 foreign transaction" in watched.stdout, watched.stdout
     exported = (tmp_path / "metrics.prom").read_text()
     assert 'reconcile_drift_foreign_writes{pipeline="shop",table="public.orders"} 2.0' in exported
