@@ -25,9 +25,10 @@ of a test function with three or more slow parameter sets, a share (a third
 by default) of them, at least one, plus every one a mutant's kill set selects
 of the mutants this run's mutation check draws (``tests/mutants``,
 ``RECONCILE_MUTATION_SAMPLE``: the mutation check takes its baseline from this
-run, and would otherwise run those tests again after it). The benchmarks'
-smoke runs count as one family of which one is drawn. The other slow tests run
-whole. The run's summary names the seed, so a failure is repeated with the
+run, and would otherwise run those tests again after it). The tests of
+minutes each form groups (``HEAVY``) of which a few are drawn: one of the
+benchmarks' smoke runs, three of the long end-to-end runs. The other slow
+tests run whole. The run's summary names the seed, so a failure is repeated with the
 same value; over successive commits every parameter set is drawn.
 """
 
@@ -202,7 +203,8 @@ def unmatched(nodeids: list[str], args: list[str]) -> list[str]:
     """
     files = {nodeid.split("::", 1)[0] for nodeid in nodeids}
     stale = []
-    for pattern in _COMPILED:
+    heavy = [re.compile(re.escape(nodeid)) for nodeid in _HEAVY_GROUP]  # a renamed one too
+    for pattern in (*_COMPILED, *heavy):
         file = pattern.pattern.split("::", 1)[0].replace("\\.", ".")
         if file not in files or not _whole_file(args, file):
             continue
@@ -257,19 +259,37 @@ def parse_sample(value: str) -> tuple[str, float]:
     return seed, share
 
 
-# The benchmarks' smoke runs take minutes each (several Spark drivers, kill
-# loops, a process per mode): a sample runs one of them, drawn like a family's
-# member, besides those a drawn mutant claims.
-HEAVY_FAMILY = "the benchmarks' smoke runs"
-HEAVY = frozenset(
-    {
+# Tests of minutes each, drawn like a family's members though they are not one
+# function's parameter sets: a sample runs ``keep`` of each group, besides those
+# a drawn mutant claims. Over successive commits each runs.
+HEAVY: dict[str, tuple[int, frozenset[str]]] = {
+    # Several Spark drivers, kill loops, a process per mode each.
+    "the benchmarks' smoke runs": (1, frozenset({
         "tests/integration/test_benchmark_scale.py::test_scale_benchmark_quick",
         "tests/integration/test_benchmark_kafka.py::test_kafka_benchmark_quick",
         "tests/integration/test_benchmark_latency.py::test_latency_benchmark_tiny",
         "tests/integration/test_benchmark_sinks.py::test_one_command_measures_every_sink_beside_postgres",
         "tests/integration/test_benchmark_rebuild.py::test_quick_run_reports_both_ratios_and_the_rebuild_writes_only_the_changed_rows",
-    }
-)
+    })),
+    # Whole pipelines end to end, killed or changed on the way, 1.5 to 5 minutes
+    # each on two cores (their cheaper neighbours of each kind are in the default tier).
+    "the long end-to-end runs": (3, frozenset({
+        "tests/chaos/test_demo_kafka.py::test_a_kafka_fed_demo_under_chaos_writes_every_line_once",
+        "tests/chaos/test_demo.py::test_demo_under_chaos_verifies_and_its_faults_fired",
+        "tests/chaos/test_demo.py::test_demo_killed_whole_resumes_with_the_same_workdir",
+        "tests/chaos/test_ha.py::test_kill_pause_kill_the_leader_nothing_lost_or_doubled",
+        "tests/chaos/test_random_faults.py::test_random_faults_postgres_transactional_long_run",
+        "tests/integration/test_cli_run_changes.py::test_a_new_column_through_reconcile_run_on_every_staging_path_under_hostile_defaults",
+        "tests/integration/test_cli_run_changes.py::test_after_a_rebuild_the_rebuilt_app_runs_as_the_rebuild_s_logic",
+        "tests/integration/test_bucket_drift_spread.py::test_spread_drift_on_a_million_rows_is_counted_exactly_near_full_modes_time",
+        "tests/integration/test_cli_rebuild.py::test_rebuild_plans_applies_only_the_changes_and_switches_the_logic",
+        "tests/integration/test_cli_rebuild.py::test_a_rebuild_while_a_main_and_a_standby_run_makes_both_step_aside",
+        "tests/integration/test_spark_verify.py::test_spark_verify_and_repair_on_separate_executors",
+        "tests/integration/test_spark_stream.py::test_format_reconcile_commit_process_killed_after_the_decision",
+        "tests/unit/test_mutation_baseline.py::test_the_joint_selection_is_pytests_own",
+    })),
+}  # fmt: skip
+_HEAVY_GROUP = {nodeid: group for group, (_, names) in HEAVY.items() for nodeid in names}
 
 
 def sample(slow: list[str], seed: str, share: float, claimed: set[str]) -> list[str]:
@@ -279,17 +299,18 @@ def sample(slow: list[str], seed: str, share: float, claimed: set[str]) -> list[
     ``FAMILY`` members keeps ``ceil(share * size)`` of them drawn by ``seed`` (a
     draw per family, so a family's sample does not change when another grows),
     and every member in ``claimed``. Smaller families and lone tests stay whole,
-    but for the benchmarks' smoke runs (``HEAVY``), of which one is drawn.
+    but for the groups of ``HEAVY``, each of which keeps its own count.
     """
     families: dict[str, list[str]] = {}
     for nodeid in slow:
         name = nodeid.split("[", 1)[0]
-        families.setdefault(HEAVY_FAMILY if name in HEAVY else name, []).append(nodeid)
+        families.setdefault(_HEAVY_GROUP.get(name, name), []).append(nodeid)
     left_out = []
     for name, members in families.items():
-        if len(members) < FAMILY and name != HEAVY_FAMILY:
+        heavy = HEAVY.get(name)
+        if len(members) < FAMILY and heavy is None:
             continue
-        keep = 1 if name == HEAVY_FAMILY else math.ceil(share * len(members))
+        keep = min(heavy[0], len(members)) if heavy else math.ceil(share * len(members))
         # Sorted: the draw is the same whatever order the tests were collected in.
         draw = random.Random(f"{seed}:{name}")
         drawn = set(draw.sample(sorted(members), keep))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import types
@@ -64,6 +65,15 @@ def test_a_pattern_that_matches_nothing_in_its_collected_file_is_stale() -> None
     assert unmatched(renamed, [f"{KILL9}[stage-file]"]) == []
     both = [f"{KILL9}[stage-delta]", *renamed[1:]]
     assert unmatched(both, ["tests/chaos/test_kill9.py"]) == []
+
+
+def test_a_heavy_test_renamed_is_stale() -> None:
+    ha = "tests/chaos/test_ha.py::test_kill_pause_kill_the_leader_nothing_lost_or_doubled"
+    assert ha in HEAVY["the long end-to-end runs"][1]
+    others = ["tests/chaos/test_ha.py::test_other", "tests/chaos/test_ha.py::test_more"]
+    assert unmatched([*others, ha], ["tests/chaos/test_ha.py"]) == []
+    stale = unmatched([*others, ha.replace("leader", "primary")], ["tests/chaos/test_ha.py"])
+    assert stale == [re.escape(ha)]
 
 
 def test_a_run_marks_them_slow_before_it_selects() -> None:
@@ -185,11 +195,15 @@ def test_a_spark_marker_on_a_whole_module_fails_the_run() -> None:
         mark_spark_tests([_Item("t.py::test_x", listed)])  # type: ignore[list-item]
 
 
-def test_a_sample_runs_one_of_the_benchmarks_smoke_runs_besides_the_claimed() -> None:
-    heavy = sorted(HEAVY)
+@pytest.mark.parametrize(("group", "keep"), [("the benchmarks' smoke runs", 1),
+                                           ("the long end-to-end runs", 3)])  # fmt: skip
+def test_a_sample_runs_a_few_of_a_heavy_group_besides_the_claimed(group: str, keep: int) -> None:
+    assert HEAVY[group][0] == keep
+    heavy = sorted(HEAVY[group][1])
     lone = ["tests/chaos/test_x.py::test_lone"]
     left_out = sample(heavy + lone, "seed-1", 1 / 3, set())
-    assert len(left_out) == len(heavy) - 1 and not set(left_out) & set(lone)
+    assert len(left_out) == len(heavy) - keep and not set(left_out) & set(lone)
+    assert len(sample(heavy[:2], "seed-1", 1 / 3, set())) == max(0, 2 - keep)  # at most all
     assert any(
         set(sample(heavy, f"seed-{n}", 1 / 3, set())) != set(left_out) for n in range(2, 8)
     )  # another seed draws another one: over commits, each runs
