@@ -88,9 +88,12 @@ def _rows(table: pa.Table, names: list[str]) -> list[tuple[Any, ...]]:
     return _sorted([tuple(r[n] for n in names) for r in table.to_pylist()])
 
 
-def spark_table(spark: Any, uri: Path, version: int) -> pa.Table:
-    """The rows delta-spark reads at ``version`` (time travel), as Arrow."""
-    return spark.read.format("delta").option("versionAsOf", version).load(str(uri)).toArrow()
+def spark_table(spark: Any, uri: Path, version: int | None) -> pa.Table:
+    """The rows delta-spark reads at ``version`` (time travel; None: the newest), as Arrow."""
+    reader = spark.read.format("delta")
+    if version is not None:
+        reader = reader.option("versionAsOf", version)
+    return reader.load(str(uri)).toArrow()
 
 
 def check_protocol(spark: Any, uri: Path) -> None:
@@ -131,14 +134,23 @@ def check_state(rows: pa.Table, store: ExpectedStateStore, version: int) -> None
 
 
 def check_version(
-    spark: Any, uri: Path, version: int, store: ExpectedStateStore | None = None
+    spark: Any,
+    uri: Path,
+    version: int,
+    store: ExpectedStateStore | None = None,
+    *,
+    newest: bool = False,
 ) -> bool:
-    """Spark's rows of ``version`` are delta-rs'; False when delta-rs cannot read it."""
+    """Spark's rows of ``version`` are delta-rs'; False when delta-rs cannot read it.
+
+    ``newest``: ``version`` is the newest, and Spark reads the table as it is, without
+    ``versionAsOf`` (nothing writes meanwhile: the callers wait for the housekeeping).
+    """
     read = engine_rows(uri, version)
     if read is None:
         return False
     names, rows = read
-    table = spark_table(spark, uri, version)
+    table = spark_table(spark, uri, None if newest else version)
     assert _rows(table, names) == rows, (uri, version)
     if store is not None and Path(store.uri) == uri:
         check_state(table, store, version)
@@ -156,7 +168,7 @@ def check_store(spark: Any, root: Path, store: ExpectedStateStore, *, every: boo
     if not every:
         uri = Path(store.uri)
         check_protocol(spark, uri)
-        assert check_version(spark, uri, log_versions(uri)[-1], store), uri
+        assert check_version(spark, uri, log_versions(uri)[-1], store, newest=True), uri
         return
     tables = store_tables(root)
     assert Path(store.uri) in tables and root / "_epochs" in tables, tables
@@ -176,7 +188,7 @@ def check_newest_and_older(spark: Any, root: Path, store: ExpectedStateStore) ->
     for uri in tables:
         check_protocol(spark, uri)
         newest, *older = reversed(log_versions(uri))
-        assert check_version(spark, uri, newest, store), uri
+        assert check_version(spark, uri, newest, store, newest=True), uri
         assert any(check_version(spark, uri, v, store) for v in older), f"{uri}: no older version"
 
 
@@ -232,7 +244,7 @@ def walk(spark: Any, p: Pipeline, *, every: bool, epochs: int) -> list[str]:
     steps = []
     root, store = p.root, p.store
     p.run(range(epochs))
-    check_store(spark, root, store, every=every)
+    check_store(spark, root, p.store, every=every)
     steps.append("epochs")
 
     # Through p.store: it waits for the housekeeping the cycle runs in the background.
@@ -240,7 +252,7 @@ def walk(spark: Any, p: Pipeline, *, every: bool, epochs: int) -> list[str]:
     folded = p.store.compact()
     assert merged is not None and folded is not None
     assert any(f.kind == "base" for f in store.files_at(None) or []), "nothing folded"
-    check_store(spark, root, store, every=every)
+    check_store(spark, root, p.store, every=every)
     steps.append("compaction")
 
     # Twice: the first run's checkpoint is what the second run's vacuum prunes the log to.
@@ -252,13 +264,13 @@ def walk(spark: Any, p: Pipeline, *, every: bool, epochs: int) -> list[str]:
         assert {"compact_changes", "vacuum", "checkpoint"} <= set(done), done
         assert done["vacuum"].deleted_files, "the vacuum deleted nothing"
     assert log_versions(Path(store.uri))[0] > 0, "the log was not pruned"
-    check_store(spark, root, store, every=every)
+    check_store(spark, root, p.store, every=every)
     steps.append("housekeeping")
 
     p.run(range(3 * epochs, 3 * epochs + 2), note="new")  # a column added by an epoch
     names = pa.schema(DeltaTable(store.uri).schema().to_arrow()).names
     assert "note" in names, names
-    check_store(spark, root, store, every=every)
+    check_store(spark, root, p.store, every=every)
     steps.append("evolution")
 
     with psycopg.connect(p.dsn, autocommit=True) as conn:
@@ -268,8 +280,8 @@ def walk(spark: Any, p: Pipeline, *, every: bool, epochs: int) -> list[str]:
     assert (report.missing, report.extra, report.applied) == (1, 1, 2), report
     assert _sink_ids(p.dsn) == sorted(p.store.snapshot().column("id").to_pylist())
     p.run(range(3 * epochs + 2, 3 * epochs + 3), note="after")  # the cycle goes on after it
-    check_store(spark, root, store, every=every)
-    check_newest_and_older(spark, root, store)
+    check_store(spark, root, p.store, every=every)
+    check_newest_and_older(spark, root, p.store)
     steps.append("repair")
     return steps
 
