@@ -1,4 +1,4 @@
-"""The JARs Spark takes from the venv's cache: its Kafka connector, on every session's classpath.
+"""The JARs Spark takes from the venv's cache: Kafka's connector and Delta's, on every session.
 
 ``scripts/fetch-jars`` fetches each group once from Maven Central into
 ``<venv>/jars/<group>/``; a session started by the engine (``local_session``)
@@ -14,10 +14,28 @@ from pathlib import Path
 
 from reconcile.core.contract import ConfigurationError
 
-__all__ = ["SPARK_GROUPS", "group_folder", "require", "spark_jars"]
+__all__ = ["DELTA_CONF", "DELTA_GROUP", "SPARK_GROUPS", "group_folder", "require", "spark_jars"]
 
+# The group of Delta Lake's own Spark reader and writer (scripts/jars/delta-spark.xml).
+DELTA_GROUP = "delta-spark"
 # The cached groups that go on Spark's classpath (the Kafka broker's does not).
-SPARK_GROUPS = ("spark-kafka",)
+SPARK_GROUPS = ("spark-kafka", DELTA_GROUP)
+# What a session needs besides the JARs for Delta's SQL (DESCRIBE DETAIL delta.`<path>`,
+# time travel in SQL) and its catalog; set only when the JARs are there, since Spark
+# fails to start on an extension class it cannot load.
+DELTA_CONF = {
+    "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
+    "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
+    # A store table's log is small: Delta's default of 50 partitions to replay it makes
+    # each read of a version 50 tasks of nothing on a local session.
+    "spark.databricks.delta.snapshotPartitions": "2",
+    # delta-spark refuses time travel to a version older than the table's
+    # deletedFileRetentionDuration, which the store sets to minutes to keep its
+    # tombstones few (expected_state/layout.py); the store's own vacuum keeps the
+    # files of every version recovery reads, by epoch and not by age, so the
+    # versions delta-rs reads must be read here too.
+    "spark.databricks.delta.vacuum.enforceTimeTravelWithinDeletedFileRetentionDuration": "false",
+}
 
 
 def group_folder(group: str) -> Path:

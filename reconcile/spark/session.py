@@ -6,7 +6,7 @@ import os
 import sys
 from typing import Any
 
-from reconcile.spark.jars import spark_jars
+from reconcile.spark.jars import DELTA_CONF, DELTA_GROUP, group_folder, spark_jars
 
 __all__ = ["local_session"]
 
@@ -16,7 +16,8 @@ def local_session(app_name: str = "reconcile", master: str = "local[2]", **conf:
 
     UI and console progress off, Arrow on, UTC, 4 shuffle partitions, the
     running interpreter for the Python workers, and the connectors cached in the
-    venv (``reconcile.spark.jars``: Kafka) on the classpath. ``conf`` adds or
+    venv (``reconcile.spark.jars``: Kafka, and Delta with its SQL extension and
+    catalog, so that ``format("delta")`` reads a store table) on the classpath. ``conf`` adds or
     overrides settings (dots as in Spark's keys). Raises whatever Spark raises
     if it cannot start.
     """
@@ -41,6 +42,9 @@ def local_session(app_name: str = "reconcile", master: str = "local[2]", **conf:
     jars = spark_jars()
     if jars:
         builder = builder.config("spark.jars", ",".join(jars))
+    if any(group_folder(DELTA_GROUP).glob("*.jar")):
+        for key, value in DELTA_CONF.items():
+            builder = builder.config(key, value)
     for key, value in conf.items():
         builder = builder.config(key, value)
     return builder.getOrCreate()
