@@ -10,16 +10,18 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeGuard
+from typing import Any, ClassVar, NoReturn, Protocol, TypeGuard
 
 import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
 
 from reconcile.core.conform import SinkColumn
+from reconcile.core.contract import InvalidInputError
 from reconcile.core.sink import capabilities_of
 
 __all__ = [
     "WRITER_COLUMNS",
     "KeyRange",
+    "NoRowChecksums",
     "Progress",
     "PullableSink",
     "RecoveryTarget",
@@ -112,6 +114,35 @@ class SinkSnapshot(Protocol):
         The query's text must not grow with the number of ranges (they are data).
         """
         ...
+
+
+class NoRowChecksums:
+    """A snapshot of a system that cannot checksum rows: buckets mode is refused, naming why.
+
+    Buckets mode compares per-range sums that the sink's own system computes
+    next to its rows; a topic, an object store or an Iceberg table has no such
+    query, and pulling every row to sum it would cost more than mode full.
+    """
+
+    system: ClassVar[str]  # the system, as the message names it
+    modes: ClassVar[str] = "full or scoped"  # the modes that can run instead
+    target: Any  # the recovery target, whose ``display`` names the table
+
+    def check_buckets(self) -> None:
+        name = self.target.display
+        raise InvalidInputError(
+            f"{name}: buckets mode needs the sink's system to checksum rows, which "
+            f"{self.system} does not do; use mode {self.modes}",
+            table=name,
+        )
+
+    def bucket_sums(self, bounds: list[Any], within: Any) -> dict[int, tuple[int, int]]:
+        self.check_buckets()
+        return {}
+
+    def pull_ranges(self, ranges: Any) -> NoReturn:
+        self.check_buckets()
+        raise AssertionError("check_buckets refuses every table")  # pragma: no cover
 
 
 @dataclass

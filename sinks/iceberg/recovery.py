@@ -46,7 +46,7 @@ from pyiceberg.types import (
 
 from reconcile.core.conform import SinkColumn
 from reconcile.core.contract import FencedError, InvalidInputError, SinkTxnId
-from reconcile.core.target import Progress, Repair
+from reconcile.core.target import NoRowChecksums, Progress, Repair
 from sinks.iceberg.expressions import above, one_of
 from sinks.iceberg.rewrite import plan_rewrite, stage_snapshot
 from sinks.iceberg.rows import EPOCH_COLUMN
@@ -77,8 +77,10 @@ def sink_kind(typ: IcebergType) -> str:
     return next((kind for cls, kind in _KINDS if isinstance(typ, cls)), "other")
 
 
-class _Snapshot:
+class _Snapshot(NoRowChecksums):
     """One Iceberg snapshot of the table (the protocol ``SinkSnapshot``)."""
+
+    system = "Iceberg"
 
     def __init__(self, target: IcebergRecoveryTarget, table: Table, schema: pa.Schema,
                  keys: list[str]) -> None:  # fmt: skip
@@ -157,20 +159,6 @@ class _Snapshot:
         if self.table.metadata.current_snapshot_id is None:
             return 0
         return int(self._scan(AlwaysTrue()).count())
-
-    def check_buckets(self) -> None:
-        raise InvalidInputError(
-            f"table {self.target.display}: buckets mode needs the sink's system to checksum "
-            "rows, which Iceberg does not do; use mode full or scoped"
-        )
-
-    def bucket_sums(self, bounds: list[Any], within: Any) -> dict[int, tuple[int, int]]:
-        self.check_buckets()
-        return {}
-
-    def pull_ranges(self, ranges: Any) -> pa.Table:
-        self.check_buckets()
-        return self._empty()
 
 
 class IcebergRecoveryTarget:

@@ -38,7 +38,7 @@ from reconcile.core.contract import (
     RetryableError,
     SinkTxnId,
 )
-from reconcile.core.target import WRITER_COLUMNS, Progress, Repair
+from reconcile.core.target import WRITER_COLUMNS, NoRowChecksums, Progress, Repair
 
 from .markers import MarkerState, marker_value, record_key
 from .pull import Pulled, pull_topic
@@ -66,8 +66,10 @@ def _to_arrow(rows: list[dict[str, Any]], schema: pa.Schema) -> pa.Table:
     return values_to_arrow([[row.get(f.name) for row in rows] for f in schema], schema)
 
 
-class _Snapshot:
+class _Snapshot(NoRowChecksums):
     """The topic as of the ends it had when the pull began (the protocol ``SinkSnapshot``)."""
+
+    system = "Kafka"
 
     def __init__(self, target: KafkaRecoveryTarget, state: MarkerState, schema: pa.Schema,
                  keys: list[str]) -> None:  # fmt: skip
@@ -148,21 +150,6 @@ class _Snapshot:
 
     def count_rows(self) -> int:
         return len(self._fold(None).rows)
-
-    def check_buckets(self) -> None:
-        raise InvalidInputError(
-            f"{self.target.display}: buckets mode needs the sink's system to checksum rows, "
-            "which Kafka does not do; use mode full or scoped",
-            table=self.target.display,
-        )
-
-    def bucket_sums(self, bounds: list[Any], within: Any) -> dict[int, tuple[int, int]]:
-        self.check_buckets()
-        return {}
-
-    def pull_ranges(self, ranges: Any) -> pa.Table:
-        self.check_buckets()
-        return _to_arrow([], self.schema)
 
 
 class KafkaRecoveryTarget:

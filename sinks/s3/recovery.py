@@ -38,7 +38,7 @@ from reconcile.core.contract import (
     Retryable,
     SinkOutcome,
 )
-from reconcile.core.target import Progress, Repair
+from reconcile.core.target import NoRowChecksums, Progress, Repair
 from sinks.files.layout import DELETE, OP, parse_header
 from sinks.s3.log import LogState
 
@@ -64,8 +64,11 @@ def _to_arrow(rows: list[dict[str, Any]], schema: pa.Schema) -> pa.Table:
     return values_to_arrow([[row.get(f.name) for row in rows] for f in schema], schema)
 
 
-class _Snapshot:
+class _Snapshot(NoRowChecksums):
     """The sink as of one log end (the protocol ``SinkSnapshot``)."""
+
+    system = "S3"
+    modes = "full"
 
     def __init__(self, target: S3RecoveryTarget, state: LogState, schema: pa.Schema,
                  keys: list[str]) -> None:  # fmt: skip
@@ -151,21 +154,6 @@ class _Snapshot:
 
     def count_rows(self) -> int:
         return len(self._fold(None))
-
-    def check_buckets(self) -> None:
-        raise InvalidInputError(
-            f"{self.target.display}: buckets mode needs the sink's system to checksum rows, "
-            "which S3 does not do; use mode full",
-            table=self.target.display,
-        )
-
-    def bucket_sums(self, bounds: list[Any], within: Any) -> dict[int, tuple[int, int]]:
-        self.check_buckets()
-        return {}
-
-    def pull_ranges(self, ranges: Any) -> pa.Table:
-        self.check_buckets()
-        return _to_arrow([], self.schema)
 
 
 class S3RecoveryTarget:
