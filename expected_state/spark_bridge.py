@@ -70,8 +70,14 @@ class BridgeWriteResult:
 
 def delta_jars_available(spark: Any) -> bool:
     """True if delta-spark's JVM classes are on the session's classpath."""
+    jvm = spark.sparkContext._jvm
     try:
-        spark.sparkContext._jvm.java.lang.Class.forName("io.delta.tables.DeltaTable")
+        # Through the thread's class loader: the JARs a session takes from
+        # ``spark.jars`` are loaded by Spark's own loader, which Class.forName
+        # from the py4j gateway (the system loader) does not see.
+        jvm.java.lang.Thread.currentThread().getContextClassLoader().loadClass(
+            "io.delta.tables.DeltaTable"
+        )
     except Exception:
         return False
     return True

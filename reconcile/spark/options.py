@@ -83,6 +83,11 @@ class SparkRecoverOptions:
         brake: the mass-change brake (``reconcile.recovery.brake``); default 10 %.
         provenance_rows: differing rows traced to their last writer on the driver
             (``reconcile.recovery.provenance``); 0 traces none.
+        store_reader: how the executors read the expected state: "delta-spark"
+            (Spark's own Delta reader, at the store's version of the epoch),
+            "files" (the data files of that version, listed from the Delta log
+            by the driver), or "auto": delta-spark when the session carries its
+            JARs (every session ``reconcile.spark.session`` starts does).
     """
 
     sink: str | None = None
@@ -94,6 +99,7 @@ class SparkRecoverOptions:
     samples: int = 5
     brake: Brake | None = None
     provenance_rows: int = DEFAULT_PROVENANCE_ROWS
+    store_reader: str = "auto"
 
 
 class SparkRecoverKeywords(TypedDict, total=False):
@@ -108,3 +114,4 @@ class SparkRecoverKeywords(TypedDict, total=False):
     samples: int
     brake: Brake | None
     provenance_rows: int
+    store_reader: str

@@ -43,11 +43,17 @@ from typing import Any, Unpack
 
 import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
 
+from expected_state.spark_bridge import delta_jars_available
 from expected_state.spark_state import read_state
 from expected_state.store import ExpectedStateStore
 from reconcile.core import errors, hooks, interrupts
 from reconcile.core.conform import _UNCONVERTIBLE, check_columns
-from reconcile.core.contract import InvalidInputError, MassChangeError, validate_name
+from reconcile.core.contract import (
+    ConfigurationError,
+    InvalidInputError,
+    MassChangeError,
+    validate_name,
+)
 from reconcile.core.expected import ExpectedStore
 from reconcile.core.target import KeyRange, repair_turn
 from reconcile.recovery.brake import Brake, BrakeReading, refusal
@@ -129,6 +135,7 @@ def _run_job(
     epoch: int,
     newest: int | None,
     options: SparkRecoverOptions,
+    native: bool,
 ) -> _JobResult:
     """The Spark side: pull, hash, join, count, and (not ``dry_run``) apply from executors."""
     from pyspark.sql import functions as F
@@ -145,7 +152,7 @@ def _run_job(
     # A value that did not convert gets a hash that matches nothing (as in-process).
     flagged = hashed.bitwiseXOR(F.lit(int(_UNCONVERTIBLE)))
     actual = pulled.select(*keys, F.when(F.col(BAD), flagged).otherwise(hashed).alias(ACTUAL))
-    expected = read_state(spark, store.uri, keys, version=store.version_of(epoch))
+    expected = read_state(spark, store.uri, keys, version=store.version_of(epoch), native=native)
     joined = expected.select(*keys, HASH).join(actual, keys, "full_outer")
     kind = (
         F.when(F.col(ACTUAL).isNull(), F.lit("missing"))
@@ -273,6 +280,33 @@ def spark_recover(
     return replace(report, repair_wait_s=turn.waited_s, repair_waited_for=turn.holder)
 
 
+_READERS = ("auto", "delta-spark", "files")
+
+
+def _native_reader(spark: Any, reader: str) -> bool:
+    """Whether the expected state is read by delta-spark (``store_reader``, see the options).
+
+    Raises:
+        InvalidInputError: a reader that is none of ``_READERS``.
+        ConfigurationError: "delta-spark" asked of a session without its JARs.
+    """
+    if reader not in _READERS:
+        raise InvalidInputError(
+            f"store_reader {reader!r}: expected one of {', '.join(_READERS)}; nothing was pulled"
+        )
+    available = delta_jars_available(spark)
+    if reader == "delta-spark" and not available:
+        raise ConfigurationError(
+            "store_reader 'delta-spark': this Spark session does not carry delta-spark's JARs "
+            "(scripts/setup caches them; reconcile.spark.session.local_session puts them on "
+            "the session); use store_reader 'files' or 'auto'; nothing was pulled"
+        )
+    # "auto" prefers Spark's own reader: it plans the read from the log itself
+    # (statistics, no file list through the driver), and is what a user's own
+    # ``format("delta")`` query of the store reads.
+    return reader == "delta-spark" or (reader == "auto" and available)
+
+
 def _recover(
     spark: Any, dsn: str, store: str, pipeline: str, table: str, request: SparkRecoverOptions
 ) -> SparkReport:
@@ -284,6 +318,7 @@ def _recover(
     name = validate_name("sink", request.sink if request.sink is not None else table_name)
     if request.batch_rows < 1:
         raise InvalidInputError(f"batch_rows must be >= 1, got {request.batch_rows}")
+    native = _native_reader(spark, request.store_reader)
     parts = int(request.partitions or spark.sparkContext.defaultParallelism)
     probe = SinkAt(dsn, table_name, table_schema, tuple(keys) if keys else None, name, pipeline)
     target = probe.target(write=False)
@@ -324,7 +359,7 @@ def _recover(
                 pull = PullJob(job_sink, user_schema, shared, ranges)
                 # Enough keys of each kind for the provenance, cut back to ``samples`` after.
                 wide = replace(request, samples=max(request.samples, request.provenance_rows))
-                found = _run_job(spark, pull, expected_store, epoch, newest, wide)
+                found = _run_job(spark, pull, expected_store, epoch, newest, wide, native)
             except Exception as exc:
                 rebuilt = _from_executor(exc)
                 if rebuilt is exc:
@@ -337,7 +372,11 @@ def _recover(
         display = target.display
     finally:
         target.close()
-    reason = f"distributed full pull on Spark: {len(ranges)} key ranges from one snapshot"
+    reason = (
+        f"distributed full pull on Spark: {len(ranges)} key ranges from one snapshot; the "
+        + ("expected state read by delta-spark" if native else "expected state read from the "
+           "store version's data files")
+    )  # fmt: skip
     if behind:
         reason += f"; the sink is behind the store (marker {newest}, store {last})"
     return SparkReport(

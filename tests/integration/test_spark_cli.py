@@ -92,3 +92,26 @@ def test_spark_verify_traces_the_drift_to_its_last_writer(
     assert "foreign" in capsys.readouterr().out  # the table view names the writer too
     assert cli.main(["verify", *base, "--json", "--provenance-rows", "0"]) == 1
     assert json.loads(capsys.readouterr().out)["provenance"] == []
+
+
+def test_the_job_reads_the_store_with_delta_spark_and_the_file_lists_agree(
+    spark: Any, pg_db: str, tmp_path: Path
+) -> None:
+    from reconcile.core.contract import InvalidInputError
+    from reconcile.spark.verify import spark_recover
+
+    setup = make_setup(pg_db, str(tmp_path), "orders", SIMPLE_SCHEMA, SIMPLE_DDL, ["id"])
+    setup.write([{"id": i, "name": f"n{i}", "total": i} for i in range(200)])
+    setup.write([{"id": i, "name": f"m{i}", "total": -i} for i in range(150, 260)])
+    setup.execute("DELETE FROM {t} WHERE id IN (3, 170)")  # one of each epoch
+    setup.execute("UPDATE {t} SET total = 0 WHERE id = 250")
+    found = {}
+    for reader in ("auto", "delta-spark", "files"):
+        report = spark_recover(spark, pg_db, str(tmp_path), "shop", "orders", partitions=2,
+                               store_reader=reader)  # fmt: skip
+        found[reader] = (report.missing, report.extra, report.changed, report.rows_pulled)
+        by = "delta-spark" if reader != "files" else "the store version's data files"
+        assert report.reason.endswith(f"read by {by}" if reader != "files" else f"from {by}")
+    assert set(found.values()) == {(2, 0, 1, 258)}
+    with pytest.raises(InvalidInputError, match="store_reader 'parquet': expected one of"):
+        spark_recover(spark, pg_db, str(tmp_path), "shop", "orders", store_reader="parquet")
