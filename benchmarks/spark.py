@@ -1,12 +1,14 @@
 """Benchmark: the engine on Spark, next to the in-process engine, in one run on the same data.
 
-``python -m benchmarks.spark [--rows N] [--batches B] [--batch-rows R]``
+``python -m benchmarks.spark [--rows N] [--batches B] [--batch-rows R] [--verify-only]``
 
 1. **Verify.** Full verify of an N-row PostgreSQL table (default 10M): in-process
    (COPY into Arrow, numpy hash, Arrow diff) and as a Spark job
    (``spark_recover``) on ``local[2]`` with 1, 2, 4 and 8 pull partitions, and on
    ``local-cluster`` with 1 and 2 workers (executor JVMs in processes of their
    own). Every run must report no drift: the timings are of a real comparison.
+   Then the same job with the expected state read by delta-spark (the
+   default) and by the version's file lists, alternated, side by side.
 2. **Streaming.** The same file stream (B micro-batches of R rows) written by
    ``write_stream`` (exactly-once: staged by executors, store recorded, one
    transaction per sink with its marker) and by a plain at-least-once
@@ -49,6 +51,8 @@ from reconcile.spark.session import local_session  # noqa: E402
 
 PARTITIONS = (1, 2, 4, 8)
 WORKERS = (1, 2)
+READERS = ("delta-spark", "files")  # spark_recover's store_reader, side by side
+READER_ROUNDS = 3
 
 
 def session(master: str) -> Any:
@@ -61,11 +65,14 @@ def session(master: str) -> Any:
     return spark
 
 
-def timed_spark_verify(spark: Any, dsn: str, root: str, table: str, parts: int) -> float:
+def timed_spark_verify(
+    spark: Any, dsn: str, root: str, table: str, parts: int, reader: str = "auto"
+) -> float:
     from reconcile.spark.verify import spark_recover
 
     start = time.perf_counter()
-    report = spark_recover(spark, dsn, root, "bench", table, partitions=parts)
+    report = spark_recover(spark, dsn, root, "bench", table, partitions=parts,
+                           store_reader=reader)  # fmt: skip
     seconds = time.perf_counter() - start
     assert not report.drift, report
     return seconds
@@ -89,8 +96,17 @@ def verify_part(args: argparse.Namespace, dsn: str, root: str, out: dict[str, An
     for parts in PARTITIONS:
         runs[str(parts)] = round(timed_spark_verify(spark, dsn, root, sink.table, parts), 3)
         print(f"spark local[2], {parts} partitions: {runs[str(parts)]}s", flush=True)
-    spark.stop()
     out["local2_by_partitions_s"] = runs
+    # The expected side read by delta-spark (the default) and by the file lists
+    # of the version: alternated, so that both meet the same machine.
+    readers: dict[str, list[float]] = {reader: [] for reader in READERS}
+    for _ in range(READER_ROUNDS):
+        for reader in READERS:
+            readers[reader].append(timed_spark_verify(spark, dsn, root, sink.table, 8, reader))
+    out["store_reader_s"] = {reader: round(min(s), 3) for reader, s in readers.items()}
+    out["load_average_1m"] = round(os.getloadavg()[0], 2)  # what else ran beside it
+    print(f"spark local[2], 8 partitions, by store reader: {out['store_reader_s']}", flush=True)
+    spark.stop()
     cluster = {}
     for workers in WORKERS:
         spark = session(f"local-cluster[{workers},1,2048]")
@@ -236,6 +252,28 @@ def streaming_part(args: argparse.Namespace, dsn: str, out: dict[str, Any]) -> N
     out["streaming"] = runs
 
 
+def _readers(r: dict[str, Any]) -> list[str]:
+    """The store readers side by side (reports from before they were measured have none)."""
+    by = r.get("store_reader_s")
+    if not by:
+        return []
+    return [
+        "### The expected side: delta-spark or the version's file lists",
+        "",
+        f"The same verify, `local[2]` with 8 pull partitions, {READER_ROUNDS} rounds alternating "
+        "the two readers (`spark_recover(..., store_reader=...)`), the fastest of each "
+        f"(load average {r.get('load_average_1m', '?')} after them):",
+        "",
+        "| store reader | seconds |",
+        "|---|---|",
+        *(f"| `{reader}` | {s} |" for reader, s in by.items()),
+        "",
+        f"files / delta-spark: **{round(by['files'] / by['delta-spark'], 3)}** (above 1: "
+        "delta-spark is faster).",
+        "",
+    ]
+
+
 def markdown(r: dict[str, Any]) -> str:
     m = r["machine"]
     lines = [
@@ -257,9 +295,16 @@ def markdown(r: dict[str, Any]) -> str:
     lines += [
         "",
         f"In-process / best Spark `local[2]`: **{r['spark_vs_in_process_ratio']}** (above 1: "
-        "Spark is faster).",
+        "Spark is faster). The rows above read the expected state with delta-spark, "
+        "the default.",
         "",
-        f"## Streaming: {r['batches']} micro-batches of {r['batch_rows']:,} rows",
+        *_readers(r),
+        f"## Streaming: {r['batches']} micro-batches of {r['batch_rows']:,} rows"
+        + (
+            f" (measured {r['streaming_when']}, before the verify above)"
+            if r.get("streaming_when")
+            else ""
+        ),
         "",
         "| trigger | writer | rows/s | write p50 ms | write p95 ms | batch p50 ms | batch p95 ms |",
         "|---|---|---|---|---|---|---|",
@@ -362,6 +407,11 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="run the streaming part only, keeping the verify figures of the last report",
     )
+    parser.add_argument(
+        "--verify-only",
+        action="store_true",
+        help="run the verify part only, keeping the streaming figures of the last report",
+    )
     parser.add_argument("--plot-only", action="store_true",
                         help="run nothing: redraw spark_verify.png from --out's JSON")  # fmt: skip
     args = parser.parse_args(argv)
@@ -388,7 +438,12 @@ def main(argv: list[str] | None = None) -> int:
             result |= {k: v for k, v in last.items() if k not in result and k != "streaming"}
         else:
             verify_part(args, dsn, root, result)
-        streaming_part(args, dsn, result)
+        if args.verify_only:
+            last = json.loads((args.out / "spark_verify.json").read_text())
+            result |= {k: last[k] for k in ("streaming", "batches", "batch_rows") if k in last}
+            result["streaming_when"] = last.get("streaming_when", last["when"])
+        else:
+            streaming_part(args, dsn, result)
     finally:
         server.stop()
         shutil.rmtree(root, ignore_errors=True)
