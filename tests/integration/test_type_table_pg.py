@@ -23,7 +23,6 @@ import datetime as dt
 import itertools
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -39,6 +38,7 @@ from reconcile.recovery import recover
 from sinks.postgres.arrow_types import PG_TYPES, PgType
 from sinks.postgres.factory import postgres_sink
 from tests.fix_pg import PgServer
+from tests.type_samples import Refused, Sample
 
 pytestmark = pytest.mark.integration
 
@@ -52,23 +52,6 @@ HOSTILE = {
 
 SP = dt.timezone(dt.timedelta(hours=-3))
 KOLKATA = dt.timezone(dt.timedelta(hours=5, minutes=30))
-
-
-@dataclass(frozen=True)
-class Sample:
-    """A column type of a row, three values to write, and another value to damage the first."""
-
-    ddl: str
-    values: tuple[Any, Any, Any]
-    damage: Any
-
-
-@dataclass(frozen=True)
-class Refused:
-    """A column type the row refuses, and a value a writer might give for it."""
-
-    ddl: str
-    value: Any
 
 
 U = [uuid.UUID(int=n * 0x1111_1111_1111_1111) for n in (1, 2, 3, 4)]
