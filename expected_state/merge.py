@@ -75,6 +75,10 @@ def apply_changes(base: pa.Table, changes: pa.Table, keys: Sequence[str]) -> pa.
     if base.num_rows:
         base = base.filter(pc.invert(member_mask(base, net, keys)))
     upserts = net if _no_tombstone(net) else net.filter(pc.equal(net.column(OP_COLUMN), "upsert"))
+    if not upserts.schema.equals(base.schema):
+        # Parts written at different times may spell one column's type two ways
+        # (string and large_string, as Delta reads them back): one table, one spelling.
+        upserts = upserts.cast(base.schema)
     return pa.concat_tables([base, upserts])
 
 

@@ -27,22 +27,7 @@ from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.expressions import AlwaysTrue, BooleanExpression, Or
 from pyiceberg.table import Table
 from pyiceberg.table.update import SetPropertiesUpdate
-from pyiceberg.types import (
-    BinaryType,
-    BooleanType,
-    DateType,
-    DecimalType,
-    DoubleType,
-    FixedType,
-    FloatType,
-    IcebergType,
-    IntegerType,
-    LongType,
-    StringType,
-    TimestampType,
-    TimestamptzType,
-    UUIDType,
-)
+from pyiceberg.types import IcebergType
 
 from reconcile.core.conform import SinkColumn
 from reconcile.core.contract import FencedError, InvalidInputError, SinkTxnId
@@ -58,23 +43,17 @@ from sinks.iceberg.tokens import (
     int_property,
     new_transaction,
 )
+from sinks.iceberg.type_table import iceberg_kind
 
 if TYPE_CHECKING:
     from sinks.iceberg.sink import IcebergSink
 
 __all__ = ["IcebergRecoveryTarget", "sink_kind"]
 
-_KINDS: list[tuple[type[IcebergType], str]] = [
-    (BooleanType, "bool"), (IntegerType, "int"), (LongType, "int"), (FloatType, "float4"),
-    (DoubleType, "float8"), (DecimalType, "numeric"), (StringType, "text"), (UUIDType, "uuid"),
-    (DateType, "date"), (TimestamptzType, "timestamptz"), (TimestampType, "timestamp"),
-    (BinaryType, "bytes"), (FixedType, "bytes"),
-]  # fmt: skip
-
 
 def sink_kind(typ: IcebergType) -> str:
-    """The recovery kind of an Iceberg column type."""
-    return next((kind for cls, kind in _KINDS if isinstance(typ, cls)), "other")
+    """The recovery kind of an Iceberg column type (the type table, ``type_table.py``)."""
+    return iceberg_kind(typ)
 
 
 class _Snapshot(NoRowChecksums):

@@ -33,6 +33,7 @@ from reconcile.core.contract import (
     validate_name,
 )
 from reconcile.core.sink import SinkCapabilities
+from reconcile.core.value_forms import with_refused
 from sinks.iceberg import prepared as records
 from sinks.iceberg.fence import committed_outcome, fence_refusal, tidy
 from sinks.iceberg.location import IcebergLocation, parse_uri
@@ -45,6 +46,7 @@ from sinks.iceberg.rows import (
 )
 from sinks.iceberg.tables import create_table, key_columns, load_table
 from sinks.iceberg.tokens import SinkKeys
+from sinks.iceberg.type_table import iceberg_refusal
 from sinks.iceberg.writing import COMMIT_CHECKED, abort_record, commit_intent, record_intent
 from sinks.ownership import WriterBinding
 
@@ -124,7 +126,19 @@ class IcebergSink:
         """The rows' types without ``_epoch``: the table's, else ``schema=``; None before both."""
         table = self.table()
         schema = table.schema().as_arrow() if table is not None else self._schema
-        return None if schema is None else pa.schema([f for f in schema if f.name != EPOCH_COLUMN])
+        if schema is None:
+            return None
+        held = pa.schema([f for f in schema if f.name != EPOCH_COLUMN])
+        if table is None:
+            return held
+        # The columns of a type the engine cannot hold, named for the store to refuse
+        # before anything is written (the type table, type_table.py).
+        refused = {}
+        for field in table.schema().fields:
+            why = iceberg_refusal(field.field_type)
+            if why is not None and field.name != EPOCH_COLUMN:
+                refused[field.name] = why
+        return with_refused(held, refused)
 
     def bind(self, writer: WriterIdentity) -> None:
         """Serve ``writer`` (idempotent); the catalog is reached now, so a bad one fails at start.

@@ -21,9 +21,14 @@ DateTime                                   timestamp[us] (tz=UTC if timezone)
 LargeBinary, BLOB, BYTEA                   binary
 =========================================  ====================================
 
-Other types (JSON, Interval, Time, arrays, ...) have no type the row hash takes
-and are left out: the store infers them from the values and refuses those it
-cannot hash. ``_epoch``, which the sink writes itself, is left out too.
+On MySQL and MariaDB the table is ``mariadb_types.MARIADB_TYPES`` instead (the
+one ``docs/types.md`` shows): it also names each column's value form, and the
+columns of a type the engine cannot hold are named, with why, in the schema's
+metadata, for the store to refuse before anything is written.
+
+Elsewhere, other types (JSON, Interval, Time, arrays, ...) have no type the row
+hash takes and are left out: the store infers them from the values and refuses
+those it cannot hash. ``_epoch``, which the sink writes itself, is left out too.
 """
 
 from __future__ import annotations
@@ -32,12 +37,17 @@ from typing import Any
 
 import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
 import sqlalchemy as sa
+from sqlalchemy.dialects import mysql
 
 from reconcile.core.decimals import arrow_decimal_type
+from reconcile.core.value_forms import with_form, with_refused
 
-__all__ = ["arrow_type", "is_boolean", "table_arrow_schema"]
+from .mariadb_types import mariadb_arrow_type, mariadb_form, mariadb_refusal
+
+__all__ = ["MARIADB_DIALECTS", "arrow_type", "is_boolean", "table_arrow_schema"]
 
 EPOCH_COLUMN = "_epoch"
+MARIADB_DIALECTS = frozenset({"mysql", "mariadb"})
 
 
 def _decimal(t: sa.Numeric[Any]) -> pa.DataType | None:
@@ -65,6 +75,8 @@ def is_boolean(t: sa.types.TypeEngine[Any], dialect: str) -> bool:
 def arrow_type(column: sa.Column[Any], dialect: str) -> pa.DataType | None:
     """The Arrow type that holds every value of ``column`` exactly; None if there is none."""
     t = column.type
+    if dialect in MARIADB_DIALECTS:
+        return mariadb_arrow_type(t)
     if is_boolean(t, dialect):
         return pa.bool_()
     if isinstance(t, sa.Integer):
@@ -94,13 +106,33 @@ def arrow_type(column: sa.Column[Any], dialect: str) -> pa.DataType | None:
     return None
 
 
+def _spelled(column: sa.Column[Any], mariadb: bool) -> str:
+    # The generic str() drops what errors must name on MariaDB: DATETIME(3)'s precision.
+    return column.type.compile(dialect=mysql.dialect()) if mariadb else str(column.type)
+
+
 def table_arrow_schema(table: sa.Table, dialect: str) -> pa.Schema:
-    """The columns a writer gives, as Arrow types, each with its SQL type as ``sql_type``."""
+    """The columns a writer gives, as Arrow types, each with its SQL type as ``sql_type``.
+
+    On MySQL and MariaDB, a column with a value form names it, and the columns
+    of a type the engine cannot hold are named in the schema's metadata
+    (``reconcile.core.value_forms.refused_columns``).
+    """
     fields = []
+    refused = {}
+    mariadb = dialect in MARIADB_DIALECTS
     for column in table.columns:
         if column.name == EPOCH_COLUMN or column.computed is not None:
             continue
         dtype = arrow_type(column, dialect)
-        if dtype is not None:
-            fields.append(pa.field(column.name, dtype, metadata={"sql_type": str(column.type)}))
-    return pa.schema(fields)
+        # A type SQLAlchemy does not know (INET6) reflects as NullType, whose str is "NULL".
+        unknown = isinstance(column.type, sa.types.NullType)
+        sql_type = "a type SQLAlchemy does not know" if unknown else _spelled(column, mariadb)
+        if dtype is None:
+            if mariadb:
+                refused[column.name] = f"{sql_type} ({mariadb_refusal(column.type)})"
+            continue
+        field = pa.field(column.name, dtype, metadata={"sql_type": sql_type})
+        fields.append(with_form(field, mariadb_form(column.type)) if mariadb else field)
+    schema = pa.schema(fields)
+    return with_refused(schema, refused) if refused else schema

@@ -30,7 +30,7 @@ from reconcile.core.contract import (
 from reconcile.core.target import KeyRange, Progress, Repair, RepairTurn
 from sinks.objects.sql_state import create_scope_keys
 
-from .arrow_types import is_boolean
+from .arrow_types import MARIADB_DIALECTS, is_boolean
 from .repair_turn import sql_repair_turn
 from .rows import EPOCH_COLUMN, write_rows
 from .sessions import mark_session
@@ -49,7 +49,10 @@ def sink_kind(column: sa.Column[Any], dialect: str) -> str:
     if isinstance(t, sa.Integer):
         return "int"
     if isinstance(t, sa.Float):
-        # REAL is 4 bytes in PostgreSQL, 8 in SQLite (its only float).
+        # REAL is 4 bytes in PostgreSQL, 8 in SQLite (its only float) and in MariaDB,
+        # whose FLOAT is the 4-byte one.
+        if dialect in MARIADB_DIALECTS:
+            return "float4" if type(t).__name__ == "FLOAT" else "float8"
         return "float4" if isinstance(t, sa.REAL) and dialect != "sqlite" else "float8"
     if isinstance(t, sa.Numeric):
         return "numeric"
@@ -66,7 +69,7 @@ def sink_kind(column: sa.Column[Any], dialect: str) -> str:
     name = type(t).__name__.upper()
     if name in ("REAL", "DOUBLE", "DOUBLE_PRECISION"):
         return "float8"
-    if name in ("BLOB", "BYTEA"):
+    if name in ("BLOB", "BYTEA", "BINARY", "VARBINARY", "TINYBLOB", "MEDIUMBLOB", "LONGBLOB"):
         return "bytes"
     return "other"
 
@@ -106,6 +109,13 @@ class _Snapshot:
 
     def _column(self, field: pa.Field) -> sa.ColumnElement[Any]:
         column: sa.Column[Any] = self.table.c[str(field.name)]
+        if pa.types.is_float32(field.type) and self.conn.dialect.name in MARIADB_DIALECTS:
+            # MariaDB sends a FLOAT as text rounded to 6 digits, which is not the float
+            # it holds; as a double (exact from a float) it is.
+            widened: sa.ColumnElement[float] = sa.type_coerce(
+                column + sa.literal_column("0e0"), sa.Double(asdecimal=False)
+            )
+            return widened.label(str(field.name))
         if pa.types.is_floating(field.type) and getattr(column.type, "asdecimal", False):
             # MariaDB's DOUBLE and FLOAT reflect as types that hand back a Decimal
             # rounded to ten digits: read as the server's own binary float instead.

@@ -2,9 +2,19 @@
 
 from __future__ import annotations
 
+import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
+from sqlalchemy.dialects import mysql
+
 from reconcile.core.checksum import KINDS
+from reconcile.core.value_forms import ValueForm
 from sinks.postgres import schema
 from sinks.postgres.arrow_types import PG_TYPES, recovery_kind
+from sinks.sql.mariadb_types import (
+    MARIADB_TYPES,
+    mariadb_arrow_type,
+    mariadb_form,
+    mariadb_refusal,
+)
 from sinks.types_doc import PAGE, main, render
 
 
@@ -29,3 +39,24 @@ def test_the_page_names_each_form_the_code_applies() -> None:
     for row in ("| jsonb | string |", "| uuid | string |", "| char(n), character(n), bpchar |"):
         assert row in page
     assert "form `bpchar(n)`" in page and "form `uuid`" in page and "form `jsonb`" in page
+
+
+def test_the_mariadb_table_is_a_section_the_code_reads() -> None:
+    page = render()
+    assert "## PostgreSQL" in page and "## MariaDB and MySQL" in page
+    for row in ("| CHAR(n) | string |", "| BINARY(n) | binary |", "| SET | the server"):
+        assert row in page
+    # The registry is what the sink's schema comes from (sinks.sql.arrow_types).
+    assert mariadb_arrow_type(mysql.INTEGER(unsigned=True)) == pa.int64()
+    assert mariadb_arrow_type(mysql.FLOAT()) == pa.float32()
+    assert mariadb_arrow_type(mysql.FLOAT(precision=10, scale=2)) is None
+    assert mariadb_form(mysql.DATETIME()) == ValueForm("fraction", 0)
+    assert mariadb_form(mysql.TIMESTAMP(fsp=6)) is None
+    assert mariadb_form(mysql.CHAR(4)) == ValueForm("rtrim", 4)
+    assert mariadb_form(mysql.TINYINT(display_width=1)) is None
+    assert mariadb_arrow_type(mysql.TINYINT(display_width=1)) == pa.bool_()
+    assert mariadb_refusal(mysql.SET("a")) == next(
+        e.doc.refused for e in MARIADB_TYPES if e.doc.sql == "SET"
+    )
+    assert mariadb_refusal(mysql.DECIMAL(65, 30)) is not None
+    assert mariadb_refusal(mysql.DECIMAL(38, 2)) is None
