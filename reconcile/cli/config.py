@@ -257,13 +257,24 @@ def _store_root(store: TableReader, base: Path) -> str:
 
 
 def _retention(reader: TableReader, key: str) -> int | None:
-    """A store retention in hours: a whole number >= 0 (None: not given)."""
+    """A store retention in hours: a whole number >= 1 (None: not given)."""
     hours = reader.get(key, (int, float))
     if hours is None:
         return None
     if not (hours >= 0 and float(hours).is_integer()):
         # deltalake's vacuum counts whole hours: 0.5 would silently become 0.
-        raise reader.error(f"expected a whole number of hours >= 0, got {hours!r}", key)
+        raise reader.error(f"expected a whole number of hours >= 1, got {hours!r}", key)
+    if hours < 1:
+        # The housekeeping of a running pipeline vacuums while Spark executors
+        # may be writing the next micro-batch's change files, which no version
+        # references until the driver commits them: with 0 hours they could be
+        # deleted before that commit. Only retention protects them.
+        raise reader.error(
+            "expected a whole number of hours >= 1, got 0: a running pipeline's housekeeping "
+            "would delete change files written for an epoch not yet committed (run the "
+            "store's vacuum(retention_hours=0) by hand, with no writer running, instead)",
+            key,
+        )
     return int(hours)
 
 

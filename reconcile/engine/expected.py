@@ -83,8 +83,8 @@ class ExpectedState(SinkSchemas):
         schemas: sink name -> the store table's schema (keys and values, Arrow
             types), optional. See below.
         retention_hours: how long the housekeeping between epochs keeps a file
-            that no version it keeps references (whole hours, >= 0; default
-            24): ``ExpectedStateStore.vacuum``'s ``retention_hours``.
+            no kept version references (``vacuum``'s, whole hours, default 24);
+            0 deletes change files Spark executors write while it runs.
 
     Where each store table's column types come from (they are fixed once the
     table exists: the row hash depends on them):

@@ -45,8 +45,8 @@ def test_the_retention_is_the_stores_default_then_the_files_then_the_pipelines(
 ) -> None:
     assert load(tmp_path) == {"orders": DEFAULT_RETENTION_HOURS, "audit": DEFAULT_RETENTION_HOURS}
     assert load(tmp_path, store="retention_hours = 6") == {"orders": 6, "audit": 6}
-    both = load(tmp_path, store="retention_hours = 6", pipeline="store_retention_hours = 0")
-    assert both == {"orders": 0, "audit": 6}
+    both = load(tmp_path, store="retention_hours = 6", pipeline="store_retention_hours = 1")
+    assert both == {"orders": 1, "audit": 6}
     assert load(tmp_path, pipeline="store_retention_hours = 2.0") == {"orders": 2, "audit": 24}
 
 
@@ -54,11 +54,14 @@ def test_the_retention_is_the_stores_default_then_the_files_then_the_pipelines(
     ("store", "pipeline", "expected"),
     [
         ("", "store_retention_hours = -1",
-         "pipelines.orders.store_retention_hours: expected a whole number of hours >= 0, got -1"),
+         "pipelines.orders.store_retention_hours: expected a whole number of hours >= 1, got -1"),
         ("", "store_retention_hours = 0.5",
-         "pipelines.orders.store_retention_hours: expected a whole number of hours >= 0, got 0.5"),
+         "pipelines.orders.store_retention_hours: expected a whole number of hours >= 1, got 0.5"),
+        ("", "store_retention_hours = 0",
+         "pipelines.orders.store_retention_hours: expected a whole number of hours >= 1, got 0: "
+         "a running pipeline's housekeeping would delete change files written for an epoch"),
         ("retention_hours = nan", "",
-         "store.retention_hours: expected a whole number of hours >= 0, got nan"),
+         "store.retention_hours: expected a whole number of hours >= 1, got nan"),
         ("retention_hours = inf", "", "store.retention_hours: expected a whole number of hours"),
         ("", 'store_retention_hours = "24h"',
          "pipelines.orders.store_retention_hours: expected an integer or a number, got string"),
