@@ -22,6 +22,7 @@ from reconcile import CommitCycle, CommitSucceeded, EpochStatus
 from reconcile.cli import main
 from reconcile.engine.expected import ExpectedState
 from sinks.memory import MemorySink, MemoryStore
+from tests.fix_s3 import S3Endpoint
 
 pytestmark = pytest.mark.integration
 
@@ -183,3 +184,42 @@ def test_the_commit_cycle_vacuums_with_the_pipelines_retention(tmp_path: Path) -
     assert expected_figures(table)["retained"] == 0
     snapshot = ExpectedStateStore(str(root), "shop", "orders", ["k"]).snapshot()
     assert dict(zip(*(snapshot.column(c).to_pylist() for c in ("k", "v")), strict=True)) == state
+
+
+def test_status_shows_the_disk_use_of_a_store_on_s3(
+    s3_endpoint: S3Endpoint, s3_bucket: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = f"s3://{s3_bucket}/expected"
+    store = ExpectedStateStore(root, "shop", "orders", ["k"], schema=SCHEMA)
+    progress = StoreProgressLog(root, "shop")
+    generation = progress.claim_generation()
+    for e in range(4):
+        store.apply(e, pa.table({"k": [e, 10 + e], "v": [e, e], "_op": ["upsert"] * 2}))
+        progress.mark_many([(e, EpochStatus.DECIDED), (e, EpochStatus.COMMITTED)], generation)
+    store.compact_changes()
+    ahead = store.normalize(pa.table({"k": [1], "v": [1], "_op": ["upsert"]}))
+    assert store.write_ahead(4, ahead) is not None  # never committed: retained
+    # The bucket's objects copied to a folder, classified there as for a local store.
+    client = s3_endpoint.client()
+    prefix = "expected/shop/orders/"
+    copy = tmp_path / "copy"
+    for page in client.get_paginator("list_objects_v2").paginate(Bucket=s3_bucket, Prefix=prefix):
+        for item in page.get("Contents", []):
+            if item["Key"].endswith("/"):
+                assert item["Size"] == 0  # a folder's marker, no file
+                continue
+            target = copy / item["Key"].removeprefix(prefix)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(client.get_object(Bucket=s3_bucket, Key=item["Key"])["Body"].read())
+    want = expected_figures(copy)
+    assert want["history"] > 0 and want["retained"] > 0 and want["live"] > 0, want
+
+    def objects() -> list[tuple[str, str]]:
+        listed = client.list_objects_v2(Bucket=s3_bucket).get("Contents", [])
+        return sorted((o["Key"], o["ETag"]) for o in listed)
+
+    before = objects()
+    assert main(["status", "--store", root, "--pipeline", "shop", "--json"]) == 0
+    assert objects() == before  # read-only on S3 too
+    got = json.loads(capsys.readouterr().out)["disk"]["tables"]["orders"]
+    assert {k: got[k] for k in want} == want
