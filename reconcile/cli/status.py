@@ -230,15 +230,17 @@ def _rebuild_state(root: str, pipeline: str) -> dict[str, Any] | None:
 
 def _disk_state(root: str, pipeline: str) -> dict[str, Any]:
     """The store's disk use, in bytes: each of the pipeline's tables, their total, ``_epochs``."""
+    from deltalake.exceptions import DeltaError
+
     from expected_state.disk_use import DiskUse, pipeline_disk_use, table_disk_use
 
     try:
         tables = pipeline_disk_use(root, pipeline)
         epochs = table_disk_use(f"{root.rstrip('/')}/_epochs", store_layout=False)
-    except OSError as exc:
-        # A status that cannot list the store (an object store refusing the
+    except (OSError, DeltaError) as exc:
+        # A status that cannot read the store's tables (an object store refusing the
         # listing) still shows the progress it read: the disk use says why not.
-        return {"error": f"not shown: the store's files cannot be listed ({exc})"}
+        return {"error": f"not shown: the store's log or files cannot be read ({exc})"}
     total = sum(tables.values(), DiskUse())
     return {
         "tables": {sink: use.as_dict() for sink, use in tables.items()},

@@ -228,3 +228,20 @@ def test_status_shows_the_disk_use_of_a_store_on_s3(
     assert objects() == before  # read-only on S3 too
     got = json.loads(capsys.readouterr().out)["disk"]["tables"]["orders"]
     assert {k: got[k] for k in want} == want
+
+
+def test_a_store_table_that_cannot_be_read_leaves_the_rest_of_status_shown(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = tmp_path / "expected"
+    progress = StoreProgressLog(str(root), "shop")
+    progress.claim_generation()
+    log = root / "shop" / "orders" / "_delta_log"
+    log.mkdir(parents=True)
+    (log / f"{0:020d}.json").write_text("not a Delta commit\n")
+    before = listing(tmp_path)
+    assert main(["status", "--store", str(root), "--pipeline", "shop", "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert got["generation"] == 1
+    assert got["disk"]["error"].startswith("not shown: the store's log or files cannot be read")
+    assert listing(tmp_path) == before
