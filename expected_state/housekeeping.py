@@ -31,9 +31,12 @@ __all__ = [
 #  * the versions of the last DEFAULT_KEEP_EPOCHS epochs are kept, and every
 #    epoch from `keep_from_epoch` on (the caller passes the last epoch verified
 #    against the sink: scoped recovery diffs against it via changed_keys());
-#  * files no version references (crash orphans, a fenced writer's leftovers)
-#    are deleted only once older than `retention_hours`, so an apply() that is
-#    between its file writes and its commit never loses its files.
+#  * files no kept version references (those a merge or a compaction rewrote
+#    before the kept window, crash orphans, a fenced writer's leftovers) are
+#    deleted only once older than `retention_hours`, so an apply() that is
+#    between its file writes and its commit never loses its files, and a reader
+#    of a version older than the window keeps them that long. The versions above
+#    are kept by epoch, whatever their age: the retention protects nothing else.
 DEFAULT_KEEP_EPOCHS = 10
 DEFAULT_RETENTION_HOURS = 24
 # maintain(): a checkpoint every 10 commits keeps the log replay of each epoch's

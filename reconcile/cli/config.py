@@ -36,6 +36,10 @@ from reconcile.cli.config_read import (
 from reconcile.cli.config_run import RunSettings, read_run
 from reconcile.core.contract import ConfigurationError
 
+# The store's own default (expected_state.housekeeping), restated: the CLI's
+# config model imports nothing of the store to load a file.
+DEFAULT_RETENTION_HOURS = 24
+
 __all__ = [
     "Config",
     "ConfigFileError",
@@ -90,6 +94,9 @@ class PipelineConfig:
     """A pipeline: its sink tables (in file order), its store root and its progress log.
 
     ``run`` is how ``reconcile run`` streams it (its ``run`` table), or None.
+    ``store_retention_hours`` is how long its store's housekeeping keeps a file
+    that no version it keeps references (``store_retention_hours``, else the
+    ``[store]`` table's ``retention_hours``, else 24).
     """
 
     name: str
@@ -97,6 +104,7 @@ class PipelineConfig:
     progress: Path | None
     sinks: tuple[SinkTableConfig, ...]
     run: RunSettings | None = None
+    store_retention_hours: int = DEFAULT_RETENTION_HOURS
 
     def sink(self, name: str) -> SinkTableConfig:
         """The sink table ``name``.
@@ -224,6 +232,7 @@ def load_config(path: str | os.PathLike[str], *, env: Mapping[str, str] | None =
     base = file.parent
     store = top.table("store")
     default_store = _store_root(store, base) if store else None
+    retention = _retention(store, "retention_hours") if store else None
     if store:
         store.done()
     metrics = _metrics(top.table("metrics"), base)
@@ -233,27 +242,55 @@ def load_config(path: str | os.PathLike[str], *, env: Mapping[str, str] | None =
     if pipelines_table is None or not pipelines_table.data:
         raise top.error("at least one pipeline is required ([pipelines.NAME])", "pipelines")
     pipelines = tuple(
-        _pipeline(pipelines_table, name, default_store, base, environ)
+        _pipeline(pipelines_table, name, default_store, retention, base, environ)
         for name in list(pipelines_table.data)
     )
     return Config(file, pipelines, metrics, logs)
 
 
 def _store_root(store: TableReader, base: Path) -> str:
-    store.only("root")
+    store.only("root", "retention_hours")
     root = store.get("root", str, required=True)
     if not root:
         raise store.error("must not be empty", "root")
     return local_path(root, base)
 
 
+def _retention(reader: TableReader, key: str) -> int | None:
+    """A store retention in hours: a whole number >= 1 (None: not given)."""
+    hours = reader.get(key, (int, float))
+    if hours is None:
+        return None
+    if not (hours >= 0 and float(hours).is_integer()):
+        # deltalake's vacuum counts whole hours: 0.5 would silently become 0.
+        raise reader.error(f"expected a whole number of hours >= 1, got {hours!r}", key)
+    if hours < 1:
+        # The housekeeping of a running pipeline vacuums while Spark executors
+        # may be writing the next micro-batch's change files, which no version
+        # references until the driver commits them: with 0 hours they could be
+        # deleted before that commit. Only retention protects them.
+        raise reader.error(
+            "expected a whole number of hours >= 1, got 0: a running pipeline's housekeeping "
+            "would delete change files written for an epoch not yet committed (run the "
+            "store's vacuum(retention_hours=0) by hand, with no writer running, instead)",
+            key,
+        )
+    return int(hours)
+
+
 def _pipeline(
-    pipelines: TableReader, name: str, store: str | None, base: Path, env: Mapping[str, str]
+    pipelines: TableReader,
+    name: str,
+    store: str | None,
+    retention: int | None,
+    base: Path,
+    env: Mapping[str, str],
 ) -> PipelineConfig:
     check_name(pipelines, "pipeline", name)
     reader = pipelines.table(name)
     assert reader is not None
-    reader.only("store", "progress", "sinks", "run")
+    reader.only("store", "progress", "sinks", "run", "store_retention_hours")
+    own_retention = _retention(reader, "store_retention_hours")
     own_store = reader.get("store", str)
     root = local_path(own_store, base) if own_store else store
     if root is None:
@@ -286,7 +323,8 @@ def _pipeline(
             (sinks_table.key(f"{s.name}.{s.connection.kind}"), s.connection) for s in sinks
         ]
         run = read_run(run_table, base, connections, env)
-    return PipelineConfig(name, root, progress, tuple(sinks), run)
+    hours = next((h for h in (own_retention, retention) if h is not None), DEFAULT_RETENTION_HOURS)
+    return PipelineConfig(name, root, progress, tuple(sinks), run, hours)
 
 
 def _sink(

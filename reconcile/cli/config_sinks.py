@@ -87,7 +87,8 @@ def cycle_builder(
         # Read at each build: a rebuild may switch the logic while a standby waits.
         logic = run_logic(pipeline)
         keys = {sink.name: list(sink.keys) for sink in pipeline.sinks}
-        expected = ExpectedState(pipeline.store, pipeline.name, keys)
+        expected = ExpectedState(pipeline.store, pipeline.name, keys,
+                                 retention_hours=pipeline.store_retention_hours)  # fmt: skip
         sinks = [table_sink_of(sink) for sink in pipeline.sinks]
         return CommitCycle(pipeline.name, sinks, expected_state=expected, metrics=metrics,
                            logic_version=logic)  # fmt: skip

@@ -10,10 +10,11 @@ A pipeline keeps its progress log in one of two places, and ``status`` reads bot
 ``--config FILE`` takes the place from the config file: the pipeline's
 ``progress`` folder if it names one, else its store. Where the store is known
 (``--store``, ``--config``), the pipeline's newest rebuild is shown too: an
-unfinished one blocks every writer, which ``status`` says, with what to run. Either way ``status``
-only reads: it creates no folder, no table and no generation, and repairs
-nothing (a torn last line of a file log is reported, not cut). A place or a
-pipeline that is not there exits 2 and names what is there.
+unfinished one blocks every writer, which ``status`` says, with what to run, and so is the
+store's disk use, table by table (``expected_state.disk_use``: live, change, history and
+retained files, and the Delta log). Either way ``status`` only reads: it creates no folder,
+no table and no generation, and repairs nothing (a torn last line of a file log is reported,
+not cut). A place or a pipeline that is not there exits 2 and names what is there.
 """
 
 from __future__ import annotations
@@ -178,6 +179,7 @@ def run_status(args: argparse.Namespace) -> int:
     }
     if where.store is not None:
         summary["rebuild"] = _rebuild_state(where.store, where.pipeline)
+        summary["disk"] = _disk_state(where.store, where.pipeline)
     torn = False
     if where.kind == "file":
         log_file = Path(where.place) / f"{where.pipeline}.progress.jsonl"
@@ -193,10 +195,12 @@ def run_status(args: argparse.Namespace) -> int:
         print(json.dumps(summary))
         return 0
     for key, value in summary.items():
-        if key not in ("postgres", "rebuild"):
+        if key not in ("postgres", "rebuild", "disk"):
             print(f"{key}: {value}")
     if summary.get("rebuild") is not None:
         print(_rebuild_line(summary["rebuild"]))
+    if "disk" in summary:
+        _print_disk(summary["disk"])
     if torn:
         print("note: the log's last line is torn (a crash mid-write); it was ignored, not repaired")
     if "postgres" in summary:
@@ -222,6 +226,51 @@ def _rebuild_state(root: str, pipeline: str) -> dict[str, Any] | None:
         "generation": newest.generation,
         "describe": newest.describe(),
     }
+
+
+def _disk_state(root: str, pipeline: str) -> dict[str, Any]:
+    """The store's disk use, in bytes: each of the pipeline's tables, their total, ``_epochs``."""
+    from deltalake.exceptions import DeltaError
+
+    from expected_state.disk_use import DiskUse, pipeline_disk_use, table_disk_use
+
+    try:
+        tables = pipeline_disk_use(root, pipeline)
+        epochs = table_disk_use(f"{root.rstrip('/')}/_epochs", store_layout=False)
+    except (OSError, DeltaError) as exc:
+        # A status that cannot read the store's tables (an object store refusing the
+        # listing) still shows the progress it read: the disk use says why not.
+        return {"error": f"not shown: the store's log or files cannot be read ({exc})"}
+    total = sum(tables.values(), DiskUse())
+    return {
+        "tables": {sink: use.as_dict() for sink, use in tables.items()},
+        "total": total.as_dict(),
+        "epochs_table": epochs.as_dict() if epochs is not None else None,
+    }
+
+
+def _mb(size: int) -> str:
+    return f"{size / 1e6:,.1f} MB"
+
+
+def _disk_line(name: str, use: dict[str, int]) -> str:
+    figures = ", ".join(
+        f"{k} {_mb(use[k])}" for k in ("live", "change", "history", "retained", "log")
+    )
+    return f"  {name}: {_mb(use['total'])} ({figures})"
+
+
+def _print_disk(disk: dict[str, Any]) -> None:
+    if "error" in disk:
+        print(f"disk: {disk['error']}")
+        return
+    print("disk (live: base and merged files; change: files of single epochs; history: kept for "
+          "older versions; retained: kept only until vacuum's retention passes):")  # fmt: skip
+    for sink, use in disk["tables"].items():
+        print(_disk_line(sink, use))
+    print(_disk_line("total", disk["total"]))
+    if disk["epochs_table"] is not None:
+        print(_disk_line("_epochs (the store's, shared by its pipelines)", disk["epochs_table"]))
 
 
 def _rebuild_line(rebuild: dict[str, Any]) -> str:

@@ -19,6 +19,7 @@ import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
 
 from expected_state.changes import EpochChanges
 from expected_state.epoch_file import EpochFile
+from expected_state.housekeeping import DEFAULT_RETENTION_HOURS
 from expected_state.progress_log import StoreProgressLog
 from expected_state.store import ExpectedStateStore
 from reconcile.core import hooks
@@ -81,6 +82,9 @@ class ExpectedState(SinkSchemas):
             crash is replayed from the outputs, as without a store).
         schemas: sink name -> the store table's schema (keys and values, Arrow
             types), optional. See below.
+        retention_hours: how long the housekeeping between epochs keeps a file
+            no kept version references (``vacuum``'s, whole hours, default 24);
+            0 deletes change files Spark executors write while it runs.
 
     Where each store table's column types come from (they are fixed once the
     table exists: the row hash depends on them):
@@ -119,6 +123,7 @@ class ExpectedState(SinkSchemas):
         keys: Mapping[str, Sequence[str]],
         *,
         schemas: Mapping[str, pa.Schema] | None = None,
+        retention_hours: int = DEFAULT_RETENTION_HOURS,
     ) -> None:
 
         self.root = str(root)
@@ -129,6 +134,12 @@ class ExpectedState(SinkSchemas):
                 "one sink (keys={'<sink>': ['<column>', ...]})"
             )
         self.keys = {validate_name("sink", s): list(k) for s, k in keys.items()}
+        if type(retention_hours) is not int or retention_hours < 0:  # bool is refused too
+            raise ConfigurationError(
+                f"pipeline {pipeline!r}: retention_hours must be a whole number of hours >= 0, "
+                f"got {retention_hours!r}"
+            )
+        self.retention_hours = retention_hours
         self.schemas = dict(schemas or {})
         unknown = sorted(set(self.schemas) - set(self.keys))
         if unknown:
@@ -329,7 +340,9 @@ class ExpectedState(SinkSchemas):
             if store.user_schema is None:
                 continue
             try:
-                done[sink] = store.maintain(keep_from_epoch=verified_epoch)
+                done[sink] = store.maintain(
+                    keep_from_epoch=verified_epoch, retention_hours=self.retention_hours
+                )
             except ReconcileError as exc:
                 log.warning("pipeline %s: housekeeping of the expected state of %s deferred: %s",
                             self.pipeline, sink, exc)  # fmt: skip
