@@ -43,13 +43,10 @@ from typing import Any, Unpack
 
 import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
 
-from expected_state.spark_bridge import delta_jars_available
-from expected_state.spark_state import read_state
 from expected_state.store import ExpectedStateStore
 from reconcile.core import errors, hooks, interrupts
 from reconcile.core.conform import _UNCONVERTIBLE, check_columns
 from reconcile.core.contract import (
-    ConfigurationError,
     InvalidInputError,
     MassChangeError,
     validate_name,
@@ -63,6 +60,7 @@ from reconcile.recovery.report import ReconcileReport
 from reconcile.recovery.source import ExpectedSource
 from reconcile.spark.hashing import row_hash_column
 from reconcile.spark.options import SparkRecoverKeywords, SparkRecoverOptions
+from reconcile.spark.store_reader import expected_side, native_reader
 from reconcile.spark.tasks import ACTUAL, BAD, HASH, KIND, ApplyJob, PullJob, SinkAt
 from reconcile.spark.tasks import apply as apply_task
 from reconcile.spark.tasks import pull as pull_task
@@ -119,6 +117,7 @@ class SparkReport(ReconcileReport):
 
 @dataclass
 class _JobResult:
+    reader: str  # how the expected state was read, as the report's reason says it
     counted: dict[str, int]
     rows_pulled: int
     samples: dict[str, list[dict[str, Any]]]
@@ -152,7 +151,7 @@ def _run_job(
     # A value that did not convert gets a hash that matches nothing (as in-process).
     flagged = hashed.bitwiseXOR(F.lit(int(_UNCONVERTIBLE)))
     actual = pulled.select(*keys, F.when(F.col(BAD), flagged).otherwise(hashed).alias(ACTUAL))
-    expected = read_state(spark, store.uri, keys, version=store.version_of(epoch), native=native)
+    expected, result_reader = expected_side(spark, store, keys, epoch, native, options.store_reader)
     joined = expected.select(*keys, HASH).join(actual, keys, "full_outer")
     kind = (
         F.when(F.col(ACTUAL).isNull(), F.lit("missing"))
@@ -173,6 +172,7 @@ def _run_job(
         counted = {r[KIND]: int(r["n"]) for r in figures if r[KIND] is not None}
         diff = classified.where(F.col(KIND).isNotNull()).select(*keys, KIND)
         result = _JobResult(
+            reader=result_reader,
             counted=counted,
             rows_pulled=sum(int(r["p"] or 0) for r in figures),
             samples={
@@ -280,33 +280,6 @@ def spark_recover(
     return replace(report, repair_wait_s=turn.waited_s, repair_waited_for=turn.holder)
 
 
-_READERS = ("auto", "delta-spark", "files")
-
-
-def _native_reader(spark: Any, reader: str) -> bool:
-    """Whether the expected state is read by delta-spark (``store_reader``, see the options).
-
-    Raises:
-        InvalidInputError: a reader that is none of ``_READERS``.
-        ConfigurationError: "delta-spark" asked of a session without its JARs.
-    """
-    if reader not in _READERS:
-        raise InvalidInputError(
-            f"store_reader {reader!r}: expected one of {', '.join(_READERS)}; nothing was pulled"
-        )
-    available = delta_jars_available(spark)
-    if reader == "delta-spark" and not available:
-        raise ConfigurationError(
-            "store_reader 'delta-spark': this Spark session does not carry delta-spark's JARs "
-            "(scripts/setup caches them; reconcile.spark.session.local_session puts them on "
-            "the session); use store_reader 'files' or 'auto'; nothing was pulled"
-        )
-    # "auto" prefers Spark's own reader: it plans the read from the log itself
-    # (statistics, no file list through the driver), and is what a user's own
-    # ``format("delta")`` query of the store reads.
-    return reader == "delta-spark" or (reader == "auto" and available)
-
-
 def _recover(
     spark: Any, dsn: str, store: str, pipeline: str, table: str, request: SparkRecoverOptions
 ) -> SparkReport:
@@ -318,7 +291,7 @@ def _recover(
     name = validate_name("sink", request.sink if request.sink is not None else table_name)
     if request.batch_rows < 1:
         raise InvalidInputError(f"batch_rows must be >= 1, got {request.batch_rows}")
-    native = _native_reader(spark, request.store_reader)
+    native = native_reader(spark, request.store_reader)
     parts = int(request.partitions or spark.sparkContext.defaultParallelism)
     probe = SinkAt(dsn, table_name, table_schema, tuple(keys) if keys else None, name, pipeline)
     target = probe.target(write=False)
@@ -374,9 +347,8 @@ def _recover(
         target.close()
     reason = (
         f"distributed full pull on Spark: {len(ranges)} key ranges from one snapshot; the "
-        + ("expected state read by delta-spark" if native else "expected state read from the "
-           "store version's data files")
-    )  # fmt: skip
+        f"expected state read {found.reader}"
+    )
     if behind:
         reason += f"; the sink is behind the store (marker {newest}, store {last})"
     return SparkReport(

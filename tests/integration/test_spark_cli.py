@@ -10,7 +10,17 @@ import pyarrow.parquet as pq
 import pytest
 
 from reconcile.cli import command as cli
-from tests.recovery_setup import SIMPLE_DDL, SIMPLE_SCHEMA, expected_rows, make_setup, sink_rows
+from tests.recovery_setup import (
+    SIMPLE_DDL,
+    SIMPLE_SCHEMA,
+    TYPES_DDL,
+    TYPES_KEYS,
+    TYPES_SCHEMA,
+    expected_rows,
+    make_setup,
+    sink_rows,
+    types_row,
+)
 
 # The CLI with --spark: a Spark session in each subprocess.
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
@@ -115,3 +125,27 @@ def test_the_job_reads_the_store_with_delta_spark_and_the_file_lists_agree(
     assert set(found.values()) == {(2, 0, 1, 258)}
     with pytest.raises(InvalidInputError, match="store_reader 'parquet': expected one of"):
         spark_recover(spark, pg_db, str(tmp_path), "shop", "orders", store_reader="parquet")
+
+
+def test_a_store_table_delta_spark_refuses_is_read_from_its_files_and_the_reason_says_so(
+    spark: Any, pg_db: str, tmp_path: Path
+) -> None:
+    # A timestamp without a zone makes delta-rs write a table-features protocol
+    # (timestampNtz) that does not list `invariants`, which delta-spark requires
+    # for the store's non-nullable _epoch and _op: it refuses the table.
+    import random
+
+    from reconcile.core.contract import ConfigurationError
+    from reconcile.spark.verify import spark_recover
+
+    setup = make_setup(pg_db, str(tmp_path), "things", TYPES_SCHEMA, TYPES_DDL, TYPES_KEYS)
+    rng = random.Random(7)
+    setup.write([types_row(rng, region) for region in ("eu", "us") for _ in range(20)])
+    setup.execute("DELETE FROM {t} WHERE region = 'eu'")
+    report = spark_recover(spark, pg_db, str(tmp_path), "shop", "things", partitions=2)
+    assert (report.missing, report.extra, report.changed, report.rows_pulled) == (20, 0, 0, 20)
+    assert "read from the store version's data files (delta-spark refused the table" in (
+        report.reason
+    )
+    with pytest.raises(ConfigurationError, match="delta-spark refuses to read it"):
+        spark_recover(spark, pg_db, str(tmp_path), "shop", "things", store_reader="delta-spark")

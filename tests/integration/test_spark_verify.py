@@ -54,7 +54,9 @@ def test_spark_verify_and_repair_on_separate_executors(logged_server: Any, tmp_p
         text=True,
         timeout=900,
     )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    # The driver's Python traceback, if any, is the cause; the JVM's shutdown noise follows it.
+    traceback = proc.stderr[proc.stderr.rfind("Traceback (most recent call last)") :]
+    assert proc.returncode == 0, (traceback if "Traceback" in proc.stderr else proc.stderr)[-4000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
 
     def counts(report: dict[str, Any]) -> tuple[int, ...]:
