@@ -23,6 +23,7 @@ from expected_state.delta_files import (
     write_data_file,
 )
 from expected_state.delta_log import transaction_version
+from expected_state.protocol import create_config
 from expected_state.refusals import store_refusal
 from reconcile.core import hooks
 from reconcile.core.contract import (
@@ -99,7 +100,13 @@ def _open_or_create(table_uri: str, schema: pa.Schema, partition_by: Sequence[st
     try:
         return DeltaTable(table_uri)
     except TableNotFoundError:
-        DeltaTable.create(table_uri, schema, mode="ignore", partition_by=list(partition_by) or None)
+        DeltaTable.create(
+            table_uri,
+            schema,
+            mode="ignore",
+            partition_by=list(partition_by) or None,
+            configuration=create_config(schema),
+        )
         make_durable(table_uri, 0, 0)
         return DeltaTable(table_uri)
 

@@ -40,6 +40,7 @@ from expected_state.delta_commit import (
 from expected_state.delta_files import read_data_files
 from expected_state.delta_log import remember_written, transaction_version
 from expected_state.layout import TOMBSTONE_RETENTION
+from expected_state.protocol import create_config
 from reconcile.core import hooks
 from reconcile.core.contract import InvalidInputError
 
@@ -144,7 +145,7 @@ class EpochRows:
                     self.uri,
                     EPOCHS_SCHEMA,
                     mode="ignore",
-                    configuration=EPOCHS_CONFIG,
+                    configuration=create_config(EPOCHS_SCHEMA, EPOCHS_CONFIG),
                 )
                 make_durable(self.uri, 0, 0)
                 self._table = DeltaTable(self.uri)

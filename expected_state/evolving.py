@@ -38,6 +38,7 @@ from expected_state.delta_commit import make_durable
 from expected_state.evolved_files import ADDED_EPOCH
 from expected_state.fencing import check_generation
 from expected_state.layout import stored_schema, user_schema_of
+from expected_state.protocol import before_new_columns
 from expected_state.refusals import store_refusal
 from reconcile.core import hooks
 from reconcile.core.contract import RetryableError
@@ -140,7 +141,16 @@ class Evolving:
             "reconcile.generation": self.generation,
             "reconcile.added_columns": ",".join(missing),
         }
+        base = table.version()
         try:
+            # Columns that need table features raise the protocol in a commit of
+            # their own first, `invariants` listed (expected_state.protocol).
+            if before_new_columns(
+                table,
+                pa.schema([marked[n] for n in missing]),
+                {k: str(v) for k, v in metadata.items()},
+            ):
+                table.update_incremental()
             write_deltalake(
                 table,
                 stored.empty_table(),
@@ -163,7 +173,6 @@ class Evolving:
                 table=self.uri,
                 epoch=epoch,
             ) from exc
-        base = table.version()
         table.update_incremental()
         make_durable(self.uri, base + 1, table.version())
         self._schema = user

@@ -21,13 +21,14 @@ from expected_state.delta_commit import BasedOn, DeltaCommit, commit_files, make
 from expected_state.delta_log import transaction_version
 from expected_state.epochs import EpochLog
 from expected_state.fencing import check_generation, fence_app_id, validate_generation
-from expected_state.integrity import LogAudit
+from expected_state.integrity import ENGINE_APP_KEY, LogAudit
 from expected_state.layout import (
     TABLE_CONFIG,
     check_stored_schema,
     stored_schema,
     user_schema_of,
 )
+from expected_state.protocol import create_config, list_invariants
 from expected_state.refusals import store_refusal
 from reconcile.core.contract import InvalidInputError, validate_name
 from reconcile.core.keys import check_arrow_keys
@@ -136,8 +137,9 @@ class StoreTable:
         # checked here, before anything is written.
         check_arrow_keys(f"table {self.uri!r}", user, self.key_columns)
         try:
+            stored = self._stored_schema(user)
             DeltaTable.create(
-                self.uri, self._stored_schema(user), mode="ignore", configuration=TABLE_CONFIG
+                self.uri, stored, mode="ignore", configuration=create_config(stored, TABLE_CONFIG)
             )
         except Exception as exc:
             refused = store_refusal(exc, table=self.uri, what="a table of these columns")
@@ -177,6 +179,13 @@ class StoreTable:
                 )
             table = self._create(self._schema)
         check_generation(table, self._fence, self.generation, table_name=self.uri)
+        # A table an older engine created with a timestamp without a zone lacks
+        # `invariants`, and delta-spark refuses it: listed once, by the writer
+        # that holds the fence (a zombie was refused just above).
+        base = table.version()
+        if list_invariants(table, {ENGINE_APP_KEY: self._fence}):
+            table.update_incremental()
+            make_durable(self.uri, base + 1, table.version())
         if transaction_version(table, self._fence) != self.generation:
             assert self._schema is not None
             # Fenced on the snapshot the claim commits on: a claim never lowers the fence.

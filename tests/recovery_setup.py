@@ -89,6 +89,7 @@ class Setup:
     pipeline: str = "shop"
     epoch: int = -1
     state: str = ""
+    generation: int = 0  # the store writer's
     rows: dict[tuple[Any, ...], dict[str, Any]] = field(default_factory=dict)
 
     @property
@@ -105,7 +106,12 @@ class Setup:
         self.epoch += 1
         changes = [Change("upsert", r) for r in upserts] + [Change("delete", d) for d in deletes]
         ExpectedStateStore(
-            self.root, self.pipeline, self.table, self.keys, schema=self.schema
+            self.root,
+            self.pipeline,
+            self.table,
+            self.keys,
+            schema=self.schema,
+            generation=self.generation,
         ).apply(self.epoch, changes, allow_gap=True)
         for r in upserts:
             self.rows[self.key(r)] = dict(r)

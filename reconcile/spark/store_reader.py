@@ -9,7 +9,6 @@ version, listed from the log by delta-rs on the driver, and holds the same rows.
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 from expected_state.spark_bridge import delta_jars_available
@@ -18,8 +17,6 @@ from reconcile.core.contract import ConfigurationError, InvalidInputError
 from reconcile.core.expected import ExpectedStore
 
 __all__ = ["expected_side", "native_reader"]
-
-log = logging.getLogger("reconcile.spark.verify")
 
 _READERS = ("auto", "delta-spark", "files")
 
@@ -48,41 +45,15 @@ def native_reader(spark: Any, reader: str) -> bool:
     return reader == "delta-spark" or (reader == "auto" and available)
 
 
-_BY_FILES = "from the store version's data files"
-
-
 def expected_side(
-    spark: Any, store: ExpectedStore, keys: list[str], epoch: int, native: bool, reader: str
+    spark: Any, store: ExpectedStore, keys: list[str], epoch: int, native: bool
 ) -> tuple[Any, str]:
     """The store's state at ``epoch`` as a DataFrame, and how it was read (for the reason).
 
-    delta-spark refuses some tables that delta-rs wrote and reads: a table-features
-    protocol (one with a ``timestamp_ntz`` column) whose non-nullable columns
-    delta-spark counts as the ``invariants`` feature, which delta-rs does not list.
-    Under "auto" such a table is read from its version's data files, which hold the
-    same rows, and the reason says why; asked for "delta-spark", the refusal stops
-    the job, named.
+    ``native`` is :func:`native_reader`'s answer. Every store table the engine
+    writes is one delta-spark reads (expected_state.protocol), so a refusal by
+    it is an error to see, not a reason to read the files instead.
     """
     version = store.version_of(epoch)
-    if not native:
-        return read_state(spark, store.uri, keys, version=version, native=False), _BY_FILES
-    try:
-        return read_state(spark, store.uri, keys, version=version, native=True), "by delta-spark"
-    except Exception as exc:
-        first = str(exc).strip().splitlines()
-        refusal = next((line for line in first if "Delta" in line and "Exception" in line),
-                       first[0] if first else type(exc).__name__)  # fmt: skip
-        if "DeltaTableFeatureException" not in str(exc) and "DELTA_" not in str(exc):
-            raise
-        if reader != "auto":
-            raise ConfigurationError(
-                f"store table {store.uri!r}: delta-spark refuses to read it ({refusal.strip()}); "
-                "use store_reader 'files' or 'auto'; nothing was pulled",
-                table=store.uri,
-            ) from None
-        log.warning("store table %s: delta-spark refuses it (%s); reading its files",
-                    store.uri, refusal.strip())  # fmt: skip
-        return (
-            read_state(spark, store.uri, keys, version=version, native=False),
-            f"{_BY_FILES} (delta-spark refused the table: {refusal.strip()[:200]})",
-        )
+    frame = read_state(spark, store.uri, keys, version=version, native=native)
+    return frame, "by delta-spark" if native else "from the store version's data files"

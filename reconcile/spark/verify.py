@@ -151,7 +151,7 @@ def _run_job(
     # A value that did not convert gets a hash that matches nothing (as in-process).
     flagged = hashed.bitwiseXOR(F.lit(int(_UNCONVERTIBLE)))
     actual = pulled.select(*keys, F.when(F.col(BAD), flagged).otherwise(hashed).alias(ACTUAL))
-    expected, result_reader = expected_side(spark, store, keys, epoch, native, options.store_reader)
+    expected, result_reader = expected_side(spark, store, keys, epoch, native)
     joined = expected.select(*keys, HASH).join(actual, keys, "full_outer")
     kind = (
         F.when(F.col(ACTUAL).isNull(), F.lit("missing"))

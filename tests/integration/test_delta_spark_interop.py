@@ -11,7 +11,8 @@ rows must be exactly those delta-rs (``deltalake``, the engine's own reader)
 returns for that version; a state table's rows, merged by the store's rule, must
 be ``snapshot()`` of the epoch that version recorded. The protocol Spark reports
 (DESCRIBE DETAIL) must be the one in the log and one the store promises
-(docs/expected_state.md: reader 1, writer 2, no table features of its own).
+(docs/expected_state.md: reader 1, writer 2, no table features of its own; with a
+timestamp without a zone, reader 3, writer 7 and ``timestampNtz`` with ``invariants``).
 
 The default tier reads the newest version and one older one after each step;
 the slow sweep reads every version the log still holds, and every epoch.
@@ -33,6 +34,7 @@ from deltalake import DeltaTable
 
 from expected_state.evolved_files import has_added_columns
 from expected_state.merge import resolve
+from expected_state.protocol import has_naive_timestamp
 from expected_state.store import ExpectedStateStore
 from reconcile import CommitCycle, CommitSucceeded
 from reconcile.core.contract import Change
@@ -49,6 +51,8 @@ DDL = "CREATE TABLE orders (id bigint PRIMARY KEY, qty bigint, name text, _epoch
 # The protocol the store promises every Delta reader (docs/expected_state.md): reader 1,
 # writer 2, and so no table features beyond the two writer 2 implies.
 READER, WRITER, FEATURES = 1, 2, {"appendOnly", "invariants"}
+# ... unless a column is a timestamp without a zone: reader 3, writer 7, these features.
+NTZ_FEATURES = {"timestampNtz", "invariants"}
 
 
 def _plain(value: Any) -> Any:
@@ -104,7 +108,12 @@ def check_protocol(spark: Any, uri: Path) -> None:
     protocol = DeltaTable(str(uri)).protocol()
     got = (detail.minReaderVersion, detail.minWriterVersion, set(detail.tableFeatures or []))
     assert got[:2] == (protocol.min_reader_version, protocol.min_writer_version), uri
-    assert got[0] == READER and got[1] == WRITER and got[2] <= FEATURES, (uri, got)
+    schema = pa.schema(DeltaTable(str(uri)).schema().to_arrow())
+    if not any(has_naive_timestamp(f.type) for f in schema):
+        assert got[0] == READER and got[1] == WRITER and got[2] <= FEATURES, (uri, got)
+        return
+    # A timestamp without a zone needs table features; `invariants` is listed with it.
+    assert got[:2] == (3, 7) and NTZ_FEATURES <= got[2] <= NTZ_FEATURES | FEATURES, (uri, got)
 
 
 def check_state(rows: pa.Table, store: ExpectedStateStore, version: int) -> None:
@@ -281,9 +290,11 @@ def walk(spark: Any, p: Pipeline, *, every: bool, epochs: int) -> list[str]:
     check_store(spark, root, p.store, every=every)
     steps.append("housekeeping")
 
-    p.run(range(3 * epochs, 3 * epochs + 2), note="new")  # a column added by an epoch
+    # Columns added by an epoch; a timestamp without a zone raises the table's protocol.
+    at = dt.datetime(2026, 11, 29, 8, 30, 0, 123456)
+    p.run(range(3 * epochs, 3 * epochs + 2), note="new", at=at)
     names = pa.schema(DeltaTable(store.uri).schema().to_arrow()).names
-    assert "note" in names, names
+    assert "note" in names and "at" in names, names
     check_store(spark, root, p.store, every=every)
     steps.append("evolution")
 
@@ -293,7 +304,7 @@ def walk(spark: Any, p: Pipeline, *, every: bool, epochs: int) -> list[str]:
     report = recover(p.dsn, str(root), "shop", "orders", mode="full")
     assert (report.missing, report.extra, report.applied) == (1, 1, 2), report
     assert _sink_ids(p.dsn) == sorted(p.store.snapshot().column("id").to_pylist())
-    p.run(range(3 * epochs + 2, 3 * epochs + 3), note="after")  # the cycle goes on after it
+    p.run(range(3 * epochs + 2, 3 * epochs + 3), note="after", at=at)  # the cycle goes on after it
     check_store(spark, root, p.store, every=every)
     check_newest_and_older(spark, root, p.store)
     steps.append("repair")

@@ -127,25 +127,42 @@ def test_the_job_reads_the_store_with_delta_spark_and_the_file_lists_agree(
         spark_recover(spark, pg_db, str(tmp_path), "shop", "orders", store_reader="parquet")
 
 
-def test_a_store_table_delta_spark_refuses_is_read_from_its_files_and_the_reason_says_so(
-    spark: Any, pg_db: str, tmp_path: Path
+def test_a_store_table_with_a_timestamp_without_a_zone_is_read_by_delta_spark(
+    spark: Any, pg_db: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # A timestamp without a zone makes delta-rs write a table-features protocol
-    # (timestampNtz) that does not list `invariants`, which delta-spark requires
-    # for the store's non-nullable _epoch and _op: it refuses the table.
+    # A timestamp without a zone needs a table-features protocol (timestampNtz).
+    # delta-rs writes it without `invariants`, which delta-spark requires for the
+    # store's non-nullable _epoch and _op: the store lists it when it creates the
+    # table, and a writer lists it on a table an older engine created.
     import random
 
-    from reconcile.core.contract import ConfigurationError
+    from deltalake import DeltaTable
+
+    import expected_state.store_table
+    from expected_state.store import ExpectedStateStore
     from reconcile.spark.verify import spark_recover
 
-    setup = make_setup(pg_db, str(tmp_path), "things", TYPES_SCHEMA, TYPES_DDL, TYPES_KEYS)
-    rng = random.Random(7)
-    setup.write([types_row(rng, region) for region in ("eu", "us") for _ in range(20)])
-    setup.execute("DELETE FROM {t} WHERE region = 'eu'")
-    report = spark_recover(spark, pg_db, str(tmp_path), "shop", "things", partitions=2)
-    assert (report.missing, report.extra, report.changed, report.rows_pulled) == (20, 0, 0, 20)
-    assert "read from the store version's data files (delta-spark refused the table" in (
-        report.reason
-    )
-    with pytest.raises(ConfigurationError, match="delta-spark refuses to read it"):
-        spark_recover(spark, pg_db, str(tmp_path), "shop", "things", store_reader="delta-spark")
+    older = tmp_path / "older"
+    for root in (tmp_path, older):
+        table = "things" if root == tmp_path else "older_things"
+        setup = make_setup(pg_db, str(root), table, TYPES_SCHEMA, TYPES_DDL, TYPES_KEYS)
+        rng = random.Random(7)
+        with monkeypatch.context() as older_engine:
+            if root == older:  # created as the engine did before it listed `invariants`
+                older_engine.setattr(expected_state.store_table, "create_config",
+                                     lambda schema, config: dict(config))  # fmt: skip
+            setup.write([types_row(rng, region) for region in ("eu",) for _ in range(20)])
+        first = DeltaTable(setup.store.uri).protocol()
+        # A new writer claims it; the epochs before hold the protocol they were written at.
+        ExpectedStateStore(str(root), "shop", table, TYPES_KEYS, generation=1).claim()
+        setup.generation = 1
+        setup.write([types_row(rng, "us") for _ in range(20)])
+        protocol = DeltaTable(setup.store.uri).protocol()
+        assert (protocol.min_reader_version, protocol.min_writer_version) == (3, 7)
+        assert "invariants" in (protocol.writer_features or ()), protocol
+        assert ("invariants" in (first.writer_features or ())) is (root == tmp_path), first
+        setup.execute("DELETE FROM {t} WHERE region = 'eu'")
+        report = spark_recover(spark, pg_db, str(root), "shop", table, partitions=2,
+                               store_reader="delta-spark")  # fmt: skip
+        assert (report.missing, report.extra, report.changed, report.rows_pulled) == (20, 0, 0, 20)
+        assert report.reason.endswith("read by delta-spark"), report.reason
