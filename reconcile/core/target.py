@@ -116,6 +116,13 @@ class SinkSnapshot(Protocol):
         ...
 
 
+class _Named(Protocol):
+    """What :class:`NoRowChecksums` needs of its recovery target: the table's name."""
+
+    @property
+    def display(self) -> str: ...
+
+
 class NoRowChecksums:
     """A snapshot of a system that cannot checksum rows: buckets mode is refused, naming why.
 
@@ -126,7 +133,7 @@ class NoRowChecksums:
 
     system: ClassVar[str]  # the system, as the message names it
     modes: ClassVar[str] = "full or scoped"  # the modes that can run instead
-    target: Any  # the recovery target, whose ``display`` names the table
+    target: _Named  # the recovery target (a subclass narrows it to its own)
 
     def check_buckets(self) -> None:
         name = self.target.display

@@ -60,6 +60,7 @@ class _Snapshot(NoRowChecksums):
     """One Iceberg snapshot of the table (the protocol ``SinkSnapshot``)."""
 
     system = "Iceberg"
+    target: IcebergRecoveryTarget
 
     def __init__(self, target: IcebergRecoveryTarget, table: Table, schema: pa.Schema,
                  keys: list[str]) -> None:  # fmt: skip

@@ -70,6 +70,7 @@ class _Snapshot(NoRowChecksums):
     """The topic as of the ends it had when the pull began (the protocol ``SinkSnapshot``)."""
 
     system = "Kafka"
+    target: KafkaRecoveryTarget
 
     def __init__(self, target: KafkaRecoveryTarget, state: MarkerState, schema: pa.Schema,
                  keys: list[str]) -> None:  # fmt: skip

@@ -68,6 +68,7 @@ class _Snapshot(NoRowChecksums):
     """The sink as of one log end (the protocol ``SinkSnapshot``)."""
 
     system = "S3"
+    target: S3RecoveryTarget
     modes = "full"
 
     def __init__(self, target: S3RecoveryTarget, state: LogState, schema: pa.Schema,
