@@ -45,6 +45,26 @@ class PgServer(EmbeddedPostgres):
                 )
             )
 
+    def database_with_defaults(self, prefix: str, settings: dict[str, str]) -> str:
+        """A fresh database whose defaults are ``settings`` (ALTER DATABASE ... SET); its name.
+
+        Checked in force on a new connection, so a setting the server ignored fails here.
+        """
+        name = self.create_database(prefix)
+        with psycopg.connect(self.dsn(), autocommit=True) as conn:
+            for setting, value in settings.items():
+                conn.execute(
+                    sql.SQL("ALTER DATABASE {} SET {} = {}").format(
+                        sql.Identifier(name), sql.Identifier(setting), sql.Literal(value)
+                    )
+                )
+        dsn = self.dsn(name)
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            for setting, value in settings.items():
+                shown = conn.execute(sql.SQL("SHOW {}").format(sql.Identifier(setting))).fetchone()
+                assert shown is not None and shown[0] == value, (setting, shown, value)
+        return name
+
 
 @pytest.fixture(scope="session")
 def pg_server() -> Iterator[PgServer]:

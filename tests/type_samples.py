@@ -9,10 +9,13 @@ up front, naming the table, the column and the type.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Refused", "Sample"]
+import pytest
+
+__all__ = ["Refused", "Sample", "type_params"]
 
 
 @dataclass(frozen=True)
@@ -30,3 +33,17 @@ class Refused:
 
     ddl: str
     value: Any
+
+
+def type_params(
+    table: Iterable[Any], samples: Mapping[str, Sequence[Sample | Refused]], default_tier: set[str]
+) -> Iterator[Any]:
+    """``(entry, sample)`` parameters for every row of a type ``table`` (entries with a
+    ``doc.sql``), one per sample; a row without samples gets ``None``, which its test
+    fails on. Samples not named in ``default_tier`` run in the slow tier."""
+    for entry in table:
+        found: list[Sample | Refused | None] = [*samples.get(entry.doc.sql, [])]
+        for sample in found or [None]:
+            name = entry.doc.sql if sample is None else sample.ddl
+            marks = () if name in default_tier else (pytest.mark.slow,)
+            yield pytest.param(entry, sample, id=name.replace(" ", "_"), marks=marks)

@@ -57,18 +57,7 @@ HOSTILE = {
 @pytest.fixture
 def hostile_db(pg_server: PgServer) -> str:
     """A fresh database whose defaults are all the hostile settings above."""
-    name = pg_server.create_database("hostile")
-    with psycopg.connect(pg_server.dsn(), autocommit=True) as conn:
-        for setting, value in HOSTILE.items():
-            conn.execute(
-                sql.SQL("ALTER DATABASE {} SET {} = {}").format(
-                    sql.Identifier(name), sql.Identifier(setting), sql.Literal(value)
-                )
-            )
-    dsn = pg_server.dsn(name)
-    with psycopg.connect(dsn, autocommit=True) as conn:  # the defaults are in force
-        assert conn.execute("SHOW DateStyle").fetchone() == ("SQL, DMY",)
-    return dsn
+    return pg_server.dsn(pg_server.database_with_defaults("hostile", HOSTILE))
 
 
 @pytest.fixture

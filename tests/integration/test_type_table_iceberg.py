@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import datetime as dt
 import uuid
-from collections.abc import Iterator
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -32,7 +31,7 @@ from reconcile.recovery import recover
 from sinks.iceberg.sink import IcebergSink
 from sinks.iceberg.type_table import ICEBERG_TYPES, IcebergColumnType, iceberg_refusal
 from tests.fix_iceberg import catalog_uri
-from tests.type_samples import Refused, Sample
+from tests.type_samples import Refused, Sample, type_params
 
 pytestmark = pytest.mark.integration
 
@@ -108,15 +107,6 @@ DEFAULT_TIER = {"int8", "decimal(12,3)", "large_string", "fixed(4)", "timestamp[
                 "timestamp[us, UTC]", "time64[us]"}  # fmt: skip
 
 
-def _params() -> Iterator[Any]:
-    for entry in ICEBERG_TYPES:
-        samples: list[Sample | Refused | None] = [*SAMPLES.get(entry.doc.sql, [])]
-        for sample in samples or [None]:
-            name = entry.doc.sql if sample is None else sample.ddl
-            marks = () if name in DEFAULT_TIER else (pytest.mark.slow,)
-            yield pytest.param(entry, sample, id=name.replace(" ", "_"), marks=marks)
-
-
 def _sink(root: Path, typ: pa.DataType | None = None) -> IcebergSink:
     schema = None if typ is None else pa.schema([("k", pa.int64()), ("v", typ)])
     return IcebergSink("t", catalog_uri(root) + "&namespace=shop&key=k", schema=schema)
@@ -152,7 +142,9 @@ def _rows(root: Path) -> list[dict[str, Any]]:
     return [{k: ("NaN" if v != v else v) for k, v in row.items()} for row in data]
 
 
-@pytest.mark.parametrize(("entry", "sample"), list(_params()))
+@pytest.mark.parametrize(
+    ("entry", "sample"), list(type_params(ICEBERG_TYPES, SAMPLES, DEFAULT_TIER))
+)
 def test_each_row_of_the_type_table(
     tmp_path: Path, entry: IcebergColumnType, sample: Sample | Refused | None
 ) -> None:

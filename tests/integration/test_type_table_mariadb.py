@@ -35,7 +35,7 @@ from reconcile.recovery import recover
 from sinks.sql.mariadb_types import MARIADB_TYPES, SqlType
 from sinks.sql.sink import SqlSink
 from tests.mariadb_server import MariadbServer
-from tests.type_samples import Refused, Sample
+from tests.type_samples import Refused, Sample, type_params
 
 pytestmark = pytest.mark.integration
 
@@ -132,15 +132,6 @@ DEFAULT_TIER = {"INT UNSIGNED", "DECIMAL(12,3)", "FLOAT", "CHAR(4)", "VARCHAR(4)
                 "DATETIME(6)", "DATETIME", "UUID", "SET('a','b')"}  # fmt: skip
 
 
-def _params() -> Iterator[Any]:
-    for entry in MARIADB_TYPES:
-        samples: list[Sample | Refused | None] = [*SAMPLES.get(entry.doc.sql, [])]
-        for sample in samples or [None]:
-            name = entry.doc.sql if sample is None else sample.ddl
-            marks = () if name in DEFAULT_TIER else (pytest.mark.slow,)
-            yield pytest.param(entry, sample, id=name.replace(" ", "_"), marks=marks)
-
-
 _counter = itertools.count()
 
 
@@ -195,7 +186,9 @@ def _column_type(db: tuple[MariadbServer, str], table: str) -> str:
                     table)[0][0])  # fmt: skip
 
 
-@pytest.mark.parametrize(("entry", "sample"), list(_params()))
+@pytest.mark.parametrize(
+    ("entry", "sample"), list(type_params(MARIADB_TYPES, SAMPLES, DEFAULT_TIER))
+)
 def test_each_row_of_the_type_table(
     hostile_db: tuple[MariadbServer, str],
     tmp_path: Path,

@@ -38,7 +38,7 @@ from reconcile.recovery import recover
 from sinks.postgres.arrow_types import PG_TYPES, PgType
 from sinks.postgres.factory import postgres_sink
 from tests.fix_pg import PgServer
-from tests.type_samples import Refused, Sample
+from tests.type_samples import Refused, Sample, type_params
 
 pytestmark = pytest.mark.integration
 
@@ -154,34 +154,16 @@ DEFAULT_TIER = {"smallint", "numeric(12,3)", "double precision", "char(4)", "uui
                 "timestamptz", "bytea", "jsonb", "interval"}  # fmt: skip
 
 
-def _params() -> Iterator[Any]:
-    for entry in PG_TYPES:
-        samples: list[Sample | Refused | None] = [*SAMPLES.get(entry.doc.sql, [])]
-        for sample in samples or [None]:
-            name = entry.doc.sql if sample is None else sample.ddl
-            marks = () if name in DEFAULT_TIER else (pytest.mark.slow,)
-            yield pytest.param(entry, sample, id=name.replace(" ", "_"), marks=marks)
-
-
 _counter = itertools.count()
 
 
 @pytest.fixture(scope="module")
 def hostile_db(pg_server: PgServer) -> Iterator[str]:
     """One database for the module, whose defaults are the hostile settings above."""
-    name = pg_server.create_database("types_hostile")
-    with psycopg.connect(pg_server.dsn(), autocommit=True) as conn:
-        for setting, value in HOSTILE.items():
-            conn.execute(
-                sql.SQL("ALTER DATABASE {} SET {} = {}").format(
-                    sql.Identifier(name), sql.Identifier(setting), sql.Literal(value)
-                )
-            )
+    name = pg_server.database_with_defaults("types_hostile", HOSTILE)
     dsn = pg_server.dsn(name)
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("CREATE EXTENSION citext")
-        assert conn.execute("SHOW DateStyle").fetchone() == ("SQL, DMY",)
-        assert conn.execute("SHOW TimeZone").fetchone() == ("America/Sao_Paulo",)
     yield dsn
     pg_server.drop_database(name)
 
@@ -222,7 +204,7 @@ def _same(value: Any) -> Any:
     return "NaN" if isinstance(value, float) and value != value else value
 
 
-@pytest.mark.parametrize(("entry", "sample"), list(_params()))
+@pytest.mark.parametrize(("entry", "sample"), list(type_params(PG_TYPES, SAMPLES, DEFAULT_TIER)))
 def test_each_row_of_the_type_table(
     hostile_db: str, tmp_path: Path, entry: PgType, sample: Sample | Refused | None
 ) -> None:
