@@ -10,16 +10,28 @@ by whoever needs it (:func:`require`).
 from __future__ import annotations
 
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 from reconcile.core.contract import ConfigurationError
 
-__all__ = ["DELTA_CONF", "DELTA_GROUP", "SPARK_GROUPS", "group_folder", "require", "spark_jars"]
+__all__ = [
+    "DELTA_CONF",
+    "DELTA_GROUP",
+    "S3_GROUP",
+    "SPARK_GROUPS",
+    "group_folder",
+    "require",
+    "s3a_settings",
+    "spark_jars",
+]
 
 # The group of Delta Lake's own Spark reader and writer (scripts/jars/delta-spark.xml).
 DELTA_GROUP = "delta-spark"
+# Hadoop's S3A file system and the AWS SDK modules it loads (scripts/jars/spark-s3.xml).
+S3_GROUP = "spark-s3"
 # The cached groups that go on Spark's classpath (the Kafka broker's does not).
-SPARK_GROUPS = ("spark-kafka", DELTA_GROUP)
+SPARK_GROUPS = ("spark-kafka", DELTA_GROUP, S3_GROUP)
 # What a session needs besides the JARs for Delta's SQL (DESCRIBE DETAIL delta.`<path>`,
 # time travel in SQL) and its catalog; set only when the JARs are there, since Spark
 # fails to start on an extension class it cannot load.
@@ -61,3 +73,25 @@ def require(group: str, what: str) -> Path:
             "(or scripts/fetch-jars), which fetches them once from Maven Central"
         )
     return folder
+
+
+def s3a_settings(env: Mapping[str, str]) -> dict[str, str]:
+    """Hadoop settings that point S3A where the engine's own S3 client points, from ``env``.
+
+    The store and the S3 sinks are configured by the standard AWS variables (delta-rs and
+    boto3 read them); Spark must read the same bucket at the same endpoint. ``s3://`` is
+    mapped to S3A too, so the store's own URI (``s3://bucket/root``) is read as it is
+    written. Keys are not copied into settings (Spark shows its settings): S3A's default
+    credential chain reads ``AWS_ACCESS_KEY_ID`` and ``AWS_SECRET_ACCESS_KEY`` itself.
+    """
+    out = {"fs.s3.impl": "org.apache.hadoop.fs.s3a.S3AFileSystem"}
+    endpoint = env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL")
+    if endpoint:
+        # An endpoint of its own is MinIO, moto or the like: buckets in the path.
+        out["fs.s3a.endpoint"] = endpoint
+        out["fs.s3a.path.style.access"] = "true"
+        out["fs.s3a.connection.ssl.enabled"] = str(endpoint.startswith("https:")).lower()
+    region = env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION")
+    if region:
+        out["fs.s3a.endpoint.region"] = region
+    return out

@@ -6,7 +6,14 @@ import os
 import sys
 from typing import Any
 
-from reconcile.spark.jars import DELTA_CONF, DELTA_GROUP, group_folder, spark_jars
+from reconcile.spark.jars import (
+    DELTA_CONF,
+    DELTA_GROUP,
+    S3_GROUP,
+    group_folder,
+    s3a_settings,
+    spark_jars,
+)
 
 __all__ = ["local_session"]
 
@@ -45,6 +52,9 @@ def local_session(app_name: str = "reconcile", master: str = "local[2]", **conf:
     if any(group_folder(DELTA_GROUP).glob("*.jar")):
         for key, value in DELTA_CONF.items():
             builder = builder.config(key, value)
+    if any(group_folder(S3_GROUP).glob("*.jar")):
+        for key, value in s3a_settings(os.environ).items():
+            builder = builder.config(f"spark.hadoop.{key}", value)
     for key, value in conf.items():
         builder = builder.config(key, value)
     return builder.getOrCreate()

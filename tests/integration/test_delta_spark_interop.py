@@ -41,7 +41,7 @@ from reconcile.core.contract import Change
 from reconcile.core.hashing import row_hash_arrow
 from reconcile.engine.expected import ExpectedState
 from reconcile.recovery import recover
-from reconcile.spark.jars import DELTA_GROUP, require
+from reconcile.spark.jars import DELTA_GROUP, S3_GROUP, require, s3a_settings
 from sinks.postgres.factory import postgres_sink
 
 pytestmark = [pytest.mark.integration]
@@ -81,7 +81,7 @@ def log_versions(uri: Path) -> list[int]:
     return [v for v in range(start, commits[-1] + 1)]
 
 
-def engine_rows(uri: Path, version: int) -> tuple[list[str], list[tuple[Any, ...]]] | None:
+def engine_rows(uri: Path | str, version: int) -> tuple[list[str], list[tuple[Any, ...]]] | None:
     """The rows delta-rs reads at ``version``; None when it cannot (a vacuumed file)."""
     try:
         table = DeltaTable(str(uri), version=version).to_pyarrow_table()
@@ -94,7 +94,7 @@ def _rows(table: pa.Table, names: list[str]) -> list[tuple[Any, ...]]:
     return _sorted([tuple(r[n] for n in names) for r in table.to_pylist()])
 
 
-def spark_table(spark: Any, uri: Path, version: int | None) -> pa.Table:
+def spark_table(spark: Any, uri: Path | str, version: int | None) -> pa.Table:
     """The rows delta-spark reads at ``version`` (time travel; None: the newest), as Arrow."""
     reader = spark.read.format("delta")
     if version is not None:
@@ -102,7 +102,7 @@ def spark_table(spark: Any, uri: Path, version: int | None) -> pa.Table:
     return reader.load(str(uri)).toArrow()
 
 
-def check_protocol(spark: Any, uri: Path) -> None:
+def check_protocol(spark: Any, uri: Path | str) -> None:
     """Spark's DESCRIBE DETAIL shows the log's protocol, and it is the one the store promises."""
     detail = spark.sql(f"DESCRIBE DETAIL delta.`{uri}`").collect()[0]
     protocol = DeltaTable(str(uri)).protocol()
@@ -152,7 +152,7 @@ def check_state(rows: pa.Table, store: ExpectedStateStore, version: int) -> None
 
 def check_version(
     spark: Any,
-    uri: Path,
+    uri: Path | str,
     version: int,
     store: ExpectedStateStore | None = None,
     *,
@@ -169,7 +169,7 @@ def check_version(
     names, rows = read
     table = spark_table(spark, uri, None if newest else version)
     assert _rows(table, names) == rows, (uri, version)
-    if store is not None and Path(store.uri) == uri:
+    if store is not None and str(store.uri).rstrip("/") == str(uri).rstrip("/"):
         check_state(table, store, version)
     return True
 
@@ -230,7 +230,7 @@ def _epoch(epoch: int) -> list[Any]:
 class Pipeline:
     """The engine's own cycle over a PostgreSQL sink with an expected state under ``root``."""
 
-    def __init__(self, dsn: str, root: Path) -> None:
+    def __init__(self, dsn: str, root: Path | str) -> None:
         self.dsn, self.root = dsn, root
         self.expected = ExpectedState(str(root), "shop", {"orders": KEYS})
         self.cycle = CommitCycle("shop", [postgres_sink(dsn, "orders", name="orders")],
@@ -323,3 +323,60 @@ def test_spark_reads_every_version_and_every_epoch_as_the_engine_does(
 ) -> None:
     steps = walk(spark, pipeline, every=True, epochs=3)
     assert steps == ["epochs", "compaction", "housekeeping", "evolution", "repair"]
+
+
+@pytest.fixture
+def s3_pipeline(spark: Any, pg_db: str, s3_bucket: str) -> Iterator[Pipeline]:
+    """The pipeline with its store on S3 (moto), and Spark's S3A pointed at the same endpoint."""
+    require(DELTA_GROUP, "the delta-spark interop test")
+    require(S3_GROUP, "the delta-spark interop test on S3")
+    # The tests' shared session started before the endpoint did: the settings the
+    # engine's sessions take from the environment at start are set on it now.
+    # Its JVM's environment predates the endpoint's variables too, so moto's test keys
+    # are given as settings here (a session started after them reads them itself).
+    hadoop = spark.sparkContext._jsc.hadoopConfiguration()
+    keys = {"fs.s3a.access.key": os.environ["AWS_ACCESS_KEY_ID"],
+            "fs.s3a.secret.key": os.environ["AWS_SECRET_ACCESS_KEY"]}  # fmt: skip
+    for key, value in {**s3a_settings(os.environ), **keys}.items():
+        hadoop.set(key, value)
+    with psycopg.connect(pg_db, autocommit=True) as conn:
+        conn.execute(DDL)
+    running = Pipeline(pg_db, f"s3://{s3_bucket}/store")
+    yield running
+    running.cycle.close()
+
+
+def check_on_s3(spark: Any, store: ExpectedStateStore, epochs: str) -> None:
+    """Both tables' protocol, their newest version, and the newest older one delta-rs reads."""
+    for uri in (store.uri, epochs):
+        check_protocol(spark, uri)
+        newest = DeltaTable(uri).version()
+        assert check_version(spark, uri, newest, store, newest=True), uri
+        older = (v for v in range(newest - 1, -1, -1) if engine_rows(uri, v) is not None)
+        assert check_version(spark, uri, next(older), store), f"{uri}: no older version"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)  # Spark's S3A client against moto, a few reads after each step
+def test_spark_reads_a_store_on_s3_as_the_engine_does(spark: Any, s3_pipeline: Pipeline) -> None:
+    p = s3_pipeline
+    root = str(p.root)
+    assert root.startswith("s3://"), root
+    epochs = f"{root}/_epochs"
+    p.run(range(3))
+    check_on_s3(spark, p.store, epochs)
+    assert p.store.compact_changes() is not None and p.store.compact() is not None
+    p.run(range(3, 6))
+    done = p.store.maintain(compact_changes_after=2, checkpoint_every=2, keep_epochs=2,
+                            retention_hours=0)  # fmt: skip
+    assert {"compact_changes", "vacuum", "checkpoint"} <= set(done), done
+    check_on_s3(spark, p.store, epochs)
+    at = dt.datetime(2026, 11, 29, 8, 30, 0, 123456)
+    p.run(range(6, 8), note="new", at=at)  # columns added, one needs table features
+    with psycopg.connect(p.dsn, autocommit=True) as conn:
+        conn.execute("DELETE FROM orders WHERE id IN (SELECT min(id) FROM orders)")
+    report = recover(p.dsn, root, "shop", "orders", mode="full")
+    assert (report.missing, report.extra, report.applied) == (1, 0, 1), report
+    p.run(range(8, 9), note="after", at=at)
+    check_on_s3(spark, p.store, epochs)
+    assert _sink_ids(p.dsn) == sorted(p.store.snapshot().column("id").to_pylist())
