@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks import kafka
-from benchmarks.kafka_report import P99_TARGET, ROWS_TARGET
+from benchmarks.kafka.report import P99_TARGET, ROWS_TARGET
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 

@@ -1,11 +1,11 @@
 """The latency benchmark's two-phase mode without Spark: what a restart settles, when it resumes.
 
-``benchmarks.latency_modes.Batches`` against a real PostgreSQL: a process
+``benchmarks.latency.modes.Batches`` against a real PostgreSQL: a process
 prepares a batch and dies (its connections closed, the prepared transaction
 kept, as after SIGKILL); the next process's first checkpoint commits that
 batch, which settles what the killed one left, and its first own batch is
 visible only at the checkpoint after its own PREPARE. The restart timeline
-(``benchmarks.latency_restart``) reads those steps from the event log.
+(``benchmarks.latency.restart``) reads those steps from the event log.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ import psycopg
 import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
 import pytest
 
-from benchmarks.latency_modes import Batches
-from benchmarks.latency_sql import REVENUE_COLUMNS
+from benchmarks.latency.modes import Batches
+from benchmarks.latency.sql import REVENUE_COLUMNS
 from reconcile.demo.tpch.data import LINEITEM_COLUMNS, SINK_TABLES_SQL
 from reconcile.demo.tpch.events import EventLog
 

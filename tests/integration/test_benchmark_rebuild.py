@@ -19,7 +19,7 @@ import psycopg
 import pytest
 
 from benchmarks import rebuild
-from benchmarks.rebuild_measure import (
+from benchmarks.rebuild.measure import (
     TABLE,
     Reader,
     copy_rows,

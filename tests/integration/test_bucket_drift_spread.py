@@ -1,7 +1,7 @@
 """The default verify and repair on drift spread thin: exact counts, at a cost near full mode's.
 
 A table and its expected state are loaded with the recovery benchmark's loader
-(``benchmarks/recovery.py``: the store through its own API, the sink through
+(``benchmarks/recovery/bench.py``: the store through its own API, the sink through
 the Postgres sink's COPY path). Then, as a user did by hand:
 
 - 1 % of the rows changed, every 100th key (``id % 100 = 0``): every range of
@@ -25,7 +25,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from benchmarks.recovery import Sink
+from benchmarks.recovery.bench import Sink
 from reconcile import recover
 from reconcile.recovery.report import ReconcileReport
 

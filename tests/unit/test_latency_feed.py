@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from benchmarks.latency_feed import Feeder, landing_points
+from benchmarks.latency.feed import Feeder, landing_points
 
 
 def test_one_file_per_interval_at_seeded_points_spread_over_the_interval() -> None:

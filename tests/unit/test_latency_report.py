@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from benchmarks.latency_report import QUANTILES, QUICK_NOTE, cdf_quantiles, markdown, plot
+from benchmarks.latency.report import QUANTILES, QUICK_NOTE, cdf_quantiles, markdown, plot
 
 COMMITTED = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "latency.json"
 

@@ -1,14 +1,14 @@
 """The latency benchmark's restart timeline: the same steps for every mode, from each process's log.
 
 The events are as the processes write them (``reconcile.demo.tpch.events.EventLog``):
-the demo pipeline for pull-and-diff, ``benchmarks.latency_modes`` for the others.
+the demo pipeline for pull-and-diff, ``benchmarks.latency.modes`` for the others.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from benchmarks.latency_restart import STEPS, restart_steps
+from benchmarks.latency.restart import STEPS, restart_steps
 
 
 def event(name: str, t: float, pid: int, **fields: Any) -> dict[str, Any]:

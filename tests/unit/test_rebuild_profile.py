@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from benchmarks.rebuild_profile import summary
+from benchmarks.rebuild.profile import summary
 
-OUTER = "_run_code (<frozen runpy>:88);main (benchmarks/rebuild.py:3);"
+OUTER = "_run_code (<frozen runpy>:88);main (benchmarks/rebuild/bench.py:3);"
 RAW = (
     f"{OUTER}rebuild (reconcile/rebuild/run.py:203);diff_tables (reconcile/recovery/diff.py:1) 3\n"
     f"{OUTER}rebuild (reconcile/rebuild/run.py:210);commit_files (store/delta_commit.py:9) 1\n"

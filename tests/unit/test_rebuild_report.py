@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from benchmarks.rebuild_report import markdown, plot
+from benchmarks.rebuild.report import markdown, plot
 
 
 def _method(seconds: float, written: int, gap: float) -> dict[str, Any]:

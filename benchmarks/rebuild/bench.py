@@ -19,7 +19,7 @@ the same old-logic table:
 
 For each: the wall time, the rows written (the rises of ``n_tup_ins + n_tup_upd
 + n_tup_del`` in ``pg_stat_user_tables``), and the longest gap a reader of
-random keys saw (``benchmarks/rebuild_measure.py``). Reports:
+random keys saw (``benchmarks/rebuild/measure.py``). Reports:
 ``rebuild.json``, ``rebuild.md`` and ``rebuild.png`` in ``--out``.
 """
 
@@ -42,7 +42,7 @@ import psycopg
 import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
 from psycopg import sql
 
-from benchmarks.rebuild_measure import (
+from benchmarks.rebuild.measure import (
     TABLE,
     Reader,
     copy_rows,
@@ -207,7 +207,7 @@ class Bench:
 
 def measure(bench: Bench, action: Callable[[], Any], profile: Path | None = None) -> dict[str, Any]:
     """One method from a settled table: wall time, CPU, rows written, the reader's figures."""
-    from benchmarks.rebuild_profile import Profile, summary
+    from benchmarks.rebuild.profile import Profile, summary
     from benchmarks.sink_harness import Cpu
 
     with psycopg.connect(bench.dsn, autocommit=True) as conn:
@@ -307,7 +307,7 @@ def run(rows: int, changed: float, epochs: int, part_rows: int,
 
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark and write its reports."""
-    from benchmarks.rebuild_report import markdown, plot
+    from benchmarks.rebuild.report import markdown, plot
 
     args = parser().parse_args(argv)
     rows, epochs = (50_000, 5) if args.quick else (args.rows, args.epochs)

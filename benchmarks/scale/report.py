@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from benchmarks.latency_report import ratio
+from benchmarks.latency.report import ratio
 
 __all__ = ["markdown", "plot"]
 

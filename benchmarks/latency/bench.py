@@ -10,7 +10,7 @@ and streamed by Spark Structured Streaming (one file per micro-batch,
 in PostgreSQL. Only how a micro-batch is written differs:
 
 - ``at_least_once``: one transaction per batch, totals added; no guard against
-  a replayed batch (``benchmarks.latency_modes``);
+  a replayed batch (``benchmarks.latency.modes``);
 - ``two_phase_{C}s``: checkpoint-bound two-phase commit, a batch PREPAREd and
   made visible by the next checkpoint, every C seconds (the same module);
 - ``pull_and_diff``: the engine, the demo's own pipeline process unchanged
@@ -21,7 +21,7 @@ Each mode runs as its own Spark driver process against its own fresh database
 on one throwaway PostgreSQL 15 server (fsync on, ``track_commit_timestamp``
 on). The parent drops the files one per trigger interval, each at a seeded
 random point of its interval, the same points for every mode
-(``benchmarks.latency_feed``: why).
+(``benchmarks.latency.feed``: why).
 
 Latency of a lineitem row: its file's modification time (the drop, a rename
 into the folder) to the commit timestamp of the transaction that made the row
@@ -61,12 +61,12 @@ from typing import Any
 
 import psycopg
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from benchmarks.latency_measure import Mode, Run, measure, modes  # noqa: E402
-from benchmarks.latency_report import (  # noqa: E402
+from benchmarks.latency.measure import Mode, Run, measure, modes  # noqa: E402
+from benchmarks.latency.report import (  # noqa: E402
     HEADLINE_TRIGGER,
     cdf_quantiles,
     judge_headline,
@@ -75,7 +75,7 @@ from benchmarks.latency_report import (  # noqa: E402
     sustainable,
     targets,
 )
-from benchmarks.latency_run import execute  # noqa: E402
+from benchmarks.latency.run import execute  # noqa: E402
 from benchmarks.report import RESULTS, machine, now, versions, write_report  # noqa: E402
 from reconcile.demo.embedded_pg import EmbeddedPostgres  # noqa: E402
 from reconcile.demo.tpch.data import SINK_TABLES_SQL, Feed, generate, truth  # noqa: E402

@@ -3,7 +3,7 @@
 The process is the mode's own (``Mode.command``); the kills are the engine's
 fault points (``RECONCILE_KILL_AT``), which the dying process proves by a
 file; each launch's pid and wall time are kept for the restart timeline
-(``benchmarks.latency_restart``).
+(``benchmarks.latency.restart``).
 """
 
 from __future__ import annotations
@@ -17,13 +17,13 @@ from pathlib import Path
 
 import psycopg
 
-from benchmarks.latency_cpu import TreeCpu, machine_busy_s, own_and_reaped_cpu
-from benchmarks.latency_feed import Feeder
-from benchmarks.latency_measure import Run
+from benchmarks.latency.cpu import TreeCpu, machine_busy_s, own_and_reaped_cpu
+from benchmarks.latency.feed import Feeder
+from benchmarks.latency.measure import Run
 
 __all__ = ["execute"]
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _visible_rows(dsn: str) -> int:

@@ -30,9 +30,9 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from benchmarks.latency import Bench
-from benchmarks.latency_measure import Mode, modes
-from benchmarks.latency_report import ratio
+from benchmarks.latency.bench import Bench
+from benchmarks.latency.measure import Mode, modes
+from benchmarks.latency.report import ratio
 from reconcile.demo.embedded_pg import EmbeddedPostgres
 
 __all__ = ["MODES", "stream_sf1"]

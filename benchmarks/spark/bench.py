@@ -38,13 +38,13 @@ from typing import Any
 import numpy as np
 import psycopg
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
-from benchmarks.recovery import SCHEMA, Sink  # noqa: E402
+from benchmarks.recovery.bench import SCHEMA, Sink  # noqa: E402
 from benchmarks.report import RESULTS, machine, now, versions, write_report  # noqa: E402
-from benchmarks.spark_report import READER_ROUNDS, markdown, plot  # noqa: E402
+from benchmarks.spark.report import READER_ROUNDS, markdown, plot  # noqa: E402
 from reconcile import CommitCycle, recover  # noqa: E402
 from reconcile.demo.embedded_pg import EmbeddedPostgres  # noqa: E402
 from reconcile.engine.expected import ExpectedState  # noqa: E402
@@ -126,7 +126,7 @@ def make_inbox(folder: Path, batches: int, rows: int) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from benchmarks.recovery import rows as make_rows
+    from benchmarks.recovery.bench import rows as make_rows
 
     folder.mkdir(parents=True)
     start = time.time() - 10 * batches

@@ -2,7 +2,7 @@
 
 ``python -m benchmarks.sinks [--only PART ...] [--small-epochs N] [--big-rows N] [--out DIR]``
 
-Each part is a module (``benchmarks/sinks_<part>.py``) with ``run(small_epochs,
+Each part is a module (``benchmarks/sinks/<part>.py``) with ``run(small_epochs,
 big_rows)`` (through ``benchmarks/sink_harness.py``: the same table, the same
 epochs, the same verify on every sink) and ``WRITE_PATH``, what its sink does
 per epoch. A run measures the parts asked for, one after the other on this
@@ -27,10 +27,10 @@ __all__ = ["PARTS", "bound", "main", "markdown"]
 
 # part -> its module; PostgreSQL first, the reference.
 PARTS = {
-    "postgres": "benchmarks.sinks_postgres",
-    "mariadb": "benchmarks.sinks_mariadb",
-    "iceberg": "benchmarks.sinks_iceberg",
-    "s3_files": "benchmarks.sinks_s3",
+    "postgres": "benchmarks.sinks.postgres",
+    "mariadb": "benchmarks.sinks.mariadb",
+    "iceberg": "benchmarks.sinks.iceberg",
+    "s3_files": "benchmarks.sinks.s3",
 }
 _PACKAGES = ("psycopg", "sqlalchemy", "PyMySQL", "pyiceberg", "boto3", "moto", "pyarrow",
              "deltalake")  # fmt: skip

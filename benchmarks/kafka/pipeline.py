@@ -1,6 +1,6 @@
 """The Kafka benchmark's Spark driver: runs, each a topic into a PostgreSQL table, in a write mode.
 
-``python -m benchmarks.kafka_pipeline [--master M]``, with its plan in
+``python -m benchmarks.kafka.pipeline [--master M]``, with its plan in
 ``BENCH_PLAN``: a JSON list of runs, each ``{mode, bootstrap, topic, workdir,
 dsn, rows, trigger, max_offsets}`` (in the environment: the DSNs stay off the
 command line, where ``ps`` shows them). The runs go one after another in one
@@ -53,7 +53,7 @@ class PlainInsert:
         self.conn = psycopg.connect(dsn)
 
     def __call__(self, frame: Any, batch_id: int) -> None:
-        from benchmarks.latency_sql import copy_rows
+        from benchmarks.latency.sql import copy_rows
 
         table = frame.toArrow()
         if table.num_rows == 0:
@@ -125,7 +125,7 @@ def run_one(spark: Any, run: dict[str, Any]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.kafka_pipeline")
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.kafka.pipeline")
     parser.add_argument("--master", default="local[2]")
     args = parser.parse_args(argv)
     plan = json.loads(os.environ["BENCH_PLAN"])

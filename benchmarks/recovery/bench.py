@@ -30,10 +30,10 @@ import numpy as np
 import psycopg
 import pyarrow as pa
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.recovery_report import markdown, plot  # noqa: E402
+from benchmarks.recovery.report import markdown, plot  # noqa: E402
 from benchmarks.report import machine, now, versions  # noqa: E402
 from expected_state.store import ExpectedStateStore  # noqa: E402
 from reconcile import recover  # noqa: E402

@@ -46,13 +46,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.expected_state import batch, summary  # noqa: E402
 from benchmarks.report import RESULTS, machine, now, versions, write_report  # noqa: E402
-from benchmarks.scale_report import markdown, plot  # noqa: E402
-from benchmarks.scale_stream import ratios, stream_sf1  # noqa: E402
+from benchmarks.scale.report import markdown, plot  # noqa: E402
+from benchmarks.scale.stream import ratios, stream_sf1  # noqa: E402
 from expected_state.store import ExpectedStateStore  # noqa: E402
 from reconcile.core.contract import OK, SinkTxnId  # noqa: E402
 from reconcile.demo.embedded_pg import EmbeddedPostgres  # noqa: E402
@@ -95,7 +95,7 @@ def load_lineitem(dsn: str, store_root: str, lineitem: Path, epoch_rows: int) ->
 
 def measure(*args: str) -> dict[str, Any]:
     """One action in a fresh process (``scale_measure.py``): its JSON line."""
-    cmd = [sys.executable, "-m", "benchmarks.scale_measure", *args]
+    cmd = [sys.executable, "-m", "benchmarks.scale.measure", *args]
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"{' '.join(args[:1])} failed: {done.stderr[-3000:]}")

@@ -8,7 +8,7 @@ broker (``reconcile.testing.kafka_broker``) and one throwaway PostgreSQL server
 (fsync on, ``track_commit_timestamp`` on). Two parts:
 
 (a) Kafka -> Spark -> PostgreSQL. One Spark driver process per run
-(``benchmarks.kafka_pipeline``; all four runs in one driver with
+(``benchmarks.kafka.pipeline``; all four runs in one driver with
 ``--one-driver``, the default of ``--quick``, where JVM starts would be most of
 the time), each run with its own database and Spark checkpoint, in two write
 modes: ``exactly_once`` (this engine's streaming writer into the
@@ -57,16 +57,16 @@ from typing import Any
 
 import psycopg
 
-from benchmarks.kafka_pipeline import MODES, TABLE_SQL
-from benchmarks.kafka_report import judge, markdown, plot, quantiles
-from benchmarks.kafka_sink import create_topic, measure_sink
+from benchmarks.kafka.pipeline import MODES, TABLE_SQL
+from benchmarks.kafka.report import judge, markdown, plot, quantiles
+from benchmarks.kafka.sink import create_topic, measure_sink
 from benchmarks.report import RESULTS, machine, now, versions, write_report
 from reconcile.demo.embedded_pg import EmbeddedPostgres
 from reconcile.testing.kafka_broker import KafkaBroker
 
 __all__ = ["main"]
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 _DRIVER_TIMEOUT_S = 900.0
 
 
@@ -112,7 +112,7 @@ class Bench:
         env = {**os.environ, "BENCH_PLAN": json.dumps(plan), "PYSPARK_PYTHON": sys.executable,
                "PYTHONPATH": os.pathsep.join(filter(None, path))}  # fmt: skip
         log = (Path(plan[0]["workdir"]) / "driver.log").open("w")
-        command = [sys.executable, "-m", "benchmarks.kafka_pipeline"]
+        command = [sys.executable, "-m", "benchmarks.kafka.pipeline"]
         return subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=log)
 
     def finish(self, process: subprocess.Popen[bytes], plan: list[dict[str, Any]]) -> None:

@@ -1,6 +1,6 @@
 """The latency benchmark's hand-written write modes, each one Spark driver process.
 
-``python -m benchmarks.latency_modes MODE WORKDIR --epochs E [--trigger S]
+``python -m benchmarks.latency.modes MODE WORKDIR --epochs E [--trigger S]
 [--checkpoint-interval C] [--master M]``, with the sink database's DSN in
 ``BENCH_DSN`` (kept off the command line, where ``ps`` shows it). The parent
 (``benchmarks.latency``) drops lineitem files into ``WORKDIR/inbox``; this
@@ -38,7 +38,7 @@ MODE is one of:
 
 Both modes append the steps of every start to ``WORKDIR/events.jsonl`` (the
 demo pipeline's event log and step names, which the benchmark's restart
-timeline reads, ``benchmarks.latency_restart``): ``process``, ``settled``
+timeline reads, ``benchmarks.latency.restart``): ``process``, ``settled``
 (two-phase: the restart's checkpoint committed what the killed process had
 prepared; at-least-once has nothing to settle), ``spark_up``, ``started``
 and ``first_commit`` (the first batch this process wrote is visible: its
@@ -59,7 +59,7 @@ import psycopg
 import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
 from psycopg import sql
 
-from benchmarks.latency_sql import (
+from benchmarks.latency.sql import (
     REVENUE_COLUMNS,
     TWO_PHASE_SQL,
     add_revenue,

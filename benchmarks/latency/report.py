@@ -268,7 +268,7 @@ def markdown(r: dict[str, Any]) -> str:
         "lineitem rows + lines over-counted in `demo_customer_revenue` against TPC-H; missing "
         "= absent lineitem rows + lines under-counted.",
         "- Restarts, the same steps for every mode, each process logging its own "
-        "(`benchmarks.latency_restart`), timed from the relaunch: **settled** = what the "
+        "(`benchmarks.latency.restart`), timed from the relaunch: **settled** = what the "
         "killed process left in doubt is in the sinks (two-phase: the restart's checkpoint "
         "`COMMIT PREPARED` the batches it had prepared, before Spark starts; pull-and-diff: "
         "the sinks brought to the newest decided epoch, while Spark starts; at-least-once: "

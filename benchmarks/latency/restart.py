@@ -2,7 +2,7 @@
 
 Every write mode's process appends the steps of its start to ``events.jsonl``
 in its run folder (``reconcile.demo.tpch.events.EventLog``; the demo pipeline
-for pull-and-diff, ``benchmarks.latency_modes`` for the others), under the
+for pull-and-diff, ``benchmarks.latency.modes`` for the others), under the
 same names:
 
 - ``process``: the interpreter is up and the process's own code runs;

@@ -1,6 +1,6 @@
 """One measurement of the scale benchmark, alone in a fresh process: its time and its peak RSS.
 
-``benchmarks/scale.py`` runs each verify as ``python -m benchmarks.scale_measure
+``benchmarks/scale/bench.py`` runs each verify as ``python -m benchmarks.scale.measure
 ACTION ...`` so that the peak resident memory it reports (``VmHWM`` of this
 process) is the action's own, not the loader's or an earlier action's. Prints
 one JSON object on its last line.
@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 
@@ -59,7 +59,7 @@ def _spark(args: argparse.Namespace) -> dict[str, Any]:
     the job alone. Memory is sampled over this process's tree (``latency_cpu``:
     the driver's Python and JVM, and the Python workers and executor JVMs).
     """
-    from benchmarks.latency_cpu import TreeCpu
+    from benchmarks.latency.cpu import TreeCpu
     from reconcile.spark.session import local_session
     from reconcile.spark.verify import spark_recover
 

@@ -1,4 +1,4 @@
-"""The SQL of the latency benchmark's hand-written write modes (``benchmarks.latency_modes``).
+"""The SQL of the latency benchmark's hand-written write modes (``benchmarks.latency.modes``).
 
 The lines are upserted from a staged copy; the revenue totals are added to
 (at-least-once in the batch's transaction, two-phase at the checkpoint's fold).

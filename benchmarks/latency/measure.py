@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import psycopg
 
-from benchmarks.latency_restart import restart_steps
+from benchmarks.latency.restart import restart_steps
 from reconcile.demo.tpch import summary
 from reconcile.demo.tpch.data import Feed, Truth
 from reconcile.demo.tpch.events import EventLog
@@ -41,7 +41,7 @@ class Mode:
         if self.kind == "pull_and_diff":
             return [sys.executable, "-m", "reconcile.demo.tpch.pipeline", str(workdir),
                     str(trigger), master, self.via]  # fmt: skip
-        return [sys.executable, "-m", "benchmarks.latency_modes", self.kind, str(workdir),
+        return [sys.executable, "-m", "benchmarks.latency.modes", self.kind, str(workdir),
                 "--epochs", str(epochs), "--rows", str(rows), "--trigger", str(trigger),
                 "--checkpoint-interval", str(self.checkpoint_s), "--master", master]  # fmt: skip
 
@@ -170,7 +170,7 @@ def batch_durations(workdir: Path) -> dict[str, Any]:
 
 
 def restart_figures(run: Run) -> dict[str, Any]:
-    """Each relaunch's steps (``benchmarks.latency_restart``), and its settled and resumed times."""
+    """Each relaunch's steps (``benchmarks.latency.restart``), and its settled and resumed times."""
     steps = restart_steps(list(EventLog(run.workdir / "events.jsonl").read()), run.launches)
     return {
         "restart_steps": steps,
