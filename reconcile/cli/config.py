@@ -38,7 +38,7 @@ from reconcile.core.contract import ConfigurationError
 
 # The store's own default (expected_state.housekeeping), restated: the CLI's
 # config model imports nothing of the store to load a file.
-DEFAULT_RETENTION_HOURS = 24
+DEFAULT_RETENTION_HOURS = 0
 
 __all__ = [
     "Config",
@@ -96,7 +96,8 @@ class PipelineConfig:
     ``run`` is how ``reconcile run`` streams it (its ``run`` table), or None.
     ``store_retention_hours`` is how long its store's housekeeping keeps a file
     that no version it keeps references (``store_retention_hours``, else the
-    ``[store]`` table's ``retention_hours``, else 24).
+    ``[store]`` table's ``retention_hours``, else 0: only what the store keeps
+    anyway, see docs/configuration.md).
     """
 
     name: str
@@ -104,7 +105,7 @@ class PipelineConfig:
     progress: Path | None
     sinks: tuple[SinkTableConfig, ...]
     run: RunSettings | None = None
-    store_retention_hours: int = DEFAULT_RETENTION_HOURS
+    store_retention_hours: float = DEFAULT_RETENTION_HOURS
 
     def sink(self, name: str) -> SinkTableConfig:
         """The sink table ``name``.
@@ -256,33 +257,26 @@ def _store_root(store: TableReader, base: Path) -> str:
     return local_path(root, base)
 
 
-def _retention(reader: TableReader, key: str) -> int | None:
-    """A store retention in hours: a whole number >= 1 (None: not given)."""
+def _retention(reader: TableReader, key: str) -> float | None:
+    """A store's extra retention in hours: a finite number >= 0 (None: not given).
+
+    Any fraction: the store's vacuum counts it in seconds. 0 is safe for a running
+    pipeline: change files written ahead of their commit are kept by the store's
+    safety margin, and the engine's own readers by their holds.
+    """
     hours = reader.get(key, (int, float))
     if hours is None:
         return None
-    if not (hours >= 0 and float(hours).is_integer()):
-        # deltalake's vacuum counts whole hours: 0.5 would silently become 0.
-        raise reader.error(f"expected a whole number of hours >= 1, got {hours!r}", key)
-    if hours < 1:
-        # The housekeeping of a running pipeline vacuums while Spark executors
-        # may be writing the next micro-batch's change files, which no version
-        # references until the driver commits them: with 0 hours they could be
-        # deleted before that commit. Only retention protects them.
-        raise reader.error(
-            "expected a whole number of hours >= 1, got 0: a running pipeline's housekeeping "
-            "would delete change files written for an epoch not yet committed (run the "
-            "store's vacuum(retention_hours=0) by hand, with no writer running, instead)",
-            key,
-        )
-    return int(hours)
+    if not (0 <= hours < float("inf")):
+        raise reader.error(f"expected a number of hours >= 0, got {hours!r}", key)
+    return float(hours)
 
 
 def _pipeline(
     pipelines: TableReader,
     name: str,
     store: str | None,
-    retention: int | None,
+    retention: float | None,
     base: Path,
     env: Mapping[str, str],
 ) -> PipelineConfig:

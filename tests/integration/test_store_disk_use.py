@@ -148,7 +148,7 @@ def test_status_splits_the_store_on_disk_as_its_log_and_folder_say(
     assert f"  orders: {want['total'] / 1e6:,.1f} MB (live {want['live'] / 1e6:,.1f} MB" in text
 
     # Retention 0: whatever no kept version references goes, and the rows stay whole.
-    store.vacuum(keep_epochs=2, retention_hours=0)
+    store.vacuum(keep_epochs=2, retention_hours=0, safety_margin_minutes=0)
     after = status_disk(root, capsys)["tables"]
     assert isinstance(after, dict)
     want = expected_figures(table)
@@ -164,7 +164,9 @@ def test_status_splits_the_store_on_disk_as_its_log_and_folder_say(
 
 def test_the_commit_cycle_vacuums_with_the_pipelines_retention(tmp_path: Path) -> None:
     root = tmp_path / "expected"
-    expected = ExpectedState(str(root), "shop", {"orders": ["k"]}, retention_hours=0)
+    expected = ExpectedState(
+        str(root), "shop", {"orders": ["k"]}, retention_hours=0, safety_margin_minutes=0
+    )
     cycle = CommitCycle("shop", [MemorySink("orders", MemoryStore())], expected_state=expected)
     cycle.start()
     state: dict[int, int] = {}
