@@ -1,0 +1,247 @@
+"""Housekeeping keeps exactly what recovery and readers need, on a real delta-rs store on disk.
+
+What must stay: the versions of a sink behind (``keep_from_epoch``), the
+versions a running verify, repair or rebuild holds (``expected_state.holds``),
+and files younger than the safety margin (written ahead of their commit).
+Everything else goes at the next vacuum, not a day later. Each kept version is
+shown by reading it in full after the vacuum; each dropped file by its absence
+from the folder.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from deltalake import DeltaTable
+
+from expected_state.disk_use import table_disk_use
+from expected_state.holds import HOLDS_DIR, held_versions
+from expected_state.store import ExpectedStateStore
+from reconcile.core.contract import InvalidInputError
+from reconcile.engine.expected import ExpectedState
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+SCHEMA = pa.schema([("k", pa.int64()), ("v", pa.int64())])
+NOW = {"retention_hours": 0, "safety_margin_minutes": 0}  # delete whatever nothing keeps
+WAIT_S = 30.0
+
+
+def _store(root: Path, sink: str = "orders") -> ExpectedStateStore:
+    return ExpectedStateStore(str(root), "shop", sink, ["k"], schema=SCHEMA)
+
+
+def _as_map(table: pa.Table) -> dict[int, int]:
+    return dict(zip(*(table.column(c).to_pylist() for c in ("k", "v")), strict=True))
+
+
+def _epochs(store: ExpectedStateStore, first: int, last: int, states: dict[int, dict[int, int]]):
+    """Apply epochs ``first..last`` (each updates a third of 30 keys), recording each state."""
+    state = dict(states[max(states)]) if states else {}
+    for e in range(first, last + 1):
+        rows = {k: e * 100 + k for k in range(e % 3, 30, 3)}
+        store.apply(
+            e, pa.table({"k": list(rows), "v": list(rows.values()), "_op": ["upsert"] * 10})
+        )
+        state.update(rows)
+        states[e] = dict(state)
+
+
+def _data_files(table: Path) -> set[str]:
+    """The names of the data files in the table's folder."""
+    return {p.name for p in table.rglob("*.parquet") if "_delta_log" not in p.parts}
+
+
+def _age(paths: list[Path], seconds: float) -> None:
+    """Make files look ``seconds`` old (their last write), as a long run leaves them."""
+    then = time.time() - seconds
+    for path in paths:
+        os.utime(path, (then, then))
+
+
+def _files_of(uri: str, version: int) -> set[str]:
+    """The names of the files ``version`` of the table reads (as its log says)."""
+    return {Path(u).name for u in DeltaTable(uri, version=version).file_uris()}
+
+
+def test_a_held_version_keeps_its_files_and_log_whatever_their_age(tmp_path: Path) -> None:
+    root = tmp_path / "expected"
+    writer = _store(root)
+    states: dict[int, dict[int, int]] = {}
+    _epochs(writer, 0, 9, states)
+    writer.compact()  # a base through epoch 8: epoch 2 is read from its own version
+    reader = _store(root)
+    with reader.holding():
+        assert _as_map(reader.snapshot(2)) == states[2]
+        held = reader.version_of(2)
+        assert held in held_versions(reader.uri)
+        needed = _files_of(reader.uri, held)
+        # The pipeline moves on: more epochs, a fold, a checkpoint and a vacuum that
+        # keeps the last two epochs only, deleting what nothing keeps at once.
+        _epochs(writer, 10, 20, states)
+        writer.compact()
+        writer.checkpoint()
+        report = writer.vacuum(keep_epochs=2, **NOW)
+        assert held in report.kept_versions
+        assert needed <= _data_files(root / "shop" / "orders")
+        # Read again, in full, by the same verify: nothing lost mid-read.
+        assert _as_map(reader.snapshot(2)) == states[2]
+    # Released: the record is gone, and the next vacuum drops the version.
+    assert held_versions(writer.uri) == set()
+    writer.vacuum(keep_epochs=2, **NOW)
+    assert not needed & _data_files(root / "shop" / "orders")
+    with pytest.raises(InvalidInputError, match="gone"):
+        _store(root).snapshot(2)
+
+
+def test_a_rebuilds_version_is_kept_while_it_reads_it(tmp_path: Path) -> None:
+    root = tmp_path / "expected"
+    writer = _store(root)
+    states: dict[int, dict[int, int]] = {}
+    _epochs(writer, 0, 5, states)
+    before = DeltaTable(writer.uri).version()  # what a rebuild compares the new state with
+    rebuild = _store(root)
+    with rebuild.holding():
+        old = rebuild.state_at_version(before)
+        _epochs(writer, 6, 15, states)
+        writer.compact()
+        writer.checkpoint()
+        writer.vacuum(keep_epochs=1, **NOW)
+        again = rebuild.state_at_version(before)
+    assert _as_map(again) == _as_map(old) == states[5]
+
+
+def test_every_sink_keeps_the_epochs_from_the_oldest_one_a_sink_lacks(tmp_path: Path) -> None:
+    # Two sinks; the commit cycle passes the oldest epoch some sink still lacks
+    # (here 3: one sink far behind) to the housekeeping of every sink's table.
+    root = tmp_path / "expected"
+    expected = ExpectedState(str(root), "shop", {"near": ["k"], "far": ["k"]}, **NOW)
+    states: dict[int, dict[int, int]] = {}
+    for e in range(52):
+        rows = {k: e * 100 + k for k in range(e % 3, 30, 3)}
+        for table in expected.tables.values():
+            table.apply(e, pa.table({"k": list(rows), "v": list(rows.values()),
+                                     "_op": ["upsert"] * 10}))  # fmt: skip
+        states[e] = {**states.get(e - 1, {}), **rows}
+    done = expected.maintain(3)
+    assert set(done) == {"near", "far"}
+    for sink in ("near", "far"):
+        assert "vacuum" in done[sink], done[sink]  # a merge and a vacuum ran
+        fresh = _store(root, sink)
+        for e in (3, 4, 30, 51):
+            assert _as_map(fresh.snapshot(e)) == states[e], (sink, e)
+        assert _as_map(fresh.snapshot(3)) == states[3]
+        assert set(fresh.changed_keys(3).column("k").to_pylist()) == set(range(30))
+    expected.close()
+
+
+_HOLDER = """
+import sys, time
+from expected_state.store import ExpectedStateStore
+store = ExpectedStateStore(sys.argv[1], "shop", "orders", ["k"])
+with store.holding(lease_s=float(sys.argv[2])):
+    store.snapshot(2)
+    print(store.version_of(2), flush=True)
+    time.sleep(600)
+"""
+
+
+def test_a_killed_holders_hold_stops_pinning_after_its_lease(tmp_path: Path) -> None:
+    root = tmp_path / "expected"
+    writer = _store(root)
+    states: dict[int, dict[int, int]] = {}
+    _epochs(writer, 0, 9, states)
+    writer.compact()
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(_HOLDER), str(root), "2"],
+                              stdout=subprocess.PIPE, text=True, env=env)  # fmt: skip
+    try:
+        assert holder.stdout is not None
+        held = int(holder.stdout.readline())
+        needed = _files_of(writer.uri, held)
+        _epochs(writer, 10, 15, states)
+        writer.compact()
+        writer.vacuum(keep_epochs=1, **NOW)
+        assert needed <= _data_files(root / "shop" / "orders")  # held while it lives
+        time.sleep(3)  # past its first lease: renewed, still held
+        assert held in held_versions(writer.uri)
+        os.kill(holder.pid, 9)
+        assert holder.wait(WAIT_S) == -9
+    finally:
+        if holder.poll() is None:
+            holder.kill()
+    deadline = time.monotonic() + WAIT_S
+    while held in held_versions(writer.uri):  # its lease runs out: 2 s
+        assert time.monotonic() < deadline, "a killed holder's hold never expired"
+        time.sleep(0.2)
+    assert not list((root / "shop" / "orders" / HOLDS_DIR).glob("*.json"))  # deleted once expired
+    writer.vacuum(keep_epochs=1, **NOW)
+    assert not needed & _data_files(root / "shop" / "orders")
+    assert _as_map(_store(root).snapshot()) == states[15]
+
+
+def test_unreferenced_files_go_after_the_margin_and_a_fractional_retention(
+    tmp_path: Path,
+) -> None:
+    root = tmp_path / "expected"
+    store = _store(root)
+    states: dict[int, dict[int, int]] = {}
+    _epochs(store, 0, 3, states)
+    table = root / "shop" / "orders"
+
+    def orphan(epoch: int) -> Path:
+        # An epoch's file written ahead, not committed (yet): no version references it.
+        written = store.write_ahead(epoch, store.normalize(
+            pa.table({"k": [1], "v": [epoch], "_op": ["upsert"]})))  # fmt: skip
+        assert written is not None
+        (path,) = (f.path for f in written.files)
+        return table / path
+
+    young, twenty, forty = orphan(100), orphan(101), orphan(102)
+    _age([twenty], 20 * 60)
+    _age([forty], 40 * 60)
+    # The default margin (10 minutes) keeps a file just written; older ones go.
+    store.vacuum(retention_hours=0)
+    assert young.exists() and not twenty.exists() and not forty.exists()
+
+    twenty, forty = orphan(103), orphan(104)
+    _age([twenty], 20 * 60)
+    _age([forty], 40 * 60)
+    # Half an hour of retention is half an hour, not 0: the 20-minute-old file stays.
+    report = store.vacuum(retention_hours=0.5, safety_margin_minutes=0)
+    assert twenty.exists() and not forty.exists()
+    assert str(forty.relative_to(table)) in report.deleted_files
+    assert young.exists()  # 0.5 h of retention covers it too
+    store.vacuum(**NOW)
+    assert not young.exists() and not twenty.exists()
+    assert _as_map(store.snapshot()) == states[3]
+
+
+def test_the_store_keeps_fewer_bytes_than_under_a_days_retention(tmp_path: Path) -> None:
+    root = tmp_path / "expected"
+    store = _store(root)
+    states: dict[int, dict[int, int]] = {}
+    table = root / "shop" / "orders"
+    for first in range(0, 40, 10):
+        _epochs(store, first, first + 9, states)
+        store.maintain(compact_changes_after=5, checkpoint_every=5, keep_from_epoch=first + 8,
+                       keep_epochs=2, retention_hours=24)  # fmt: skip
+    # An hour later, as a long run leaves the files a merge rewrote an hour ago.
+    _age([p for p in table.rglob("*.parquet") if "_delta_log" not in str(p)], 3600)
+    store.vacuum(keep_from_epoch=38, keep_epochs=2, retention_hours=24)  # the old schedule
+    day = table_disk_use(str(table))
+    assert day is not None and day.retained > 0
+    store.vacuum(keep_from_epoch=38, keep_epochs=2)  # the new one: margin, no extra retention
+    now = table_disk_use(str(table))
+    assert now is not None and now.retained == 0
+    assert now.total < day.total
+    for e in (38, 39):
+        assert _as_map(_store(root).snapshot(e)) == states[e]
