@@ -31,8 +31,7 @@ pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
 SCHEMA = pa.schema([("k", pa.int64()), ("v", pa.int64())])
-NOW = {"retention_hours": 0, "safety_margin_minutes": 0}  # delete whatever nothing keeps
-WAIT_S = 30.0
+WAIT_S = 30.0  # a bound on every wait, so that a broken run fails instead of hanging
 
 
 def _store(root: Path, sink: str = "orders") -> ExpectedStateStore:
@@ -43,7 +42,9 @@ def _as_map(table: pa.Table) -> dict[int, int]:
     return dict(zip(*(table.column(c).to_pylist() for c in ("k", "v")), strict=True))
 
 
-def _epochs(store: ExpectedStateStore, first: int, last: int, states: dict[int, dict[int, int]]):
+def _epochs(
+    store: ExpectedStateStore, first: int, last: int, states: dict[int, dict[int, int]]
+) -> None:
     """Apply epochs ``first..last`` (each updates a third of 30 keys), recording each state."""
     state = dict(states[max(states)]) if states else {}
     for e in range(first, last + 1):
@@ -89,14 +90,14 @@ def test_a_held_version_keeps_its_files_and_log_whatever_their_age(tmp_path: Pat
         _epochs(writer, 10, 20, states)
         writer.compact()
         writer.checkpoint()
-        report = writer.vacuum(keep_epochs=2, **NOW)
+        report = writer.vacuum(keep_epochs=2, retention_hours=0, safety_margin_minutes=0)
         assert held in report.kept_versions
         assert needed <= _data_files(root / "shop" / "orders")
         # Read again, in full, by the same verify: nothing lost mid-read.
         assert _as_map(reader.snapshot(2)) == states[2]
     # Released: the record is gone, and the next vacuum drops the version.
     assert held_versions(writer.uri) == set()
-    writer.vacuum(keep_epochs=2, **NOW)
+    writer.vacuum(keep_epochs=2, retention_hours=0, safety_margin_minutes=0)
     assert not needed & _data_files(root / "shop" / "orders")
     with pytest.raises(InvalidInputError, match="gone"):
         _store(root).snapshot(2)
@@ -114,7 +115,7 @@ def test_a_rebuilds_version_is_kept_while_it_reads_it(tmp_path: Path) -> None:
         _epochs(writer, 6, 15, states)
         writer.compact()
         writer.checkpoint()
-        writer.vacuum(keep_epochs=1, **NOW)
+        writer.vacuum(keep_epochs=1, retention_hours=0, safety_margin_minutes=0)
         again = rebuild.state_at_version(before)
     assert _as_map(again) == _as_map(old) == states[5]
 
@@ -123,7 +124,8 @@ def test_every_sink_keeps_the_epochs_from_the_oldest_one_a_sink_lacks(tmp_path: 
     # Two sinks; the commit cycle passes the oldest epoch some sink still lacks
     # (here 3: one sink far behind) to the housekeeping of every sink's table.
     root = tmp_path / "expected"
-    expected = ExpectedState(str(root), "shop", {"near": ["k"], "far": ["k"]}, **NOW)
+    expected = ExpectedState(str(root), "shop", {"near": ["k"], "far": ["k"]},
+                             retention_hours=0, safety_margin_minutes=0)  # fmt: skip
     states: dict[int, dict[int, int]] = {}
     for e in range(52):
         rows = {k: e * 100 + k for k in range(e % 3, 30, 3)}
@@ -169,7 +171,7 @@ def test_a_killed_holders_hold_stops_pinning_after_its_lease(tmp_path: Path) -> 
         needed = _files_of(writer.uri, held)
         _epochs(writer, 10, 15, states)
         writer.compact()
-        writer.vacuum(keep_epochs=1, **NOW)
+        writer.vacuum(keep_epochs=1, retention_hours=0, safety_margin_minutes=0)
         assert needed <= _data_files(root / "shop" / "orders")  # held while it lives
         time.sleep(3)  # past its first lease: renewed, still held
         assert held in held_versions(writer.uri)
@@ -183,7 +185,7 @@ def test_a_killed_holders_hold_stops_pinning_after_its_lease(tmp_path: Path) -> 
         assert time.monotonic() < deadline, "a killed holder's hold never expired"
         time.sleep(0.2)
     assert not list((root / "shop" / "orders" / HOLDS_DIR).glob("*.json"))  # deleted once expired
-    writer.vacuum(keep_epochs=1, **NOW)
+    writer.vacuum(keep_epochs=1, retention_hours=0, safety_margin_minutes=0)
     assert not needed & _data_files(root / "shop" / "orders")
     assert _as_map(_store(root).snapshot()) == states[15]
 
@@ -220,7 +222,7 @@ def test_unreferenced_files_go_after_the_margin_and_a_fractional_retention(
     assert twenty.exists() and not forty.exists()
     assert str(forty.relative_to(table)) in report.deleted_files
     assert young.exists()  # 0.5 h of retention covers it too
-    store.vacuum(**NOW)
+    store.vacuum(retention_hours=0, safety_margin_minutes=0)
     assert not young.exists() and not twenty.exists()
     assert _as_map(store.snapshot()) == states[3]
 
