@@ -247,3 +247,44 @@ def test_the_store_keeps_fewer_bytes_than_under_a_days_retention(tmp_path: Path)
     assert now.total < day.total
     for e in (38, 39):
         assert _as_map(_store(root).snapshot(e)) == states[e]
+
+
+_MAINTAIN = """
+import sys
+from expected_state.store import ExpectedStateStore
+store = ExpectedStateStore(sys.argv[1], "shop", "orders", ["k"])
+store.maintain(compact_changes_after=5, keep_epochs=2, retention_hours=0, safety_margin_minutes=0)
+"""
+
+
+def test_a_kill_mid_vacuum_leaves_a_store_that_reads_whole(tmp_path: Path) -> None:
+    root = tmp_path / "expected"
+    store = _store(root)
+    states: dict[int, dict[int, int]] = {}
+    _epochs(store, 0, 19, states)
+    store.compact_changes()  # epochs 0..18 in one file: their own files, referenced by
+    _epochs(store, 20, 29, states)  # old versions only, go at the next vacuum
+    table = root / "shop" / "orders"
+    before = _data_files(table)
+    fired = tmp_path / "killed"
+    env = {**os.environ, "PYTHONPATH": str(REPO), "RECONCILE_KILL_ONCE": str(fired),
+           "RECONCILE_KILL_AT": "expected_state.vacuum.deleting:3"}  # fmt: skip
+    run = subprocess.run([sys.executable, "-c", textwrap.dedent(_MAINTAIN), str(root)],
+                         env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert run.returncode == -9, run.stderr
+    assert "expected_state.vacuum.deleting" in fired.read_text()  # the kill fired there
+    # Killed between deletions: the merge committed, two old change files deleted,
+    # the rest (no longer referenced by a kept version) still there.
+    left = _data_files(table)
+    assert len(before - left) == 2, before - left
+    fresh = _store(root)
+    for at in (None, 28, 29):
+        assert _as_map(fresh.snapshot(at)) == states[29 if at is None else at]
+    # The next maintain() (merges due again) completes and deletes what was left.
+    _epochs(fresh, 30, 36, states)
+    done = fresh.maintain(compact_changes_after=5, keep_epochs=2, retention_hours=0,
+                          safety_margin_minutes=0)  # fmt: skip
+    assert "vacuum" in done
+    disk = table_disk_use(str(table))
+    assert disk is not None and disk.retained == 0
+    assert _as_map(_store(root).snapshot()) == states[36]
