@@ -142,6 +142,9 @@ def test_every_sink_keeps_the_epochs_from_the_oldest_one_a_sink_lacks(tmp_path: 
             assert _as_map(fresh.snapshot(e)) == states[e], (sink, e)
         assert _as_map(fresh.snapshot(3)) == states[3]
         assert set(fresh.changed_keys(3).column("k").to_pylist()) == set(range(30))
+        # And the rest went at once, with the pipeline's margin of 0 (not after 10 minutes).
+        disk = table_disk_use(fresh.uri)
+        assert disk is not None and disk.retained == 0
     expected.close()
 
 
@@ -288,3 +291,38 @@ def test_a_kill_mid_vacuum_leaves_a_store_that_reads_whole(tmp_path: Path) -> No
     disk = table_disk_use(str(table))
     assert disk is not None and disk.retained == 0
     assert _as_map(_store(root).snapshot()) == states[36]
+
+
+def test_a_repair_holds_the_store_version_it_reads_until_it_ends(tmp_path: Path) -> None:
+    import sqlalchemy as sa
+
+    from reconcile import CommitCycle, CommitSucceeded, recover
+    from reconcile.core import hooks
+    from reconcile.recovery.engine import PULLED
+    from sinks.sql.sink import SqlSink
+
+    url = f"sqlite:///{tmp_path / 'shop.db'}"
+    engine = sa.create_engine(url)
+    with engine.begin() as conn:
+        conn.exec_driver_sql(
+            "CREATE TABLE orders (k BIGINT PRIMARY KEY, v BIGINT NOT NULL, _epoch BIGINT NOT NULL)"
+        )
+    root = tmp_path / "expected"
+    expected = ExpectedState(str(root), "shop", {"orders": ["k"]})
+    cycle = CommitCycle("shop", [SqlSink(url, "orders", name="orders")], expected_state=expected)
+    cycle.start()
+    for e in range(3):
+        rows = [{"k": k, "v": e * 100 + k} for k in range(e, 20, 3)]
+        assert cycle.run_epoch(e, {"orders": rows}) == CommitSucceeded(e)
+    cycle.close()
+    with engine.begin() as conn:
+        conn.exec_driver_sql("DELETE FROM orders WHERE k = 2")  # drift for the repair
+    uri = _store(root).uri
+    seen: list[set[int]] = []
+    # Between its pull and its repair: the store version it diffed with is held.
+    with hooks.at(PULLED, lambda: seen.append(held_versions(uri))) as armed:
+        report = recover(url, str(root), "shop", "orders")
+    assert armed.fired == 1
+    assert seen == [{DeltaTable(uri).version()}]
+    assert report.missing == 1 and report.applied == 1
+    assert held_versions(uri) == set()  # released when it ended
