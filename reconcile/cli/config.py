@@ -39,6 +39,7 @@ from reconcile.core.contract import ConfigurationError
 # The store's own default (expected_state.housekeeping), restated: the CLI's
 # config model imports nothing of the store to load a file.
 DEFAULT_RETENTION_HOURS = 0
+DEFAULT_SAFETY_MARGIN_MINUTES = 10.0
 
 __all__ = [
     "Config",
@@ -97,7 +98,8 @@ class PipelineConfig:
     ``store_retention_hours`` is how long its store's housekeeping keeps a file
     that no version it keeps references (``store_retention_hours``, else the
     ``[store]`` table's ``retention_hours``, else 0: only what the store keeps
-    anyway, see docs/configuration.md).
+    anyway); ``store_safety_margin_minutes`` keeps such a file written since (else
+    the ``[store]`` table's ``safety_margin_minutes``, else 10); docs/configuration.md.
     """
 
     name: str
@@ -106,6 +108,7 @@ class PipelineConfig:
     sinks: tuple[SinkTableConfig, ...]
     run: RunSettings | None = None
     store_retention_hours: float = DEFAULT_RETENTION_HOURS
+    store_safety_margin_minutes: float = DEFAULT_SAFETY_MARGIN_MINUTES
 
     def sink(self, name: str) -> SinkTableConfig:
         """The sink table ``name``.
@@ -233,7 +236,9 @@ def load_config(path: str | os.PathLike[str], *, env: Mapping[str, str] | None =
     base = file.parent
     store = top.table("store")
     default_store = _store_root(store, base) if store else None
-    retention = _retention(store, "retention_hours") if store else None
+    retention = (None, None) if not store else (
+        _retention(store, "retention_hours"), _retention(store, "safety_margin_minutes", "minutes")
+    )  # fmt: skip
     if store:
         store.done()
     metrics = _metrics(top.table("metrics"), base)
@@ -250,15 +255,15 @@ def load_config(path: str | os.PathLike[str], *, env: Mapping[str, str] | None =
 
 
 def _store_root(store: TableReader, base: Path) -> str:
-    store.only("root", "retention_hours")
+    store.only("root", "retention_hours", "safety_margin_minutes")
     root = store.get("root", str, required=True)
     if not root:
         raise store.error("must not be empty", "root")
     return local_path(root, base)
 
 
-def _retention(reader: TableReader, key: str) -> float | None:
-    """A store's extra retention in hours: a finite number >= 0 (None: not given).
+def _retention(reader: TableReader, key: str, unit: str = "hours") -> float | None:
+    """A store's extra retention in hours, or its margin: a finite number >= 0 (None: not given).
 
     Any fraction: the store's vacuum counts it in seconds. 0 is safe for a running
     pipeline: change files written ahead of their commit are kept by the store's
@@ -268,7 +273,7 @@ def _retention(reader: TableReader, key: str) -> float | None:
     if hours is None:
         return None
     if not (0 <= hours < float("inf")):
-        raise reader.error(f"expected a number of hours >= 0, got {hours!r}", key)
+        raise reader.error(f"expected a number of {unit} >= 0, got {hours!r}", key)
     return float(hours)
 
 
@@ -276,15 +281,17 @@ def _pipeline(
     pipelines: TableReader,
     name: str,
     store: str | None,
-    retention: float | None,
+    retention: tuple[float | None, float | None],
     base: Path,
     env: Mapping[str, str],
 ) -> PipelineConfig:
     check_name(pipelines, "pipeline", name)
     reader = pipelines.table(name)
     assert reader is not None
-    reader.only("store", "progress", "sinks", "run", "store_retention_hours")
+    reader.only("store", "progress", "sinks", "run", "store_retention_hours",
+                "store_safety_margin_minutes")  # fmt: skip
     own_retention = _retention(reader, "store_retention_hours")
+    own_margin = _retention(reader, "store_safety_margin_minutes", "minutes")
     own_store = reader.get("store", str)
     root = local_path(own_store, base) if own_store else store
     if root is None:
@@ -317,8 +324,11 @@ def _pipeline(
             (sinks_table.key(f"{s.name}.{s.connection.kind}"), s.connection) for s in sinks
         ]
         run = read_run(run_table, base, connections, env)
-    hours = next((h for h in (own_retention, retention) if h is not None), DEFAULT_RETENTION_HOURS)
-    return PipelineConfig(name, root, progress, tuple(sinks), run, hours)
+    hours = next((h for h in (own_retention, retention[0]) if h is not None),
+                 DEFAULT_RETENTION_HOURS)  # fmt: skip
+    minutes = next((m for m in (own_margin, retention[1]) if m is not None),
+                   DEFAULT_SAFETY_MARGIN_MINUTES)  # fmt: skip
+    return PipelineConfig(name, root, progress, tuple(sinks), run, hours, minutes)
 
 
 def _sink(

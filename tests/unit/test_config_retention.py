@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from expected_state.housekeeping import DEFAULT_RETENTION_HOURS
+from expected_state.housekeeping import DEFAULT_RETENTION_HOURS, DEFAULT_SAFETY_MARGIN_MINUTES
 from reconcile.cli.config import ConfigFileError, load_config
 
 FILE = """
@@ -42,6 +42,7 @@ def test_the_retention_defaults_to_the_stores_own() -> None:
     # No extra retention: holds keep what the engine's readers read, the margin what
     # a writer has not committed yet.
     assert DEFAULT_RETENTION_HOURS == config.DEFAULT_RETENTION_HOURS == 0
+    assert DEFAULT_SAFETY_MARGIN_MINUTES == config.DEFAULT_SAFETY_MARGIN_MINUTES == 10
 
 
 def test_the_retention_is_the_stores_default_then_the_files_then_the_pipelines(
@@ -55,6 +56,21 @@ def test_the_retention_is_the_stores_default_then_the_files_then_the_pipelines(
     # Any fraction: the store's vacuum counts it in seconds, it is not truncated.
     assert load(tmp_path, pipeline="store_retention_hours = 0.5") == {"orders": 0.5, "audit": 0}
     assert load(tmp_path, store="retention_hours = 0") == {"orders": 0, "audit": 0}
+
+
+def test_the_safety_margin_is_the_stores_default_then_the_files_then_the_pipelines(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "reconcile.toml"
+
+    def margins(store: str = "", pipeline: str = "") -> dict[str, float]:
+        path.write_text(textwrap.dedent(FILE.format(store=store, pipeline=pipeline)))
+        return {p.name: p.store_safety_margin_minutes for p in load_config(path, env={}).pipelines}
+
+    assert margins() == {"orders": DEFAULT_SAFETY_MARGIN_MINUTES, "audit": 10}
+    assert margins(store="safety_margin_minutes = 30") == {"orders": 30, "audit": 30}
+    both = margins(store="safety_margin_minutes = 30", pipeline="store_safety_margin_minutes = 0.5")
+    assert both == {"orders": 0.5, "audit": 30}
 
 
 @pytest.mark.parametrize(
@@ -72,6 +88,10 @@ def test_the_retention_is_the_stores_default_then_the_files_then_the_pipelines(
         ("", "store_retention_hours = true",
          "pipelines.orders.store_retention_hours: expected an integer or a number, got bool"),
         ("retention_hour = 1", "", "store.retention_hour: unknown key"),
+        ("safety_margin_minutes = -1", "",
+         "store.safety_margin_minutes: expected a number of minutes >= 0, got -1"),
+        ("", "store_safety_margin_minutes = nan",
+         "pipelines.orders.store_safety_margin_minutes: expected a number of minutes >= 0"),
     ],
 )  # fmt: skip
 def test_a_bad_retention_is_refused_naming_the_key_and_value(
@@ -86,11 +106,13 @@ def test_the_pipelines_cycle_keeps_files_for_its_retention(tmp_path: Path) -> No
     from reconcile.cli.config_sinks import cycle_builder
 
     path = tmp_path / "reconcile.toml"
-    path.write_text(textwrap.dedent(FILE.format(store="", pipeline="store_retention_hours = 3")))
+    own = "store_retention_hours = 3\nstore_safety_margin_minutes = 2.5"
+    path.write_text(textwrap.dedent(FILE.format(store="", pipeline=own)))
     path.chmod(0o600)
     cycle = cycle_builder(load_config(path, env={}).pipeline("orders"), file=path)()
     assert cycle.expected_state is not None
     assert cycle.expected_state.retention_hours == 3
+    assert cycle.expected_state.safety_margin_minutes == 2.5
 
 
 @pytest.mark.parametrize("hours", [-1, -0.5, float("nan"), float("inf"), True, "24"])
