@@ -180,9 +180,8 @@ class Reading:
         self.audit()  # before its files are listed: a foreign commit is named as such
         if table is None or self._schema is None:
             return None
-        # Every snapshot reader comes through here: a verify, repair or rebuild
-        # within holding() keeps the version it reads from vacuum while it reads
-        # (a merge may make it an old version meanwhile).
+        # Every snapshot reader comes through here: within holding(), the version
+        # it reads is kept from vacuum while it reads (a merge may make it old).
         self._hold(table.version())
         files = live_files(table, name=self.uri)
         if epoch is not None:
