@@ -10,8 +10,8 @@ A store table's folder holds, besides its Delta log:
 - files that no version in the log references (``retained``): rewritten by a
   merge or a compaction before the oldest version the log still holds, or
   never committed (an epoch's file written ahead, a crashed writer's). Only
-  vacuum's ``retention_hours`` keeps them: the next vacuum deletes the ones
-  older than that.
+  vacuum's safety margin (minutes) and ``retention_hours`` (0 by default) keep
+  them: the next vacuum deletes the ones older than both.
 
 Everything is read from the Delta log and the file listing, through the same
 filesystem the store writes with (a local folder or an object store such as
@@ -33,6 +33,7 @@ from deltalake import DeltaTable
 from deltalake.exceptions import TableNotFoundError
 
 from expected_state.delta_files import filesystem
+from expected_state.holds import HOLDS_DIR
 from expected_state.layout import classify
 
 __all__ = ["DiskUse", "pipeline_disk_use", "table_disk_use"]
@@ -50,7 +51,7 @@ class DiskUse:
         change: the newest version's change files of single epochs (not merged yet).
         history: files only older versions still in the log reference.
         retained: files no version in the log references (kept until retention passes).
-        log: the Delta log (commits, checkpoints).
+        log: the Delta log (commits, checkpoints), and the readers' holds (``_holds/``).
         files: how many data files (all but the log's).
     """
 
@@ -113,7 +114,7 @@ def table_disk_use(table_uri: str, *, store_layout: bool = True) -> DiskUse | No
             continue
         relative = info.path.removeprefix(prefix)
         size = int(info.size or 0)
-        if relative == _LOG_DIR or relative.startswith(f"{_LOG_DIR}/"):
+        if relative == _LOG_DIR or relative.startswith((f"{_LOG_DIR}/", f"{HOLDS_DIR}/")):
             split["log"] += size
             continue
         split["files"] += 1

@@ -11,7 +11,9 @@ from expected_state.compaction import DEFAULT_MERGE_MAX_ROWS, merge_groups
 from expected_state.delta_commit import make_durable
 from expected_state.delta_log import EPOCHS_LOG_MARGIN, last_checkpoint, prune_log
 from expected_state.fencing import check_generation
+from expected_state.holds import held_versions
 from expected_state.live import live_files
+from expected_state.vacuum_files import delete_unreferenced
 
 if TYPE_CHECKING:
     from expected_state.epochs import EpochLog
@@ -22,6 +24,7 @@ __all__ = [
     "DEFAULT_COMPACT_CHANGES_AFTER",
     "DEFAULT_KEEP_EPOCHS",
     "DEFAULT_RETENTION_HOURS",
+    "DEFAULT_SAFETY_MARGIN_MINUTES",
     "Housekeeping",
     "VacuumReport",
 ]
@@ -31,14 +34,20 @@ __all__ = [
 #  * the versions of the last DEFAULT_KEEP_EPOCHS epochs are kept, and every
 #    epoch from `keep_from_epoch` on (the caller passes the last epoch verified
 #    against the sink: scoped recovery diffs against it via changed_keys());
-#  * files no kept version references (those a merge or a compaction rewrote
-#    before the kept window, crash orphans, a fenced writer's leftovers) are
-#    deleted only once older than `retention_hours`, so an apply() that is
-#    between its file writes and its commit never loses its files, and a reader
-#    of a version older than the window keeps them that long. The versions above
-#    are kept by epoch, whatever their age: the retention protects nothing else.
+#  * every version a running verify, repair or rebuild holds (expected_state.holds:
+#    a record under the table's _holds/, ignored once its lease expired);
+#  * files no kept or held version references (those a merge or a compaction
+#    rewrote before the kept window, crash orphans, a fenced writer's leftovers)
+#    are deleted once older than the safety margin, so that an apply() between
+#    its file writes and its commit never loses its files; and older than
+#    `retention_hours`, the user's extra retention for other time-travel readers
+#    (0 by default: the engine's own readers hold what they read). The versions
+#    above are kept whatever their age: the margin and retention protect nothing else.
 DEFAULT_KEEP_EPOCHS = 10
-DEFAULT_RETENTION_HOURS = 24
+DEFAULT_RETENTION_HOURS = 0
+# Ten minutes: far longer than an epoch's file writes before its commit (the
+# store's own, or Spark executors' change files written while housekeeping runs).
+DEFAULT_SAFETY_MARGIN_MINUTES = 10.0
 # maintain(): a checkpoint every 10 commits keeps the log replay of each epoch's
 # refresh and commit short; merging after 50 epochs keeps the live files few.
 DEFAULT_CHECKPOINT_EVERY = 10
@@ -109,6 +118,7 @@ class Housekeeping:
         keep_epochs: int = DEFAULT_KEEP_EPOCHS,
         retention_hours: float = DEFAULT_RETENTION_HOURS,
         merge_max_rows: int = DEFAULT_MERGE_MAX_ROWS,
+        safety_margin_minutes: float = DEFAULT_SAFETY_MARGIN_MINUTES,
     ) -> dict[str, Any]:
         """Run the housekeeping that is due; meant to be called between epochs.
 
@@ -128,6 +138,7 @@ class Housekeeping:
             keep_epochs: passed to ``vacuum()``.
             retention_hours: passed to ``vacuum()``.
             merge_max_rows: passed to ``compact_changes()`` as ``max_rows``.
+            safety_margin_minutes: passed to ``vacuum()``.
 
         Returns:
             What ran: ``compact_changes`` and ``vacuum`` reports, ``checkpoint`` version.
@@ -153,6 +164,7 @@ class Housekeeping:
                 keep_from_epoch=keep_from_epoch,
                 keep_epochs=keep_epochs,
                 retention_hours=retention_hours,
+                safety_margin_minutes=safety_margin_minutes,
             )
             table = self._delta()
             assert table is not None
@@ -167,6 +179,7 @@ class Housekeeping:
         keep_from_epoch: int | None = None,
         keep_epochs: int = DEFAULT_KEEP_EPOCHS,
         retention_hours: float = DEFAULT_RETENTION_HOURS,
+        safety_margin_minutes: float = DEFAULT_SAFETY_MARGIN_MINUTES,
     ) -> VacuumReport:
         """Delete files, and log entries, no longer needed by the versions recovery may read.
 
@@ -174,8 +187,12 @@ class Housekeeping:
             keep_from_epoch: keep every epoch from this one on (e.g. the last epoch
                 verified against the sink). None: only the last ``keep_epochs``.
             keep_epochs: how many of the newest epochs to keep in any case (>= 1).
-            retention_hours: minimum age of an unreferenced or removed file before it
-                is deleted; 0 is only safe when no apply() is in flight.
+            retention_hours: the extra retention (any fraction of an hour, default 0):
+                an unreferenced file younger than this is kept, for readers of old
+                versions other than the engine's (which hold what they read).
+            safety_margin_minutes: an unreferenced file last written more recently is
+                kept (an apply() between its file writes and its commit); 0 is only
+                safe when no writer of the store is running.
 
         Returns:
             The versions and epochs kept, the files and the number of log files deleted
@@ -197,16 +214,23 @@ class Housekeeping:
         keep = set(epochs[-max(1, keep_epochs) :])
         if keep_from_epoch is not None:
             keep.update(e for e in epochs if e >= keep_from_epoch)
-        kept_versions = sorted({versions[e] for e in keep} | {table.version()})
-        deleted = table.vacuum(
-            retention_hours=int(retention_hours),
-            dry_run=False,
-            enforce_retention_duration=False,
+        if retention_hours < 0 or safety_margin_minutes < 0:
+            raise ValueError(
+                f"table {self.uri!r}: retention_hours and safety_margin_minutes must be >= 0, "
+                f"got {retention_hours!r} and {safety_margin_minutes!r}"
+            )
+        # WHY: a verify, repair or rebuild still reading an old version holds it
+        # (expected_state.holds); its files and log entries stay whatever their
+        # age. A held version the log no longer has is gone already: not kept.
+        held = {v for v in held_versions(self.uri) if self._history_from <= v <= table.version()}
+        kept_versions = sorted({versions[e] for e in keep} | {table.version()} | held)
+        # full (in delete_unreferenced): also files no log entry ever referenced
+        # (crash orphans of apply(), a fenced writer's files), not only removed ones.
+        deleted = delete_unreferenced(
+            table,
             keep_versions=kept_versions,
-            # full: also delete files no log entry ever referenced (crash orphans of
-            # apply(), a fenced writer's files); the default "lite" mode only
-            # deletes files that a commit removed.
-            full=True,
+            retention_hours=retention_hours,
+            margin_minutes=safety_margin_minutes,
         )
         # Every write lists the log folder, so its cost grows with the log: prune
         # it below the oldest version kept (deltalake's own cleanup goes by age).
@@ -220,13 +244,11 @@ class Housekeeping:
             # of another stream may be a few commits behind when it commits, and
             # delta-rs then reads the commits since its snapshot: keep a margin.
             epochs_table = DeltaTable(self.epochs.uri)
-            epochs_deleted = list(
-                epochs_table.vacuum(
-                    retention_hours=int(retention_hours),
-                    dry_run=False,
-                    enforce_retention_duration=False,
-                    full=True,
-                )
+            epochs_deleted = delete_unreferenced(
+                epochs_table,
+                keep_versions=None,
+                retention_hours=retention_hours,
+                margin_minutes=safety_margin_minutes,
             )
             pruned += prune_log(self.epochs.uri, epochs_table.version() - EPOCHS_LOG_MARGIN).deleted
         return VacuumReport(

@@ -46,6 +46,9 @@ class Reading:
     def last_epoch(self) -> int | None:  # provided by the store
         raise NotImplementedError
 
+    def _hold(self, version: int) -> None:  # provided by the store (Holding)
+        raise NotImplementedError
+
     # -- epochs and versions ---------------------------------------------------
 
     def epoch_versions(self) -> dict[int, int]:
@@ -119,6 +122,7 @@ class Reading:
             InvalidInputError: the epoch is not recorded, or vacuum pruned its version.
         """
         version = self.version_of(epoch)
+        self._hold(version)  # before its files are listed and read
         try:
             return DeltaTable(self.uri, version=version)
         except (TableNotFoundError, DeltaError, OSError) as exc:
@@ -176,6 +180,9 @@ class Reading:
         self.audit()  # before its files are listed: a foreign commit is named as such
         if table is None or self._schema is None:
             return None
+        # Every snapshot reader comes through here: within holding(), the version
+        # it reads is kept from vacuum while it reads (a merge may make it old).
+        self._hold(table.version())
         files = live_files(table, name=self.uri)
         if epoch is not None:
             last = self.last_epoch()
@@ -326,6 +333,7 @@ class Reading:
                       for k in keys]  # fmt: skip
             empty = pa.schema(fields).empty_table()
             return empty.append_column("_deleted", pa.array([], pa.bool_()))
+        self._hold(table.version())
         files = self._change_files_after(table, since_epoch)
         data = self._read(files, [*keys, EPOCH_COLUMN, OP_COLUMN], since_epoch)
         data = data.filter(pc.greater(data.column(EPOCH_COLUMN), since_epoch))

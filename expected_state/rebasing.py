@@ -99,6 +99,7 @@ class Rebasing:
     _delta: Callable[..., DeltaTable | None]
     _token: Callable[[DeltaTable], int | None]
     snapshot: Callable[..., pa.Table]  # provided by the store (Reading)
+    _hold: Callable[[int], None]  # provided by the store (Holding)
 
     def check_files(self, files: list[StoreFile]) -> None:  # provided by the store
         raise NotImplementedError
@@ -108,6 +109,7 @@ class Rebasing:
         table = DeltaTable(self.uri, version=version) if version is not None else self._delta()
         if table is None or self._schema is None:
             raise InvalidInputError(f"table {self.uri!r} holds no epoch", table=self.uri)
+        self._hold(table.version())  # a rebuild reads it next: hold it from vacuum
         return self._state_of(live_files(table, name=self.uri))
 
     def _state_of(self, files: list[StoreFile]) -> pa.Table:

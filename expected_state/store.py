@@ -32,6 +32,7 @@ from expected_state.fencing import (
     check_generation,
     check_recorded_generation,
 )
+from expected_state.holds import Holding
 from expected_state.housekeeping import Housekeeping
 from expected_state.layout import (
     stored_schema,
@@ -69,8 +70,8 @@ APPLY_TABLE_MISSING = hooks.declare("expected_state.apply.table_missing")
 _COMMIT_ATTEMPTS = 3
 
 
-class ExpectedStateStore(
-    StoreTable, Evolving, Trusting, Reading, Reverting, Rebasing, Compaction, Housekeeping
+class ExpectedStateStore(  # Holding first: the others' _hold stubs are its
+    Holding, StoreTable, Evolving, Trusting, Reading, Reverting, Rebasing, Compaction, Housekeeping
 ):
     """The expected state of one sink table of one pipeline, as a merge-on-read Delta table.
 

@@ -30,6 +30,9 @@ class Trusting:
     def _delta(self, *, refresh: bool = True) -> DeltaTable | None:  # provided by the store
         raise NotImplementedError
 
+    def _hold(self, version: int) -> None:  # provided by the store (Holding)
+        raise NotImplementedError
+
     def audit(self, version: int | None = None) -> None:
         """Check the table's commits before its rows are trusted (see ``integrity.py``).
 
@@ -88,5 +91,6 @@ class Trusting:
         Raises:
             StoreLostRowsError, StoreIntegrityError: as :meth:`audit` and :meth:`check_files`.
         """
+        self._hold(version)  # the Spark job reads it after this: hold it from vacuum
         self.audit(version)
         self.check_files(live_files(DeltaTable(self.uri, version=version), name=self.uri))

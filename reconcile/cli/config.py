@@ -38,7 +38,8 @@ from reconcile.core.contract import ConfigurationError
 
 # The store's own default (expected_state.housekeeping), restated: the CLI's
 # config model imports nothing of the store to load a file.
-DEFAULT_RETENTION_HOURS = 24
+DEFAULT_RETENTION_HOURS = 0
+DEFAULT_SAFETY_MARGIN_MINUTES = 10.0
 
 __all__ = [
     "Config",
@@ -96,7 +97,9 @@ class PipelineConfig:
     ``run`` is how ``reconcile run`` streams it (its ``run`` table), or None.
     ``store_retention_hours`` is how long its store's housekeeping keeps a file
     that no version it keeps references (``store_retention_hours``, else the
-    ``[store]`` table's ``retention_hours``, else 24).
+    ``[store]`` table's ``retention_hours``, else 0: only what the store keeps
+    anyway); ``store_safety_margin_minutes`` keeps such a file written since (else
+    the ``[store]`` table's ``safety_margin_minutes``, else 10); docs/configuration.md.
     """
 
     name: str
@@ -104,7 +107,8 @@ class PipelineConfig:
     progress: Path | None
     sinks: tuple[SinkTableConfig, ...]
     run: RunSettings | None = None
-    store_retention_hours: int = DEFAULT_RETENTION_HOURS
+    store_retention_hours: float = DEFAULT_RETENTION_HOURS
+    store_safety_margin_minutes: float = DEFAULT_SAFETY_MARGIN_MINUTES
 
     def sink(self, name: str) -> SinkTableConfig:
         """The sink table ``name``.
@@ -232,7 +236,9 @@ def load_config(path: str | os.PathLike[str], *, env: Mapping[str, str] | None =
     base = file.parent
     store = top.table("store")
     default_store = _store_root(store, base) if store else None
-    retention = _retention(store, "retention_hours") if store else None
+    retention = (None, None) if not store else (
+        _retention(store, "retention_hours"), _retention(store, "safety_margin_minutes", "minutes")
+    )  # fmt: skip
     if store:
         store.done()
     metrics = _metrics(top.table("metrics"), base)
@@ -249,48 +255,43 @@ def load_config(path: str | os.PathLike[str], *, env: Mapping[str, str] | None =
 
 
 def _store_root(store: TableReader, base: Path) -> str:
-    store.only("root", "retention_hours")
+    store.only("root", "retention_hours", "safety_margin_minutes")
     root = store.get("root", str, required=True)
     if not root:
         raise store.error("must not be empty", "root")
     return local_path(root, base)
 
 
-def _retention(reader: TableReader, key: str) -> int | None:
-    """A store retention in hours: a whole number >= 1 (None: not given)."""
+def _retention(reader: TableReader, key: str, unit: str = "hours") -> float | None:
+    """A store's extra retention in hours, or its margin: a finite number >= 0 (None: not given).
+
+    Any fraction: the store's vacuum counts it in seconds. 0 is safe for a running
+    pipeline: change files written ahead of their commit are kept by the store's
+    safety margin, and the engine's own readers by their holds.
+    """
     hours = reader.get(key, (int, float))
     if hours is None:
         return None
-    if not (hours >= 0 and float(hours).is_integer()):
-        # deltalake's vacuum counts whole hours: 0.5 would silently become 0.
-        raise reader.error(f"expected a whole number of hours >= 1, got {hours!r}", key)
-    if hours < 1:
-        # The housekeeping of a running pipeline vacuums while Spark executors
-        # may be writing the next micro-batch's change files, which no version
-        # references until the driver commits them: with 0 hours they could be
-        # deleted before that commit. Only retention protects them.
-        raise reader.error(
-            "expected a whole number of hours >= 1, got 0: a running pipeline's housekeeping "
-            "would delete change files written for an epoch not yet committed (run the "
-            "store's vacuum(retention_hours=0) by hand, with no writer running, instead)",
-            key,
-        )
-    return int(hours)
+    if not (0 <= hours < float("inf")):
+        raise reader.error(f"expected a number of {unit} >= 0, got {hours!r}", key)
+    return float(hours)
 
 
 def _pipeline(
     pipelines: TableReader,
     name: str,
     store: str | None,
-    retention: int | None,
+    retention: tuple[float | None, float | None],
     base: Path,
     env: Mapping[str, str],
 ) -> PipelineConfig:
     check_name(pipelines, "pipeline", name)
     reader = pipelines.table(name)
     assert reader is not None
-    reader.only("store", "progress", "sinks", "run", "store_retention_hours")
+    reader.only("store", "progress", "sinks", "run", "store_retention_hours",
+                "store_safety_margin_minutes")  # fmt: skip
     own_retention = _retention(reader, "store_retention_hours")
+    own_margin = _retention(reader, "store_safety_margin_minutes", "minutes")
     own_store = reader.get("store", str)
     root = local_path(own_store, base) if own_store else store
     if root is None:
@@ -323,8 +324,11 @@ def _pipeline(
             (sinks_table.key(f"{s.name}.{s.connection.kind}"), s.connection) for s in sinks
         ]
         run = read_run(run_table, base, connections, env)
-    hours = next((h for h in (own_retention, retention) if h is not None), DEFAULT_RETENTION_HOURS)
-    return PipelineConfig(name, root, progress, tuple(sinks), run, hours)
+    hours = next((h for h in (own_retention, retention[0]) if h is not None),
+                 DEFAULT_RETENTION_HOURS)  # fmt: skip
+    minutes = next((m for m in (own_margin, retention[1]) if m is not None),
+                   DEFAULT_SAFETY_MARGIN_MINUTES)  # fmt: skip
+    return PipelineConfig(name, root, progress, tuple(sinks), run, hours, minutes)
 
 
 def _sink(

@@ -87,8 +87,13 @@ def cycle_builder(
         # Read at each build: a rebuild may switch the logic while a standby waits.
         logic = run_logic(pipeline)
         keys = {sink.name: list(sink.keys) for sink in pipeline.sinks}
-        expected = ExpectedState(pipeline.store, pipeline.name, keys,
-                                 retention_hours=pipeline.store_retention_hours)  # fmt: skip
+        expected = ExpectedState(
+            pipeline.store,
+            pipeline.name,
+            keys,
+            retention_hours=pipeline.store_retention_hours,
+            safety_margin_minutes=pipeline.store_safety_margin_minutes,
+        )
         sinks = [table_sink_of(sink) for sink in pipeline.sinks]
         return CommitCycle(pipeline.name, sinks, expected_state=expected, metrics=metrics,
                            logic_version=logic)  # fmt: skip

@@ -9,6 +9,7 @@ what they use of it.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
 import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
@@ -42,6 +43,10 @@ class ExpectedStore(Protocol):
     @property
     def user_schema(self) -> pa.Schema | None:
         """The key and value columns (no engine columns); None before the first epoch."""
+        ...
+
+    def holding(self) -> AbstractContextManager[None]:
+        """Within it, every version this object reads is kept from the store's vacuum."""
         ...
 
     def audit(self, version: int | None = None) -> None:

@@ -19,7 +19,7 @@ import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
 
 from expected_state.changes import EpochChanges
 from expected_state.epoch_file import EpochFile
-from expected_state.housekeeping import DEFAULT_RETENTION_HOURS
+from expected_state.housekeeping import DEFAULT_RETENTION_HOURS, DEFAULT_SAFETY_MARGIN_MINUTES
 from expected_state.progress_log import StoreProgressLog
 from expected_state.store import ExpectedStateStore
 from reconcile.core import hooks
@@ -83,8 +83,11 @@ class ExpectedState(SinkSchemas):
         schemas: sink name -> the store table's schema (keys and values, Arrow
             types), optional. See below.
         retention_hours: how long the housekeeping between epochs keeps a file
-            no kept version references (``vacuum``'s, whole hours, default 24);
-            0 deletes change files Spark executors write while it runs.
+            no kept or held version references, for readers of old versions other
+            than the engine's (``vacuum``'s, hours, any fraction, default 0).
+        safety_margin_minutes: such a file last written more recently than this
+            is kept in any case (``vacuum``'s, default 10): change files written
+            ahead of their commit, as Spark executors write them while it runs.
 
     Where each store table's column types come from (they are fixed once the
     table exists: the row hash depends on them):
@@ -123,7 +126,8 @@ class ExpectedState(SinkSchemas):
         keys: Mapping[str, Sequence[str]],
         *,
         schemas: Mapping[str, pa.Schema] | None = None,
-        retention_hours: int = DEFAULT_RETENTION_HOURS,
+        retention_hours: float = DEFAULT_RETENTION_HOURS,
+        safety_margin_minutes: float = DEFAULT_SAFETY_MARGIN_MINUTES,
     ) -> None:
 
         self.root = str(root)
@@ -134,12 +138,15 @@ class ExpectedState(SinkSchemas):
                 "one sink (keys={'<sink>': ['<column>', ...]})"
             )
         self.keys = {validate_name("sink", s): list(k) for s, k in keys.items()}
-        if type(retention_hours) is not int or retention_hours < 0:  # bool is refused too
-            raise ConfigurationError(
-                f"pipeline {pipeline!r}: retention_hours must be a whole number of hours >= 0, "
-                f"got {retention_hours!r}"
-            )
+        for name, value in (("retention_hours", retention_hours),
+                            ("safety_margin_minutes", safety_margin_minutes)):  # fmt: skip
+            # bool is refused too; nan and inf fail the comparison.
+            if type(value) not in (int, float) or not 0 <= value < float("inf"):
+                raise ConfigurationError(
+                    f"pipeline {pipeline!r}: {name} must be a number >= 0, got {value!r}"
+                )
         self.retention_hours = retention_hours
+        self.safety_margin_minutes = safety_margin_minutes
         self.schemas = dict(schemas or {})
         unknown = sorted(set(self.schemas) - set(self.keys))
         if unknown:
@@ -341,7 +348,9 @@ class ExpectedState(SinkSchemas):
                 continue
             try:
                 done[sink] = store.maintain(
-                    keep_from_epoch=verified_epoch, retention_hours=self.retention_hours
+                    keep_from_epoch=verified_epoch,
+                    retention_hours=self.retention_hours,
+                    safety_margin_minutes=self.safety_margin_minutes,
                 )
             except ReconcileError as exc:
                 log.warning("pipeline %s: housekeeping of the expected state of %s deferred: %s",

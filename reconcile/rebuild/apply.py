@@ -102,7 +102,8 @@ def difference_of_versions(
     difference it found then is gone with it.
     """
     keys = store.key_columns
-    old, new = store.state_at_version(before), store.state_at_version(after)
+    with store.holding():  # both versions held from vacuum while they are read
+        old, new = store.state_at_version(before), store.state_at_version(after)
     hashed = [*keys, ROW_HASH_COLUMN]
     diff = diff_tables(new.select(hashed), old.select(hashed), keys)
     wanted = pa.concat_tables([diff.missing, diff.changed])

@@ -70,7 +70,8 @@ def rollback(
             if rebased is None or table.store_before is None or store.rebased_by(label):
                 table.store_after, table.how = store.rebased_by(label), "untouched"
                 continue
-            old = store.state_at_version(table.store_before)
+            with store.holding():  # held from vacuum while it is read
+                old = store.state_at_version(table.store_before)
             assert store.user_schema is not None
             back = store.prepare_rebase(old.select(store.user_schema.names),
                                         through=newest.base_epoch)  # fmt: skip

@@ -112,7 +112,8 @@ def _prepare(
                 "Arrow table of the sink's rows"
             )
         check_unique(new, store.key_columns, name)
-        prepared[name] = store.prepare_rebase(new, through=epoch)
+        with store.holding():  # the version it compares with, held while it reads
+            prepared[name] = store.prepare_rebase(new, through=epoch)
         del new  # the rebase keeps the rows it writes only
         plans[name] = plan_of(name, prepared[name], sample)
     return prepared, plans

@@ -98,7 +98,10 @@ def reconcile_table(
     # A repair holds the table's turn from before its pull until it ends: a
     # second repair of the table waits here, then pulls what the first left,
     # and its report says that it waited. A verify writes nothing: no turn.
-    with nullcontext(RepairTurn()) if options.dry_run else repair_turn(target) as turn:
+    # Every store version the verify or repair reads is held from the pipeline's
+    # vacuum until it ends, however it ends (expected_state.holds).
+    turn_of = nullcontext(RepairTurn()) if options.dry_run else repair_turn(target)
+    with turn_of as turn, store.holding():
         report = _reconcile(target, store, options, bucket_options)
     if not turn.waited_s:
         return report

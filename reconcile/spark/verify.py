@@ -311,7 +311,9 @@ def _recover(
         # The executors read the store's files as they are: its commits and the
         # footers of the files of the version they read are checked here first.
         expected_store.audit()
-        with target.snapshot(user_schema, key_columns) as snap:
+        # The store version the executors read is held from the pipeline's
+        # vacuum until they are done (expected_state.holds).
+        with target.snapshot(user_schema, key_columns) as snap, expected_store.holding():
             newest = snap.newest_epoch
             shared = snap.export()
             bounds = snap.range_bounds(parts)

@@ -282,7 +282,7 @@ def walk(spark: Any, p: Pipeline, *, every: bool, epochs: int) -> list[str]:
     for turn in (1, 2):
         p.run(range(turn * epochs, (turn + 1) * epochs))
         done = p.store.maintain(compact_changes_after=2, checkpoint_every=2, keep_epochs=2,
-                                retention_hours=0)  # fmt: skip
+                                retention_hours=0, safety_margin_minutes=0)  # fmt: skip
         # The housekeeping ran what this step is about: a merge, a vacuum, a checkpoint.
         assert {"compact_changes", "vacuum", "checkpoint"} <= set(done), done
         assert done["vacuum"].deleted_files, "the vacuum deleted nothing"

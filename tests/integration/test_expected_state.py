@@ -201,7 +201,7 @@ def test_stale_generation_is_rejected(tmp_path: Path) -> None:
     with pytest.raises(FencedError, match="generation 1 is fenced off by generation 2"):
         old.apply(2, [Change("upsert", {"k": "zombie", "v": 666})])
     with pytest.raises(FencedError):
-        old.vacuum(retention_hours=0)
+        old.vacuum(retention_hours=0, safety_margin_minutes=0)
     with pytest.raises(FencedError):
         old.epochs.record(2, "applied")
     with pytest.raises(FencedError):
@@ -290,7 +290,7 @@ def test_kill_9_between_file_writes_and_commit_leaves_nothing_visible(tmp_path: 
     # The restarted writer applies the epoch exactly once; vacuum removes the orphans.
     assert restarted.apply(2, [Change("upsert", {"k": "a", "v": 99})]).applied
     assert as_map(restarted.snapshot()) == {"a": 99, "b": 2}
-    report = restarted.vacuum(retention_hours=0)
+    report = restarted.vacuum(retention_hours=0, safety_margin_minutes=0)
     assert orphans <= set(report.deleted_files)
     assert as_map(restarted.snapshot(1)) == {"a": 1, "b": 2}  # kept: recovery may need it
 
@@ -357,7 +357,9 @@ def test_compaction_and_vacuum_keep_what_recovery_needs(tmp_path: Path) -> None:
     # A checkpoint newer than what must be kept: the log may be cut at a checkpoint
     # at or before epoch 3's version only (there is none), never at this one.
     store.checkpoint()
-    report = store.vacuum(keep_from_epoch=3, keep_epochs=2, retention_hours=0)
+    report = store.vacuum(
+        keep_from_epoch=3, keep_epochs=2, retention_hours=0, safety_margin_minutes=0
+    )
     assert report.kept_epochs == [3, 4, 5, 6, 7, 8]
     for e in range(3, 9):
         assert as_map(store.snapshot(e)) == states[e]
@@ -369,7 +371,7 @@ def test_compaction_and_vacuum_keep_what_recovery_needs(tmp_path: Path) -> None:
         if e == 27:
             store.checkpoint()  # what maintain() does between epochs: vacuum cuts the log there
     store.compact()
-    store.vacuum(keep_epochs=2, retention_hours=0)
+    store.vacuum(keep_epochs=2, retention_hours=0, safety_margin_minutes=0)
     with pytest.raises(InvalidInputError, match="files of epoch 1 are gone"):
         store.snapshot(1)
     with pytest.raises(InvalidInputError, match="changes after epoch 1 are no longer all known"):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import time
 from pathlib import Path
 
 import pyarrow as pa
@@ -148,7 +149,7 @@ def test_status_splits_the_store_on_disk_as_its_log_and_folder_say(
     assert f"  orders: {want['total'] / 1e6:,.1f} MB (live {want['live'] / 1e6:,.1f} MB" in text
 
     # Retention 0: whatever no kept version references goes, and the rows stay whole.
-    store.vacuum(keep_epochs=2, retention_hours=0)
+    store.vacuum(keep_epochs=2, retention_hours=0, safety_margin_minutes=0)
     after = status_disk(root, capsys)["tables"]
     assert isinstance(after, dict)
     want = expected_figures(table)
@@ -164,7 +165,9 @@ def test_status_splits_the_store_on_disk_as_its_log_and_folder_say(
 
 def test_the_commit_cycle_vacuums_with_the_pipelines_retention(tmp_path: Path) -> None:
     root = tmp_path / "expected"
-    expected = ExpectedState(str(root), "shop", {"orders": ["k"]}, retention_hours=0)
+    expected = ExpectedState(
+        str(root), "shop", {"orders": ["k"]}, retention_hours=1, safety_margin_minutes=0
+    )
     cycle = CommitCycle("shop", [MemorySink("orders", MemoryStore())], expected_state=expected)
     cycle.start()
     state: dict[int, int] = {}
@@ -173,20 +176,22 @@ def test_the_commit_cycle_vacuums_with_the_pipelines_retention(tmp_path: Path) -
         assert cycle.run_epoch(e, rows) == CommitSucceeded(e)
         state[e % 5] = e
         if e == 0:
-            # A writer that died after writing an epoch's file ahead leaves it behind:
-            # no version references it, and only retention keeps it.
+            # Writers that died after writing an epoch's file ahead leave it behind:
+            # no version references it, and only retention keeps it. One of them
+            # two hours ago, one just now.
             other = ExpectedStateStore(str(root), "shop", "orders", ["k"])
             ahead = other.normalize(pa.table({"k": [9], "v": [9], "_op": ["upsert"]}))
-            written = other.write_ahead(1_000, ahead)
-            assert written is not None
-            (orphan,) = (f.path for f in written.files)
-            assert orphan in on_disk(root / "shop" / "orders")
+            written = [other.write_ahead(1_000 + i, ahead) for i in range(2)]
+            orphan, fresh = (f.path for w in written if w is not None for f in w.files)
+            assert {orphan, fresh} <= set(on_disk(root / "shop" / "orders"))
+            then = time.time() - 2 * 3600
+            os.utime(root / "shop" / "orders" / orphan, (then, then))
     # The housekeeping after the 51st epoch merged 50 epochs' files and vacuumed, with
-    # the pipeline's retention of 0 hours (the default, 24, keeps the orphan for a day).
+    # the pipeline's retention of 1 hour (the default, 0, would take the fresh one too).
     cycle.close()
     table = root / "shop" / "orders"
     assert orphan not in on_disk(table)
-    assert expected_figures(table)["retained"] == 0
+    assert expected_figures(table)["retained"] == on_disk(table)[fresh]
     snapshot = ExpectedStateStore(str(root), "shop", "orders", ["k"]).snapshot()
     assert dict(zip(*(snapshot.column(c).to_pylist() for c in ("k", "v")), strict=True)) == state
 

@@ -25,7 +25,12 @@ SCHEMA = pa.schema([("k", pa.string()), ("v", pa.int64())])
 EPOCHS = 120
 # maintain() as a pipeline calls it, with smaller thresholds so that a short run
 # merges, vacuums and checkpoints often: a merge (and a vacuum) every 8 epochs.
-MAINTAIN = {"checkpoint_every": 4, "compact_changes_after": 8, "retention_hours": 0}
+MAINTAIN = {
+    "checkpoint_every": 4,
+    "compact_changes_after": 8,
+    "retention_hours": 0,
+    "safety_margin_minutes": 0,
+}
 
 
 def store_at(root: Path) -> ExpectedStateStore:

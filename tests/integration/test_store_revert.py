@@ -176,7 +176,9 @@ def test_a_revert_after_the_log_was_pruned_moves_the_token_to_the_epoch_before(
     for e in range(1, 30):  # epoch e is version e
         store.apply(e, [up(f"k{e}", e)])
     assert store.checkpoint() == 29
-    store.vacuum(keep_epochs=1, retention_hours=0)  # the log is cut at that checkpoint
+    store.vacuum(
+        keep_epochs=1, retention_hours=0, safety_margin_minutes=0
+    )  # the log is cut at that checkpoint
     fresh = store_at(tmp_path)
     assert list(fresh.epoch_versions()) == [29]  # epoch 28's commit is gone
     assert fresh.revert(29)

@@ -58,7 +58,7 @@ def test_every_commit_the_engine_writes_is_trusted(tmp_path: Path) -> None:
     newer = store_at(tmp_path, generation=1)
     newer.claim()
     newer.apply(7, [Change("upsert", {"k": 500, "v": 7})])
-    newer.vacuum(retention_hours=0, keep_epochs=1)  # prunes the log below a checkpoint
+    newer.vacuum(retention_hours=0, safety_margin_minutes=0, keep_epochs=1)  # prunes the log
     newer.maintain(checkpoint_every=1)
     reader = fresh(tmp_path)
     reader.audit()
@@ -85,7 +85,7 @@ def test_a_foreign_delete_is_lost_rows_until_it_is_restored(tmp_path: Path) -> N
     # The writer's own maintenance refuses too: vacuum would prune the evidence.
     before = log_files(store)
     with pytest.raises(StoreLostRowsError):
-        store.vacuum(retention_hours=0, keep_epochs=1)
+        store.vacuum(retention_hours=0, safety_margin_minutes=0, keep_epochs=1)
     assert log_files(store) == before
     DeltaTable(store.uri).restore(version - 1)
     assert fresh(tmp_path).snapshot().num_rows == 60

@@ -1,0 +1,174 @@
+"""Holds: a reader keeps the store version it reads from housekeeping while it reads.
+
+A ``verify``, ``repair`` or ``rebuild`` reads a store table at one Delta
+version, for as long as its pull and diff take, while the pipeline goes on
+merging and vacuuming. Within :meth:`Holding.holding`, every version the
+store's reads resolve (``files_at``, ``changed_keys``, ``check_version``,
+``state_at_version``: the one place each reader goes through, :meth:`_hold`)
+is written down in a small durable record under the table's folder::
+
+    <table>/_holds/<host>-<pid>-<token>.json
+        {"versions": [12, 40], "expires": <unix time>, "pid": ..., "host": ...}
+
+``vacuum()`` keeps the files and the log entries of every held version,
+whatever their age (:func:`held_versions`). A thread of the holder renews the
+lease (``expires``) every quarter of its term; the record is deleted when the
+scope ends (``finally``). A holder killed outright (SIGKILL, a lost host) stops
+renewing, and its record is ignored, then deleted, once its lease expired: it
+pins the files for one lease term at most, never for ever.
+
+The folder's name starts with ``_``: Delta readers and delta-rs' vacuum leave
+such folders alone. The lease is wall-clock time: holders and housekeeping on
+different hosts must have clocks within a fraction of the term of each other.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass, field
+
+import pyarrow.fs as pafs  # type: ignore[import-untyped, unused-ignore]
+
+from expected_state.delta_files import filesystem
+from reconcile.core.durable import write_atomically
+
+__all__ = ["DEFAULT_LEASE_S", "HOLDS_DIR", "Holding", "held_versions"]
+
+HOLDS_DIR = "_holds"
+# Two minutes: a killed holder pins its files that long at most, and a live one
+# renews every 30 s, so a pause (a GC, a slow disk) of a minute loses nothing.
+DEFAULT_LEASE_S = 120.0
+
+
+@dataclass
+class _Scope:
+    """One holder's record: its versions, and the thread that renews its lease."""
+
+    uri: str
+    name: str
+    lease_s: float
+    versions: set[int] = field(default_factory=set)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    stop: threading.Event = field(default_factory=threading.Event)
+    thread: threading.Thread | None = None
+
+
+def _folder(uri: str) -> tuple[pafs.FileSystem, str]:
+    fs, root = filesystem(uri)
+    return fs, f"{root.rstrip('/')}/{HOLDS_DIR}"
+
+
+def _write(scope: _Scope) -> None:
+    """Write the holder's record, whole or not at all (renewing its lease)."""
+    with scope.lock:
+        payload = {
+            "versions": sorted(scope.versions),
+            "expires": time.time() + scope.lease_s,
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+        }
+        data = json.dumps(payload).encode()
+        fs, folder = _folder(scope.uri)
+        path = f"{folder}/{scope.name}.json"
+        if isinstance(fs, pafs.LocalFileSystem):
+            os.makedirs(folder, exist_ok=True)
+            write_atomically(path, data)
+        else:
+            # An object store's PUT is atomic: a reader sees the old object or the new.
+            with fs.open_output_stream(path) as out:
+                out.write(data)
+
+
+def _renew(scope: _Scope) -> None:
+    while not scope.stop.wait(scope.lease_s / 4):
+        try:
+            _write(scope)
+        except OSError:
+            # A failed renewal is retried a quarter term later: the lease still
+            # runs for three more quarters.
+            continue
+
+
+def held_versions(uri: str, *, now: float | None = None) -> set[int]:
+    """The versions of the table at ``uri`` that a live holder holds.
+
+    A record whose lease expired is deleted (its holder was killed, or lost its
+    host): housekeeping owes it nothing more. A record that cannot be read (a
+    temporary file of a write in progress, a torn object) is skipped.
+    """
+    fs, folder = _folder(uri)
+    infos = fs.get_file_info(pafs.FileSelector(folder, allow_not_found=True))
+    moment = time.time() if now is None else now
+    held: set[int] = set()
+    for info in infos:
+        if info.type != pafs.FileType.File or not info.path.endswith(".json"):
+            continue
+        try:
+            with fs.open_input_stream(info.path) as stream:
+                record = json.loads(stream.read())
+            versions = [int(v) for v in record["versions"]]
+            expires = float(record["expires"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if expires < moment:
+            # WHY: an expired lease means the holder stopped renewing it (killed,
+            # hung, or its host lost): its versions no longer pin anything.
+            with suppress(OSError):
+                fs.delete_file(info.path)
+            continue
+        held.update(versions)
+    return held
+
+
+class Holding:
+    """Mixin for :class:`~expected_state.store.ExpectedStateStore`: hold the versions read."""
+
+    uri: str
+    _hold_scope: _Scope | None = None
+
+    @contextmanager
+    def holding(self, *, lease_s: float = DEFAULT_LEASE_S) -> Iterator[None]:
+        """Within this scope, every version this store object reads is held from vacuum.
+
+        Nested scopes share the outer one. The record is deleted when the
+        outermost scope ends, however it ends.
+        """
+        if self._hold_scope is not None:
+            yield
+            return
+        name = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:12]}"
+        scope = _Scope(self.uri, name, lease_s)
+        self._hold_scope = scope
+        try:
+            yield
+        finally:
+            self._hold_scope = None
+            scope.stop.set()
+            if scope.thread is not None:
+                scope.thread.join()
+            if scope.versions:
+                fs, folder = _folder(self.uri)
+                # Gone already, or unreachable: the lease ends it then.
+                with suppress(OSError):
+                    fs.delete_file(f"{folder}/{scope.name}.json")
+
+    def _hold(self, version: int) -> None:
+        """Hold ``version`` (a no-op outside :meth:`holding`): before its files are read."""
+        scope = self._hold_scope
+        if scope is None or version in scope.versions:
+            return
+        with scope.lock:
+            scope.versions.add(version)
+        _write(scope)
+        if scope.thread is None:
+            scope.thread = threading.Thread(
+                target=_renew, args=(scope,), name="reconcile-store-hold", daemon=True
+            )
+            scope.thread.start()
