@@ -42,8 +42,12 @@ def main(argv: list[str]) -> int:
 
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(TABLE)
-    # local[2]: one task slot per source partition (a long batch holds its slot).
-    spark = build_local_session("reconcile-realtime-test", master="local[2]")
+    # local[2]: one task slot per source partition (a long batch holds its slot). A small
+    # spark.buffer.size: with the default 64 KiB the rows reach the Python writer only at
+    # the batch's end, and a kill "mid-batch" would race with the batch's commit.
+    spark = build_local_session(
+        "reconcile-realtime-test", master="local[2]", **{"spark.buffer.size": "256"}
+    )
     spark.sparkContext.setLogLevel("ERROR")
     frame = (
         spark.readStream.format("kafka")

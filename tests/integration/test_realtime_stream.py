@@ -48,6 +48,17 @@ def produce(broker: KafkaBroker, topic: str, values: range) -> None:
     assert producer.flush(30) == 0
 
 
+def generations(dsn: str, topic: str) -> dict[int, int]:
+    """Each partition's writer generation in the offset markers."""
+    with psycopg.connect(dsn) as conn:
+        found = conn.execute(
+            "SELECT kafka_partition, generation FROM reconcile.reconcile_realtime_offsets "
+            "WHERE topic = %s",
+            (topic,),
+        ).fetchall()
+    return {int(p): int(g) for p, g in found}
+
+
 def count(dsn: str) -> int:
     with psycopg.connect(dsn) as conn:
         exists = conn.execute("SELECT to_regclass('public.events')").fetchone()
@@ -83,6 +94,8 @@ def test_realtime_mode_into_postgres_exactly_once_with_the_driver_killed_mid_bat
     assert not (tmp_path / "checkpoint" / "commits" / "0").exists()
     time.sleep(2)  # the killed driver's JVM and Python workers see their pipes close
     assert 0 < count(pg_db) <= FIRST
+    claimed = generations(pg_db, topic)  # the partitions the killed run wrote
+    assert claimed
     produce(kafka_broker, topic, range(FIRST, RECORDS))
     resumed = subprocess.run(
         command(kafka_broker, topic, pg_db, tmp_path), cwd=REPO, env=ENV,
@@ -91,18 +104,14 @@ def test_realtime_mode_into_postgres_exactly_once_with_the_driver_killed_mid_bat
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     with psycopg.connect(pg_db) as conn:
         rows = conn.execute("SELECT k, part, off FROM events").fetchall()
-        generations = conn.execute(
-            "SELECT kafka_partition, generation FROM reconcile.reconcile_realtime_offsets "
-            "WHERE topic = %s ORDER BY 1",
-            (topic,),
-        ).fetchall()
     assert len(rows) == RECORDS  # none twice
     assert sorted((k, p, o) for k, p, o in rows) == sorted(
         (f"v{i}", i % PARTITIONS, i // PARTITIONS) for i in range(RECORDS)
     )  # none missing, each from its own offset
-    # The restarted driver's tasks claimed the partitions anew (the batch ran again).
-    assert [p for p, _ in generations] == list(range(PARTITIONS))
-    assert all(g >= 2 for _, g in generations if g is not None)
+    # The restarted driver's tasks claimed anew the partitions the killed run had written.
+    after = generations(pg_db, topic)
+    assert sorted(after) == list(range(PARTITIONS))
+    assert all(after[p] > g for p, g in claimed.items())
 
 
 @pytest.mark.spark
