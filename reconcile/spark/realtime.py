@@ -7,7 +7,8 @@ at-least-once: a failed batch runs again from its start offsets. Here a
 ``foreach`` writer commits to PostgreSQL in small transactions inside the long
 batch (every ``rows_per_txn`` rows, or when ``ms_per_txn`` has passed at the
 next row, and at the end of the task), each carrying its topic-partitions'
-offset markers (``sinks.postgres.realtime``): a replayed record at or below
+offset markers (the backend's ``realtime`` capability, PostgreSQL's in
+``sinks.postgres.realtime``): a replayed record at or below
 its marker is skipped, and a task of an older generation is fenced.
 
 Only plans without state are taken: an aggregation, a join, a deduplication
@@ -22,8 +23,9 @@ from typing import Any
 
 from reconcile.core import hooks
 from reconcile.core.contract import ConfigurationError
-from sinks.objects.postgres import open_realtime_offsets
-from sinks.postgres.realtime import OffsetRecord, RealtimeTarget, RealtimeTxnWriter
+from sinks import registry
+from sinks.base import REALTIME
+from sinks.realtime import OffsetRecord, RealtimeTarget, RealtimeWriter
 
 __all__ = [
     "OFFSET_COLUMNS",
@@ -108,19 +110,15 @@ class RealtimeForeachWriter:
         self.target = target
         self.rows_per_txn = rows_per_txn
         self.ms_per_txn = ms_per_txn
-        self.conn: Any = None
-        self.txn: RealtimeTxnWriter | None = None
+        self.txn: RealtimeWriter | None = None
         self.buffer: list[OffsetRecord] = []
         self.since = 0.0
 
     def open(self, partition_id: int, epoch_id: int) -> bool:
         """Connect and bind the marker table; always True (every batch is written)."""
-        import psycopg
-
         # Always True: the epoch alone cannot say what is written (a batch is
         # long and committed in parts), the markers say it row by row.
-        self.conn = psycopg.connect(self.target.dsn, autocommit=True)
-        self.txn = RealtimeTxnWriter(self.target, self.conn)
+        self.txn = registry.capability(self.target.dsn, REALTIME)(self.target)
         self.buffer = []
         return True
 
@@ -149,8 +147,8 @@ class RealtimeForeachWriter:
             if error is None:
                 self._flush()
         finally:
-            if self.conn is not None:
-                self.conn.close()
+            if self.txn is not None:
+                self.txn.close()
 
 
 def start_realtime(
@@ -181,13 +179,10 @@ def start_realtime(
     Raises:
         ConfigurationError: the plan is refused (see :func:`check_realtime_plan`).
     """
-    import psycopg
-
     check_realtime_plan(frame, target.columns)
     # Bound on the driver before any task runs: the marker table is created and
     # checked once here, so a refused table stops the query before it writes a row.
-    with psycopg.connect(target.dsn, autocommit=True) as conn:
-        open_realtime_offsets(conn, target.state_schema, what=f"real-time sink {target.sink}")
+    registry.capability(target.dsn, REALTIME)(target).close()
     writer = frame.writeStream.outputMode("update")  # the only mode Real-Time Mode takes
     if query_name is not None:
         writer = writer.queryName(query_name)

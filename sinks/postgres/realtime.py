@@ -9,54 +9,23 @@ A replayed row at or below its partition's marker is skipped, so each record
 lands once; a writer whose generation is older than the marker's is fenced:
 its transaction rolls back and it stops.
 
-No Spark here: ``reconcile.spark.realtime`` drives it from a ``foreach`` writer.
+No Spark here: ``reconcile.spark.realtime`` drives it from a ``foreach`` writer, through
+``sinks.registry`` (the ``realtime`` capability, :func:`open_realtime_writer`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import psycopg
 from psycopg import sql
 
-from reconcile.core.contract import ConfigurationError, FencedError, validate_name
-from sinks.objects.declared import ENGINE_SCHEMA
+from reconcile.core.contract import FencedError
 from sinks.objects.postgres import open_realtime_offsets
+from sinks.realtime import OffsetRecord, RealtimeTarget
 
-__all__ = ["OffsetRecord", "RealtimeTarget", "RealtimeTxnWriter"]
-
-
-@dataclass(frozen=True, slots=True)
-class OffsetRecord:
-    """One Kafka record to write: where it came from, and the target row's values."""
-
-    topic: str
-    partition: int
-    offset: int
-    values: tuple[Any, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class RealtimeTarget:
-    """Where the rows go and under which names their markers are kept (picklable)."""
-
-    dsn: str
-    table: str
-    columns: tuple[str, ...]
-    pipeline: str
-    sink: str
-    schema: str = "public"
-    state_schema: str = ENGINE_SCHEMA
-
-    def __post_init__(self) -> None:
-        validate_name("pipeline", self.pipeline)
-        validate_name("sink", self.sink)
-        if not self.columns:
-            raise ConfigurationError(
-                f"real-time sink {self.sink}: no columns to write into {self.schema}.{self.table}"
-            )
+__all__ = ["RealtimeTxnWriter", "open_realtime_writer"]
 
 
 class RealtimeTxnWriter:
@@ -154,3 +123,21 @@ class RealtimeTxnWriter:
             (self.target.pipeline, self.target.sink, topic, partition),
         ).fetchone()
         return None if row is None else int(row[0])
+
+    def close(self) -> None:
+        """Close the connection."""
+        self.conn.close()
+
+
+def open_realtime_writer(target: RealtimeTarget) -> RealtimeTxnWriter:
+    """Connect to ``target`` (autocommit) and bind its marker table; the writer owns the connection.
+
+    Raises:
+        ConfigurationError: the marker table is refused (named, with every finding).
+    """
+    conn = psycopg.connect(target.dsn, autocommit=True)
+    try:
+        return RealtimeTxnWriter(target, conn)
+    except BaseException:
+        conn.close()
+        raise

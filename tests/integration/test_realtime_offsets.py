@@ -14,7 +14,8 @@ import psycopg
 import pytest
 
 from reconcile.core.contract import ConfigurationError, FencedError
-from sinks.postgres.realtime import OffsetRecord, RealtimeTarget, RealtimeTxnWriter
+from sinks.postgres.realtime import RealtimeTxnWriter
+from sinks.realtime import OffsetRecord, RealtimeTarget
 
 pytestmark = pytest.mark.integration
 
