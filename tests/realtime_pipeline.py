@@ -17,7 +17,8 @@ import os
 import sys
 import time
 
-BATCH = "30 seconds"  # long: a kill soon after the first rows lands inside batch 0, even on a loaded machine
+# Long: a kill soon after the first rows lands inside batch 0, even on a loaded machine.
+BATCH = "30 seconds"
 TABLE = "CREATE TABLE IF NOT EXISTS events (k text NOT NULL, topic text, part int, off bigint)"
 
 
