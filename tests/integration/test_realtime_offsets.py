@@ -89,3 +89,28 @@ def test_a_writer_fenced_by_a_newer_generation_rolls_back_its_transaction(pg_db:
 def test_a_bad_sink_name_is_refused_by_name() -> None:
     with pytest.raises(ConfigurationError, match="sink name 'no-dash'"):
         RealtimeTarget("dbname=x", "events", ("k",), pipeline="shop", sink="no-dash")
+
+
+def test_the_foreach_writer_commits_by_row_count_and_drops_a_failed_tasks_buffer(
+    pg_db: str,
+) -> None:
+    from reconcile.spark.realtime import RealtimeForeachWriter
+
+    t = target(pg_db)
+
+    def row(o: int) -> dict[str, Any]:  # what Spark's Row gives by name
+        return {"topic": "in", "partition": 0, "offset": o, "k": f"in-0-{o}", "off": o}
+
+    failed = RealtimeForeachWriter(t, rows_per_txn=3, ms_per_txn=60_000)
+    assert failed.open(0, 0)
+    for o in range(5):
+        failed.process(row(o))
+    assert sorted(rows(pg_db)) == expected("in", 0, range(3))  # one full transaction
+    failed.close(RuntimeError("the task failed"))
+    assert sorted(rows(pg_db)) == expected("in", 0, range(3))  # its buffer left to the replay
+    replay = RealtimeForeachWriter(t, rows_per_txn=3, ms_per_txn=60_000)
+    assert replay.open(0, 1)
+    for o in range(6):
+        replay.process(row(o))
+    replay.close(None)
+    assert sorted(rows(pg_db)) == expected("in", 0, range(6))
