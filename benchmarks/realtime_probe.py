@@ -202,7 +202,10 @@ def main(argv: list[str]) -> int:
     from reconcile.demo.embedded_pg import EmbeddedPostgres
     from reconcile.testing.kafka_broker import KafkaBroker
 
-    variants = argv or ["append,class,local[2],2", "update,class,local[2],2", "jvm"]
+    variants = argv or ["jvm", "append,class,local[2],2", "update,class,local[2],2"]
+    if "jvm" in variants[1:]:
+        # spark.jars reaches the driver's classpath only when its JVM starts.
+        raise SystemExit("realtime_probe: give jvm first (the JVM starts with the first variant)")
     broker, pg = KafkaBroker(), EmbeddedPostgres()
     try:
         dsn = pg.dsn()
