@@ -28,6 +28,7 @@ from reconcile.core.sink import (
 __all__ = [
     "LEASE",
     "PULLABLE",
+    "REALTIME",
     "SHARED_STAGE",
     "SPARK_PULL",
     "TABLE_SINK",
@@ -63,6 +64,10 @@ LEASE = "lease"
 # (a sink offers it through ``stage_target()`` when its capabilities say
 # ``shared_stage``; a warmed executor imports it beforehand).
 SHARED_STAGE = "shared_stage"
+# Small transactions of Kafka records with per-partition offset markers, for
+# Spark's Real-Time Mode (``reconcile.spark.realtime``):
+#   provider(target: sinks.realtime.RealtimeTarget) -> sinks.realtime.RealtimeWriter.
+REALTIME = "realtime"
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,7 @@ __all__ = [
     "LEASES",
     "MARKERS",
     "MAX_COLUMNS",
+    "REALTIME_OFFSETS",
     "REPAIRS",
     "SESSION_SCHEMA",
     "STAGE_EXTRA_COLUMNS",
@@ -278,3 +279,32 @@ def session_stage_name(
 def epoch_index_name(table: str) -> str:
     """The name of the ``_epoch`` index of ``table`` (in the table's schema)."""
     return f"{table[:40]}_reconcile_epoch"
+
+
+# Real-Time Mode's markers (reconcile.spark.realtime): per Kafka topic-partition, the highest
+# offset whose row is in the target, upserted in the same transaction as those rows, and
+# the generation of the task that wrote them (a newer one fences an older one).
+REALTIME_OFFSETS = TableDecl(
+    "reconcile_realtime_offsets",
+    """
+CREATE TABLE {table} (
+    pipeline        text        NOT NULL,
+    sink            text        NOT NULL,
+    topic           text        NOT NULL,
+    kafka_partition integer     NOT NULL,
+    last_offset     bigint      NOT NULL,
+    generation      bigint      NOT NULL,
+    updated_at      timestamptz NOT NULL DEFAULT clock_timestamp(),
+    PRIMARY KEY (pipeline, sink, topic, kafka_partition)
+)""",
+    {
+        "pipeline": ("text", True),
+        "sink": ("text", True),
+        "topic": ("text", True),
+        "kafka_partition": ("integer", True),
+        "last_offset": ("bigint", True),
+        "generation": ("bigint", True),
+        "updated_at": ("timestamp with time zone", True),
+    },
+    ("pipeline", "sink", "topic", "kafka_partition"),
+)

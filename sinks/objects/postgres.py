@@ -36,6 +36,7 @@ from .declared import (
     FENCES,
     LEASES,
     MARKERS,
+    REALTIME_OFFSETS,
     REPAIRS,
     STATE_TABLES,
     TableDecl,
@@ -47,6 +48,7 @@ __all__ = [
     "create_tables",
     "locate_state_schema",
     "open_lease_table",
+    "open_realtime_offsets",
     "open_state_schema",
 ]
 
@@ -275,3 +277,42 @@ def open_lease_table(
             problems=problems,
         )
     return sql.Identifier(schema, LEASES.name)
+
+
+def open_realtime_offsets(
+    conn: psycopg.Connection[Any], schema: str, *, what: str
+) -> sql.Identifier:
+    """Find or create Real-Time Mode's offset markers in ``schema``, check them; the table.
+
+    Raises:
+        ConfigurationError: the role may not create the schema or the table,
+            or what exists is not what it must be (named, with every finding).
+    """
+    trusted = trusted_roles(conn)
+    name = REALTIME_OFFSETS.name
+    try:
+        if not schema_exists(conn, schema):
+            create_schema(conn, schema)
+        problems = schema_problems(conn, schema, trusted)
+        if not problems:
+            create_tables(conn, schema, [REALTIME_OFFSETS])
+    except errors.InsufficientPrivilege as err:
+        raise ConfigurationError(
+            f"{what}: cannot create {schema}.{name}: {str(err).strip()}. Create schema "
+            f"{schema} once for the writer's role (CREATE SCHEMA {schema} AUTHORIZATION "
+            f"{trusted[0]}), or grant it CREATE on the database",
+            schema=schema,
+        ) from None
+    if relation_exists(conn, schema, name):
+        problems += _table_problems(conn, schema, REALTIME_OFFSETS, trusted)
+    if problems:
+        # The markers decide which rows a replay skips: a table another role can write,
+        # or of another shape, could make the writer drop rows, so it is never used.
+        raise ConfigurationError(
+            f"{what}: refusing to use the offset markers {schema}.{name}: "
+            + "; ".join(problems)
+            + f". Drop it as its owner ({trusted[0]}), or give the writer a schema of its own",
+            schema=schema,
+            problems=problems,
+        )
+    return sql.Identifier(schema, name)

@@ -3,14 +3,23 @@
 Its sinks write through psycopg (COPY, a marker and the fence in the epoch's
 transaction); recovery pulls with COPY into Arrow through ADBC and checksums
 buckets in the database; Spark's executors pull and stage through it; the HA
-lease is a row in its database.
+lease is a row in its database; Real-Time Mode's small transactions carry
+Kafka offset markers.
 """
 
 from __future__ import annotations
 
 import re
 
-from sinks.base import LEASE, PULLABLE, SHARED_STAGE, SPARK_PULL, TABLE_SINK, Backend
+from sinks.base import (
+    LEASE,
+    PULLABLE,
+    REALTIME,
+    SHARED_STAGE,
+    SPARK_PULL,
+    TABLE_SINK,
+    Backend,
+)
 
 __all__ = ["BACKEND", "is_postgres_connection"]
 
@@ -39,6 +48,7 @@ BACKEND = Backend(
         TABLE_SINK: "sinks.postgres.factory:postgres_sink",
         LEASE: "sinks.postgres.lease:PgLease",
         SHARED_STAGE: "sinks.postgres.shared_stage:PgSharedStage",
+        REALTIME: "sinks.postgres.realtime:open_realtime_writer",
     },
     accepts=is_postgres_connection,
 )

@@ -21,6 +21,7 @@ from reconcile.engine.expected import ExpectedState
 from sinks.objects.declared import (
     ENGINE_SCHEMA,
     LEASES,
+    REALTIME_OFFSETS,
     SESSION_SCHEMA,
     STATE_TABLES,
     epoch_index_name,
@@ -42,7 +43,7 @@ def tenants(pg_server: PgServer, pg_db: str) -> Tenants:
 
 def declared_object(tag: str, kind: str, schema: str | None, identity: str) -> bool:
     """Whether an object the event trigger saw is one that sinks.objects declares, where it says."""
-    tables = {t.name for t in (*STATE_TABLES, LEASES)}
+    tables = {t.name for t in (*STATE_TABLES, LEASES, REALTIME_OFFSETS)}
     digest = "[0-9a-f]{16}"
     name = identity.split(".", 1)[-1]
     if kind == "schema":

@@ -1,0 +1,194 @@
+"""Exactly-once from Kafka into PostgreSQL under Spark's Real-Time Mode, through ``foreach``.
+
+Real-Time Mode (``trigger(realTime=...)``) runs long batches whose tasks
+process rows as the Kafka source hands them over; it accepts neither
+``foreachBatch`` nor Python data source sinks, and on its own it is
+at-least-once: a failed batch runs again from its start offsets. Here a
+``foreach`` writer commits to PostgreSQL in small transactions inside the long
+batch (every ``rows_per_txn`` rows, or when ``ms_per_txn`` has passed at the
+next row, and at the end of the task), each carrying its topic-partitions'
+offset markers (the backend's ``realtime`` capability, PostgreSQL's in
+``sinks.postgres.realtime``): a replayed record at or below
+its marker is skipped, and a task of an older generation is fenced.
+
+Only plans without state are taken: an aggregation, a join, a deduplication
+or a window would make a replayed row's output depend on what else the
+replay saw, which an offset marker cannot vouch for; they are refused by name.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from reconcile.core import hooks
+from reconcile.core.contract import ConfigurationError
+from sinks import registry
+from sinks.base import REALTIME
+from sinks.realtime import OffsetRecord, RealtimeTarget, RealtimeWriter
+
+__all__ = [
+    "OFFSET_COLUMNS",
+    "REFUSED_NODES",
+    "RealtimeForeachWriter",
+    "check_realtime_plan",
+    "start_realtime",
+]
+
+# The Kafka source's columns that place a row: every row must carry them.
+OFFSET_COLUMNS = ("topic", "partition", "offset")
+# Logical plan nodes whose output for a record depends on other records (state).
+REFUSED_NODES = frozenset(
+    {
+        "Aggregate",
+        "Join",
+        "Deduplicate",
+        "DeduplicateWithinWatermark",
+        "Distinct",
+        "Window",
+        "FlatMapGroupsWithState",
+        "FlatMapGroupsInPandasWithState",
+        "TransformWithState",
+        "TransformWithStateInPySpark",
+    }
+)
+
+TXN_COMMITTED = hooks.declare("realtime.txn_committed")
+
+
+def _plan_nodes(plan: Any) -> list[str]:
+    """The class names of a JVM logical plan's nodes, depth first."""
+    names = [str(plan.getClass().getSimpleName())]
+    children = plan.children()
+    for i in range(children.size()):
+        names += _plan_nodes(children.apply(i))
+    return names
+
+
+def check_realtime_plan(frame: Any, columns: tuple[str, ...]) -> None:
+    """Refuse a plan the offset markers cannot make exactly-once.
+
+    Raises:
+        ConfigurationError: the frame is not streaming, has a stateful node
+            (named), or lacks a column (named).
+    """
+    if not frame.isStreaming:
+        raise ConfigurationError("real-time sink: the frame is not streaming (readStream)")
+    refused = sorted(set(_plan_nodes(frame._jdf.queryExecution().analyzed())) & REFUSED_NODES)
+    if refused:
+        raise ConfigurationError(
+            f"real-time sink: the plan has {', '.join(refused)}, which keeps state across "
+            "records; a replayed record's output would then depend on what else the replay "
+            "read, which per-partition offset markers cannot vouch for. Only per-record plans "
+            "(select, filter, projections) are taken",
+            refused=refused,
+        )
+    missing = [c for c in (*OFFSET_COLUMNS, *columns) if c not in frame.columns]
+    if missing:
+        raise ConfigurationError(
+            f"real-time sink: the frame has no column {', '.join(missing)}; it needs the "
+            f"Kafka source's {', '.join(OFFSET_COLUMNS)} and the target's columns",
+            missing=missing,
+        )
+
+
+class RealtimeForeachWriter:
+    """The ``foreach`` writer: one per task, small transactions with offset markers.
+
+    Args:
+        target: the table, its columns and the marker names (picklable).
+        rows_per_txn: commit once this many rows are buffered.
+        ms_per_txn: commit at the next row once the oldest buffered row is this old.
+    """
+
+    def __init__(self, target: RealtimeTarget, rows_per_txn: int, ms_per_txn: int) -> None:
+        if rows_per_txn < 1 or ms_per_txn < 0:
+            raise ConfigurationError(
+                f"real-time sink {target.sink}: rows_per_txn must be >= 1 and ms_per_txn >= 0, "
+                f"got {rows_per_txn} and {ms_per_txn}"
+            )
+        self.target = target
+        self.rows_per_txn = rows_per_txn
+        self.ms_per_txn = ms_per_txn
+        self.txn: RealtimeWriter | None = None
+        self.buffer: list[OffsetRecord] = []
+        self.since = 0.0
+
+    def open(self, partition_id: int, epoch_id: int) -> bool:
+        """Connect and bind the marker table; always True (every batch is written)."""
+        # Always True: the epoch alone cannot say what is written (a batch is
+        # long and committed in parts), the markers say it row by row.
+        self.txn = registry.capability(self.target.dsn, REALTIME)(self.target)
+        self.buffer = []
+        return True
+
+    def process(self, row: Any) -> None:
+        """Buffer one row; commit the buffer when it is full or old enough."""
+        values = tuple(row[c] for c in self.target.columns)
+        if not self.buffer:
+            self.since = time.monotonic()
+        self.buffer.append(OffsetRecord(row["topic"], row["partition"], row["offset"], values))
+        old = (time.monotonic() - self.since) * 1000 >= self.ms_per_txn
+        if len(self.buffer) >= self.rows_per_txn or old:
+            self._flush()
+
+    def _flush(self) -> None:
+        if self.buffer and self.txn is not None:
+            self.txn.commit(self.buffer)
+            self.buffer = []
+            hooks.point(TXN_COMMITTED)
+
+    def close(self, error: BaseException | None) -> None:
+        """Commit what is buffered unless the task failed; disconnect."""
+        try:
+            # A failed task's buffer is dropped, not committed: Spark runs the batch
+            # again from its start offsets, and the replay writes these rows then
+            # (the markers skip only what was committed).
+            if error is None:
+                self._flush()
+        finally:
+            if self.txn is not None:
+                self.txn.close()
+
+
+def start_realtime(
+    frame: Any,
+    target: RealtimeTarget,
+    *,
+    checkpoint: str,
+    batch: str = "5 seconds",
+    rows_per_txn: int = 100,
+    ms_per_txn: int = 100,
+    query_name: str | None = None,
+) -> Any:
+    """Start ``frame`` (from Spark's Kafka source) into ``target`` under Real-Time Mode.
+
+    Args:
+        frame: a streaming frame with the Kafka source's ``topic``, ``partition``,
+            ``offset`` and the target's columns, and no stateful operator.
+        target: the table, its columns, the pipeline and sink names.
+        checkpoint: the query's checkpoint location.
+        batch: Real-Time Mode's batch duration (``trigger(realTime=batch)``).
+        rows_per_txn: commit every this many rows.
+        ms_per_txn: or once the oldest buffered row is this old (checked at each row).
+        query_name: the streaming query's name.
+
+    Returns:
+        The started ``StreamingQuery``.
+
+    Raises:
+        ConfigurationError: the plan is refused (see :func:`check_realtime_plan`).
+    """
+    check_realtime_plan(frame, target.columns)
+    # Bound on the driver before any task runs: the marker table is created and
+    # checked once here, so a refused table stops the query before it writes a row.
+    registry.capability(target.dsn, REALTIME)(target).close()
+    writer = frame.writeStream.outputMode("update")  # the only mode Real-Time Mode takes
+    if query_name is not None:
+        writer = writer.queryName(query_name)
+    return (
+        writer.foreach(RealtimeForeachWriter(target, rows_per_txn, ms_per_txn))
+        .option("checkpointLocation", checkpoint)
+        .trigger(realTime=batch)
+        .start()
+    )

@@ -1,0 +1,143 @@
+"""Small PostgreSQL transactions of Kafka records, each carrying its topic-partitions' offsets.
+
+Spark's Real-Time Mode runs long batches whose tasks see rows as they arrive,
+and replays a batch from its start offsets after a failure. Here each small
+transaction inserts its rows into the target and, in the same transaction,
+upserts one marker per Kafka topic-partition it covers (the highest offset
+written and the writer's generation) in ``reconcile.reconcile_realtime_offsets``.
+A replayed row at or below its partition's marker is skipped, so each record
+lands once; a writer whose generation is older than the marker's is fenced:
+its transaction rolls back and it stops.
+
+No Spark here: ``reconcile.spark.realtime`` drives it from a ``foreach`` writer, through
+``sinks.registry`` (the ``realtime`` capability, :func:`open_realtime_writer`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from reconcile.core.contract import FencedError
+from sinks.objects.postgres import open_realtime_offsets
+from sinks.realtime import OffsetRecord, RealtimeTarget
+
+__all__ = ["RealtimeTxnWriter", "open_realtime_writer"]
+
+
+class RealtimeTxnWriter:
+    """One task's writer: claims a generation per topic-partition, commits rows with markers.
+
+    Args:
+        target: the table, its columns and the marker names.
+        conn: an open connection (autocommit); the writer runs its own transactions on it.
+    """
+
+    def __init__(self, target: RealtimeTarget, conn: psycopg.Connection[Any]) -> None:
+        self.target = target
+        self.conn = conn
+        what = f"real-time sink {target.sink}"
+        self.markers = open_realtime_offsets(conn, target.state_schema, what=what)
+        self.generations: dict[tuple[str, int], int] = {}
+        self.insert = sql.SQL("INSERT INTO {} ({}) VALUES ({})").format(
+            sql.Identifier(target.schema, target.table),
+            sql.SQL(", ").join(map(sql.Identifier, target.columns)),
+            sql.SQL(", ").join(sql.Placeholder() * len(target.columns)),
+        )
+
+    def _marker(self, topic: str, partition: int) -> tuple[int, int] | None:
+        """(last_offset, generation) of the partition's marker, locked for this transaction."""
+        row = self.conn.execute(
+            sql.SQL(
+                "SELECT last_offset, generation FROM {} WHERE pipeline = %s AND sink = %s "
+                "AND topic = %s AND kafka_partition = %s FOR UPDATE"
+            ).format(self.markers),
+            (self.target.pipeline, self.target.sink, topic, partition),
+        ).fetchone()
+        return None if row is None else (int(row[0]), int(row[1]))
+
+    def _upsert(self, topic: str, partition: int, offset: int, generation: int) -> None:
+        self.conn.execute(
+            sql.SQL(
+                "INSERT INTO {} (pipeline, sink, topic, kafka_partition, last_offset, generation)"
+                " VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT (pipeline, sink, topic, "
+                "kafka_partition) DO UPDATE SET last_offset = EXCLUDED.last_offset, "
+                "generation = EXCLUDED.generation, updated_at = clock_timestamp()"
+            ).format(self.markers),
+            (self.target.pipeline, self.target.sink, topic, partition, offset, generation),
+        )
+
+    def commit(self, records: Sequence[OffsetRecord]) -> int:
+        """Write ``records`` and their partitions' markers in one transaction; rows written.
+
+        Raises:
+            FencedError: a newer writer claimed one of the partitions (nothing written).
+        """
+        by_partition: dict[tuple[str, int], list[OffsetRecord]] = {}
+        for record in records:
+            by_partition.setdefault((record.topic, record.partition), []).append(record)
+        written = 0
+        with self.conn.transaction():
+            for (topic, partition), group in sorted(by_partition.items()):
+                marker = self._marker(topic, partition)  # locked until COMMIT
+                last, newest = marker if marker is not None else (-1, 0)
+                mine = self.generations.get((topic, partition))
+                if mine is None:
+                    # This task's first transaction on the partition: it claims the next
+                    # generation, which fences any older task still writing it (a zombie
+                    # of a failed batch, or of a driver that died).
+                    mine = self.generations[(topic, partition)] = newest + 1
+                elif newest > mine:
+                    # A newer task claimed the partition since: this one is a zombie.
+                    # Raising inside the transaction rolls back its rows with it.
+                    raise FencedError(
+                        f"real-time sink {self.target.sink}: {topic}[{partition}] was claimed "
+                        f"by generation {newest}; this writer has {mine} and stops "
+                        "(nothing of this transaction was written)",
+                        topic=topic,
+                        partition=partition,
+                        generation=mine,
+                        newer=newest,
+                    )
+                # A replay: Spark re-runs a batch from its start offsets, and the rows at
+                # or below the marker are in the target already (committed with it).
+                fresh = [r for r in group if r.offset > last]
+                if fresh:
+                    with self.conn.cursor() as cur:
+                        cur.executemany(self.insert, [r.values for r in fresh])
+                    written += len(fresh)
+                high = max([last, *(r.offset for r in fresh)])
+                self._upsert(topic, partition, high, mine)
+        return written
+
+    def covered(self, topic: str, partition: int) -> int | None:
+        """The highest offset of ``topic[partition]`` in the target (None: none yet)."""
+        row = self.conn.execute(
+            sql.SQL(
+                "SELECT last_offset FROM {} WHERE pipeline = %s AND sink = %s "
+                "AND topic = %s AND kafka_partition = %s"
+            ).format(self.markers),
+            (self.target.pipeline, self.target.sink, topic, partition),
+        ).fetchone()
+        return None if row is None else int(row[0])
+
+    def close(self) -> None:
+        """Close the connection."""
+        self.conn.close()
+
+
+def open_realtime_writer(target: RealtimeTarget) -> RealtimeTxnWriter:
+    """Connect to ``target`` (autocommit) and bind its marker table; the writer owns the connection.
+
+    Raises:
+        ConfigurationError: the marker table is refused (named, with every finding).
+    """
+    conn = psycopg.connect(target.dsn, autocommit=True)
+    try:
+        return RealtimeTxnWriter(target, conn)
+    except BaseException:
+        conn.close()
+        raise

@@ -1,0 +1,81 @@
+"""A Real-Time Mode query from a Kafka topic into PostgreSQL, run as a driver a test can kill.
+
+``python -m tests.realtime_pipeline BOOTSTRAP TOPIC DSN ROOT TOTAL``
+
+It reads TOPIC through Spark's Kafka connector under ``trigger(realTime=BATCH)``
+and writes each record (``k`` its value, and its topic, partition and offset)
+into the table ``events`` through ``reconcile.spark.realtime``, with the
+checkpoint under ``ROOT``. It stops once the offset markers cover TOTAL
+records and prints one JSON line: the rows in ``events`` then. Tests kill it
+with SIGKILL mid-batch and run it again on the same ROOT.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+# Long: a kill soon after the first rows lands inside batch 0, even on a loaded machine.
+BATCH = "30 seconds"
+TABLE = "CREATE TABLE IF NOT EXISTS events (k text NOT NULL, topic text, part int, off bigint)"
+
+
+def covered(conn: object, topic: str) -> int:
+    """How many records of ``topic`` the markers say are in ``events``."""
+    row = conn.execute(  # type: ignore[attr-defined]
+        "SELECT coalesce(sum(last_offset + 1), 0) FROM reconcile.reconcile_realtime_offsets "
+        "WHERE pipeline = 'rt' AND sink = 'events' AND topic = %s",
+        (topic,),
+    ).fetchone()
+    return int(row[0])
+
+
+def main(argv: list[str]) -> int:
+    bootstrap, topic, dsn, root, total = argv[0], argv[1], argv[2], argv[3], int(argv[4])
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    import psycopg
+
+    from reconcile.spark.realtime import start_realtime
+    from sinks.realtime import RealtimeTarget
+    from tests.fix_spark import build_local_session
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(TABLE)
+    # local[2]: one task slot per source partition (a long batch holds its slot). A small
+    # spark.buffer.size: with the default 64 KiB the rows reach the Python writer only at
+    # the batch's end, and a kill "mid-batch" would race with the batch's commit.
+    spark = build_local_session(
+        "reconcile-realtime-test", master="local[2]", **{"spark.buffer.size": "256"}
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    frame = (
+        spark.readStream.format("kafka")
+        .option("kafka.bootstrap.servers", bootstrap)
+        .option("subscribe", topic)
+        .option("startingOffsets", "earliest")
+        .load()
+        .selectExpr("CAST(value AS STRING) AS k", "topic", "partition", "offset")
+        .selectExpr("k", "topic", "partition", "offset", "partition AS part", "offset AS off")
+    )
+    target = RealtimeTarget(dsn, "events", ("k", "topic", "part", "off"), "rt", "events")
+    query = start_realtime(
+        frame, target, checkpoint=f"{root}/checkpoint", batch=BATCH, rows_per_txn=5, ms_per_txn=50
+    )
+    deadline = time.monotonic() + 300
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        while covered(conn, topic) < total and time.monotonic() < deadline:
+            if query.exception() is not None:
+                raise RuntimeError(str(query.exception()))
+            time.sleep(0.2)
+        done = covered(conn, topic)
+        rows = conn.execute("SELECT count(*) FROM events").fetchone()
+    query.stop()
+    print(json.dumps({"covered": done, "rows": rows[0] if rows else None}), flush=True)
+    spark.stop()
+    return 0 if done >= total else 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
