@@ -286,6 +286,7 @@ HEAVY: dict[str, tuple[int, frozenset[str]]] = {
         "tests/integration/test_cli_rebuild.py::test_a_rebuild_while_a_main_and_a_standby_run_makes_both_step_aside",
         "tests/integration/test_spark_verify.py::test_spark_verify_and_repair_on_separate_executors",
         "tests/integration/test_delta_spark_interop.py::test_spark_reads_every_version_and_every_epoch_as_the_engine_does",
+        "tests/integration/test_realtime_stream.py::test_realtime_mode_into_postgres_exactly_once_with_the_driver_killed_mid_batch",
         "tests/integration/test_spark_stream.py::test_format_reconcile_commit_process_killed_after_the_decision",
         "tests/unit/test_mutation_baseline.py::test_the_joint_selection_is_pytests_own",
     })),
