@@ -15,6 +15,7 @@ import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
 from deltalake import DeltaTable
 
 from expected_state.apply_result import ApplyResult
+from expected_state.change_reading import ChangeReading
 from expected_state.changes import EpochChanges, normalize_changes
 from expected_state.column_types import infer_user_schema
 from expected_state.compaction import Compaction
@@ -38,7 +39,6 @@ from expected_state.layout import (
     stored_schema,
 )
 from expected_state.parts import PartWriter
-from expected_state.reading import Reading
 from expected_state.rebasing import Rebasing
 from expected_state.reverting import Reverting
 from expected_state.store_table import StoreTable
@@ -71,7 +71,15 @@ _COMMIT_ATTEMPTS = 3
 
 
 class ExpectedStateStore(  # Holding first: the others' _hold stubs are its
-    Holding, StoreTable, Evolving, Trusting, Reading, Reverting, Rebasing, Compaction, Housekeeping
+    Holding,
+    StoreTable,
+    Evolving,
+    Trusting,
+    ChangeReading,
+    Reverting,
+    Rebasing,
+    Compaction,
+    Housekeeping,
 ):
     """The expected state of one sink table of one pipeline, as a merge-on-read Delta table.
 
