@@ -67,6 +67,13 @@ SLOW: dict[str, str] = {
     r"tests/chaos/test_kill9\.py::test_kill9_then_restart_converges"
     r"\[.*-(postgres_prepared|delta|iceberg)\]":
         "kill -9 at every point into prepared PostgreSQL, Delta and Iceberg",
+    # The delta-spark sink: every kill starts two processes, each with a Spark JVM of
+    # its own; the kill after the first sink's commit stays in the default tier.
+    r"tests/chaos/test_kill9\.py::test_kill9_then_restart_converges"
+    r"\[(?!commit-first-sink-).*-delta_spark\]":
+        "kill -9 at every point into the delta-spark sink (a Spark JVM per process)",
+    r"tests/chaos/test_failure_matrix\.py::test_failure_matrix\[delta_spark-":
+        "the delta-spark sink at every fault point (a Spark command per commit)",
     # Inside the Iceberg commit: the kill right before the catalog commit stays in
     # the default tier; the one after the sink's checks repeats it a step earlier.
     r"tests/chaos/test_kill9\.py::test_kill9_inside_the_iceberg_commit\[iceberg-commit-checked":

@@ -52,7 +52,12 @@ ICEBERG_HOOK_POINTS = [
     ("iceberg-commit-checked", "iceberg_sink.commit.checked:2"),
     ("iceberg-before-catalog-commit", "iceberg_sink.commit.before_catalog:3"),
 ]
-KINDS = ["file", "delta", "iceberg", "postgres", "postgres_prepared", "mariadb", "kafka"]
+# delta_spark: each process starts a Spark JVM of its own (tests/fix_tiers.py keeps
+# one of its points in the default tier).
+KINDS = [
+    "file", "delta", "iceberg", "postgres", "postgres_prepared", "mariadb", "kafka",
+    pytest.param("delta_spark", marks=pytest.mark.spark),
+]  # fmt: skip
 # The file sink on S3, killed inside its own steps and right before a commit
 # entry's conditional put (the kills between the sinks' steps are the cycle's,
 # which the local file sink takes).
