@@ -60,8 +60,8 @@ COMMIT_CHECKED = hooks.declare("delta_spark_sink.commit.checked")
 class DeltaSparkSink:
     """A TwoPhaseSink writing the Delta table ``<root>/<name>`` through delta-spark.
 
-    - ``stage`` buffers rows (dicts, or ``Change`` upserts and deletes when a
-      key is given) in memory, netted by key (the last change wins);
+    - ``stage`` buffers rows (dicts, Arrow tables, or ``Change`` upserts and
+      deletes when a key is given) in memory, netted by key (the last change wins);
     - ``prepare`` records the writer's generation in the log (the fence), then
       writes one fsynced Parquet file of the epoch's rows (a flag column marks
       deletes) under ``_txn_files/<key>/`` and, atomically, its manifest;
@@ -144,10 +144,10 @@ class DeltaSparkSink:
                     f"sink {self._name!r}, {txn_id}: row {i} is a delete, and the sink has no "
                     "key to delete by (delta+spark:///path?key=...); nothing was staged"
                 )
-            if not isinstance(row, dict | Change):
+            if not isinstance(row, dict | Change | pa.Table):
                 return Fatal(
                     f"sink {self._name!r}, {txn_id}: row {i} is {type(row).__name__}, not a "
-                    "dict or a Change; nothing was staged"
+                    "dict, a Change or an Arrow table; nothing was staged"
                 )
         self._staged[txn_id.key] = batch
         return OK
@@ -313,7 +313,12 @@ class DeltaSparkSink:
         if self.key:
             upserts, deletes = net_changes(rows, self.key, f"Delta table {self.uri!r}")
         else:
-            upserts = [dict(r.row) if isinstance(r, Change) else r for r in rows]
+            upserts = []
+            for item in rows:  # dicts, upsert Changes, Arrow tables (the writer on Spark's)
+                if isinstance(item, pa.Table):
+                    upserts.extend(item.to_pylist())
+                else:
+                    upserts.append(dict(item.row) if isinstance(item, Change) else item)
             deletes = []
         data = rows_to_arrow(upserts + deletes, txn_id.epoch, stored=state_schema(table),
                              declared=self._schema, uri=self.uri)  # fmt: skip
