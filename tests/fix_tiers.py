@@ -74,6 +74,19 @@ SLOW: dict[str, str] = {
         "kill -9 at every point into the delta-spark sink (a Spark JVM per process)",
     r"tests/chaos/test_failure_matrix\.py::test_failure_matrix\[delta_spark-":
         "the delta-spark sink at every fault point (a Spark command per commit)",
+    r"tests/chaos/test_failure_matrix\.py::test_(commit_reply_lost_is_not_recommitted"
+    r"|stranded_txn_of_truncated_epoch_is_reported_not_guessed)\[delta_spark\]":
+        "the delta-spark sink's lost reply and stranded txn (its zombie test stays)",
+    # The delta-spark sink's contract checks: every commit is a Spark command; the
+    # default tier keeps the commit's idempotency, the fence and the durable prepare.
+    r"tests/integration/test_sink_contract\.py::test_contract\[delta_spark-(?!("
+    r"commit_is_idempotent_by_epoch|stale_generation_cannot_write|prepared_is_durable_and"
+    r"_invisible)\])":
+        "the rest of the contract suite on the delta-spark sink",
+    r"tests/integration/test_delta_spark_sink\.py::test_a_replayed_commit_is_skipped_by_delta"
+    r"_itself\[append\]": "a replayed append (the replayed MERGE stays)",
+    r"tests/integration/test_delta_spark_stream\.py::":
+        "the streaming writer into a delta+spark:// sink (a Spark query)",
     # Inside the Iceberg commit: the kill right before the catalog commit stays in
     # the default tier; the one after the sink's checks repeats it a step earlier.
     r"tests/chaos/test_kill9\.py::test_kill9_inside_the_iceberg_commit\[iceberg-commit-checked":

@@ -137,7 +137,7 @@ class DeltaSparkSink:
 
     def stage(self, txn_id: SinkTxnId, rows: Iterable[Any]) -> SinkOutcome:
         """Buffer ``rows`` for ``txn_id`` in memory (replacing an earlier staging)."""
-        batch = list(rows)
+        batch = [rows] if isinstance(rows, pa.Table) else list(rows)
         for i, row in enumerate(batch):
             if isinstance(row, Change) and row.op == "delete" and not self.key:
                 return Fatal(
