@@ -109,3 +109,21 @@ def test_abort_drops_the_staged_file(tmp_path: Path, spark: Any) -> None:
     assert sink.abort(t) == OK
     assert not list(staged.rglob("*.parquet"))
     assert sink.recover() == []
+
+
+def test_an_epoch_older_than_the_committed_one_is_refused_not_skipped(
+    tmp_path: Path, spark: Any
+) -> None:
+    # Delta would skip it silently (its txnVersion is a high-water mark) and
+    # the epoch would be lost: the sink refuses it, naming both epochs.
+    sink = DeltaSparkSink("out", tmp_path, key=("k",), spark=spark)
+    for epoch in (1, 2):
+        assert sink.stage(txn(epoch), [{"k": f"e{epoch}", "v": epoch}]) == OK
+        assert sink.prepare(txn(epoch)) == OK
+    assert sink.commit(txn(2)) == OK
+    before = DeltaTable(sink.uri).version()
+    outcome = sink.commit(txn(1))
+    assert isinstance(outcome, Fatal) and "older than committed epoch 2" in outcome.reason
+    assert DeltaTable(sink.uri).version() == before
+    assert spark_rows(spark, sink.uri) == [("e2", 2, 2)]
+    assert sink.recover() == [txn(1)]  # still prepared: nothing was lost silently
