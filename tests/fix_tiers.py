@@ -72,6 +72,8 @@ SLOW: dict[str, str] = {
     r"tests/chaos/test_kill9\.py::test_kill9_then_restart_converges"
     r"\[(?!commit-first-sink-).*-delta_spark\]":
         "kill -9 at every point into the delta-spark sink (a Spark JVM per process)",
+    r"tests/chaos/test_kill9\.py::test_kill9_inside_the_delta_spark_commit":
+        "kill -9 inside the delta-spark commit, before its Spark command",
     r"tests/chaos/test_failure_matrix\.py::test_failure_matrix\[delta_spark-":
         "the delta-spark sink at every fault point (a Spark command per commit)",
     r"tests/chaos/test_failure_matrix\.py::test_(commit_reply_lost_is_not_recommitted"

@@ -179,3 +179,14 @@ def test_kill9_inside_the_iceberg_commit(
 ) -> None:
     kind, where = target
     _kill_then_restart(kind, where, tmp_path, (), {"RECONCILE_KILL_AT": spec})
+
+
+@pytest.mark.spark
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("target", ["delta_spark"], indirect=True)
+def test_kill9_inside_the_delta_spark_commit(target: tuple[str, str], tmp_path: Path) -> None:
+    # After the sink's checks (token, order, fence, manifest), right before its
+    # Spark command: the restart finds the epoch not in the log and commits it once.
+    kind, where = target
+    kill_at = {"RECONCILE_KILL_AT": "delta_spark_sink.commit.checked:2"}
+    _kill_then_restart(kind, where, tmp_path, (), kill_at)
