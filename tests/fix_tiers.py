@@ -77,8 +77,9 @@ SLOW: dict[str, str] = {
     r"tests/chaos/test_failure_matrix\.py::test_failure_matrix\[delta_spark-":
         "the delta-spark sink at every fault point (a Spark command per commit)",
     r"tests/chaos/test_failure_matrix\.py::test_(commit_reply_lost_is_not_recommitted"
-    r"|stranded_txn_of_truncated_epoch_is_reported_not_guessed)\[delta_spark\]":
-        "the delta-spark sink's lost reply and stranded txn (its zombie test stays)",
+    r"|stranded_txn_of_truncated_epoch_is_reported_not_guessed|zombie_writer_is_fenced)"
+    r"\[delta_spark\]": "the delta-spark sink's lost reply, stranded txn and zombie "
+    "(test_delta_spark_sink.py's zombie test stays)",
     # The delta-spark sink's contract checks: every commit is a Spark command; the
     # default tier keeps the commit's idempotency, the fence and the durable prepare.
     r"tests/integration/test_sink_contract\.py::test_contract\[delta_spark-(?!("
