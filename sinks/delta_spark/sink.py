@@ -244,6 +244,13 @@ class DeltaSparkSink:
                 "nothing was written"
             )
         schema = state_schema(table)
+        if schema is None and paths:
+            # WHY: prepare's claim created the table before it wrote rows; a
+            # table gone since would turn this commit into a silent loss.
+            return Fatal(
+                f"sink {self._name!r}, {txn_id}: the Delta table {self.uri!r} is gone, and "
+                "the epoch's rows are prepared; nothing was written"
+            )
         if schema is None:
             # An empty epoch before the table exists (prepare made no claim):
             # there is nothing to make visible and no schema; done.

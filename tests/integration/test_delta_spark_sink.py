@@ -127,3 +127,14 @@ def test_an_epoch_older_than_the_committed_one_is_refused_not_skipped(
     assert DeltaTable(sink.uri).version() == before
     assert spark_rows(spark, sink.uri) == [("e2", 2, 2)]
     assert sink.recover() == [txn(1)]  # still prepared: nothing was lost silently
+
+
+def test_a_commit_into_a_table_gone_since_prepare_is_refused(tmp_path: Path) -> None:
+    import shutil
+
+    sink = DeltaSparkSink("out", tmp_path, key=("k",))
+    assert sink.stage(txn(1), [{"k": "a", "v": 1}]) == OK and sink.prepare(txn(1)) == OK
+    shutil.rmtree(Path(sink.uri) / "_delta_log")  # the claim's table is gone
+    outcome = sink.commit(txn(1))
+    assert isinstance(outcome, Fatal) and "is gone" in outcome.reason
+    assert sink.recover() == [txn(1)]  # the prepared rows are kept
