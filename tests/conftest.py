@@ -34,6 +34,7 @@ pytest_plugins = [
     "tests.fix_s3",
     "tests.fix_spark",
     "tests.fix_delta",
+    "tests.fix_delta_spark",
     "tests.fix_iceberg",
     "tests.fix_pg",
     "tests.fix_mariadb",

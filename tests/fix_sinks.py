@@ -21,7 +21,7 @@ from tests.http_receiver import ReceiverServer
 # The contract and chaos suites run once per kind listed here.
 SINK_KINDS = [
     "memory", "file", "s3", "http", "delta", "iceberg", "postgres", "postgres_prepared", "mariadb",
-    "kafka",
+    "kafka", "delta_spark",
 ]  # fmt: skip
 # The kinds whose prepared txns outlive the process that prepared them.
 DURABLE_SINK_KINDS = [k for k in SINK_KINDS if k not in ("postgres", "mariadb", "kafka")]

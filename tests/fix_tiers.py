@@ -67,6 +67,29 @@ SLOW: dict[str, str] = {
     r"tests/chaos/test_kill9\.py::test_kill9_then_restart_converges"
     r"\[.*-(postgres_prepared|delta|iceberg)\]":
         "kill -9 at every point into prepared PostgreSQL, Delta and Iceberg",
+    # The delta-spark sink: every kill starts two processes, each with a Spark JVM of
+    # its own; the kill after the first sink's commit stays in the default tier.
+    r"tests/chaos/test_kill9\.py::test_kill9_then_restart_converges"
+    r"\[(?!commit-first-sink-).*-delta_spark\]":
+        "kill -9 at every point into the delta-spark sink (a Spark JVM per process)",
+    r"tests/chaos/test_kill9\.py::test_kill9_inside_the_delta_spark_commit":
+        "kill -9 inside the delta-spark commit, before its Spark command",
+    r"tests/chaos/test_failure_matrix\.py::test_failure_matrix\[delta_spark-":
+        "the delta-spark sink at every fault point (a Spark command per commit)",
+    r"tests/chaos/test_failure_matrix\.py::test_(commit_reply_lost_is_not_recommitted"
+    r"|stranded_txn_of_truncated_epoch_is_reported_not_guessed|zombie_writer_is_fenced)"
+    r"\[delta_spark\]": "the delta-spark sink's lost reply, stranded txn and zombie "
+    "(test_delta_spark_sink.py's zombie test stays)",
+    # The delta-spark sink's contract checks: every commit is a Spark command; the
+    # default tier keeps the commit's idempotency, the fence and the durable prepare.
+    r"tests/integration/test_sink_contract\.py::test_contract\[delta_spark-(?!("
+    r"commit_is_idempotent_by_epoch|stale_generation_cannot_write|prepared_is_durable_and"
+    r"_invisible)\])":
+        "the rest of the contract suite on the delta-spark sink",
+    r"tests/integration/test_delta_spark_sink\.py::test_a_replayed_commit_is_skipped_by_delta"
+    r"_itself\[append\]": "a replayed append (the replayed MERGE stays)",
+    r"tests/integration/test_delta_spark_stream\.py::":
+        "the streaming writer into a delta+spark:// sink (a Spark query)",
     # Inside the Iceberg commit: the kill right before the catalog commit stays in
     # the default tier; the one after the sink's checks repeats it a step earlier.
     r"tests/chaos/test_kill9\.py::test_kill9_inside_the_iceberg_commit\[iceberg-commit-checked":

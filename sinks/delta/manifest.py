@@ -17,7 +17,7 @@ import functools
 import json
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -51,6 +51,7 @@ __all__ = [
     "manifest_as_dict",
     "manifest_body",
     "read_manifest",
+    "reconcile_fields",
     "refuse_bad_manifest",
 ]
 
@@ -232,10 +233,29 @@ def commit_record(table: DeltaTable, app_id: str, epoch: int) -> dict[str, Any] 
     Read only where an epoch is found committed, to learn which progress log
     wrote it; that is off the per-epoch path.
     """
-    for info in table.history():
+    for info in map(reconcile_fields, table.history()):
         if info.get("reconcile.app_id") == app_id and info.get("reconcile.version") == epoch:
-            return dict(info)
+            return info
     return None
+
+
+def reconcile_fields(info: Mapping[str, Any]) -> dict[str, Any]:
+    """A commitInfo with the ``reconcile.*`` fields, wherever the writer put them.
+
+    delta-rs records them as commitInfo fields of their own; delta-spark can
+    only set ``userMetadata`` (one string), so the delta-spark sink writes
+    them there as a JSON object, which is read back here.
+    """
+    fields = dict(info)
+    raw = info.get("userMetadata")
+    if isinstance(raw, str) and raw.startswith("{"):
+        try:
+            body = json.loads(raw)
+        except ValueError:
+            return fields  # another program's userMetadata: not ours
+        if isinstance(body, dict):
+            fields.update({k: v for k, v in body.items() if k.startswith("reconcile.")})
+    return fields
 
 
 def commit_metadata(txn_id: SinkTxnId, log_id: str | None) -> dict[str, Any]:

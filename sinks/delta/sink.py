@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import uuid
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -31,25 +30,19 @@ from reconcile.core.contract import (
     RetryableError,
     SinkOutcome,
     SinkTxnId,
-    TxnIdParseError,
     WriterIdentity,
     validate_name,
 )
-from reconcile.core.durable import write_atomically
 from reconcile.core.sink import SinkCapabilities
 from sinks.base import local_path
 from sinks.delta.manifest import FILES_DIR as _FILES
-from sinks.delta.manifest import PREPARED_DIR as _PREPARED
 from sinks.delta.manifest import (
-    check_own_folder,
     commit_metadata,
     commit_owner_outcome,
-    manifest_as_dict,
-    manifest_body,
-    read_manifest,
     refuse_bad_manifest,
 )
 from sinks.delta.manifest import key_name as _key_name
+from sinks.delta.prepared import PreparedArea
 from sinks.delta.rows import EPOCH_COLUMN, rows_to_arrow, state_schema
 from sinks.delta.tokens import (
     claim_generation,
@@ -66,11 +59,10 @@ __all__ = ["COMMIT_CHECKED", "EPOCH_COLUMN", "DeltaSink", "open_uri"]
 # Between commit()'s reading of the table (token, order) and its Delta commit.
 COMMIT_CHECKED = hooks.declare("delta_sink.commit.checked")
 
-# sinks/delta/manifest.py owns where manifests and prepared data files live
-# (_PREPARED, _FILES), how they are named (_key_name), and the checks every
-# manifest passes before a path in it is deleted or committed.
-
-_FILE_GENERATION = re.compile(r"part-g(\d+)-")
+# sinks/delta/manifest.py owns how manifests and prepared data files are named
+# and the checks every manifest passes before a path in it is deleted or
+# committed; sinks/delta/prepared.py (PreparedArea, shared with the delta-spark
+# sink) reads, writes and drops them.
 
 
 class DeltaSink:
@@ -118,6 +110,7 @@ class DeltaSink:
         self._schema = schema
         self._staged: dict[tuple[str, str, int], list[Any]] = {}
         self._binding = WriterBinding(f"Delta sink {self._name!r}")
+        self._area = PreparedArea(self.directory)
 
     @property
     def name(self) -> str:
@@ -288,43 +281,19 @@ class DeltaSink:
             return Fatal(f"sink {self._name!r}, {txn_id}: abort of a committed txn; data stays")
         # A stale writer's abort must not discard a newer writer's prepared batch
         # of the same epoch (the manifest and files are keyed by epoch only).
-        manifest = self._read_manifest(txn_id)
-        if manifest is not None:
-            holder = SinkTxnId.from_string(manifest["txn"])
-            if holder.generation > txn_id.generation:
-                return OK  # nothing of this txn is prepared
+        if self._area.newer_holder(txn_id):
+            return OK  # nothing of this txn is prepared
         # Manifest first: once it is gone the txn is no longer prepared, and a crash
         # before the files are deleted leaves an orphan directory that recover()
         # still reports, so a later abort finishes the job.
-        self._remove_manifest(txn_id)
-        folder = self.directory / _FILES / _key_name(txn_id)
-        check_own_folder(self.directory, folder)
-        for path in folder.glob("part-g*.parquet") if folder.exists() else []:
-            # Files are named part-g<generation>-...: leave a newer writer's
-            # files alone (it may be between its file writes and its manifest).
-            match = _FILE_GENERATION.match(path.name)
-            if match is None or int(match[1]) <= txn_id.generation:
-                path.unlink(missing_ok=True)
-        with contextlib.suppress(OSError):
-            folder.rmdir()  # only once empty
+        self._area.remove(txn_id)
+        self._area.drop_files(txn_id)
         return OK
 
     def recover(self) -> Sequence[SinkTxnId]:
         """Txns prepared (manifest or leftover files) whose epoch no commit references."""
         table = open_table(self.uri)
-        found: dict[str, SinkTxnId] = {}
-        prepared_dir = self.directory / _PREPARED
-        for path in sorted(prepared_dir.glob("*.json")) if prepared_dir.exists() else []:
-            # Manifests are renamed into place whole: one that fails its checks
-            # was changed by someone else, and is reported, never skipped.
-            manifest = read_manifest(self.directory, path.stem)
-            if manifest is not None:
-                found[_key_name(manifest.txn)] = manifest.txn
-        files_dir = self.directory / _FILES
-        for path in sorted(files_dir.iterdir()) if files_dir.exists() else []:
-            if path.name not in found:
-                with contextlib.suppress(TxnIdParseError):
-                    found[path.name] = SinkTxnId.from_string(f"{path.name}-g0")
+        found = self._area.listed()
         stranded = []
         for txn in found.values():
             if table is not None and is_committed(table, txn):
@@ -336,22 +305,14 @@ class DeltaSink:
     # ----------------------------------------------------------------- internals
 
     def _manifest_path(self, txn_id: SinkTxnId) -> Path:
-        return self.directory / _PREPARED / f"{_key_name(txn_id)}.json"
+        return self._area.manifest_path(txn_id)
 
     def _read_manifest(self, txn_id: SinkTxnId) -> dict[str, Any] | None:
-        """The checked manifest of ``txn_id``'s epoch as a dict (txn, files, log_id).
-
-        Raises:
-            BadManifestError: a path that is not one of the sink's own files, or garbage.
-        """
-        manifest = read_manifest(self.directory, _key_name(txn_id))
-        return None if manifest is None else manifest_as_dict(manifest)
+        """The checked manifest of ``txn_id``'s epoch (see PreparedArea.read)."""
+        return self._area.read(txn_id)
 
     def _write_manifest(self, txn_id: SinkTxnId, files: list[DataFile]) -> None:
-        """Write the manifest atomically: temp file, fsync, rename, fsync the directory."""
-        final = self._manifest_path(txn_id)
-        final.parent.mkdir(parents=True, exist_ok=True)
-        write_atomically(final, manifest_body(txn_id, files, self._binding.log_id))
+        self._area.write(txn_id, files, self._binding.log_id)
 
     def _foreign_commit(
         self, table: DeltaTable, txn_id: SinkTxnId, where: str
@@ -368,8 +329,7 @@ class DeltaSink:
         )
 
     def _remove_manifest(self, txn_id: SinkTxnId) -> None:
-        with contextlib.suppress(FileNotFoundError):
-            self._manifest_path(txn_id).unlink()
+        self._area.remove(txn_id)
 
 
 def open_uri(name: str, uri: str) -> DeltaSink:

@@ -15,6 +15,7 @@ from deltalake.exceptions import TableNotFoundError
 from expected_state.delta_commit import BasedOn, DeltaCommit, commit_files
 from expected_state.fencing import fence_app_id
 from reconcile.core.contract import Fatal, FencedError, SinkOutcome, SinkTxnId
+from sinks.delta.manifest import reconcile_fields
 from sinks.delta.rows import data_schema_is_empty, state_schema
 
 __all__ = [
@@ -58,7 +59,12 @@ def fence_refusal(table: DeltaTable | None, txn_id: SinkTxnId, *, sink: str) -> 
 
 
 def claim_generation(
-    uri: str, table: DeltaTable | None, txn_id: SinkTxnId, schema: pa.Schema
+    uri: str,
+    table: DeltaTable | None,
+    txn_id: SinkTxnId,
+    schema: pa.Schema,
+    *,
+    restate_epoch: bool = False,
 ) -> None:
     """Record a newer generation in the log before preparing, to fence older writers.
 
@@ -66,6 +72,12 @@ def claim_generation(
     commit: the generation token goes in with an empty Delta commit (no data),
     once per generation. Racing claims conflict on the shared token in delta-rs,
     so the loser re-checks the fence.
+
+    ``restate_epoch`` (the delta-spark sink) records the epoch token again at
+    its current value in the claim: a delta-spark commit carries only the
+    epoch token (``txnAppId``), never the fence, so a zombie's command that
+    read the table before this claim conflicts with it on that token
+    (ConcurrentTransactionException) instead of landing after it.
     """
     recorded = None if table is None else table.transaction_version(fence_id(txn_id))
     if recorded is not None and recorded >= txn_id.generation:
@@ -73,12 +85,15 @@ def claim_generation(
     if table is None and data_schema_is_empty(schema):
         return  # nothing to create the table with yet; the commit records it
     target = state_schema(table) if table is not None else schema
+    current = None if table is None else table.transaction_version(epoch_app_id(txn_id))
+    restated = [(epoch_app_id(txn_id), current)] if restate_epoch and current is not None else []
     claim = DeltaCommit(
         table_uri=uri,
         schema=target,
         app_id=fence_id(txn_id),
         version=txn_id.generation,
         fence=(fence_id(txn_id), txn_id.generation),  # never lowers the fence
+        tokens=restated,
     )
     commit_files(claim, None if table is None else BasedOn(table))
 
@@ -94,5 +109,5 @@ def is_committed(table: DeltaTable, txn_id: SinkTxnId) -> bool:
     # An older epoch than the high-water mark: look for its own commit.
     return any(
         c.get("reconcile.app_id") == app_id and c.get("reconcile.version") == txn_id.epoch
-        for c in table.history()
+        for c in map(reconcile_fields, table.history())
     )

@@ -5,9 +5,10 @@
 With ``RECONCILE_EXPECTED_STATE=1`` in the environment the pipeline records its
 expected state under ``ROOT/expected`` (its epochs table is then the progress log).
 
-KIND is file, s3, delta, iceberg, postgres, postgres_prepared, mariadb or kafka; TARGET is
-the sink root folder (file, delta; iceberg: its SQLite catalog and warehouse), a bucket
-(s3), the database DSN (postgres), URL (mariadb) or BOOTSTRAP|TOPIC (kafka). The pipeline dies by
+KIND is file, s3, delta, delta_spark (a Spark JVM of its own), iceberg, postgres,
+postgres_prepared, mariadb or kafka; TARGET is the sink root folder (file, delta,
+delta_spark; iceberg: its SQLite catalog and warehouse), a bucket (s3), the database
+DSN (postgres), URL (mariadb) or BOOTSTRAP|TOPIC (kafka). The pipeline dies by
 SIGKILL at POINT (a fault point of the cycle or a sink); a hook point inside
 a sink can be armed instead with RECONCILE_KILL_AT in the environment. NONCE
 is the first run number of this process's outputs, so a restarted process
@@ -39,6 +40,12 @@ def harness_for(kind: str, target: str) -> SinkHarness:
         from tests.fix_delta import DeltaHarness
 
         return DeltaHarness(Path(target))
+    if kind == "delta_spark":
+        from tests.fix_delta_spark import DeltaSparkHarness
+
+        # Its sinks commit on the active session (main starts it); the
+        # harness itself reads the table with delta-rs and needs none.
+        return DeltaSparkHarness(Path(target), None)
     if kind == "iceberg":
         from tests.fix_iceberg import IcebergHarness
 
@@ -62,6 +69,10 @@ def main(argv: list[str]) -> int:
     if len(argv) > 5:
         point, nth, when = argv[5], int(argv[6]), argv[7]
         plan = FaultPlan([Fault(point, FaultKind.KILL, nth=nth, when=when)])  # type: ignore[arg-type]
+    if kind == "delta_spark":
+        from tests.fix_spark import build_local_session
+
+        build_local_session("reconcile-kill9", "local[1]").sparkContext.setLogLevel("ERROR")
     # The same call every time: the driver skips what is in and resumes.
     expected = root / "expected" if os.environ.get("RECONCILE_EXPECTED_STATE") else None
     Scenario(

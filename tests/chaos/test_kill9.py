@@ -52,7 +52,12 @@ ICEBERG_HOOK_POINTS = [
     ("iceberg-commit-checked", "iceberg_sink.commit.checked:2"),
     ("iceberg-before-catalog-commit", "iceberg_sink.commit.before_catalog:3"),
 ]
-KINDS = ["file", "delta", "iceberg", "postgres", "postgres_prepared", "mariadb", "kafka"]
+# delta_spark: each process starts a Spark JVM of its own (tests/fix_tiers.py keeps
+# one of its points in the default tier).
+KINDS = [
+    "file", "delta", "iceberg", "postgres", "postgres_prepared", "mariadb", "kafka",
+    pytest.param("delta_spark", marks=[pytest.mark.spark, pytest.mark.timeout(900)]),
+]  # fmt: skip
 # The file sink on S3, killed inside its own steps and right before a commit
 # entry's conditional put (the kills between the sinks' steps are the cycle's,
 # which the local file sink takes).
@@ -69,7 +74,7 @@ def _run(
         env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})},
         capture_output=True,
         text=True,
-        timeout=180,
+        timeout=420 if kind == "delta_spark" else 180,  # a JVM start on a busy machine
     )  # fmt: skip
 
 
@@ -174,3 +179,14 @@ def test_kill9_inside_the_iceberg_commit(
 ) -> None:
     kind, where = target
     _kill_then_restart(kind, where, tmp_path, (), {"RECONCILE_KILL_AT": spec})
+
+
+@pytest.mark.spark
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("target", ["delta_spark"], indirect=True)
+def test_kill9_inside_the_delta_spark_commit(target: tuple[str, str], tmp_path: Path) -> None:
+    # After the sink's checks (token, order, fence, manifest), right before its
+    # Spark command: the restart finds the epoch not in the log and commits it once.
+    kind, where = target
+    kill_at = {"RECONCILE_KILL_AT": "delta_spark_sink.commit.checked:2"}
+    _kill_then_restart(kind, where, tmp_path, (), kill_at)

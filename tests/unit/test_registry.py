@@ -38,6 +38,7 @@ def test_each_builtin_scheme(tmp_path: Path) -> None:
     assert isinstance(open_sink("f", f"file://{tmp_path}"), FileSink)
     assert isinstance(open_sink("h", "http://127.0.0.1:9/base"), HttpSink)
     assert isinstance(open_sink("d", f"delta://{tmp_path}/delta"), DeltaSink)
+    assert registry.backend_for(f"delta+spark://{tmp_path}/delta?key=id").name == "delta_spark"
     iceberg = open_sink("i", f"iceberg://cat?type=sql&uri=sqlite:///{tmp_path}/c.db&key=id")
     assert isinstance(iceberg, IcebergSink) and iceberg.display == "cat.reconcile.i"
     pg = open_sink("orders", "postgresql://app:s3cret@127.0.0.1:5432/shop?connect_timeout=3")
@@ -69,7 +70,8 @@ def test_every_backend_package_declares_itself() -> None:
     declared = {p.parent.name for p in (REPO / "sinks").glob("*/backend.py")}
     assert {b.name for b in registry.backends()} == declared
     assert declared == {
-        "delta", "files", "http", "iceberg", "kafka", "memory", "postgres", "s3", "sql"
+        "delta", "delta_spark", "files", "http", "iceberg", "kafka", "memory", "postgres", "s3",
+        "sql",
     }  # fmt: skip
     for backend in registry.backends():
         assert backend.schemes or backend.accepts is not None, backend.name
