@@ -52,8 +52,8 @@ ICEBERG_HOOK_POINTS = [
     ("iceberg-commit-checked", "iceberg_sink.commit.checked:2"),
     ("iceberg-before-catalog-commit", "iceberg_sink.commit.before_catalog:3"),
 ]
-# delta_spark: each process starts a Spark JVM of its own (tests/fix_tiers.py keeps
-# one of its points in the default tier).
+# delta_spark: each process starts a Spark JVM of its own (tests/fix_tiers.py puts
+# its points in the slow tier).
 KINDS = [
     "file", "delta", "iceberg", "postgres", "postgres_prepared", "mariadb", "kafka",
     pytest.param("delta_spark", marks=[pytest.mark.spark, pytest.mark.timeout(900)]),
