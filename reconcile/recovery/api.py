@@ -56,7 +56,15 @@ def _target(
     The backend of ``dsn`` provides the client; without the fast path, or when
     that backend cannot be pulled from, the generic one (SQLAlchemy) does.
     """
-    generic = not fast_path or not registry.provides(dsn, PULLABLE)
+    try:
+        backend = registry.backend_for(dsn)
+    except ConfigurationError:
+        backend = None  # no backend names the URL: the generic driver may still reach it
+    if backend is not None and not backend.generic and PULLABLE not in backend.capabilities:
+        # A sink that is not a database (Delta, files, HTTP): the generic SQL driver
+        # cannot reach it either, so refuse it by name rather than misread its URL.
+        registry.capability(dsn, PULLABLE)  # raises, naming the backends that can
+    generic = not fast_path or backend is None or PULLABLE not in backend.capabilities
     pullable = registry.capability(dsn, PULLABLE, generic=generic)
     sink: PullableSink = pullable(dsn, table, name=name, schema=schema, key=keys)
     return sink, sink.recovery_target(pipeline, None, write=write)

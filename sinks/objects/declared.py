@@ -226,18 +226,6 @@ CREATE_SESSION_STAGE = (
 ADD_EPOCH_COLUMN = "ALTER TABLE {target} ADD COLUMN IF NOT EXISTS {column} bigint"
 CREATE_EPOCH_INDEX = "CREATE INDEX IF NOT EXISTS {index} ON {target} ({column})"
 
-# Every statement above that creates something: the source scan holds the
-# engine to these (tests/unit/test_creates_declared.py).
-DDL = (
-    CREATE_SCHEMA,
-    *(t.ddl for t in (*STATE_TABLES, LEASES)),
-    CREATE_STAGE,
-    CREATE_STAGE_INDEX,
-    CREATE_SESSION_STAGE,
-    ADD_EPOCH_COLUMN,
-    CREATE_EPOCH_INDEX,
-)
-
 
 def _digest(parts: Sequence[str]) -> str:
     return hashlib.blake2b("\x1f".join(parts).encode(), digest_size=8).hexdigest()
@@ -307,4 +295,16 @@ CREATE TABLE {table} (
         "updated_at": ("timestamp with time zone", True),
     },
     ("pipeline", "sink", "topic", "kafka_partition"),
+)
+
+# Every statement above that creates something: the source scan holds the
+# engine to these (tests/unit/test_creates_declared.py).
+DDL = (
+    CREATE_SCHEMA,
+    *(t.ddl for t in (*STATE_TABLES, LEASES, REALTIME_OFFSETS)),
+    CREATE_STAGE,
+    CREATE_STAGE_INDEX,
+    CREATE_SESSION_STAGE,
+    ADD_EPOCH_COLUMN,
+    CREATE_EPOCH_INDEX,
 )

@@ -23,6 +23,7 @@ from psycopg import sql
 
 from reconcile.core.contract import FencedError
 from sinks.objects.postgres import open_realtime_offsets
+from sinks.postgres.connection import PgTarget
 from sinks.realtime import OffsetRecord, RealtimeTarget
 
 __all__ = ["RealtimeTxnWriter", "open_realtime_writer"]
@@ -135,7 +136,9 @@ def open_realtime_writer(target: RealtimeTarget) -> RealtimeTxnWriter:
     Raises:
         ConfigurationError: the marker table is refused (named, with every finding).
     """
-    conn = psycopg.connect(target.dsn, autocommit=True)
+    # Through PgTarget: the engine's session settings (UTC, ISO dates, ...) whatever the
+    # server's defaults, and the password kept out of any error.
+    conn = PgTarget.parse(target.dsn).connect(autocommit=True)
     try:
         return RealtimeTxnWriter(target, conn)
     except BaseException:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import kafka
+from benchmarks.kafka import bench as kafka
 from benchmarks.kafka.report import P99_TARGET, ROWS_TARGET
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import latency
+from benchmarks.latency import bench as latency
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from benchmarks import rebuild
+from benchmarks.rebuild import bench as rebuild
 from benchmarks.rebuild.measure import (
     TABLE,
     Reader,

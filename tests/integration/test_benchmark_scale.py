@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import scale
+from benchmarks.scale import bench as scale
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 

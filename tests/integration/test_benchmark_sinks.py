@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import sinks
+from benchmarks.sinks import bench as sinks
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -212,3 +212,17 @@ def test_the_postgres_sink_needs_no_spark() -> None:
     assert out["postgres"] is None  # built (it connects when bound)
     assert out["spark"] is not None and "reconcile-engine[spark]" in out["spark"]
     assert out["sql"] is not None and "reconcile-engine[sql]" in out["sql"]
+
+
+@pytest.mark.parametrize(
+    "uri", ["delta:///tmp/t?key=id", "delta+spark:///tmp/t?key=id", "file:///tmp/t"]
+)
+def test_verify_refuses_a_sink_it_cannot_pull_from_by_name(uri: str, tmp_path: Path) -> None:
+    # Not a database: the generic SQL driver cannot reach it either, so the refusal names
+    # the sink's kind and the kinds that can be pulled from, rather than an SQL dialect.
+    from reconcile.recovery import recover
+
+    kind = uri.split(":", 1)[0].replace("+", "_")
+    kind = {"file": "files"}.get(kind, kind)
+    with pytest.raises(ConfigurationError, match=rf"the {kind} sinks do not provide pullable"):
+        recover(uri, str(tmp_path), "shop", "orders", mode="full")
