@@ -316,6 +316,25 @@ HEAVY: dict[str, tuple[int, frozenset[str]]] = {
 }  # fmt: skip
 _HEAVY_GROUP = {nodeid: group for group, (_, names) in HEAVY.items() for nodeid in names}
 
+# Parameter sets (node ids matched by re.match) drawn as a group of their own, a few per
+# commit, out of the families they belong to: the delta-spark sink's fault rows start a
+# Spark command per commit and a Spark JVM per killed process (a minute or more each on
+# two cores), where the other kinds' rows of the same functions take seconds.
+HEAVY_ROWS: dict[str, tuple[int, re.Pattern[str]]] = {
+    "the delta-spark sink's fault rows": (4, re.compile(
+        r"tests/chaos/test_(failure_matrix|kill9)\.py::test_\w+\[([^\]]*-)?delta_spark(-[^\]]*)?\]"
+    )),
+}  # fmt: skip
+
+
+def _group_of(nodeid: str) -> str:
+    """The family or group a slow node id is drawn in (see :func:`sample`)."""
+    for group, (_, pattern) in HEAVY_ROWS.items():
+        if pattern.match(nodeid):
+            return group
+    name = nodeid.split("[", 1)[0]
+    return _HEAVY_GROUP.get(name, name)
+
 
 def sample(slow: list[str], seed: str, share: float, claimed: set[str]) -> list[str]:
     """The node ids of ``slow`` that a sample leaves out.
@@ -324,15 +343,14 @@ def sample(slow: list[str], seed: str, share: float, claimed: set[str]) -> list[
     ``FAMILY`` members keeps ``ceil(share * size)`` of them drawn by ``seed`` (a
     draw per family, so a family's sample does not change when another grows),
     and every member in ``claimed``. Smaller families and lone tests stay whole,
-    but for the groups of ``HEAVY``, each of which keeps its own count.
+    but for the groups of ``HEAVY`` and ``HEAVY_ROWS``, each of which keeps its own count.
     """
     families: dict[str, list[str]] = {}
     for nodeid in slow:
-        name = nodeid.split("[", 1)[0]
-        families.setdefault(_HEAVY_GROUP.get(name, name), []).append(nodeid)
+        families.setdefault(_group_of(nodeid), []).append(nodeid)
     left_out = []
     for name, members in families.items():
-        heavy = HEAVY.get(name)
+        heavy = HEAVY.get(name) or HEAVY_ROWS.get(name)
         if len(members) < FAMILY and heavy is None:
             continue
         keep = min(heavy[0], len(members)) if heavy else math.ceil(share * len(members))

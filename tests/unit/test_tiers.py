@@ -13,6 +13,7 @@ import pytest
 
 from tests.fix_tiers import (
     HEAVY,
+    HEAVY_ROWS,
     SAMPLE_ENV,
     mark_spark_tests,
     marks_module_spark,
@@ -52,9 +53,11 @@ def test_a_pattern_that_matches_nothing_in_its_collected_file_is_stale() -> None
         f"{KILL9}[finalize-file]",
         f"{KILL9}[stage-mariadb]",
         f"{KILL9}[stage-kafka]",
-        # (the file's other slow pattern, matched: only the renamed one is stale)
+        # (the file's other slow patterns, matched: only the renamed one is stale)
         "tests/chaos/test_kill9.py::test_kill9_inside_the_iceberg_commit"
         "[iceberg-commit-checked-iceberg]",
+        f"{KILL9}[stage-delta_spark]",
+        "tests/chaos/test_kill9.py::test_kill9_inside_the_delta_spark_commit[delta_spark]",
     ]
     stale = unmatched(renamed, ["tests/chaos/test_kill9.py"])
     assert len(stale) == 1 and "test_kill9" in stale[0]
@@ -86,8 +89,8 @@ def test_a_run_marks_them_slow_before_it_selects() -> None:
     )  # fmt: skip
     chosen = [line for line in proc.stdout.splitlines() if "::" in line]
     assert chosen and all(slow_tier(nodeid) for nodeid in chosen)
-    assert {n.rsplit("-", 1)[1] for n in chosen} == {
-        "postgres_prepared]", "delta]", "file]", "iceberg]", "mariadb]", "kafka]",
+    assert {n.rsplit("[", 1)[1].rsplit("-", 1)[-1] for n in chosen} == {
+        "postgres_prepared]", "delta]", "file]", "iceberg]", "mariadb]", "kafka]", "delta_spark]",
     }  # fmt: skip
     assert not any("[stage-file]" in n or "[prepare-done-file]" in n for n in chosen)
 
@@ -144,9 +147,11 @@ def test_a_sampled_run_says_how_to_repeat_it_and_keeps_the_claimed_tests() -> No
     )  # fmt: skip
     chosen = [line for line in proc.stdout.splitlines() if "::" in line]
     kill9 = [n for n in chosen if "test_kill9" in n]
-    # A third of the 44 slow parameter sets, rounded up (15), and the lone kill inside
-    # the Iceberg commit (a family of one runs whole).
-    assert len(kill9) == 16
+    # A third of the 44 slow parameter sets, rounded up (15), the lone kill inside the
+    # Iceberg commit (a family of one runs whole), and four of the delta-spark sink's
+    # kills (HEAVY_ROWS: drawn apart from their families).
+    assert len(kill9) == 16 + HEAVY_ROWS["the delta-spark sink's fault rows"][0]
+    assert len([n for n in kill9 if "delta_spark" in n]) == 4
     # The one driver-killed test that a mutant's kill set (-k cycle.decided) selects.
     assert any("test_driver_killed" in n and "cycle.decided-auto" in n for n in chosen)
     assert f"({SAMPLE_ENV}=draw-7): " in proc.stdout
@@ -220,3 +225,20 @@ def test_a_mutant_draw_is_per_mutant_and_repeatable() -> None:
     assert drawn(mutants, "") == mutants and drawn(mutants, "s:1") == mutants
     with pytest.raises(ValueError, match="RECONCILE_MUTATION_SAMPLE"):
         drawn(mutants, ":0.5")
+
+
+def test_the_delta_spark_fault_rows_are_drawn_a_few_at_a_time_apart_from_their_families() -> None:
+    rows = [
+        "tests/chaos/test_failure_matrix.py::test_failure_matrix[delta_spark-begin-crash]",
+        "tests/chaos/test_failure_matrix.py::test_failure_matrix[delta_spark-commit-definite-sink-fatal]",
+        "tests/chaos/test_failure_matrix.py::test_zombie_writer_is_fenced[delta_spark]",
+        "tests/chaos/test_kill9.py::test_kill9_then_restart_converges[stage-delta_spark]",
+        "tests/chaos/test_kill9.py::test_kill9_then_restart_converges[finalize-delta_spark]",
+        "tests/chaos/test_kill9.py::test_kill9_inside_the_delta_spark_commit[delta_spark]",
+    ]
+    others = [f"tests/chaos/test_kill9.py::test_kill9_then_restart_converges[stage-{k}]"
+              for k in ("delta", "iceberg", "file")]  # fmt: skip
+    keep = HEAVY_ROWS["the delta-spark sink's fault rows"][0]
+    left_out = sample(rows + others, "seed-1", 1, set())  # the others' family runs whole
+    assert len(left_out) == len(rows) - keep and set(left_out) <= set(rows)
+    assert sample(rows, "seed-1", 1, set(rows)) == []  # a claimed one always runs
