@@ -52,10 +52,12 @@ def judge(r: dict[str, Any]) -> dict[str, Any]:
 
 
 def _verdict(met: bool, ratio: float, target: float, above: bool) -> str:
+    # ``ratio`` is the JSON's, already rounded to three places: shown as it is, since a
+    # second rounding to two could turn 0.785 into 0.79 and say other than the JSON.
     if met:
-        return f"met ({ratio:.2f}x, target {'>=' if above else '<='} {target}x)"
+        return f"met ({ratio:.3f}x, target {'>=' if above else '<='} {target}x)"
     gap = target - ratio if above else ratio - target
-    return f"MISSED by {gap:.2f}x ({ratio:.2f}x, target {'>=' if above else '<='} {target}x)"
+    return f"MISSED by {gap:.3f}x ({ratio:.3f}x, target {'>=' if above else '<='} {target}x)"
 
 
 def _why(r: dict[str, Any]) -> list[str]:
