@@ -172,8 +172,10 @@ def test_a_holder_whose_session_is_gone_is_taken_over_before_its_term(pg_db: str
     # the lease is free, though its 30 s term has far to run.
     assert _end_session_of(pg_db, "reconcile-lease:gone") == 1
     assert b.try_acquire() is None, "taken at once, while a holder may just be reconnecting"
-    b2 = PgLease(pg_db, "gone", term_s=0.2, holder="b")  # half a term: 0.1 s, from a's renewal
-    time.sleep(0.15)
+    # Half a term, 0.5 s, from a's renewal; also b2's statement timeout, which a
+    # loaded server meets at a tenth of a second.
+    b2 = PgLease(pg_db, "gone", term_s=1.0, holder="b")
+    time.sleep(0.6)
     # Half of *b2's* term is the grace: a's last renewal is older than that.
     taken = b2.try_acquire()
     assert taken is not None and taken.holder == "b" and taken.tenure == 2
