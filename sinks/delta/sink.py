@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 import uuid
 from collections.abc import Iterable, Sequence
@@ -11,7 +10,6 @@ from typing import Any
 
 import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
 import pyarrow.parquet as pq  # type: ignore[import-untyped, unused-ignore]
-from deltalake import DeltaTable
 
 from expected_state.delta_commit import (
     BasedOn,
@@ -38,18 +36,17 @@ from sinks.base import local_path
 from sinks.delta.manifest import FILES_DIR as _FILES
 from sinks.delta.manifest import (
     commit_metadata,
-    commit_owner_outcome,
     refuse_bad_manifest,
 )
 from sinks.delta.manifest import key_name as _key_name
 from sinks.delta.prepared import PreparedArea
 from sinks.delta.rows import EPOCH_COLUMN, rows_to_arrow, state_schema
+from sinks.delta.steps import abort_epoch, epoch_in_log, ready_to_commit, stranded
 from sinks.delta.tokens import (
     claim_generation,
     epoch_app_id,
     fence_id,
     fence_refusal,
-    is_committed,
     open_table,
 )
 from sinks.ownership import WriterBinding, foreign_prepare
@@ -147,12 +144,10 @@ class DeltaSink:
         fenced = fence_refusal(table, txn_id, sink=self._name)
         if fenced is not None:
             return fenced
-        if table is not None and is_committed(table, txn_id):
+        done = epoch_in_log(table, txn_id, "prepare", **self._owner())
+        if done is not None:
             self._staged.pop(txn_id.key, None)
-            foreign = self._foreign_commit(table, txn_id, "prepare")
-            if foreign is not None:
-                return foreign
-            return OK  # this epoch is already in the table
+            return done  # OK: this epoch is already in the table
         rows = self._staged.get(txn_id.key)
         if rows is None:
             if self._read_manifest(txn_id) is not None:
@@ -184,11 +179,7 @@ class DeltaSink:
         except OSError as exc:
             return Retryable(f"sink {self._name!r}, {txn_id}: prepare failed: {exc}")
         # Re-prepare replaces the content: drop the files of the previous manifest.
-        if old is not None:
-            for f in old["files"]:
-                if f["path"] not in {n.path for n in files}:
-                    with contextlib.suppress(FileNotFoundError):
-                        os.unlink(self.directory / f["path"])
+        self._area.drop_files(txn_id, keep=frozenset(f.path for f in files))
         del self._staged[txn_id.key]
         return OK
 
@@ -196,23 +187,11 @@ class DeltaSink:
     def commit(self, txn_id: SinkTxnId) -> SinkOutcome:
         """Add the prepared files in ONE Delta commit, tagged with the txn's epoch."""
         table = open_table(self.uri)
-        if table is not None and is_committed(table, txn_id):
-            # Committed before (the ack was lost, a replay, or a recovering
-            # writer settling a stale writer's leftover): only tidy up.
-            # (The epoch's data files live under _txn_files/ too: keep them.)
-            foreign = self._foreign_commit(table, txn_id, "commit")
-            if foreign is not None:
-                return foreign
-            self._remove_manifest(txn_id)
-            return OK
-        last = None if table is None else table.transaction_version(epoch_app_id(txn_id))
-        if last is not None and last > txn_id.epoch:
-            # The token is a high-water mark: recording an older epoch after a newer
-            # one would move it backwards and make the newer one look uncommitted.
-            return Fatal(
-                f"sink {self._name!r}, {txn_id}: epoch {txn_id.epoch} is older than committed "
-                f"epoch {last}; committing it would reorder epochs; nothing was written"
-            )
+        # (The epoch's data files live under _txn_files/ and are the table's: its
+        # settle drops the manifest only.)
+        early = ready_to_commit(table, txn_id, settle=self._area.remove, **self._owner())
+        if early is not None:
+            return early
         manifest = self._read_manifest(txn_id)
         if manifest is None:
             # A zombie's txn was discarded by the taker.
@@ -242,7 +221,7 @@ class DeltaSink:
         if schema is None:
             # An empty epoch before the table exists: there is nothing to make
             # visible, and no schema to create the table with; done.
-            self._remove_manifest(txn_id)
+            self._area.remove(txn_id)
             return OK
         hooks.point(COMMIT_CHECKED)
         try:
@@ -268,39 +247,18 @@ class DeltaSink:
             return Retryable.of(exc)
         # OutcomeUnknownError propagates: the contract says an escaping exception
         # means "outcome unknown", and the next commit() resolves it by the token.
-        self._remove_manifest(txn_id)
+        self._area.remove(txn_id)
         return OK
 
     @refuse_bad_manifest
     def abort(self, txn_id: SinkTxnId) -> SinkOutcome:
         """Delete the staged rows, the manifest and the prepared files of ``txn_id``."""
         self._staged.pop(txn_id.key, None)
-        table = open_table(self.uri)
-        if table is not None and is_committed(table, txn_id):
-            self._remove_manifest(txn_id)
-            return Fatal(f"sink {self._name!r}, {txn_id}: abort of a committed txn; data stays")
-        # A stale writer's abort must not discard a newer writer's prepared batch
-        # of the same epoch (the manifest and files are keyed by epoch only).
-        if self._area.newer_holder(txn_id):
-            return OK  # nothing of this txn is prepared
-        # Manifest first: once it is gone the txn is no longer prepared, and a crash
-        # before the files are deleted leaves an orphan directory that recover()
-        # still reports, so a later abort finishes the job.
-        self._area.remove(txn_id)
-        self._area.drop_files(txn_id)
-        return OK
+        return abort_epoch(self._area, self.uri, txn_id, sink=self._name, settle=self._area.remove)
 
     def recover(self) -> Sequence[SinkTxnId]:
         """Txns prepared (manifest or leftover files) whose epoch no commit references."""
-        table = open_table(self.uri)
-        found = self._area.listed()
-        stranded = []
-        for txn in found.values():
-            if table is not None and is_committed(table, txn):
-                self._remove_manifest(txn)  # committed: a leftover manifest only
-                continue
-            stranded.append(txn)
-        return sorted(stranded)
+        return stranded(self._area, self.uri, settle=self._area.remove)
 
     # ----------------------------------------------------------------- internals
 
@@ -314,22 +272,9 @@ class DeltaSink:
     def _write_manifest(self, txn_id: SinkTxnId, files: list[DataFile]) -> None:
         self._area.write(txn_id, files, self._binding.log_id)
 
-    def _foreign_commit(
-        self, table: DeltaTable, txn_id: SinkTxnId, where: str
-    ) -> SinkOutcome | None:
-        """None if ``txn_id``'s committed epoch was committed for this writer's log, else Fatal."""
-        return commit_owner_outcome(
-            table,
-            epoch_app_id(txn_id),
-            txn_id,
-            where,
-            sink=self._name,
-            uri=self.uri,
-            binding=self._binding,
-        )
-
-    def _remove_manifest(self, txn_id: SinkTxnId) -> None:
-        self._area.remove(txn_id)
+    def _owner(self) -> dict[str, Any]:
+        """Who commits, for the shared steps (sinks/delta/steps.py): name, table, writer."""
+        return {"sink": self._name, "uri": self.uri, "binding": self._binding}
 
 
 def open_uri(name: str, uri: str) -> DeltaSink:

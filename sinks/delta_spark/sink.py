@@ -36,19 +36,19 @@ from reconcile.core.contract import (
 )
 from reconcile.core.sink import SinkCapabilities
 from sinks.base import local_path, split_options
-from sinks.delta.manifest import commit_metadata, commit_owner_outcome, refuse_bad_manifest
+from sinks.changes import net_changes
+from sinks.delta.manifest import commit_metadata, refuse_bad_manifest
 from sinks.delta.manifest import data_file_name as _data_file_name
 from sinks.delta.prepared import PreparedArea
 from sinks.delta.rows import rows_to_arrow, state_schema
+from sinks.delta.steps import abort_epoch, epoch_in_log, ready_to_commit, stranded
 from sinks.delta.tokens import (
     claim_generation,
     epoch_app_id,
     fence_refusal,
-    is_committed,
     open_table,
 )
 from sinks.delta_spark.apply import DELETE_COLUMN, apply_epoch
-from sinks.iceberg.rows import net_changes
 from sinks.ownership import WriterBinding, foreign_prepare
 
 __all__ = ["COMMIT_CHECKED", "DeltaSparkSink", "open_uri"]
@@ -159,10 +159,10 @@ class DeltaSparkSink:
         fenced = fence_refusal(table, txn_id, sink=self._name)
         if fenced is not None:
             return fenced
-        if table is not None and is_committed(table, txn_id):
+        done = epoch_in_log(table, txn_id, "prepare", **self._owner())
+        if done is not None:
             self._staged.pop(txn_id.key, None)
-            foreign = self._foreign_commit(table, txn_id, "prepare")
-            return OK if foreign is None else foreign  # already in the table
+            return done  # OK: this epoch is already in the table
         rows = self._staged.get(txn_id.key)
         if rows is None:
             if self._area.read(txn_id) is not None:
@@ -202,22 +202,9 @@ class DeltaSparkSink:
     def commit(self, txn_id: SinkTxnId) -> SinkOutcome:
         """Apply the prepared file in ONE Spark command carrying Delta's txn id."""
         table = open_table(self.uri)
-        if table is not None and is_committed(table, txn_id):
-            # WHY: the log records the epoch (the ack was lost, a replay, or a
-            # recovering writer settling a stale writer's leftover): tidy up only.
-            foreign = self._foreign_commit(table, txn_id, "commit")
-            if foreign is not None:
-                return foreign
-            self._tidy(txn_id)
-            return OK
-        last = None if table is None else table.transaction_version(epoch_app_id(txn_id))
-        if last is not None and last > txn_id.epoch:
-            # WHY: Delta would skip it silently (its txnVersion is a high-water
-            # mark), and the epoch would be lost: refuse it loudly instead.
-            return Fatal(
-                f"sink {self._name!r}, {txn_id}: epoch {txn_id.epoch} is older than committed "
-                f"epoch {last}; committing it would reorder epochs; nothing was written"
-            )
+        early = ready_to_commit(table, txn_id, settle=self._tidy, **self._owner())
+        if early is not None:
+            return early
         # WHY: a zombie (older generation) must not write once a newer one has
         # claimed the table; the claim restated the epoch token, so a command
         # that read the log before the claim conflicts with it (Retryable, and
@@ -286,32 +273,11 @@ class DeltaSparkSink:
     def abort(self, txn_id: SinkTxnId) -> SinkOutcome:
         """Delete the staged rows, the manifest and the staged file of ``txn_id``."""
         self._staged.pop(txn_id.key, None)
-        table = open_table(self.uri)
-        if table is not None and is_committed(table, txn_id):
-            self._tidy(txn_id)
-            return Fatal(f"sink {self._name!r}, {txn_id}: abort of a committed txn; data stays")
-        # WHY: a stale writer's abort must not discard a newer writer's prepared
-        # batch of the same epoch (manifests and files are keyed by epoch only).
-        if self._area.newer_holder(txn_id):
-            return OK
-        # Manifest first: a crash before the file goes leaves an orphan folder
-        # that recover() still reports, so a later abort finishes the job.
-        self._area.remove(txn_id)
-        self._area.drop_files(txn_id)
-        return OK
+        return abort_epoch(self._area, self.uri, txn_id, sink=self._name, settle=self._tidy)
 
     def recover(self) -> Sequence[SinkTxnId]:
         """Txns prepared (manifest or leftover files) whose epoch the log does not record."""
-        table = open_table(self.uri)
-        stranded = []
-        for txn in self._area.listed().values():
-            if table is not None and is_committed(table, txn):
-                # WHY: the log says it is in; a crash came between the command
-                # and the tidy-up: the leftovers are only leftovers.
-                self._tidy(txn)
-                continue
-            stranded.append(txn)
-        return sorted(stranded)
+        return stranded(self._area, self.uri, settle=self._tidy)
 
     # ----------------------------------------------------------------- internals
 
@@ -337,17 +303,9 @@ class DeltaSparkSink:
         self._area.remove(txn_id)
         self._area.drop_files(txn_id)
 
-    def _foreign_commit(self, table: Any, txn_id: SinkTxnId, where: str) -> SinkOutcome | None:
-        """None if ``txn_id``'s committed epoch was committed for this writer's log, else Fatal."""
-        return commit_owner_outcome(
-            table,
-            epoch_app_id(txn_id),
-            txn_id,
-            where,
-            sink=self._name,
-            uri=self.uri,
-            binding=self._binding,
-        )
+    def _owner(self) -> dict[str, Any]:
+        """Who commits, for the shared steps (sinks/delta/steps.py): name, table, writer."""
+        return {"sink": self._name, "uri": self.uri, "binding": self._binding}
 
 
 def open_uri(name: str, uri: str) -> DeltaSparkSink:

@@ -1,9 +1,7 @@
-"""An epoch's staged changes as Arrow: netted by key, in the table's types, checked.
+"""An epoch's staged changes as Arrow: in the table's types, checked.
 
-Rows arrive as dicts (upserts), ``Change`` values (upserts and deletes) or
-Arrow tables (upserts). For each key the last change wins, as in the other
-keyed sinks. Every failure names the table, the column and the value, and
-says that nothing was written.
+The changes are netted by key first (``sinks.changes``). Every failure names
+the table, the column and the value, and says that nothing was written.
 """
 
 from __future__ import annotations
@@ -13,70 +11,12 @@ from typing import Any
 
 import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
 
-from reconcile.core.contract import Change, InvalidInputError
+from reconcile.core.contract import InvalidInputError
 from reconcile.core.keys import check_arrow_keys
 
-__all__ = ["EPOCH_COLUMN", "creation_schema", "net_changes", "to_arrow"]
+__all__ = ["EPOCH_COLUMN", "creation_schema", "to_arrow"]
 
 EPOCH_COLUMN = "_epoch"
-
-
-def _rows_of(item: Any, index: int, where: str) -> list[tuple[str, Any]]:
-    if isinstance(item, Change):
-        return [(item.op, item.row)]
-    if isinstance(item, dict):
-        return [("upsert", item)]
-    if isinstance(item, pa.Table):
-        return [("upsert", row) for row in item.to_pylist()]
-    raise InvalidInputError(
-        f"{where}: item {index} is a {type(item).__name__}, not a dict, a Change or an Arrow "
-        "table; nothing was written",
-        table=where,
-    )
-
-
-def net_changes(
-    items: Sequence[Any], keys: Sequence[str], where: str
-) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """(upserted rows, deleted keys) after netting ``items`` by key: the last change wins.
-
-    Raises:
-        InvalidInputError: an item of another kind, a row without a key
-            column, or a NULL key (naming the table, the column and the row).
-    """
-    final: dict[tuple[Any, ...], tuple[str, dict[str, Any]]] = {}
-    position = 0
-    for index, item in enumerate(items):
-        for op, row in _rows_of(item, index, where):
-            try:
-                key = tuple(row[k] for k in keys)
-            except KeyError as exc:
-                raise InvalidInputError(
-                    f"{where}: row {position} ({op}) has no key column {exc.args[0]!r}; "
-                    "nothing was written",
-                    table=where,
-                    column=str(exc.args[0]),
-                ) from None
-            for name, value in zip(keys, key, strict=True):
-                if value is None:
-                    raise InvalidInputError(
-                        f"{where}: row {position} ({op}) has a NULL in key column {name!r}; "
-                        "nothing was written",
-                        table=where,
-                        column=name,
-                    )
-            try:
-                final[key] = (op, dict(row))
-            except TypeError:
-                raise InvalidInputError(
-                    f"{where}: row {position} has a key {key!r} that cannot key a row "
-                    f"(key columns {list(keys)}); nothing was written",
-                    table=where,
-                ) from None
-            position += 1
-    upserts = [row for op, row in final.values() if op == "upsert"]
-    deletes = [{k: row[k] for k in keys} for op, row in final.values() if op == "delete"]
-    return upserts, deletes
 
 
 def to_arrow(rows: list[dict[str, Any]], schema: pa.Schema, where: str) -> pa.Table:

@@ -34,6 +34,7 @@ from reconcile.core.contract import (
 )
 from reconcile.core.sink import SinkCapabilities
 from reconcile.core.value_forms import with_refused
+from sinks.changes import net_changes
 from sinks.iceberg import prepared as records
 from sinks.iceberg.fence import committed_outcome, fence_refusal, tidy
 from sinks.iceberg.location import IcebergLocation, parse_uri
@@ -41,7 +42,6 @@ from sinks.iceberg.rows import (
     EPOCH_COLUMN,
     arrow_upserts,
     creation_schema,
-    net_changes,
     to_arrow,
 )
 from sinks.iceberg.tables import create_table, key_columns, load_table
