@@ -37,6 +37,7 @@ HEAVY: dict[str, tuple[int, frozenset[str]]] = {
         "tests/integration/test_cli_rebuild.py::test_a_rebuild_while_a_main_and_a_standby_run_makes_both_step_aside",
         "tests/integration/test_spark_verify.py::test_spark_verify_and_repair_on_separate_executors",
         "tests/integration/test_delta_spark_interop.py::test_spark_reads_every_version_and_every_epoch_as_the_engine_does",
+        "tests/integration/test_delta_spark_interop.py::test_spark_reads_a_store_on_s3_as_the_engine_does",
         "tests/integration/test_realtime_stream.py::test_realtime_mode_into_postgres_exactly_once_with_the_driver_killed_mid_batch",
         "tests/integration/test_spark_stream.py::test_format_reconcile_commit_process_killed_after_the_decision",
         "tests/unit/test_mutation_baseline.py::test_the_joint_selection_is_pytests_own",
@@ -49,7 +50,7 @@ HEAVY_GROUP_OF = {nodeid: group for group, (_, names) in HEAVY.items() for nodei
 # Spark command per commit and a Spark JVM per killed process (a minute or more each on
 # two cores), where the other kinds' rows of the same functions take seconds.
 HEAVY_ROWS: dict[str, tuple[int, re.Pattern[str]]] = {
-    "the delta-spark sink's fault rows": (4, re.compile(
+    "the delta-spark sink's fault rows": (3, re.compile(
         r"tests/chaos/test_(failure_matrix|kill9)\.py::test_\w+\[([^\]]*-)?delta_spark(-[^\]]*)?\]"
     )),
 }  # fmt: skip
