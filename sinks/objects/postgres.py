@@ -238,6 +238,42 @@ def open_state_schema(
     return schema
 
 
+def _create_and_check(
+    conn: psycopg.Connection[Any],
+    schema: str,
+    table: TableDecl,
+    trusted: list[str],
+    *,
+    what: str,
+    role: str,
+) -> list[str]:
+    """Create ``schema`` and ``table`` where missing (nowhere amiss); every finding on them.
+
+    Each engine table that decides something on its own (the lease, Real-Time
+    Mode's offset markers) is opened this way; the caller refuses a table with
+    findings, in words that say what the table decides.
+
+    Raises:
+        ConfigurationError: ``role`` may not create the schema or the table.
+    """
+    try:
+        if not schema_exists(conn, schema):
+            create_schema(conn, schema)
+        problems = schema_problems(conn, schema, trusted)
+        if not problems:  # nothing is created in a schema that is not ours
+            create_tables(conn, schema, [table])
+    except errors.InsufficientPrivilege as err:
+        raise ConfigurationError(
+            f"{what}: cannot create {schema}.{table.name}: {str(err).strip()}. Create schema "
+            f"{schema} once for the {role}'s role (CREATE SCHEMA {schema} AUTHORIZATION "
+            f"{trusted[0]}), or grant it CREATE on the database",
+            schema=schema,
+        ) from None
+    if relation_exists(conn, schema, table.name):
+        problems += _table_problems(conn, schema, table, trusted)
+    return problems
+
+
 def open_lease_table(
     conn: psycopg.Connection[Any], schema: str, *, owner: str | None, what: str
 ) -> sql.Identifier:
@@ -248,21 +284,7 @@ def open_lease_table(
             or what exists is not what it must be (named, with every finding).
     """
     trusted = trusted_roles(conn, owner)
-    try:
-        if not schema_exists(conn, schema):
-            create_schema(conn, schema)
-        problems = schema_problems(conn, schema, trusted)
-        if not problems:
-            create_tables(conn, schema, [LEASES])
-    except errors.InsufficientPrivilege as err:
-        raise ConfigurationError(
-            f"{what}: cannot create {schema}.{LEASES.name}: {str(err).strip()}. Create schema "
-            f"{schema} once for the lease's role (CREATE SCHEMA {schema} AUTHORIZATION "
-            f"{trusted[0]}), or grant it CREATE on the database",
-            schema=schema,
-        ) from None
-    if relation_exists(conn, schema, LEASES.name):
-        problems += _table_problems(conn, schema, LEASES, trusted)
+    problems = _create_and_check(conn, schema, LEASES, trusted, what=what, role="lease")
     if problems:
         raise ConfigurationError(
             f"{what}: refusing to use the lease table {schema}.{LEASES.name}: "
@@ -290,21 +312,7 @@ def open_realtime_offsets(
     """
     trusted = trusted_roles(conn)
     name = REALTIME_OFFSETS.name
-    try:
-        if not schema_exists(conn, schema):
-            create_schema(conn, schema)
-        problems = schema_problems(conn, schema, trusted)
-        if not problems:
-            create_tables(conn, schema, [REALTIME_OFFSETS])
-    except errors.InsufficientPrivilege as err:
-        raise ConfigurationError(
-            f"{what}: cannot create {schema}.{name}: {str(err).strip()}. Create schema "
-            f"{schema} once for the writer's role (CREATE SCHEMA {schema} AUTHORIZATION "
-            f"{trusted[0]}), or grant it CREATE on the database",
-            schema=schema,
-        ) from None
-    if relation_exists(conn, schema, name):
-        problems += _table_problems(conn, schema, REALTIME_OFFSETS, trusted)
+    problems = _create_and_check(conn, schema, REALTIME_OFFSETS, trusted, what=what, role="writer")
     if problems:
         # The markers decide which rows a replay skips: a table another role can write,
         # or of another shape, could make the writer drop rows, so it is never used.
