@@ -62,6 +62,7 @@ from sinks.postgres.sink import PostgresSink  # noqa: E402
 TABLE = "demo_lineitem"
 KEYS = ["l_orderkey", "l_linenumber"]
 PARTS = {"stream": "stream_sf1", "verify": "verify_60m", "day": "store_day"}
+VERIFY_STEPS = {"full", "buckets", "scoped", "spark"}
 
 
 def load_lineitem(dsn: str, store_root: str, lineitem: Path, epoch_rows: int) -> dict[str, Any]:
@@ -112,10 +113,44 @@ def bench_verify(dsn: str, root: str, args: argparse.Namespace) -> dict[str, Any
     base = ["--dsn", dsn, "--table", TABLE, "--store", store_root, "--spill-dir", str(spill)]
     out: dict[str, Any] = {"tpch_scale": args.tpch_scale, **loaded, "columns": 16,
                            "chunk_rows": args.chunk_rows}  # fmt: skip
+    steps = set(args.verify_steps.split(","))
+    if "full" in steps:
+        out.update(_full(base, loaded["rows"], args))
+    if "buckets" in steps:
+        # The first check computes and keeps the summary; the second uses it.
+        out["buckets_first"] = measure("verify", *base, "--mode", "buckets", *_chunked(args))
+        out["buckets_kept_summary"] = measure("verify", *base, "--mode", "buckets", *_chunked(args))
+    if "scoped" in steps:
+        out.update(_scoped(base, store_root, loaded["epochs"], tpch, args))
+    if "spark" in steps:
+        # The Spark job in a driver process of its own, its memory over its whole tree;
+        # each reader of the store side by side on the same data, one after the other.
+        masters = {"local": "local[2]", "local_cluster": "local-cluster[2,1,1024]"}
+        job = ["--partitions", str(args.spark_parts)]
+        out["spark"] = {
+            f"{name}_{reader}": measure(
+                "spark", *base, "--master", masters[name], *job, "--store-reader", reader
+            )
+            for name in args.spark_masters.split(",")
+            for reader in args.spark_readers.split(",")
+        }
+    leftovers = list(spill.iterdir())
+    if leftovers:
+        raise RuntimeError(f"the spill folder was not emptied: {leftovers[:3]}")
+    return out
+
+
+def _chunked(args: argparse.Namespace) -> list[str]:
+    return ["--chunk-rows", str(args.chunk_rows)]
+
+
+def _full(base: list[str], rows: int, args: argparse.Namespace) -> dict[str, Any]:
+    """COPY-out (the better of two) against a full verify in parts, and in memory where it fits."""
+    out: dict[str, Any] = {}
     out["copy_out"] = min((measure("copy", *base) for _ in range(2)), key=lambda r: r["seconds"])
-    chunked = ["--chunk-rows", str(args.chunk_rows)]
+    chunked = _chunked(args)
     out["full_in_parts"] = measure("verify", *base, "--mode", "full", *chunked)
-    if loaded["rows"] <= args.in_memory_max_rows:
+    if rows <= args.in_memory_max_rows:
         whole = ["--chunk-rows", str(10**12)]
         out["full_in_memory"] = measure("verify", *base, "--mode", "full", *whole)
     else:
@@ -123,25 +158,20 @@ def bench_verify(dsn: str, root: str, args: argparse.Namespace) -> dict[str, Any
     out["full_vs_copy_ratio"] = round(
         out["copy_out"]["seconds"] / out["full_in_parts"]["seconds"], 3
     )
-    # Buckets: the first check computes and keeps the summary; the second uses it.
-    out["buckets_first"] = measure("verify", *base, "--mode", "buckets", *chunked)
-    out["buckets_kept_summary"] = measure("verify", *base, "--mode", "buckets", *chunked)
-    # Scoped: the store records an epoch of 1,000 rows (half updates) the sink lacks.
-    divergent = record_divergent(store_root, loaded["epochs"], tpch / "lineitem.parquet", 1000)
-    out["divergent_rows"] = divergent
-    out["scoped_divergent"] = measure("verify", *base, "--mode", "scoped", *chunked)
-    out["full_divergent"] = measure("verify", *base, "--mode", "full", *chunked)
+    return out
+
+
+def _scoped(
+    base: list[str], store_root: str, epochs: int, tpch: Path, args: argparse.Namespace
+) -> dict[str, Any]:
+    """Scoped against full mode, once the store records an epoch of 1,000 rows the sink lacks."""
+    out: dict[str, Any] = {}
+    out["divergent_rows"] = record_divergent(store_root, epochs, tpch / "lineitem.parquet", 1000)
+    out["scoped_divergent"] = measure("verify", *base, "--mode", "scoped", *_chunked(args))
+    out["full_divergent"] = measure("verify", *base, "--mode", "full", *_chunked(args))
     out["scoped_vs_full_ratio"] = round(
         out["scoped_divergent"]["seconds"] / out["full_divergent"]["seconds"], 4
     )
-    # The Spark job in a driver process of its own, its memory over its whole tree.
-    out["spark"] = {
-        name: measure("spark", *base, "--master", master, "--partitions", str(args.spark_parts))
-        for name, master in (("local", "local[2]"), ("local_cluster", "local-cluster[2,1,1024]"))
-    }
-    leftovers = list(spill.iterdir())
-    if leftovers:
-        raise RuntimeError(f"the spill folder was not emptied: {leftovers[:3]}")
     return out
 
 
@@ -273,7 +303,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                                   work_mem="256MB")  # fmt: skip
         try:
             dsn = server.dsn(server.create_database("bench"))
-            result["verify_60m"] = {**bench_verify(dsn, str(work), args), "when": now()}
+            measured = {**bench_verify(dsn, str(work), args), "when": now()}
+            result["verify_60m"] = _with_carried_steps(measured, args)
         finally:
             server.stop()
     if "day" in parts:
@@ -281,6 +312,37 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         result["store_day"] = {**day, "when": now()}
     shutil.rmtree(work, ignore_errors=True)
     return result
+
+
+def _with_carried_steps(measured: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
+    """``verify_60m`` measured now, over the figures of the steps not run, from ``--out``.
+
+    The carried figures keep the time they were measured (``carried_when``);
+    they are from the same scale, or none are carried.
+    """
+    steps = set(args.verify_steps.split(","))
+    if steps >= VERIFY_STEPS:
+        return measured
+    try:
+        before = json.loads((args.out / "scale.json").read_text()).get("verify_60m", {})
+    except (OSError, ValueError):
+        before = {}
+    if before.get("tpch_scale") != measured["tpch_scale"]:
+        return {**measured, "steps_run": sorted(steps)}
+    earlier = before.get("spark")
+    if "spark" in measured and isinstance(earlier, dict) and "why" not in earlier:
+        # The Spark rows not run again stay, each with its time; a row without a
+        # reader predates the choice, when the store was read from file lists only.
+        old = {
+            key if "store_reader" in job else f"{key}_files": {
+                "store_reader": "files",
+                **job,
+                "when": job.get("when", before.get("when")),
+            }
+            for key, job in earlier.items()
+        }
+        measured["spark"] = {**old, **measured["spark"]}
+    return {**before, **measured, "steps_run": sorted(steps), "carried_when": before.get("when")}
 
 
 def _ints(text: str) -> list[int]:
@@ -294,6 +356,14 @@ def _parts(text: str) -> str:
     return text
 
 
+def _verify_steps(text: str) -> str:
+    unknown = set(text.split(",")) - VERIFY_STEPS
+    if unknown:
+        known = sorted(VERIFY_STEPS)
+        raise argparse.ArgumentTypeError(f"unknown steps {sorted(unknown)}: any of {known}")
+    return text
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tpch-scale", type=float, default=10.0)
@@ -302,6 +372,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--in-memory-max-rows", type=int, default=20_000_000)
     parser.add_argument(
         "--spark-parts", type=int, default=8, help="the Spark job's pull partitions"
+    )
+    parser.add_argument(
+        "--verify-steps",
+        default=",".join(sorted(VERIFY_STEPS)),
+        type=_verify_steps,
+        help="verify_60m's steps to run (the others are carried over)",
+    )
+    parser.add_argument(
+        "--spark-readers", default="files,delta-spark", help="the store readers timed, in turn"
+    )
+    parser.add_argument(
+        "--spark-masters", default="local,local_cluster", help="the masters the job is timed on"
     )
     parser.add_argument("--epochs", type=int, default=86_400, help="store_day's epochs")
     parser.add_argument("--window", type=int, default=10_000, help="first/last epochs compared")

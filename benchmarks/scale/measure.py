@@ -63,6 +63,8 @@ def _spark(args: argparse.Namespace) -> dict[str, Any]:
     from reconcile.spark.session import local_session
     from reconcile.spark.verify import spark_recover
 
+    # The machine's load when the job starts: a figure taken beside other work says so.
+    load_before = round(os.getloadavg()[0], 2)
     tree = TreeCpu(every=0.5)
     tree.add_root(os.getpid())
     tree.start()
@@ -71,13 +73,16 @@ def _spark(args: argparse.Namespace) -> dict[str, Any]:
     spark.sparkContext.setLogLevel("ERROR")
     start = time.perf_counter()
     report = spark_recover(spark, args.dsn, args.store, args.pipeline, args.table,
-                           partitions=args.partitions)  # fmt: skip
+                           partitions=args.partitions, store_reader=args.store_reader)  # fmt: skip
     job = time.perf_counter() - start
     spark.stop()
     tree.finish(linger=0.0)
     return {
         "master": args.master,
         "partitions": args.partitions,
+        "store_reader": args.store_reader,
+        "load_before": load_before,
+        "load_after": round(os.getloadavg()[0], 2),
         "rows_pulled": report.rows_pulled,
         "missing": report.missing,
         "extra": report.extra,
@@ -113,6 +118,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--spill-dir", default=None)
     parser.add_argument("--master", default="local[2]", help="spark: the Spark master")
     parser.add_argument("--partitions", type=int, default=4, help="spark: the pull partitions")
+    parser.add_argument(
+        "--store-reader", default="auto", help="spark: the store's reader (files, delta-spark)"
+    )
     args = parser.parse_args(argv)
     start = time.perf_counter()
     actions = {"copy": lambda: _copy_out(args.dsn, args.table), "verify": lambda: _verify(args),

@@ -22,6 +22,15 @@ def _when(part: dict[str, Any], r: dict[str, Any]) -> str:
     return f" Measured {at}." if at and at != r["when"] else ""
 
 
+def _carried(v: dict[str, Any]) -> str:
+    if "carried_when" not in v:
+        return ""
+    return (
+        f" Only these steps were run then: {', '.join(v['steps_run'])}; the other figures are "
+        f"carried from the run of {v['carried_when']} (same scale, same machine)."
+    )
+
+
 def _verify(r: dict[str, Any]) -> list[str]:
     v = r["verify_60m"]
     if not v.get("measured", True):
@@ -30,7 +39,8 @@ def _verify(r: dict[str, Any]) -> list[str]:
         f"TPC-H `lineitem` at scale {v['tpch_scale']}: **{v['rows']:,} rows**, 16 columns, "
         f"written into PostgreSQL (fsync on) through the Postgres sink in {v['epochs']} epochs, "
         f"with its expected state. Each figure is a fresh process; peak RSS is its own "
-        f"(`VmHWM`). Full mode in parts of {v['chunk_rows']:,} rows.{_when(v, r)}",
+        f"(`VmHWM`). Full mode in parts of {v['chunk_rows']:,} rows.{_when(v, r)}"
+        f"{_carried(v)}",
         "",
         "| what | result | target |",
         "|---|---|---|",
@@ -50,6 +60,12 @@ def _verify(r: dict[str, Any]) -> list[str]:
     ]
 
 
+_READERS = {
+    "files": ", the store read from the file lists the engine assembles",
+    "delta-spark": ", the store read by delta-spark",
+}
+
+
 def _spark_rows(v: dict[str, Any]) -> list[str]:
     spark = v.get("spark", {})
     if "why" in spark:
@@ -57,9 +73,14 @@ def _spark_rows(v: dict[str, Any]) -> list[str]:
     rows = []
     for job in spark.values():
         memory = job["peak_mb_driver"] + (job["peak_mb_executors"] or 0)
+        reader = _READERS.get(job.get("store_reader", ""), "")
+        if "load_before" in job:
+            reader += f" (load average {job['load_before']} before, {job['load_after']} after)"
+        if "when" in job:
+            reader += f", measured {job['when']}"
         rows.append(
-            f"| the Spark verify job on `{job['master']}`, {job['partitions']} pull partitions "
-            f"| {job['seconds']} s ({job['job_seconds']} s without Spark's start), peak "
+            f"| the Spark verify job on `{job['master']}`, {job['partitions']} pull partitions"
+            f"{reader} | {job['seconds']} s ({job['job_seconds']} s without Spark's start), peak "
             f"{memory:,.0f} MB over its processes | |"
         )
     return rows

@@ -21,7 +21,7 @@ from benchmarks.scale import bench as scale
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
 
-@pytest.mark.timeout(1800)  # about 7 minutes alone: eight Spark drivers, eight more processes
+@pytest.mark.timeout(1800)  # about 8 minutes alone: ten Spark drivers, eight more processes
 def test_scale_benchmark_quick(tmp_path: Path) -> None:
     out = tmp_path / "results"
     out.mkdir()
@@ -75,13 +75,17 @@ def check_quick_report(out: Path) -> None:
     assert scoped["mode"] == "scoped" and (scoped["missing"], scoped["changed"]) == (500, 500)
     assert (full["missing"], full["changed"], full["extra"]) == (500, 500, 0)
     assert verify["copy_out"]["bytes"] > 1_000_000
-    for name, master in (("local", "local[2]"), ("local_cluster", "local-cluster[2,1,1024]")):
-        job = verify["spark"][name]
-        assert job["master"] == master and job["rows_pulled"] == 60_175, job
+    # Each master with each reader of the store: the file lists and delta-spark.
+    masters = {"local": "local[2]", "local_cluster": "local-cluster[2,1,1024]"}
+    assert set(verify["spark"]) == {f"{m}_{r}" for m in masters for r in ("files", "delta-spark")}
+    for name, job in verify["spark"].items():
+        master, reader = name.rsplit("_", 1)
+        assert job["master"] == masters[master] and job["store_reader"] == reader, job
+        assert job["rows_pulled"] == 60_175, job
         assert job["missing"] == job["extra"] == job["changed"] == 0, job
         assert 0 < job["job_seconds"] < job["seconds"] and job["peak_mb_driver"] > 100, job
     # Two executor JVMs of their own on local-cluster, sampled as executors.
-    assert verify["spark"]["local_cluster"]["peak_mb_executors"] > 100
+    assert verify["spark"]["local_cluster_delta-spark"]["peak_mb_executors"] > 100
     day = report["store_day"]
     assert day["epochs"] == 300 and day["last_epoch_read"] == 300
     assert day["commit_first"]["epochs"] == day["commit_last"]["epochs"] == 100

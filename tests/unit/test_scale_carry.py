@@ -1,0 +1,67 @@
+"""The scale benchmark's verify part run in some of its steps: the others are carried, dated.
+
+A run of only the Spark rows keeps the earlier run's other figures and its
+Spark rows not run again, each with the time it was measured; a row of a run
+before the reader choice is the file lists' row.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from benchmarks.scale.bench import _with_carried_steps
+from benchmarks.scale.report import _spark_rows
+
+
+def _job(master: str, seconds: float, **extra: object) -> dict[str, object]:
+    return {"master": master, "partitions": 64, "seconds": seconds, "job_seconds": seconds - 10,
+            "peak_mb_driver": 1000.0, "peak_mb_executors": None, **extra}  # fmt: skip
+
+
+def test_a_spark_only_run_keeps_the_other_steps_and_dates_the_rows_it_carries(
+    tmp_path: Path,
+) -> None:
+    before = {
+        "tpch_scale": 10.0, "rows": 60, "when": "2026-11-28T00:32:34+00:00",
+        "full_in_parts": {"seconds": 138.4},
+        "spark": {"local": _job("local[2]", 332.2), "local_cluster": _job("local-cluster", 371.8)},
+    }  # fmt: skip
+    (tmp_path / "scale.json").write_text(json.dumps({"verify_60m": before}))
+    args = argparse.Namespace(out=tmp_path, verify_steps="spark")
+    measured = {
+        "tpch_scale": 10.0, "rows": 60, "when": "2026-11-29T13:00:00+00:00",
+        "spark": {
+            "local_files": _job("local[2]", 300.0, store_reader="files"),
+            "local_delta-spark": _job("local[2]", 250.0, store_reader="delta-spark"),
+        },
+    }  # fmt: skip
+    got = _with_carried_steps(measured, args)
+    assert got["full_in_parts"] == {"seconds": 138.4}
+    assert got["carried_when"] == before["when"] and got["steps_run"] == ["spark"]
+    assert got["when"] == measured["when"]
+    spark = got["spark"]
+    assert set(spark) == {"local_files", "local_delta-spark", "local_cluster_files"}
+    # Measured now: the new figure, no date of its own; carried: the old one, dated.
+    assert spark["local_files"]["seconds"] == 300.0 and "when" not in spark["local_files"]
+    assert spark["local_cluster_files"]["seconds"] == 371.8
+    assert spark["local_cluster_files"]["when"] == before["when"]
+    assert spark["local_cluster_files"]["store_reader"] == "files"
+    rows = _spark_rows(got)
+    assert len(rows) == 3 and sum("measured 2026-11-28" in r for r in rows) == 1
+    assert sum("read by delta-spark" in r for r in rows) == 1
+
+
+def test_a_run_of_every_step_carries_nothing(tmp_path: Path) -> None:
+    (tmp_path / "scale.json").write_text(json.dumps({"verify_60m": {"tpch_scale": 10.0, "x": 1}}))
+    args = argparse.Namespace(out=tmp_path, verify_steps="buckets,full,scoped,spark")
+    measured = {"tpch_scale": 10.0, "when": "now"}
+    assert _with_carried_steps(measured, args) == measured
+
+
+def test_figures_of_another_scale_are_never_carried(tmp_path: Path) -> None:
+    (tmp_path / "scale.json").write_text(json.dumps({"verify_60m": {"tpch_scale": 10.0, "x": 1}}))
+    args = argparse.Namespace(out=tmp_path, verify_steps="spark")
+    got = _with_carried_steps({"tpch_scale": 0.01, "when": "now"}, args)
+    assert "x" not in got and "carried_when" not in got
