@@ -42,6 +42,7 @@ import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
 import pyarrow.compute as pc  # type: ignore[import-untyped, unused-ignore]
 import pyarrow.dataset as pds  # type: ignore[import-untyped, unused-ignore]
 from deltalake import DeltaTable
+from deltalake.exceptions import DeltaProtocolError
 
 from reconcile.core.conform import SinkColumn
 from reconcile.core.contract import ConfigurationError, InvalidInputError
@@ -98,7 +99,14 @@ class _Snapshot(NoRowChecksums):
 
     def _scanner(self, row_filter: pds.Expression | None) -> Any:
         assert self.table is not None
-        dataset = self.table.to_pyarrow_dataset()
+        try:
+            dataset = self.table.to_pyarrow_dataset()
+        except DeltaProtocolError as exc:
+            raise InvalidInputError(
+                f"Delta table {self.target.display}: deltalake cannot read it ({exc}); "
+                "nothing was pulled or written",
+                table=self.target.display,
+            ) from None
         return dataset.scanner(
             columns=list(self.schema.names), filter=row_filter, batch_size=_BATCH_ROWS
         )
@@ -158,7 +166,7 @@ class _Snapshot(NoRowChecksums):
         """The rows of the version (what the mass-change brake weighs)."""
         if self.table is None:
             return 0
-        return int(self.table.to_pyarrow_dataset().count_rows())
+        return int(self._scanner(None).count_rows())
 
 
 class DeltaRecoveryTarget:

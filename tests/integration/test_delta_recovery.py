@@ -13,7 +13,7 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
-from deltalake import DeltaTable, write_deltalake
+from deltalake import DeltaTable, TableFeatures, write_deltalake
 
 from expected_state.store import ExpectedStateStore
 from reconcile import CommitCycle, CommitSucceeded, InvalidInputError, recover
@@ -21,6 +21,7 @@ from reconcile.core import hooks
 from reconcile.core.contract import Change, SinkTxnId, WriterIdentity
 from reconcile.engine.progress_file import FileProgressLog
 from reconcile.recovery.engine import PULLED
+from sinks.delta.factory import DeltaTableClient
 from sinks.delta.sink import DeltaSink
 
 pytestmark = pytest.mark.integration
@@ -176,3 +177,37 @@ def test_buckets_mode_says_delta_has_no_checksums(tmp_path: Path) -> None:
     dsn = written(tmp_path, epochs=1)
     with pytest.raises(InvalidInputError, match="no bucket checksums"):
         verify(tmp_path, dsn, mode="buckets")
+
+
+def test_the_pull_reads_the_version_it_began_at(tmp_path: Path) -> None:
+    written(tmp_path, epochs=1)
+    uri = str(tmp_path / "lake" / "orders")
+    target = DeltaTableClient("orders", uri, ["id"]).recovery_target("shop", None, write=False)
+    with target.snapshot(SCHEMA, ["id"]) as snap:
+        schema = pa.schema(DeltaTable(uri).schema().to_arrow())
+        late = pa.Table.from_pylist([{**row(500, 1), "_epoch": 1}], schema=schema)
+        write_deltalake(uri, late, mode="append")  # lands after the pull began
+        pulled = snap.pull_all(None)
+        scoped = snap.pull_keys(pa.table({"id": pa.array([500], pa.int64())}), newer_than=0)
+    assert DeltaTable(uri).to_pyarrow_table().num_rows == 11  # the late row is in the table
+    assert sorted(pulled.column("id").to_pylist()) == list(range(10))
+    assert scoped.num_rows == 0
+
+
+def test_a_feature_delta_rs_cannot_write_is_refused_by_name(tmp_path: Path) -> None:
+    dsn = written(tmp_path, epochs=1)
+    uri = str(tmp_path / "lake" / "orders")
+    table = DeltaTable(uri)
+    table.alter.add_feature(TableFeatures.ChangeDataFeed, allow_protocol_versions_increase=True)
+    drift(tmp_path, {2}, [])
+    before = DeltaTable(uri).version()
+    assert verify(tmp_path, dsn, mode="full").missing == 1  # verify still reads it
+    with pytest.raises(InvalidInputError, match=r"orders: .*feature 'changeDataFeed'"):
+        repair(tmp_path, dsn, mode="full")
+    assert DeltaTable(uri).version() == before  # nothing was written
+    # A feature deltalake cannot even read: verify says so, naming the table.
+    DeltaTable(uri).alter.add_feature(
+        TableFeatures.DeletionVectors, allow_protocol_versions_increase=True
+    )
+    with pytest.raises(InvalidInputError, match=r"orders: .*deletionVectors"):
+        verify(tmp_path, dsn, mode="full")
