@@ -23,10 +23,11 @@ from expected_state.delta_commit import (
     BasedOn,
     DataFile,
     DeltaCommit,
+    check_fence,
     commit_files,
     write_data_file,
 )
-from reconcile.core.contract import FencedError, InvalidInputError, RetryableError, SinkTxnId
+from reconcile.core.contract import InvalidInputError, RetryableError, SinkTxnId
 from reconcile.core.target import Repair
 from sinks.delta.manifest import LOG_ID_KEY, commit_metadata, reconcile_fields
 from sinks.delta.rows import EPOCH_COLUMN, state_schema
@@ -78,13 +79,12 @@ def apply_repair(target: DeltaRecoveryTarget, table: DeltaTable, repair: Repair)
         )
     fence_app = fence_id(SinkTxnId(target.pipeline, target.sink, 0, 0))
     fence = table.transaction_version(fence_app)
-    if target.generation is not None and fence is not None and fence > target.generation:
-        raise FencedError(
-            f"Delta sink {target.sink!r} ({name}): generation {target.generation} is fenced "
-            f"off by {fence}; nothing was written",
-            generation=target.generation,
-            fence=fence,
-        )
+    # A writer's repair runs as its own generation; an operator's as the one the
+    # log records (it neither claims the table nor lowers the fence).
+    generation = target.generation if target.generation is not None else (fence or 0)
+    # Checked here, before any file is written, and again by commit_files on
+    # the same version: a newer generation in it is a FencedError.
+    check_fence(table, (fence_app, generation), table_name=name)
     newest = target.newest_epoch(table)
     if newest != repair.seen_newest:
         return None
@@ -105,8 +105,7 @@ def apply_repair(target: DeltaRecoveryTarget, table: DeltaTable, repair: Repair)
     upserts = _in_table_types(repair.upserts, schema, epoch)
     if upserts.num_rows:
         added.append(write_data_file(name, _file_name(rewrite_id), upserts))
-    generation = target.generation if target.generation is not None else (fence or 0)
-    txn = SinkTxnId(target.pipeline, target.sink, epoch, max(generation, fence or 0))
+    txn = SinkTxnId(target.pipeline, target.sink, epoch, generation)
     # Whose epochs the repair stands for: the writer's that runs it, or for an
     # operator's repair, the newest commit's (a replay of the target epoch then
     # finds its own log's commit, as after a normal commit).

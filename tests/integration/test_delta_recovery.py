@@ -8,6 +8,7 @@ overwritten; the repair raises the sink's high-water mark.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -18,11 +19,13 @@ from deltalake import DeltaTable, TableFeatures, write_deltalake
 from expected_state.store import ExpectedStateStore
 from reconcile import CommitCycle, CommitSucceeded, InvalidInputError, recover
 from reconcile.core import hooks
-from reconcile.core.contract import Change, SinkTxnId, WriterIdentity
+from reconcile.core.contract import Change, FencedError, SinkTxnId, WriterIdentity
 from reconcile.engine.progress_file import FileProgressLog
+from reconcile.recovery import recover_sink
 from reconcile.recovery.engine import PULLED
 from sinks.delta.factory import DeltaTableClient
 from sinks.delta.sink import DeltaSink
+from tests.cli_run import cli
 
 pytestmark = pytest.mark.integration
 
@@ -211,3 +214,46 @@ def test_a_feature_delta_rs_cannot_write_is_refused_by_name(tmp_path: Path) -> N
     )
     with pytest.raises(InvalidInputError, match=r"orders: .*deletionVectors"):
         verify(tmp_path, dsn, mode="full")
+
+
+def test_verify_and_repair_from_the_cli(tmp_path: Path) -> None:
+    written(tmp_path, epochs=2)
+    config = tmp_path / "reconcile.toml"
+    config.write_text(
+        f"""
+[store]
+root = "expected"
+
+[pipelines.shop.sinks.orders]
+url = "delta://{tmp_path / "lake"}"
+table = "orders"
+keys = ["id"]
+"""
+    )
+    drift(tmp_path, {7}, [])
+    found = cli("verify", "--config", str(config), "--all", "--json")
+    assert found.returncode == 1, found.stderr
+    [table] = json.loads(found.stdout)["tables"]
+    assert (table["sink"], table["missing"], table["extra"], table["changed"]) == (
+        "orders", 1, 0, 0,
+    )  # fmt: skip
+    repaired = cli("repair", "--config", str(config), "--pipeline", "shop", "--table", "orders")
+    assert repaired.returncode == 1, repaired.stderr  # drift was found (and repaired)
+    rows = table_rows(tmp_path)
+    assert [{k: r[k] for k in SCHEMA.names} for r in rows] == expected_rows(tmp_path)
+
+
+def test_a_repair_by_an_older_generation_is_fenced(tmp_path: Path) -> None:
+    written(tmp_path, epochs=2)  # the cycle wrote as generation 1
+    drift(tmp_path, {7}, [])
+    uri = str(tmp_path / "lake" / "orders")
+    before = DeltaTable(uri).version()
+    sink = DeltaSink("orders", tmp_path / "lake", schema=SCHEMA)
+    sink.bind(WriterIdentity("shop", FileProgressLog(tmp_path / "progress", "shop").log_id))
+    store = ExpectedStateStore(str(tmp_path / "expected"), "shop", "orders", ["id"])
+    with pytest.raises(FencedError, match="generation 0 is fenced off by generation 1"):
+        recover_sink(sink, store, 0, mode="full")
+    assert DeltaTable(uri).version() == before  # nothing was written
+    assert recover_sink(sink, store, 1, mode="full").applied == 1  # its own generation may
+    rows = table_rows(tmp_path)
+    assert [{k: r[k] for k in SCHEMA.names} for r in rows] == expected_rows(tmp_path)
