@@ -146,10 +146,15 @@ def _landed(uri: str, rewrite_id: str) -> Any:
 
 
 def _newest_owner(table: DeltaTable, target: DeltaRecoveryTarget) -> str | None:
-    """The log id of the newest commit of the sink's epochs in ``table``'s history."""
+    """The log id of the newest commit of the sink's epochs in ``table``'s history.
+
+    Both sinks (and a repair) record ``reconcile.app_id`` with their epoch
+    token; the whole history is read (newest first) because claims and
+    compactions in between carry none, and an operator's repair is rare.
+    """
     app_id = f"{target.pipeline}/{target.sink}"
-    for info in map(reconcile_fields, table.history(100)):
-        if info.get("reconcile.app_id") == app_id or "reconcile.txn" in info:
+    for info in map(reconcile_fields, table.history()):
+        if info.get("reconcile.app_id") == app_id:
             owner = info.get(LOG_ID_KEY)
             return None if owner is None else str(owner)
     return None

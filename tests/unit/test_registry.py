@@ -15,6 +15,7 @@ import sinks
 from reconcile.core.contract import ConfigurationError
 from sinks import registry
 from sinks.base import LEASE, PULLABLE, SHARED_STAGE, SPARK_PULL, TABLE_SINK
+from sinks.delta.factory import pullable_sink as delta_pullable_sink
 from sinks.delta.sink import DeltaSink
 from sinks.files.sink import FileSink
 from sinks.http.sink import HttpSink
@@ -111,6 +112,8 @@ def test_capabilities_come_from_the_backend_of_the_connection() -> None:
     assert registry.capability(lite, PULLABLE) is SqlSink
     assert registry.capability("iceberg://cat?type=sql", PULLABLE) is pullable_sink
     assert registry.capability("kafka://broker:9092", PULLABLE) is kafka_pullable_sink
+    for delta in ("delta:///lake?key=id", "delta+spark:///lake?key=id"):
+        assert registry.capability(delta, PULLABLE) is delta_pullable_sink
     # Without the fast path, Postgres too goes through the generic backend (SQLAlchemy).
     assert registry.capability(pg, PULLABLE, generic=True) is SqlSink
     assert registry.provides(pg, LEASE) and not registry.provides(lite, LEASE)
