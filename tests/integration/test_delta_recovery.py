@@ -257,3 +257,17 @@ def test_a_repair_by_an_older_generation_is_fenced(tmp_path: Path) -> None:
     assert recover_sink(sink, store, 1, mode="full").applied == 1  # its own generation may
     rows = table_rows(tmp_path)
     assert [{k: r[k] for k in SCHEMA.names} for r in rows] == expected_rows(tmp_path)
+
+
+def test_a_repeated_key_keeps_one_copy(tmp_path: Path) -> None:
+    dsn = written(tmp_path, epochs=2)
+    uri = str(tmp_path / "lake" / "orders")
+    schema = pa.schema(DeltaTable(uri).schema().to_arrow())
+    # A Delta table has no unique key: id 5 twice (the same row), id 98 twice (no such id).
+    copies = [{**row(5, 0), "_epoch": 0}, {"id": 98, "name": "x", "amount": 0.0, "_epoch": 1}]
+    write_deltalake(uri, pa.Table.from_pylist(copies * 2, schema=schema)[1:], mode="append")
+    found = verify(tmp_path, dsn, mode="full")
+    assert (found.missing, found.extra, found.changed) == (0, 3, 0), found
+    assert repair(tmp_path, dsn, mode="full", allow_mass_change=True).applied == 3
+    rows = table_rows(tmp_path)
+    assert [{k: r[k] for k in SCHEMA.names} for r in rows] == expected_rows(tmp_path)
