@@ -93,6 +93,7 @@ class _Snapshot(NoRowChecksums):
         self.warnings: list[str] = []
         # Files are skipped by their statistics, never read by a key range's index.
         self.narrow_ranges = False
+        self._estimate: int | None = None
 
     def _empty(self) -> pa.Table:
         return self.schema.empty_table()
@@ -133,8 +134,10 @@ class _Snapshot(NoRowChecksums):
         """The rows the log's add actions count (exact without deletion vectors)."""
         if self.table is None:
             return 0
-        actions = pa.table(self.table.get_add_actions(flatten=True))
-        return int(pc.sum(actions.column("num_records")).as_py() or 0)
+        if self._estimate is None:  # read once: the version does not change
+            actions = pa.table(self.table.get_add_actions(flatten=True))
+            self._estimate = int(pc.sum(actions.column("num_records")).as_py() or 0)
+        return self._estimate
 
     def pull_keys(self, keys: pa.Table, newer_than: int) -> pa.Table:
         """The rows of the staged keys, and the rows whose ``_epoch`` is past ``newer_than``."""
@@ -248,13 +251,16 @@ class DeltaRecoveryTarget:
             InvalidInputError: the target epoch is older than the sink's newest,
                 or the table has a protocol feature delta-rs cannot write.
         """
-        if self.pulled_version is None:
+        # Based on the version the pull read; an apply without a pull (a rebuild,
+        # which holds the fence) on the newest one.
+        pulled, self.pulled_version = self.pulled_version, None
+        table = self._table() if pulled is None else DeltaTable(self.uri, version=pulled)
+        if table is None:
             raise InvalidInputError(
                 f"Delta table {self.uri} does not exist; a repair cannot create it "
                 "(run the pipeline's first epoch); nothing was written",
                 table=self.uri,
             )
-        table = DeltaTable(self.uri, version=self.pulled_version)
         return apply_repair(self, table, repair)
 
     def close(self) -> None:

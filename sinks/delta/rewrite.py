@@ -140,6 +140,8 @@ def _landed(uri: str, rewrite_id: str) -> Any:
     """Whether the commit of repair ``rewrite_id`` is in the log (read afresh)."""
 
     def check() -> bool:
+        # Never rebased, the commit can only be the one after its base: the
+        # newest few commits hold it if it landed.
         history = DeltaTable(uri).history(20)
         return any(reconcile_fields(c).get("reconcile.repair-id") == rewrite_id for c in history)
 
