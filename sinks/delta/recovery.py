@@ -98,7 +98,7 @@ class _Snapshot(NoRowChecksums):
     def _empty(self) -> pa.Table:
         return self.schema.empty_table()
 
-    def _scanner(self, row_filter: pds.Expression | None) -> Any:
+    def _scanner(self, row_filter: pds.Expression | None, *, with_epoch: bool = False) -> Any:
         assert self.table is not None
         try:
             dataset = self.table.to_pyarrow_dataset()
@@ -108,9 +108,10 @@ class _Snapshot(NoRowChecksums):
                 "nothing was pulled or written",
                 table=self.target.display,
             ) from None
-        return dataset.scanner(
-            columns=list(self.schema.names), filter=row_filter, batch_size=_BATCH_ROWS
-        )
+        columns = list(self.schema.names)
+        if with_epoch and EPOCH_COLUMN not in columns:
+            columns.append(EPOCH_COLUMN)  # read to match rows, never handed on
+        return dataset.scanner(columns=columns, filter=row_filter, batch_size=_BATCH_ROWS)
 
     def pull_all(self, progress: Progress | None) -> pa.Table:
         """Every row of the version, the expected state's columns (the table's own types)."""
@@ -155,9 +156,9 @@ class _Snapshot(NoRowChecksums):
         scope = later if values is None else later | pds.field(first).isin(values)
         # The filter skips files by their Delta statistics, then takes rows exactly
         # on the first key column; further key columns are matched below.
-        rows = self._scanner(scope).to_table()
         if len(self.keys) == 1 or values is None:
-            return rows
+            return self._scanner(scope).to_table()
+        rows = self._scanner(scope, with_epoch=True).to_table()
         rows = rows.append_column("__row", pa.array(range(rows.num_rows), pa.int64()))
         wanted = pc.fill_null(pc.greater(rows.column(EPOCH_COLUMN), newer_than), False)
         typed = keys.select(self.keys).cast(pa.schema([rows.schema.field(k) for k in self.keys]))

@@ -271,3 +271,17 @@ def test_a_repeated_key_keeps_one_copy(tmp_path: Path) -> None:
     assert repair(tmp_path, dsn, mode="full", allow_mass_change=True).applied == 3
     rows = table_rows(tmp_path)
     assert [{k: r[k] for k in SCHEMA.names} for r in rows] == expected_rows(tmp_path)
+
+
+def test_scoped_rows_of_a_two_column_key_are_taken_exactly(tmp_path: Path) -> None:
+    written(tmp_path, epochs=2)
+    uri = str(tmp_path / "lake" / "orders")
+    keys = ["id", "name"]
+    target = DeltaTableClient("orders", uri, keys).recovery_target("shop", None, write=False)
+    staged = pa.table({"id": pa.array([3, 4], pa.int64()), "name": ["n3", "not n4"]})
+    with target.snapshot(SCHEMA, keys) as snap:
+        assert snap.newest_epoch == 1
+        pulled = snap.pull_keys(staged, newer_than=0)
+    # (3, n3) is staged; (4, n4) is not (its name differs); epoch 1 wrote ids 10..19.
+    assert sorted(pulled.column("id").to_pylist()) == [3, *range(10, 20)]
+    assert pulled.column_names == SCHEMA.names
