@@ -152,7 +152,11 @@ class _Snapshot(NoRowChecksums):
             return self._empty()
         first = self.keys[0]
         later = pds.field(EPOCH_COLUMN) > newer_than
-        values = pc.unique(keys.column(first).combine_chunks()) if keys.num_rows else None
+        values = None
+        if keys.num_rows:
+            # In the table's own type, so that the filter compares like with like.
+            typ = pa.schema(self.table.schema().to_arrow()).field(first).type
+            values = pc.unique(keys.column(first).combine_chunks()).cast(typ)
         scope = later if values is None else later | pds.field(first).isin(values)
         # The filter skips files by their Delta statistics, then takes rows exactly
         # on the first key column; further key columns are matched below.
