@@ -61,7 +61,7 @@ def _target(
     except ConfigurationError:
         backend = None  # no backend names the URL: the generic driver may still reach it
     if backend is not None and not backend.generic and PULLABLE not in backend.capabilities:
-        # A sink that is not a database (Delta, files, HTTP): the generic SQL driver
+        # A sink that cannot be pulled from (files, HTTP): the generic SQL driver
         # cannot reach it either, so refuse it by name rather than misread its URL.
         registry.capability(dsn, PULLABLE)  # raises, naming the backends that can
     generic = not fast_path or backend is None or PULLABLE not in backend.capabilities

@@ -40,6 +40,7 @@ from sinks.delta.manifest import (
 )
 from sinks.delta.manifest import key_name as _key_name
 from sinks.delta.prepared import PreparedArea
+from sinks.delta.recovery import DeltaRecoveryTarget
 from sinks.delta.rows import EPOCH_COLUMN, rows_to_arrow, state_schema
 from sinks.delta.steps import abort_epoch, epoch_in_log, ready_to_commit, stranded
 from sinks.delta.tokens import (
@@ -88,7 +89,7 @@ class DeltaSink:
     root are ever deleted or committed.
     """
 
-    capabilities = SinkCapabilities(durable_prepare=True, epoch_column=True)
+    capabilities = SinkCapabilities(durable_prepare=True, epoch_column=True, pullable=True)
 
     def __init__(
         self, name: str, root: str | os.PathLike[str], *, schema: pa.Schema | None = None
@@ -113,6 +114,22 @@ class DeltaSink:
     def name(self) -> str:
         """The sink's name."""
         return self._name
+
+    @property
+    def pipeline(self) -> str | None:
+        """The pipeline of the writer it is bound to; None while unbound."""
+        writer = self._binding.writer
+        return None if writer is None else writer.pipeline
+
+    def recovery_target(
+        self, pipeline: str, generation: int | None, *, write: bool
+    ) -> DeltaRecoveryTarget:
+        """The table as a pull-and-diff target (``sinks.delta.recovery``), as ``generation``."""
+        return DeltaRecoveryTarget(self.uri, self._name, pipeline, generation, key=(),
+                                   log_id=self._binding.log_id, write=write)  # fmt: skip
+
+    def close(self) -> None:
+        """Nothing to close: each call opens the table's log afresh."""
 
     def arrow_schema(self) -> pa.Schema | None:
         """The rows' types (``schema=``, else the table's) without ``_epoch``; None before both."""

@@ -8,7 +8,7 @@ extra (pyspark and delta-spark's Python API; the session carries the JARs).
 
 from __future__ import annotations
 
-from sinks.base import Backend
+from sinks.base import PULLABLE, Backend
 
 __all__ = ["BACKEND"]
 
@@ -18,4 +18,6 @@ BACKEND = Backend(
     open="sinks.delta_spark.sink:open_uri",
     extra="spark",
     requires=("pyspark", "delta"),
+    # Recovery reads and repairs the table with delta-rs (``sinks.delta.recovery``).
+    capabilities={PULLABLE: "sinks.delta.factory:pullable_sink"},
 )

@@ -40,6 +40,7 @@ from sinks.changes import net_changes
 from sinks.delta.manifest import commit_metadata, refuse_bad_manifest
 from sinks.delta.manifest import data_file_name as _data_file_name
 from sinks.delta.prepared import PreparedArea
+from sinks.delta.recovery import DeltaRecoveryTarget
 from sinks.delta.rows import rows_to_arrow, state_schema
 from sinks.delta.steps import abort_epoch, epoch_in_log, ready_to_commit, stranded
 from sinks.delta.tokens import (
@@ -76,7 +77,7 @@ class DeltaSparkSink:
     commit's userMetadata), never from the sink's files.
     """
 
-    capabilities = SinkCapabilities(durable_prepare=True, epoch_column=True)
+    capabilities = SinkCapabilities(durable_prepare=True, epoch_column=True, pullable=True)
 
     def __init__(
         self,
@@ -114,6 +115,22 @@ class DeltaSparkSink:
     def bind(self, writer: WriterIdentity) -> None:
         """Serve ``writer`` (idempotent); see :class:`sinks.ownership.WriterBinding`."""
         self._binding.bind(writer)
+
+    @property
+    def pipeline(self) -> str | None:
+        """The pipeline of the writer it is bound to; None while unbound."""
+        writer = self._binding.writer
+        return None if writer is None else writer.pipeline
+
+    def recovery_target(
+        self, pipeline: str, generation: int | None, *, write: bool
+    ) -> DeltaRecoveryTarget:
+        """The table as a pull-and-diff target: read and repaired by delta-rs (see there)."""
+        return DeltaRecoveryTarget(self.uri, self._name, pipeline, generation, key=self.key,
+                                   log_id=self._binding.log_id, write=write)  # fmt: skip
+
+    def close(self) -> None:
+        """Nothing to close: the SparkSession is the caller's."""
 
     def session(self) -> Any:
         """The SparkSession the commits run on.

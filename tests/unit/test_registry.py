@@ -15,6 +15,7 @@ import sinks
 from reconcile.core.contract import ConfigurationError
 from sinks import registry
 from sinks.base import LEASE, PULLABLE, SHARED_STAGE, SPARK_PULL, TABLE_SINK
+from sinks.delta.factory import pullable_sink as delta_pullable_sink
 from sinks.delta.sink import DeltaSink
 from sinks.files.sink import FileSink
 from sinks.http.sink import HttpSink
@@ -111,6 +112,8 @@ def test_capabilities_come_from_the_backend_of_the_connection() -> None:
     assert registry.capability(lite, PULLABLE) is SqlSink
     assert registry.capability("iceberg://cat?type=sql", PULLABLE) is pullable_sink
     assert registry.capability("kafka://broker:9092", PULLABLE) is kafka_pullable_sink
+    for delta in ("delta:///lake?key=id", "delta+spark:///lake?key=id"):
+        assert registry.capability(delta, PULLABLE) is delta_pullable_sink
     # Without the fast path, Postgres too goes through the generic backend (SQLAlchemy).
     assert registry.capability(pg, PULLABLE, generic=True) is SqlSink
     assert registry.provides(pg, LEASE) and not registry.provides(lite, LEASE)
@@ -214,9 +217,7 @@ def test_the_postgres_sink_needs_no_spark() -> None:
     assert out["sql"] is not None and "reconcile-engine[sql]" in out["sql"]
 
 
-@pytest.mark.parametrize(
-    "uri", ["delta:///tmp/t?key=id", "delta+spark:///tmp/t?key=id", "file:///tmp/t"]
-)
+@pytest.mark.parametrize("uri", ["file:///tmp/t", "http://127.0.0.1:9/base", "memory://t"])
 def test_verify_refuses_a_sink_it_cannot_pull_from_by_name(uri: str, tmp_path: Path) -> None:
     # Not a database: the generic SQL driver cannot reach it either, so the refusal names
     # the sink's kind and the kinds that can be pulled from, rather than an SQL dialect.
