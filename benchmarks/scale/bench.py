@@ -51,6 +51,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.expected_state import batch, summary  # noqa: E402
 from benchmarks.report import RESULTS, machine, now, versions, write_report  # noqa: E402
+from benchmarks.scale.carry import PARTS, VERIFY_STEPS, carried, with_carried_steps  # noqa: E402
 from benchmarks.scale.report import markdown, plot  # noqa: E402
 from benchmarks.scale.stream import ratios, stream_sf1  # noqa: E402
 from expected_state.store import ExpectedStateStore  # noqa: E402
@@ -61,8 +62,6 @@ from sinks.postgres.sink import PostgresSink  # noqa: E402
 
 TABLE = "demo_lineitem"
 KEYS = ["l_orderkey", "l_linenumber"]
-PARTS = {"stream": "stream_sf1", "verify": "verify_60m", "day": "store_day"}
-VERIFY_STEPS = {"full", "buckets", "scoped", "spark"}
 
 
 def load_lineitem(dsn: str, store_root: str, lineitem: Path, epoch_rows: int) -> dict[str, Any]:
@@ -263,24 +262,6 @@ def bench_store_day(root: Path, epochs: int, window: int) -> dict[str, Any]:
     }
 
 
-def carried(out: Path, parts: set[str]) -> dict[str, Any]:
-    """The parts not run now, from the report in ``out`` (each marked with its ``when``)."""
-    try:
-        before: dict[str, Any] = json.loads((out / "scale.json").read_text())
-    except (OSError, ValueError):
-        before = {}
-    found: dict[str, Any] = {}
-    for part, key in PARTS.items():
-        if part in parts:
-            continue
-        old = before.get(key)
-        if isinstance(old, dict) and old.get("measured", True):
-            found[key] = {**old, "when": old.get("when", before.get("when"))}
-        else:
-            found[key] = {"measured": False, "why": f"not run (--parts without {part})"}
-    return found
-
-
 def run(args: argparse.Namespace) -> dict[str, Any]:
     work = Path(tempfile.mkdtemp(prefix="reconcile-bench-scale-", dir=args.workdir))
     parts = set(args.parts.split(","))
@@ -304,7 +285,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         try:
             dsn = server.dsn(server.create_database("bench"))
             measured = {**bench_verify(dsn, str(work), args), "when": now()}
-            result["verify_60m"] = _with_carried_steps(measured, args)
+            result["verify_60m"] = with_carried_steps(measured, args)
         finally:
             server.stop()
     if "day" in parts:
@@ -312,37 +293,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         result["store_day"] = {**day, "when": now()}
     shutil.rmtree(work, ignore_errors=True)
     return result
-
-
-def _with_carried_steps(measured: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
-    """``verify_60m`` measured now, over the figures of the steps not run, from ``--out``.
-
-    The carried figures keep the time they were measured (``carried_when``);
-    they are from the same scale, or none are carried.
-    """
-    steps = set(args.verify_steps.split(","))
-    if steps >= VERIFY_STEPS:
-        return measured
-    try:
-        before = json.loads((args.out / "scale.json").read_text()).get("verify_60m", {})
-    except (OSError, ValueError):
-        before = {}
-    if before.get("tpch_scale") != measured["tpch_scale"]:
-        return {**measured, "steps_run": sorted(steps)}
-    earlier = before.get("spark")
-    if "spark" in measured and isinstance(earlier, dict) and "why" not in earlier:
-        # The Spark rows not run again stay, each with its time; a row without a
-        # reader predates the choice, when the store was read from file lists only.
-        old = {
-            key if "store_reader" in job else f"{key}_files": {
-                "store_reader": "files",
-                **job,
-                "when": job.get("when", before.get("when")),
-            }
-            for key, job in earlier.items()
-        }
-        measured["spark"] = {**old, **measured["spark"]}
-    return {**before, **measured, "steps_run": sorted(steps), "carried_when": before.get("when")}
 
 
 def _ints(text: str) -> list[int]:

@@ -11,7 +11,7 @@ import argparse
 import json
 from pathlib import Path
 
-from benchmarks.scale.bench import _with_carried_steps
+from benchmarks.scale.carry import with_carried_steps
 from benchmarks.scale.report import _spark_rows
 
 
@@ -37,7 +37,7 @@ def test_a_spark_only_run_keeps_the_other_steps_and_dates_the_rows_it_carries(
             "local_delta-spark": _job("local[2]", 250.0, store_reader="delta-spark"),
         },
     }  # fmt: skip
-    got = _with_carried_steps(measured, args)
+    got = with_carried_steps(measured, args)
     assert got["full_in_parts"] == {"seconds": 138.4}
     assert got["carried_when"] == before["when"] and got["steps_run"] == ["spark"]
     assert got["when"] == measured["when"]
@@ -57,11 +57,11 @@ def test_a_run_of_every_step_carries_nothing(tmp_path: Path) -> None:
     (tmp_path / "scale.json").write_text(json.dumps({"verify_60m": {"tpch_scale": 10.0, "x": 1}}))
     args = argparse.Namespace(out=tmp_path, verify_steps="buckets,full,scoped,spark")
     measured = {"tpch_scale": 10.0, "when": "now"}
-    assert _with_carried_steps(measured, args) == measured
+    assert with_carried_steps(measured, args) == measured
 
 
 def test_figures_of_another_scale_are_never_carried(tmp_path: Path) -> None:
     (tmp_path / "scale.json").write_text(json.dumps({"verify_60m": {"tpch_scale": 10.0, "x": 1}}))
     args = argparse.Namespace(out=tmp_path, verify_steps="spark")
-    got = _with_carried_steps({"tpch_scale": 0.01, "when": "now"}, args)
+    got = with_carried_steps({"tpch_scale": 0.01, "when": "now"}, args)
     assert "x" not in got and "carried_when" not in got
