@@ -295,7 +295,11 @@ def _weigh(found: Found, snap: SinkSnapshot, mode: Mode, store: ExpectedStore, n
 def _repair(source: ExpectedSource, found: Found, epoch: int, newest: int | None,
             keys: list[str], mode: Mode) -> Repair:  # fmt: skip
     diff = found.diff
-    wanted = pa.concat_tables([diff.missing, diff.changed])
+    # WHY the extra keys too: a key the sink holds twice is extra once and in the
+    # expected state; a sink that deletes by key drops every copy of it, so its
+    # expected row goes back in with the upserts (a key only the sink holds has
+    # no expected row, and the semi-join leaves it out).
+    wanted = pa.concat_tables([diff.missing, diff.changed, diff.extra])
     names = source.schema.names
     # The expected rows the diff compared carry the values when they were read
     # with them (scoped mode reads only its keys): no second read of the store.

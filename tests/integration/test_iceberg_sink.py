@@ -354,3 +354,23 @@ def test_the_epochs_manifests_are_merged_so_planning_does_not_grow_with_them(
     assert snapshot is not None
     assert len(snapshot.manifests(table.io)) < MERGE_MANIFESTS_AT
     assert len(table.scan().to_arrow()) == 10 * (MERGE_MANIFESTS_AT + 4)
+
+
+def test_a_key_held_twice_is_repaired_to_one_copy_never_to_none(tmp_path: Path) -> None:
+    """An Iceberg table has no unique key: a hand append can hold a row twice.
+
+    The repair deletes by key, so it drops both copies; the expected row must
+    go back in with it, or the repair itself would lose the row.
+    """
+    uri = catalog_uri(tmp_path)
+    written(uri, tmp_path)
+    dsn, store = f"{uri}&namespace=shop", str(tmp_path / "expected")
+    table = table_of(orders_sink(uri))
+    table.append(table.scan(row_filter=EqualTo("id", 41)).to_arrow())  # the same row again
+    found = recover(dsn, store, "shop", "orders", mode="full", dry_run=True)
+    assert (found.missing, found.extra, found.changed) == (0, 1, 0), found
+    recover(dsn, store, "shop", "orders", mode="full", allow_mass_change=True)
+    held = table_of(orders_sink(uri)).scan(row_filter=EqualTo("id", 41)).to_arrow()
+    assert held.num_rows == 1
+    assert sink_rows(orders_sink(uri)) == expected(tmp_path)
+    assert not recover(dsn, store, "shop", "orders", mode="full", dry_run=True).drift
