@@ -30,7 +30,10 @@ def carried(out: Path, parts: set[str]) -> dict[str, Any]:
             continue
         old = before.get(key)
         if isinstance(old, dict) and old.get("measured", True):
-            found[key] = {**old, "when": old.get("when", before.get("when"))}
+            # Each carried part keeps where it was measured: the report's machine
+            # line is this run's, and may be another machine.
+            found[key] = {**old, "when": old.get("when", before.get("when")),
+                          "machine": old.get("machine", before.get("machine"))}  # fmt: skip
         else:
             found[key] = {"measured": False, "why": f"not run (--parts without {part})"}
     return found
@@ -46,9 +49,11 @@ def with_carried_steps(measured: dict[str, Any], args: argparse.Namespace) -> di
     if steps >= VERIFY_STEPS:
         return measured
     try:
-        before = json.loads((args.out / "scale.json").read_text()).get("verify_60m", {})
+        report = json.loads((args.out / "scale.json").read_text())
     except (OSError, ValueError):
-        before = {}
+        report = {}
+    before = report.get("verify_60m", {})
+    machine = before.get("machine", report.get("machine"))
     if before.get("tpch_scale") != measured["tpch_scale"]:
         return {**measured, "steps_run": sorted(steps)}
     earlier = before.get("spark")
@@ -60,8 +65,10 @@ def with_carried_steps(measured: dict[str, Any], args: argparse.Namespace) -> di
                 "store_reader": "files",
                 **job,
                 "when": job.get("when", before.get("when")),
+                "machine": job.get("machine", machine),
             }
             for key, job in earlier.items()
         }
         measured["spark"] = {**old, **measured["spark"]}
-    return {**before, **measured, "steps_run": sorted(steps), "carried_when": before.get("when")}
+    return {**before, **measured, "steps_run": sorted(steps), "carried_when": before.get("when"),
+            "carried_machine": machine}  # fmt: skip

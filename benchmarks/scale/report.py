@@ -17,17 +17,28 @@ def _fig(r: dict[str, Any], key: str) -> str:
     return f"{m['seconds']} s, peak RSS {m['peak_rss_mb']:,} MB"
 
 
+def machine_text(m: dict[str, Any]) -> str:
+    """A machine as the report names it: CPUs, model, memory, platform."""
+    return f"{m['cpus']} CPUs ({m['cpu_model']}), {m['memory_gib']} GiB, {m['platform']}"
+
+
+def _on(machine: dict[str, Any] | None, r: dict[str, Any]) -> str:
+    """ " on <machine>" where a figure was measured elsewhere than this report's machine."""
+    return f" on {machine_text(machine)}" if machine and machine != r["machine"] else ""
+
+
 def _when(part: dict[str, Any], r: dict[str, Any]) -> str:
     at = part.get("when")
-    return f" Measured {at}." if at and at != r["when"] else ""
+    return f" Measured {at}{_on(part.get('machine'), r)}." if at and at != r["when"] else ""
 
 
-def _carried(v: dict[str, Any]) -> str:
+def _carried(v: dict[str, Any], r: dict[str, Any]) -> str:
     if "carried_when" not in v:
         return ""
     return (
         f" Only these steps were run then: {', '.join(v['steps_run'])}; the other figures are "
-        f"carried from the run of {v['carried_when']} (same scale, same machine)."
+        f"carried from the run of {v['carried_when']}{_on(v.get('carried_machine'), r)} "
+        "(the same scale)."
     )
 
 
@@ -40,7 +51,7 @@ def _verify(r: dict[str, Any]) -> list[str]:
         f"written into PostgreSQL (fsync on) through the Postgres sink in {v['epochs']} epochs, "
         f"with its expected state. Each figure is a fresh process; peak RSS is its own "
         f"(`VmHWM`). Full mode in parts of {v['chunk_rows']:,} rows.{_when(v, r)}"
-        f"{_carried(v)}",
+        f"{_carried(v, r)}",
         "",
         "| what | result | target |",
         "|---|---|---|",
@@ -55,7 +66,7 @@ def _verify(r: dict[str, Any]) -> list[str]:
         f"{_fig(v, 'scoped_divergent')} | |",
         f"| full verify, the same divergence | {_fig(v, 'full_divergent')} | |",
         f"| scoped / full | {v['scoped_vs_full_ratio']} | |",
-        *_spark_rows(v),
+        *_spark_rows(v, r),
         "",
     ]
 
@@ -66,7 +77,7 @@ _READERS = {
 }
 
 
-def _spark_rows(v: dict[str, Any]) -> list[str]:
+def _spark_rows(v: dict[str, Any], r: dict[str, Any]) -> list[str]:
     spark = v.get("spark", {})
     if "why" in spark:
         return [f"| the Spark verify job | {spark['why']} | |"]
@@ -77,11 +88,28 @@ def _spark_rows(v: dict[str, Any]) -> list[str]:
         if "load_before" in job:
             reader += f" (load average {job['load_before']} before, {job['load_after']} after)"
         if "when" in job:
-            reader += f", measured {job['when']}"
+            reader += f", measured {job['when']}{_on(job.get('machine'), r)}"
         rows.append(
             f"| the Spark verify job on `{job['master']}`, {job['partitions']} pull partitions"
             f"{reader} | {job['seconds']} s ({job['job_seconds']} s without Spark's start), peak "
             f"{memory:,.0f} MB over its processes | |"
+        )
+    return rows + _reader_ratios(spark)
+
+
+def _reader_ratios(spark: dict[str, Any]) -> list[str]:
+    """delta-spark's job time over the file lists', for each master that ran both in one run."""
+    rows = []
+    for key, job in spark.items():
+        if job.get("store_reader") != "delta-spark" or "when" in job:
+            continue
+        files = spark.get(key.removesuffix("delta-spark") + "files", {})
+        if "when" in files or "job_seconds" not in files:
+            continue  # not measured beside it
+        ratio = job["job_seconds"] / files["job_seconds"]
+        rows.append(
+            f"| the job's time with delta-spark / with the file lists, on `{job['master']}`, "
+            f"side by side | **{ratio:.3f}** | |"
         )
     return rows
 
@@ -158,11 +186,10 @@ def _stream(r: dict[str, Any]) -> list[str]:
 
 
 def markdown(r: dict[str, Any]) -> str:
-    m = r["machine"]
     return "\n".join([
         "# Scale: streaming at saturation, a full verify in bounded memory, a day of epochs",
         "",
-        f"Machine: {m['cpus']} CPUs ({m['cpu_model']}), {m['memory_gib']} GiB, {m['platform']}; "
+        f"Machine: {machine_text(r['machine'])}; "
         f"{r['when']}.{' A `--quick` smoke run: not figures to publish.' if r['quick'] else ''}",
         "",
         "## Streaming at saturation (`stream_sf1`)",

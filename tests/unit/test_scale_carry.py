@@ -28,7 +28,8 @@ def test_a_spark_only_run_keeps_the_other_steps_and_dates_the_rows_it_carries(
         "full_in_parts": {"seconds": 138.4},
         "spark": {"local": _job("local[2]", 332.2), "local_cluster": _job("local-cluster", 371.8)},
     }  # fmt: skip
-    (tmp_path / "scale.json").write_text(json.dumps({"verify_60m": before}))
+    intel = {"cpus": 2, "cpu_model": "Intel", "memory_gib": 23.5, "platform": "Linux"}
+    (tmp_path / "scale.json").write_text(json.dumps({"verify_60m": before, "machine": intel}))
     args = argparse.Namespace(out=tmp_path, verify_steps="spark")
     measured = {
         "tpch_scale": 10.0, "rows": 60, "when": "2026-11-29T13:00:00+00:00",
@@ -48,8 +49,14 @@ def test_a_spark_only_run_keeps_the_other_steps_and_dates_the_rows_it_carries(
     assert spark["local_cluster_files"]["seconds"] == 371.8
     assert spark["local_cluster_files"]["when"] == before["when"]
     assert spark["local_cluster_files"]["store_reader"] == "files"
-    rows = _spark_rows(got)
-    assert len(rows) == 3 and sum("measured 2026-11-28" in r for r in rows) == 1
+    # Carried figures keep the machine they were measured on, named where it differs.
+    assert spark["local_cluster_files"]["machine"] == intel == got["carried_machine"]
+    amd = {**intel, "cpu_model": "AMD"}
+    rows = _spark_rows(got, {"machine": amd})
+    # Three jobs, and delta-spark's time over the file lists' beside it (240 s / 290 s).
+    assert len(rows) == 4 and sum("measured 2026-11-28" in r for r in rows) == 1
+    assert "side by side | **0.828** |" in rows[-1]
+    assert sum("on 2 CPUs (Intel)" in r for r in rows) == 1
     assert sum("read by delta-spark" in r for r in rows) == 1
 
 
