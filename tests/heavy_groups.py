@@ -24,7 +24,7 @@ HEAVY: dict[str, tuple[int, frozenset[str]]] = {
     })),
     # Whole pipelines end to end, killed or changed on the way, 1.5 to 5 minutes
     # each on two cores (their cheaper neighbours of each kind are in the default tier).
-    "the long end-to-end runs": (3, frozenset({
+    "the long end-to-end runs": (2, frozenset({
         "tests/chaos/test_demo_kafka.py::test_a_kafka_fed_demo_under_chaos_writes_every_line_once",
         "tests/chaos/test_demo.py::test_demo_under_chaos_verifies_and_its_faults_fired",
         "tests/chaos/test_demo.py::test_demo_killed_whole_resumes_with_the_same_workdir",
@@ -50,7 +50,7 @@ HEAVY_GROUP_OF = {nodeid: group for group, (_, names) in HEAVY.items() for nodei
 # Spark command per commit and a Spark JVM per killed process (a minute or more each on
 # two cores), where the other kinds' rows of the same functions take seconds.
 HEAVY_ROWS: dict[str, tuple[int, re.Pattern[str]]] = {
-    "the delta-spark sink's fault rows": (3, re.compile(
+    "the delta-spark sink's fault rows": (2, re.compile(
         r"tests/chaos/test_(failure_matrix|kill9)\.py::test_\w+\[([^\]]*-)?delta_spark(-[^\]]*)?\]"
     )),
 }  # fmt: skip

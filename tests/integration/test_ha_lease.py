@@ -197,7 +197,9 @@ def test_two_standby_processes_race_for_one_lease_exactly_one_wins(pg_db: str) -
     env = dict(os.environ, RECONCILE_TEST_DSN=pg_db)
     for round_ in range(5):
         pipeline = f"race2_{round_}"
-        old = PgLease(pg_db, pipeline, term_s=0.1, holder="old")
+        # A one-second term: its statement timeout (half of it) is not one a loaded
+        # server meets, and the term has run out when the racers start.
+        old = PgLease(pg_db, pipeline, term_s=1.0, holder="old")
         assert old.try_acquire() is not None
         old.close()  # its session gone and its term run out: the lease is free
         start_at = time.time() + 2.0  # both are connected and waiting by then
