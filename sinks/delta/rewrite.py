@@ -11,7 +11,6 @@ never rebased: a commit that landed since makes it fail, nothing written.
 from __future__ import annotations
 
 import uuid
-from collections import Counter
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
@@ -194,19 +193,16 @@ def _replace_files(root: str, table: DeltaTable, schema: pa.Schema, keys: list[s
                    rewrite_id: str) -> tuple[list[DataFile], list[DataFile]]:  # fmt: skip
     """The files holding a repaired key (to remove), and each one's other rows (to add)."""
     typed = pa.schema([schema.field(k) for k in keys])
-    deletes = repair.deletes.select(keys).cast(typed)
-    upserts = repair.upserts.select(keys).cast(typed)
-    touched = pa.concat_tables([deletes, upserts])
+    touched = pa.concat_tables(
+        [repair.deletes.select(keys).cast(typed), repair.upserts.select(keys).cast(typed)]
+    )
     removed: list[DataFile] = []
     added: list[DataFile] = []
     if not touched.num_rows:
         return removed, added
-    # Every row of an upserted key goes (its expected row is added). A Delta
-    # table has no unique key: the diff lists a key once per copy to remove
-    # (every copy of an extra key, all but one of a repeated expected key), so
-    # a deleted key loses exactly that many copies, never all of them.
-    replaced = {tuple(r.values()) for r in upserts.to_pylist()}
-    budget = Counter(tuple(r.values()) for r in deletes.to_pylist())
+    # Every copy of a touched key goes. A Delta table has no unique key, and a
+    # repeated key the expected state holds comes back with the upserts (the
+    # engine's repair hands its expected row back), so one copy remains.
     actions = pa.table(table.get_add_actions(flatten=True)).to_pylist()
     for action in actions:
         if action.get("deletion_vector.storage_type") or action.get("deletionVector"):
@@ -218,20 +214,12 @@ def _replace_files(root: str, table: DeltaTable, schema: pa.Schema, keys: list[s
         path = f"{root.rstrip('/')}/{unquote(action['path'])}"
         held = pq.read_table(path, columns=keys).cast(typed)
         held = held.append_column("__row", pa.array(range(held.num_rows), pa.int64()))
-        hit = held.join(touched, keys, join_type="left semi").sort_by("__row")
-        drop = []
-        for found in hit.to_pylist():
-            key = tuple(found[k] for k in keys)
-            if key in replaced:
-                drop.append(found["__row"])
-            elif budget[key] > 0:
-                budget[key] -= 1
-                drop.append(found["__row"])
-        if not drop:
+        hit = held.join(touched, keys, join_type="left semi")
+        if not hit.num_rows:
             continue
         rows = pq.read_table(path).select(schema.names).cast(schema)
         rows = rows.filter(pc.invert(pc.is_in(pa.array(range(rows.num_rows), pa.int64()),
-                                              value_set=pa.array(drop, pa.int64()))))  # fmt: skip
+                                              value_set=hit.column("__row"))))  # fmt: skip
         removed.append(
             DataFile(
                 path=action["path"],
