@@ -45,11 +45,11 @@ from deltalake import DeltaTable
 from deltalake.exceptions import DeltaProtocolError
 
 from reconcile.core.conform import SinkColumn
-from reconcile.core.contract import ConfigurationError, InvalidInputError
+from reconcile.core.contract import ConfigurationError, InvalidInputError, SinkTxnId
 from reconcile.core.target import NoRowChecksums, Progress, Repair
 from sinks.delta.rewrite import apply_repair
-from sinks.delta.rows import EPOCH_COLUMN
-from sinks.delta.tokens import open_table
+from sinks.delta.rows import EPOCH_COLUMN, state_schema
+from sinks.delta.tokens import epoch_app_id, fence_id, open_table
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -142,20 +142,19 @@ class _Snapshot(NoRowChecksums):
 
     def pull_keys(self, keys: pa.Table, newer_than: int) -> pa.Table:
         """The rows of the staged keys, and the rows whose ``_epoch`` is past ``newer_than``."""
-        if not self.target.epoch_column:
+        # The pinned version's schema: no second read of the log.
+        if self.table is None or EPOCH_COLUMN not in self.target.schema_of(self.table).names:
             raise InvalidInputError(
                 f"table {self.target.display} has no {EPOCH_COLUMN} column, which scoped mode "
                 "needs; use mode full",
                 table=self.target.display,
             )
-        if self.table is None:
-            return self._empty()
         first = self.keys[0]
         later = pds.field(EPOCH_COLUMN) > newer_than
         values = None
         if keys.num_rows:
             # In the table's own type, so that the filter compares like with like.
-            typ = pa.schema(self.table.schema().to_arrow()).field(first).type
+            typ = self.target.schema_of(self.table).field(first).type
             values = pc.unique(keys.column(first).combine_chunks()).cast(typ)
         scope = later if values is None else later | pds.field(first).isin(values)
         # The filter skips files by their Delta statistics, then takes rows exactly
@@ -198,6 +197,9 @@ class DeltaRecoveryTarget:
         """
         self.uri, self.sink, self.pipeline, self.generation = uri, sink, pipeline, generation
         self.key, self.log_id, self.write = list(key), log_id, write
+        # The log's app ids, named as the sinks name them (sinks.delta.tokens).
+        tokens = SinkTxnId(pipeline, sink, 0, 0)
+        self.app_id, self.fence_app = epoch_app_id(tokens), fence_id(tokens)
         self.pulled_version: int | None = None
 
     @property
@@ -209,13 +211,20 @@ class DeltaRecoveryTarget:
 
     def newest_epoch(self, table: DeltaTable) -> int | None:
         """The sink's high-water mark in ``table``'s version (its epoch token)."""
-        version = table.transaction_version(f"{self.pipeline}/{self.sink}")
+        version = table.transaction_version(self.app_id)
         return None if version is None else int(version)
 
     @property
     def epoch_column(self) -> bool:
         table = self._table()
-        return table is not None and EPOCH_COLUMN in pa.schema(table.schema().to_arrow()).names
+        return table is not None and EPOCH_COLUMN in self.schema_of(table).names
+
+    @staticmethod
+    def schema_of(table: DeltaTable) -> pa.Schema:
+        """``table``'s Arrow schema, ``_epoch`` included (``sinks.delta.rows.state_schema``)."""
+        schema = state_schema(table)
+        assert schema is not None  # a loaded table has one
+        return schema
 
     def columns(self) -> dict[str, SinkColumn]:
         table = self._table()
@@ -226,7 +235,7 @@ class DeltaRecoveryTarget:
             )
         return {
             f.name: SinkColumn(f.name, arrow_kind(f.type), str(f.type))
-            for f in pa.schema(table.schema().to_arrow())
+            for f in self.schema_of(table)
         }
 
     def key_columns(self) -> list[str]:

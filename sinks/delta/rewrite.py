@@ -31,7 +31,6 @@ from reconcile.core.contract import InvalidInputError, RetryableError, SinkTxnId
 from reconcile.core.target import Repair
 from sinks.delta.manifest import LOG_ID_KEY, commit_metadata, reconcile_fields
 from sinks.delta.rows import EPOCH_COLUMN, state_schema
-from sinks.delta.tokens import fence_id
 
 if TYPE_CHECKING:
     from sinks.delta.recovery import DeltaRecoveryTarget
@@ -77,7 +76,7 @@ def apply_repair(target: DeltaRecoveryTarget, table: DeltaTable, repair: Repair)
             "rows, which it forbids; nothing was written",
             table=name,
         )
-    fence_app = fence_id(SinkTxnId(target.pipeline, target.sink, 0, 0))
+    fence_app = target.fence_app
     fence = table.transaction_version(fence_app)
     # A writer's repair runs as its own generation; an operator's as the one the
     # log records (it neither claims the table nor lowers the fence).
@@ -117,7 +116,7 @@ def apply_repair(target: DeltaRecoveryTarget, table: DeltaTable, repair: Repair)
     commit = DeltaCommit(
         table_uri=name,
         schema=schema,
-        app_id=f"{target.pipeline}/{target.sink}",
+        app_id=target.app_id,
         version=epoch,  # the high-water mark, raised to the target epoch
         add=added,
         remove=removed,
@@ -154,9 +153,8 @@ def _newest_owner(table: DeltaTable, target: DeltaRecoveryTarget) -> str | None:
     token; the whole history is read (newest first) because claims and
     compactions in between carry none, and an operator's repair is rare.
     """
-    app_id = f"{target.pipeline}/{target.sink}"
     for info in map(reconcile_fields, table.history()):
-        if info.get("reconcile.app_id") == app_id:
+        if info.get("reconcile.app_id") == target.app_id:
             owner = info.get(LOG_ID_KEY)
             return None if owner is None else str(owner)
     return None
