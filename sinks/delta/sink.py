@@ -42,7 +42,7 @@ from sinks.delta.manifest import key_name as _key_name
 from sinks.delta.prepared import PreparedArea
 from sinks.delta.recovery import DeltaRecoveryTarget
 from sinks.delta.rows import EPOCH_COLUMN, rows_to_arrow, state_schema
-from sinks.delta.steps import abort_epoch, epoch_in_log, ready_to_commit, stranded
+from sinks.delta.steps import Owner, abort_epoch, epoch_in_log, ready_to_commit, stranded
 from sinks.delta.tokens import (
     claim_generation,
     epoch_app_id,
@@ -289,7 +289,7 @@ class DeltaSink:
     def _write_manifest(self, txn_id: SinkTxnId, files: list[DataFile]) -> None:
         self._area.write(txn_id, files, self._binding.log_id)
 
-    def _owner(self) -> dict[str, Any]:
+    def _owner(self) -> Owner:
         """Who commits, for the shared steps (sinks/delta/steps.py): name, table, writer."""
         return {"sink": self._name, "uri": self.uri, "binding": self._binding}
 

@@ -20,6 +20,7 @@ drops both.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import TypedDict
 
 from deltalake import DeltaTable
 
@@ -29,10 +30,18 @@ from sinks.delta.prepared import PreparedArea
 from sinks.delta.tokens import epoch_app_id, is_committed, open_table
 from sinks.ownership import WriterBinding
 
-__all__ = ["Settle", "abort_epoch", "epoch_in_log", "ready_to_commit", "stranded"]
+__all__ = ["Owner", "Settle", "abort_epoch", "epoch_in_log", "ready_to_commit", "stranded"]
 
 # Drops what a committed (or aborted) epoch left in the prepared area.
 Settle = Callable[[SinkTxnId], None]
+
+
+class Owner(TypedDict):
+    """Who commits, as the steps take it: the sink's name, its table, the writer it serves."""
+
+    sink: str
+    uri: str
+    binding: WriterBinding
 
 
 def epoch_in_log(

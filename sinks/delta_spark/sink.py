@@ -42,7 +42,7 @@ from sinks.delta.manifest import data_file_name as _data_file_name
 from sinks.delta.prepared import PreparedArea
 from sinks.delta.recovery import DeltaRecoveryTarget
 from sinks.delta.rows import rows_to_arrow, state_schema
-from sinks.delta.steps import abort_epoch, epoch_in_log, ready_to_commit, stranded
+from sinks.delta.steps import Owner, abort_epoch, epoch_in_log, ready_to_commit, stranded
 from sinks.delta.tokens import (
     claim_generation,
     epoch_app_id,
@@ -320,7 +320,7 @@ class DeltaSparkSink:
         self._area.remove(txn_id)
         self._area.drop_files(txn_id)
 
-    def _owner(self) -> dict[str, Any]:
+    def _owner(self) -> Owner:
         """Who commits, for the shared steps (sinks/delta/steps.py): name, table, writer."""
         return {"sink": self._name, "uri": self.uri, "binding": self._binding}
 
