@@ -38,6 +38,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -51,7 +52,13 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.expected_state import batch, summary  # noqa: E402
 from benchmarks.report import RESULTS, machine, now, versions, write_report  # noqa: E402
-from benchmarks.scale.carry import PARTS, VERIFY_STEPS, carried, with_carried_steps  # noqa: E402
+from benchmarks.scale.carry import (  # noqa: E402
+    PARTS,
+    VERIFY_STEPS,
+    carried,
+    previous,
+    with_carried_steps,
+)
 from benchmarks.scale.report import markdown, plot  # noqa: E402
 from benchmarks.scale.stream import ratios, stream_sf1  # noqa: E402
 from expected_state.store import ExpectedStateStore  # noqa: E402
@@ -62,6 +69,7 @@ from sinks.postgres.sink import PostgresSink  # noqa: E402
 
 TABLE = "demo_lineitem"
 KEYS = ["l_orderkey", "l_linenumber"]
+MASTERS = {"local": "local[2]", "local_cluster": "local-cluster[2,1,1024]"}
 
 
 def load_lineitem(dsn: str, store_root: str, lineitem: Path, epoch_rows: int) -> dict[str, Any]:
@@ -124,11 +132,10 @@ def bench_verify(dsn: str, root: str, args: argparse.Namespace) -> dict[str, Any
     if "spark" in steps:
         # The Spark job in a driver process of its own, its memory over its whole tree;
         # each reader of the store side by side on the same data, one after the other.
-        masters = {"local": "local[2]", "local_cluster": "local-cluster[2,1,1024]"}
         job = ["--partitions", str(args.spark_parts)]
         out["spark"] = {
             f"{name}_{reader}": measure(
-                "spark", *base, "--master", masters[name], *job, "--store-reader", reader
+                "spark", *base, "--master", MASTERS[name], *job, "--store-reader", reader
             )
             for name in args.spark_masters.split(",")
             for reader in args.spark_readers.split(",")
@@ -265,6 +272,7 @@ def bench_store_day(root: Path, epochs: int, window: int) -> dict[str, Any]:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     work = Path(tempfile.mkdtemp(prefix="reconcile-bench-scale-", dir=args.workdir))
     parts = set(args.parts.split(","))
+    before = previous(args.out)  # the report whose figures the parts not run keep
     result: dict[str, Any] = {
         "machine": machine(),
         "versions": versions(
@@ -272,7 +280,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         ),
         "when": now(),
         "quick": args.quick,
-        **carried(args.out, parts),
+        **carried(before, parts),
     }
     if "stream" in parts:
         result["stream_sf1"] = {**stream_sf1(args, work), "when": now()}
@@ -285,7 +293,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         try:
             dsn = server.dsn(server.create_database("bench"))
             measured = {**bench_verify(dsn, str(work), args), "when": now()}
-            result["verify_60m"] = with_carried_steps(measured, args)
+            steps = set(args.verify_steps.split(","))
+            result["verify_60m"] = with_carried_steps(measured, steps, before)
         finally:
             server.stop()
     if "day" in parts:
@@ -299,19 +308,17 @@ def _ints(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x.strip()]
 
 
-def _parts(text: str) -> str:
-    unknown = set(text.split(",")) - PARTS.keys()
-    if unknown:
-        raise argparse.ArgumentTypeError(f"unknown parts {sorted(unknown)}: any of {list(PARTS)}")
-    return text
+def _any_of(known: Iterable[str], what: str) -> Callable[[str], str]:
+    """An argparse type: a comma-separated list of ``known`` names ``what`` names."""
+    names = list(known)
 
+    def check(text: str) -> str:
+        unknown = set(text.split(",")) - set(names)
+        if unknown:
+            raise argparse.ArgumentTypeError(f"unknown {what} {sorted(unknown)}: any of {names}")
+        return text
 
-def _verify_steps(text: str) -> str:
-    unknown = set(text.split(",")) - VERIFY_STEPS
-    if unknown:
-        known = sorted(VERIFY_STEPS)
-        raise argparse.ArgumentTypeError(f"unknown steps {sorted(unknown)}: any of {known}")
-    return text
+    return check
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -326,14 +333,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--verify-steps",
         default=",".join(sorted(VERIFY_STEPS)),
-        type=_verify_steps,
+        type=_any_of(sorted(VERIFY_STEPS), "steps"),
         help="verify_60m's steps to run (the others are carried over)",
     )
     parser.add_argument(
         "--spark-readers", default="files,delta-spark", help="the store readers timed, in turn"
     )
     parser.add_argument(
-        "--spark-masters", default="local,local_cluster", help="the masters the job is timed on"
+        "--spark-masters",
+        default="local,local_cluster",
+        type=_any_of(MASTERS, "masters"),
+        help="the masters the job is timed on",
     )
     parser.add_argument("--epochs", type=int, default=86_400, help="store_day's epochs")
     parser.add_argument("--window", type=int, default=10_000, help="first/last epochs compared")
@@ -353,7 +363,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--parts",
         default="stream,verify,day",
-        type=_parts,
+        type=_any_of(PARTS, "parts"),
         help="which of stream, verify, day to run (the others are carried over)",
     )
     parser.add_argument("--quick", action="store_true", help="a smoke run of a few minutes")

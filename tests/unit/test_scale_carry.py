@@ -7,11 +7,10 @@ before the reader choice is the file lists' row.
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 
-from benchmarks.scale.carry import with_carried_steps
+from benchmarks.scale.carry import previous, with_carried_steps
 from benchmarks.scale.report import _spark_rows
 
 
@@ -30,7 +29,6 @@ def test_a_spark_only_run_keeps_the_other_steps_and_dates_the_rows_it_carries(
     }  # fmt: skip
     intel = {"cpus": 2, "cpu_model": "Intel", "memory_gib": 23.5, "platform": "Linux"}
     (tmp_path / "scale.json").write_text(json.dumps({"verify_60m": before, "machine": intel}))
-    args = argparse.Namespace(out=tmp_path, verify_steps="spark")
     measured = {
         "tpch_scale": 10.0, "rows": 60, "when": "2026-11-29T13:00:00+00:00",
         "spark": {
@@ -38,7 +36,7 @@ def test_a_spark_only_run_keeps_the_other_steps_and_dates_the_rows_it_carries(
             "local_delta-spark": _job("local[2]", 250.0, store_reader="delta-spark"),
         },
     }  # fmt: skip
-    got = with_carried_steps(measured, args)
+    got = with_carried_steps(measured, {"spark"}, previous(tmp_path))
     assert got["full_in_parts"] == {"seconds": 138.4}
     assert got["carried_when"] == before["when"] and got["steps_run"] == ["spark"]
     assert got["when"] == measured["when"]
@@ -62,13 +60,12 @@ def test_a_spark_only_run_keeps_the_other_steps_and_dates_the_rows_it_carries(
 
 def test_a_run_of_every_step_carries_nothing(tmp_path: Path) -> None:
     (tmp_path / "scale.json").write_text(json.dumps({"verify_60m": {"tpch_scale": 10.0, "x": 1}}))
-    args = argparse.Namespace(out=tmp_path, verify_steps="buckets,full,scoped,spark")
     measured = {"tpch_scale": 10.0, "when": "now"}
-    assert with_carried_steps(measured, args) == measured
+    every = {"buckets", "full", "scoped", "spark"}
+    assert with_carried_steps(measured, every, previous(tmp_path)) == measured
 
 
 def test_figures_of_another_scale_are_never_carried(tmp_path: Path) -> None:
     (tmp_path / "scale.json").write_text(json.dumps({"verify_60m": {"tpch_scale": 10.0, "x": 1}}))
-    args = argparse.Namespace(out=tmp_path, verify_steps="spark")
-    got = with_carried_steps({"tpch_scale": 0.01, "when": "now"}, args)
+    got = with_carried_steps({"tpch_scale": 0.01, "when": "now"}, {"spark"}, previous(tmp_path))
     assert "x" not in got and "carried_when" not in got
