@@ -23,6 +23,7 @@ from typing import Any
 
 from reconcile.core import hooks
 from reconcile.core.contract import ConfigurationError
+from reconcile.spark.checkpoint import clear_interrupted_writes
 from sinks import registry
 from sinks.base import REALTIME
 from sinks.realtime import OffsetRecord, RealtimeTarget, RealtimeWriter
@@ -183,6 +184,8 @@ def start_realtime(
     # Bound on the driver before any task runs: the marker table is created and
     # checked once here, so a refused table stops the query before it writes a row.
     registry.capability(target.dsn, REALTIME)(target).close()
+    # A driver killed inside its checkpoint write would leave Spark refusing every restart.
+    clear_interrupted_writes(frame.sparkSession, checkpoint)
     writer = frame.writeStream.outputMode("update")  # the only mode Real-Time Mode takes
     if query_name is not None:
         writer = writer.queryName(query_name)
