@@ -29,6 +29,7 @@ from sinks.base import REALTIME
 from sinks.realtime import OffsetRecord, RealtimeTarget, RealtimeWriter
 
 __all__ = [
+    "MULTIPLYING_NODES",
     "OFFSET_COLUMNS",
     "REFUSED_NODES",
     "RealtimeForeachWriter",
@@ -54,6 +55,29 @@ REFUSED_NODES = frozenset(
     }
 )
 
+# Logical plan nodes that may make several output rows of one record, or one row of
+# several: the writer commits in small transactions and a marker covers a record's
+# offset once a transaction with one of its rows commits, so the replay would skip the
+# rest of a record split across two transactions. One record, at most one row.
+MULTIPLYING_NODES = frozenset(
+    {
+        "Generate",
+        "Expand",
+        "MapInPandas",
+        "MapInArrow",
+        "PythonMapInArrow",
+        "MapPartitions",
+        "MapPartitionsInR",
+        "MapPartitionsInRWithArrow",
+        "MapGroups",
+        "FlatMapGroupsInArrow",
+        "FlatMapGroupsInR",
+        "FlatMapCoGroupsInPandas",
+        "FlatMapCoGroupsInArrow",
+        "CoGroup",
+    }
+)
+
 TXN_COMMITTED = hooks.declare("realtime.txn_committed")
 
 
@@ -75,7 +99,8 @@ def check_realtime_plan(frame: Any, columns: tuple[str, ...]) -> None:
     """
     if not frame.isStreaming:
         raise ConfigurationError("real-time sink: the frame is not streaming (readStream)")
-    refused = sorted(set(_plan_nodes(frame._jdf.queryExecution().analyzed())) & REFUSED_NODES)
+    nodes = set(_plan_nodes(frame._jdf.queryExecution().analyzed()))
+    refused = sorted(nodes & REFUSED_NODES)
     if refused:
         raise ConfigurationError(
             f"real-time sink: the plan has {', '.join(refused)}, which keeps state across "
@@ -83,6 +108,15 @@ def check_realtime_plan(frame: Any, columns: tuple[str, ...]) -> None:
             "read, which per-partition offset markers cannot vouch for. Only per-record plans "
             "(select, filter, projections) are taken",
             refused=refused,
+        )
+    multiplying = sorted(nodes & MULTIPLYING_NODES)
+    if multiplying:
+        raise ConfigurationError(
+            f"real-time sink: the plan has {', '.join(multiplying)}, which may make several "
+            "rows of one record (or one of several); each record's offset is marked written "
+            "once a transaction holding one of its rows commits, so a replay would skip the "
+            "rest. Only plans that map one record to at most one row are taken",
+            refused=multiplying,
         )
     missing = [c for c in (*OFFSET_COLUMNS, *columns) if c not in frame.columns]
     if missing:

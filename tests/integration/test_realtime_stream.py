@@ -131,3 +131,30 @@ def test_a_stateful_plan_is_refused_by_name(spark: object, kafka_broker: KafkaBr
     with pytest.raises(ConfigurationError, match="no column k"):
         check_realtime_plan(frame, ("k",))
     check_realtime_plan(frame.selectExpr("CAST(value AS STRING) AS k", "*"), ("k",))
+
+
+@pytest.mark.spark
+def test_a_plan_that_makes_several_rows_of_one_record_is_refused_by_name(
+    spark: object, kafka_broker: KafkaBroker
+) -> None:
+    from reconcile.spark.realtime import check_realtime_plan
+
+    topic = create_topic(kafka_broker, "rt")
+    frame = (
+        spark.readStream.format("kafka")  # type: ignore[attr-defined]
+        .option("kafka.bootstrap.servers", kafka_broker.bootstrap)
+        .option("subscribe", topic)
+        .load()
+    )
+    columns = ("topic", "partition", "offset", "k")
+    exploded = frame.selectExpr("explode(array(value, key)) AS k", "topic", "partition", "offset")
+    with pytest.raises(ConfigurationError, match="the plan has Generate, which may make several"):
+        check_realtime_plan(exploded, ("k",))
+
+    def batches(parts: object) -> object:
+        yield from parts  # type: ignore[attr-defined]
+
+    mapped = frame.selectExpr("CAST(value AS STRING) AS k", "topic", "partition", "offset")
+    in_arrow = mapped.mapInArrow(batches, mapped.schema)
+    with pytest.raises(ConfigurationError, match="the plan has MapInArrow"):
+        check_realtime_plan(in_arrow, columns[3:])
