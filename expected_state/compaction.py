@@ -30,6 +30,7 @@ from expected_state.evolved_files import read_store_files
 from expected_state.fencing import check_generation
 from expected_state.layout import StoreFile, base_file_name, merged_file_name, stored_schema
 from expected_state.live import live_files
+from expected_state.memory import release_freed_memory
 from expected_state.merge import apply_changes, last_per_key
 from reconcile.core import hooks
 from reconcile.core.contract import InvalidInputError, RetryableError
@@ -181,9 +182,9 @@ class Compaction:
                     name = merged_file_name(run[0].first, run[-1].epoch)
                     added.append(write_data_file(self.uri, name, newest))
                     del rows, newest  # one run in memory at a time
-                    # Arrow's pool (mimalloc) keeps what a run freed; its size follows
-                    # the run, so RSS would stay at the biggest run's peak between merges.
-                    pa.default_memory_pool().release_unused()
+                    # The allocators keep what a run freed; its size follows the run, so
+                    # RSS would stay at the biggest run's peak between merges.
+                    release_freed_memory()
                 hooks.point(COMPACT_WRITTEN)
                 merged = [f for run in runs for f in run]
                 self._commit_compaction(merged, added, through, folds_base=False,
@@ -228,7 +229,7 @@ class Compaction:
             report["through_epoch"] = through
             if folded:
                 added = self._write_base(bases, folded, target_size)
-                pa.default_memory_pool().release_unused()  # as after a merge's run
+                release_freed_memory()  # as after a merge's run
                 hooks.point(COMPACT_WRITTEN)
                 self._commit_compaction(bases + folded, added, through, folds_base=True)
                 report.update(

@@ -13,6 +13,7 @@ from expected_state.delta_log import EPOCHS_LOG_MARGIN, last_checkpoint, prune_l
 from expected_state.fencing import check_generation
 from expected_state.holds import held_versions
 from expected_state.live import live_files
+from expected_state.memory import release_freed_memory
 from expected_state.vacuum_files import delete_unreferenced
 
 if TYPE_CHECKING:
@@ -166,6 +167,7 @@ class Housekeeping:
                 retention_hours=retention_hours,
                 safety_margin_minutes=safety_margin_minutes,
             )
+            release_freed_memory()  # what the merge and the vacuum read, between epochs
             table = self._delta()
             assert table is not None
         last = last_checkpoint(self.uri)
