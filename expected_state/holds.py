@@ -37,18 +37,21 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 
 import pyarrow.fs as pafs  # type: ignore[import-untyped, unused-ignore]
+from deltalake import DeltaTable
 
 from expected_state.delta_files import filesystem
 from expected_state.vacuum_record import HoldLostError, put, settle
+from reconcile.core import hooks
 
 __all__ = [
     "DEFAULT_LEASE_S",
     "HOLDS_DIR",
+    "HOLD_WRITING",
     "HoldLostError",
     "Holding",
     "held_versions",
@@ -56,6 +59,12 @@ __all__ = [
 ]
 
 HOLDS_DIR = "_holds"
+# Between a reader resolving a version and writing its hold: the window a vacuum
+# may list the holds in (tests/integration/test_store_hold_race.py).
+HOLD_WRITING = hooks.declare("expected_state.hold.writing")
+# How many times a reader of the newest version resolves it again after a
+# vacuum took the one it resolved (each retry reads a version committed since).
+_RESOLVE_TRIES = 3
 # Two minutes: a killed holder pins its files that long at most, and a live one
 # renews every 30 s, so a pause (a GC, a slow disk) of a minute loses nothing.
 DEFAULT_LEASE_S = 120.0
@@ -72,6 +81,7 @@ class _Scope:
     lock: threading.Lock = field(default_factory=threading.Lock)
     stop: threading.Event = field(default_factory=threading.Event)
     thread: threading.Thread | None = None
+    written: bool = False  # a record was written (it may hold no version now: one was lost)
 
 
 def _folder(uri: str) -> tuple[pafs.FileSystem, str]:
@@ -96,6 +106,7 @@ def _write(scope: _Scope) -> None:
         }
         data = json.dumps(payload).encode()
         fs, folder = _folder(scope.uri)
+        scope.written = True  # before the write: one that fails may still have landed
         put(fs, folder, f"{folder}/{scope.name}.json", data)
 
 
@@ -155,6 +166,28 @@ class Holding:
 
     uri: str
     _hold_scope: _Scope | None = None
+    _delta: Callable[..., DeltaTable | None]  # provided by the store
+
+    def _hold_newest(self, table: DeltaTable) -> DeltaTable:
+        """Hold the version ``table`` is at; if a vacuum took it first, the newest then.
+
+        Raises:
+            HoldLostError: the newest version was lost too, ``_RESOLVE_TRIES`` times.
+        """
+        for attempt in range(_RESOLVE_TRIES):
+            version = table.version()
+            try:
+                self._hold(version)
+                return table
+            except HoldLostError:
+                # WHY: a version newer than the one resolved exists (that vacuum
+                # kept its own newest version): read that one instead, held
+                # first. None newer, or no tries left: the error stands.
+                fresh = self._delta()
+                if fresh is None or fresh.version() <= version or attempt + 1 == _RESOLVE_TRIES:
+                    raise
+                table = fresh
+        raise AssertionError("unreachable")
 
     @contextmanager
     def holding(self, *, lease_s: float = DEFAULT_LEASE_S) -> Iterator[None]:
@@ -176,7 +209,7 @@ class Holding:
             scope.stop.set()
             if scope.thread is not None:
                 scope.thread.join()
-            if scope.versions:
+            if scope.written:
                 fs, folder = _folder(self.uri)
                 # Gone already, or unreachable: the lease ends it then.
                 with suppress(OSError):
@@ -192,6 +225,7 @@ class Holding:
         scope = self._hold_scope
         if scope is None or version in scope.versions:
             return
+        hooks.point(HOLD_WRITING)
         with scope.lock:
             scope.versions.add(version)
         _write(scope)

@@ -139,18 +139,25 @@ class VacuumRunning:
         self.path = f"{folder}/{name}{VACUUM_SUFFIX}"
         self.stamp = 0.0  # the storage's time of the first write: "now" for judging holds
         self._renewed = 0.0  # monotonic time the last successful write began
+        self._lapsed = False
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     def _write(self) -> None:
         began = time.monotonic()
+        if self._lapsed or (self._renewed and began - self._renewed > self.lease_s / 2):
+            # WHY: paused (or cut off) for over half the lease: readers may have
+            # judged the record expired and gone on; a renewal now would not
+            # bring that back, so the record stays lapsed and check() refuses.
+            self._lapsed = True
+            return
         data = json.dumps({"lease_s": self.lease_s, "started": self.stamp or None,
                            "pid": os.getpid(), "host": socket.gethostname()}).encode()  # fmt: skip
         put(self.fs, self.folder, self.path, data)
         self._renewed = began
 
     def _renew(self) -> None:
-        while not self._stop.wait(self.lease_s / 4):
+        while not self._stop.wait(self.lease_s / 4) and not self._lapsed:
             with suppress(OSError):  # retried a quarter term later; check() stops the deletes
                 self._write()
 
@@ -182,7 +189,8 @@ class VacuumRunning:
             RetryableError: the lease ran too short; nothing more is deleted.
         """
         since = time.monotonic() - self._renewed
-        if since > self.lease_s / 2:
+        if self._lapsed or since > self.lease_s / 2:
+            self._lapsed = True
             raise RetryableError(
                 f"table {self.uri!r}: vacuum stopped: its running record was last renewed "
                 f"{since:.1f} s ago (lease {self.lease_s:.0f} s); readers may no longer wait "
