@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -295,3 +296,54 @@ def test_a_holds_lease_is_judged_by_the_storages_clock_not_the_holders(tmp_path:
     assert _files_of(uri, v5) - _files_of(uri, v2) - _on_storage(uri)  # v5's own files went
     assert live.exists() and not dead.exists()
     assert _as_map(_store(root).snapshot(2)) == states[2]
+
+
+def test_a_vacuum_paused_past_its_lease_deletes_nothing_when_it_resumes(tmp_path: Path) -> None:
+    # A vacuum stalled (SIGSTOP: a VM pause, a long GC) after it listed the
+    # holds: a reader waits out its lease, finds its version whole and reads it.
+    # Resumed, the vacuum must not delete what that reader now relies on.
+    root = str(tmp_path / "expected")
+    writer = _store(root)
+    states: dict[int, dict[int, int]] = {}
+    _epochs(writer, 0, 9, states)
+    writer.compact()
+    _epochs(writer, 10, 11, states)
+    uri = writer.uri
+    v2 = writer.version_of(2)
+    announce = tmp_path / "held"
+    env = {**os.environ, "PYTHONPATH": str(REPO), "RECONCILE_HOLD_AT": VACUUM_LISTED,
+           "RECONCILE_HOLD_FILE": str(announce), "RECONCILE_HOLD_SWALLOW": "1"}  # fmt: skip
+    vacuum = subprocess.Popen([sys.executable, "-c", textwrap.dedent(_VACUUM), root, "2"],
+                              env=env, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        _await(announce.exists, "the vacuum never reached its listing")
+        os.kill(vacuum.pid, signal.SIGSTOP)
+        reader = _store(root)
+        first_read, resumed = threading.Event(), threading.Event()
+        outcome: dict[str, Any] = {}
+
+        def read() -> Any:
+            with reader.holding():
+                first = reader.state_at_version(v2)  # held after the vacuum listed
+                first_read.set()
+                assert resumed.wait(WAIT_S)
+                return first, reader.state_at_version(v2)
+
+        thread = _thread(read, outcome, "read")
+        assert first_read.wait(WAIT_S), outcome.get("read_error")
+        os.kill(vacuum.pid, signal.SIGCONT)
+        os.kill(vacuum.pid, signal.SIGINT)  # ends the test's hold at the point: it goes on
+        _, err = vacuum.communicate(timeout=WAIT_S)
+    finally:
+        if vacuum.poll() is None:
+            os.kill(vacuum.pid, signal.SIGCONT)
+            vacuum.kill()
+            vacuum.wait()
+    assert vacuum.returncode != 0 and "vacuum stopped" in err, err
+    resumed.set()
+    thread.join(WAIT_S)
+    assert "read_error" not in outcome, outcome.get("read_error")
+    first, again = outcome["read"]
+    assert _as_map(first) == _as_map(again) == states[2]
+    assert _files_of(uri, v2) <= _on_storage(uri)  # the resumed vacuum deleted none of them
+    assert not {f for f in _on_storage(uri) if f.endswith(VACUUM_SUFFIX)}  # it left no record
