@@ -135,13 +135,15 @@ def _paused_vacuum(
     assert not vacuum.is_alive() and "vacuum_error" not in outcome, outcome
 
 
-@pytest.fixture(params=["local", "s3"])
-def root(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "local":
+@pytest.fixture
+def root(where: str, request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """The store's root: a folder on disk, or a bucket of moto's S3 server."""
+    if where == "local":
         return str(tmp_path / "expected")
     return f"s3://{request.getfixturevalue('s3_bucket')}/expected"
 
 
+@pytest.mark.parametrize("where", ["local", "s3"])
 def test_a_hold_written_after_vacuum_listed_the_holds_is_refused_by_name(root: str) -> None:
     writer = _store(root)
     states: dict[int, dict[int, int]] = {}
@@ -224,10 +226,11 @@ store.vacuum(keep_epochs=1, retention_hours=0, safety_margin_minutes=0, lease_s=
 """
 
 
+# On S3 it takes some 15 s (a process of its own, a lease to wait out over HTTP).
+@pytest.mark.parametrize("where", ["local", pytest.param("s3", marks=pytest.mark.slow)])
 def test_a_vacuum_killed_while_running_keeps_readers_waiting_no_longer_than_its_lease(
-    tmp_path: Path,
+    root: str, tmp_path: Path
 ) -> None:
-    root = str(tmp_path / "expected")
     writer = _store(root)
     states: dict[int, dict[int, int]] = {}
     _epochs(writer, 0, 9, states)
