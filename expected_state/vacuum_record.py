@@ -19,8 +19,10 @@ Reader (:func:`settle`), after its hold record is written:
   2. then checks that ``v`` is whole (the log still loads it, every file it
      references exists), and raises :class:`HoldLostError` if not.
 
-Why that suffices: a vacuum that lists the holds after the hold was written
-keeps ``v``. One that listed them before wrote its record before that, so its
+Why that suffices (given that a listing shows every object whose write had
+completed before it began: a local folder, and S3 since its strong read- and
+list-after-write consistency): a vacuum that lists the holds after the hold
+was written keeps ``v``. One that listed them before wrote its record before that, so its
 record existed before the hold did, and the reader's listing (after its hold)
 sees it unless it has ended or expired. Either way, once the reader's wait is
 over, no vacuum that missed the hold deletes anything any more: what the check
@@ -50,6 +52,7 @@ from urllib.parse import unquote
 import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
 import pyarrow.fs as pafs  # type: ignore[import-untyped, unused-ignore]
 from deltalake import DeltaTable
+from deltalake.exceptions import DeltaError, TableNotFoundError
 
 from expected_state.delta_files import filesystem
 from reconcile.core.durable import write_atomically
@@ -69,7 +72,8 @@ VACUUM_SUFFIX = ".vacuum"
 # A minute: a killed vacuum keeps readers waiting that long at most; a live one
 # renews every 15 s and stops deleting once 30 s passed without a renewal.
 DEFAULT_VACUUM_LEASE_S = 60.0
-_POLL_S = 0.2
+# How often a waiting reader looks again (and rewrites its hold: a fresh stamp).
+_POLL_S = 0.5
 
 
 class HoldLostError(InvalidInputError):
@@ -165,8 +169,12 @@ class VacuumRunning:
         self._write()
         # WHY: before the holds are listed, the record is there for any reader
         # whose hold the listing may miss; its stamp is the storage's "now".
-        self.stamp = stamp_of(self.fs, self.path)
-        live_vacuums(self.fs, self.folder, self.stamp, drop=True)
+        try:
+            self.stamp = stamp_of(self.fs, self.path)
+            live_vacuums(self.fs, self.folder, self.stamp, drop=True)
+        except BaseException:
+            self.__exit__()  # no vacuum follows: readers need not wait for it
+            raise
         self._thread = threading.Thread(target=self._renew, name="reconcile-vacuum", daemon=True)
         self._thread.start()
         return self
@@ -203,7 +211,7 @@ def _whole(uri: str, version: int) -> str | None:
     """Why ``version`` of the table cannot be read in full now (None: it can)."""
     try:
         table = DeltaTable(uri, version=version)
-    except Exception as exc:  # delta-rs raises several kinds for a pruned log
+    except (TableNotFoundError, DeltaError, OSError) as exc:
         return f"its log entries are gone ({exc})"
     fs, root = filesystem(uri)
     actions = pa.table(table.get_add_actions(flatten=False)).select(["path"])
