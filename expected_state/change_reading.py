@@ -73,7 +73,10 @@ class ChangeReading(Reading):
                       for k in keys]  # fmt: skip
             empty = pa.schema(fields).empty_table()
             return empty.append_column("_deleted", pa.array([], pa.bool_()))
-        self._hold(table.version())
+        resolved = table.version()
+        table = self._hold_newest(table)  # one a vacuum took first: the newest then
+        if table.version() != resolved:
+            self.audit()
         files = self._change_files_after(table, since_epoch)
         data = self._read(files, [*keys, EPOCH_COLUMN, OP_COLUMN], since_epoch)
         data = data.filter(pc.greater(data.column(EPOCH_COLUMN), since_epoch))

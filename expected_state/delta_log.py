@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import NamedTuple
 
 import pyarrow.fs as pafs  # type: ignore[import-untyped, unused-ignore]
@@ -83,13 +83,16 @@ class PrunedLog(NamedTuple):
     start: int | None  # the oldest version whose commit the log still holds (None: none)
 
 
-def prune_log(table_uri: str, keep_from_version: int) -> PrunedLog:
+def prune_log(
+    table_uri: str, keep_from_version: int, *, check: Callable[[], None] | None = None
+) -> PrunedLog:
     """Delete the log entries older than the newest checkpoint at or before ``keep_from_version``.
 
     Every version from that checkpoint on stays loadable (a reader starts from
     the newest checkpoint at or below the version it wants); older versions
     can no longer be time-travelled to. Without such a checkpoint nothing is
-    deleted. ``_last_checkpoint`` is never touched.
+    deleted. ``_last_checkpoint`` is never touched. ``check`` (if given) is
+    called before each deletion, and stops them by raising.
 
     Returns:
         How many log files were deleted, and the oldest version the log still
@@ -109,6 +112,8 @@ def prune_log(table_uri: str, keep_from_version: int) -> PrunedLog:
     floor = max(checkpoints, default=-1)
     doomed = [path for v, _, path in entries if v < floor]
     for path in doomed:
+        if check is not None:
+            check()
         fs.delete_file(path)
     start = min((v for v, kind, _ in entries if kind == "json" and v >= floor), default=None)
     return PrunedLog(len(doomed), start)

@@ -11,10 +11,12 @@ from expected_state.compaction import DEFAULT_MERGE_MAX_ROWS, merge_groups
 from expected_state.delta_commit import make_durable
 from expected_state.delta_log import EPOCHS_LOG_MARGIN, last_checkpoint, prune_log
 from expected_state.fencing import check_generation
-from expected_state.holds import held_versions
+from expected_state.holds import held_versions, holds_folder
 from expected_state.live import live_files
 from expected_state.memory import release_freed_memory
 from expected_state.vacuum_files import delete_unreferenced
+from expected_state.vacuum_record import DEFAULT_VACUUM_LEASE_S, VacuumRunning
+from reconcile.core import hooks
 
 if TYPE_CHECKING:
     from expected_state.epochs import EpochLog
@@ -26,9 +28,14 @@ __all__ = [
     "DEFAULT_KEEP_EPOCHS",
     "DEFAULT_RETENTION_HOURS",
     "DEFAULT_SAFETY_MARGIN_MINUTES",
+    "VACUUM_LISTED",
     "Housekeeping",
     "VacuumReport",
 ]
+
+# After vacuum listed the holds, before it deletes anything: where a reader
+# taking its hold races it (tests/integration/test_store_hold_race.py).
+VACUUM_LISTED = hooks.declare("expected_state.vacuum.listed")
 
 # Retention (docs/expected_state.md, "Retention"):
 #  * the newest version is always kept (recovery's target state T);
@@ -182,6 +189,7 @@ class Housekeeping:
         keep_epochs: int = DEFAULT_KEEP_EPOCHS,
         retention_hours: float = DEFAULT_RETENTION_HOURS,
         safety_margin_minutes: float = DEFAULT_SAFETY_MARGIN_MINUTES,
+        lease_s: float = DEFAULT_VACUUM_LEASE_S,
     ) -> VacuumReport:
         """Delete files, and log entries, no longer needed by the versions recovery may read.
 
@@ -195,6 +203,9 @@ class Housekeeping:
             safety_margin_minutes: an unreferenced file last written more recently is
                 kept (an apply() between its file writes and its commit); 0 is only
                 safe when no writer of the store is running.
+            lease_s: the term of this vacuum's "running" record (renewed every
+                quarter of it): a vacuum killed outright keeps readers that took
+                a hold meanwhile waiting that long at most.
 
         Returns:
             The versions and epochs kept, the files and the number of log files deleted
@@ -202,6 +213,8 @@ class Housekeeping:
 
         Raises:
             FencedError: a newer generation has taken over.
+            RetryableError: its record could not be renewed for half its lease: it
+                stopped deleting (what it left goes at the next vacuum).
         """
         table = self._delta()
         if table is None:
@@ -221,22 +234,29 @@ class Housekeeping:
                 f"table {self.uri!r}: retention_hours and safety_margin_minutes must be >= 0, "
                 f"got {retention_hours!r} and {safety_margin_minutes!r}"
             )
-        # WHY: a verify, repair or rebuild still reading an old version holds it
-        # (expected_state.holds); its files and log entries stay whatever their
-        # age. A held version the log no longer has is gone already: not kept.
-        held = {v for v in held_versions(self.uri) if self._history_from <= v <= table.version()}
-        kept_versions = sorted({versions[e] for e in keep} | {table.version()} | held)
-        # full (in delete_unreferenced): also files no log entry ever referenced
-        # (crash orphans of apply(), a fenced writer's files), not only removed ones.
-        deleted = delete_unreferenced(
-            table,
-            keep_versions=kept_versions,
-            retention_hours=retention_hours,
-            margin_minutes=safety_margin_minutes,
-        )
-        # Every write lists the log folder, so its cost grows with the log: prune
-        # it below the oldest version kept (deltalake's own cleanup goes by age).
-        log = prune_log(self.uri, kept_versions[0])
+        # WHY: the record goes first, the listing after: a reader whose hold this
+        # listing misses wrote it after the record, so it sees the record and
+        # waits for this vacuum before it trusts its version (vacuum_record).
+        with VacuumRunning(self.uri, holds_folder(self.uri), lease_s=lease_s) as running:
+            # WHY: a verify, repair or rebuild still reading an old version holds it
+            # (expected_state.holds); its files and log entries stay whatever their
+            # age. A held version the log no longer has is gone already: not kept.
+            held = {v for v in held_versions(self.uri, now=running.stamp)
+                    if self._history_from <= v <= table.version()}  # fmt: skip
+            hooks.point(VACUUM_LISTED)
+            kept_versions = sorted({versions[e] for e in keep} | {table.version()} | held)
+            # full (in delete_unreferenced): also files no log entry ever referenced
+            # (crash orphans of apply(), a fenced writer's files), not only removed ones.
+            deleted = delete_unreferenced(
+                table,
+                keep_versions=kept_versions,
+                retention_hours=retention_hours,
+                margin_minutes=safety_margin_minutes,
+                check=running.check,
+            )
+            # Every write lists the log folder, so its cost grows with the log: prune
+            # it below the oldest version kept (deltalake's own cleanup goes by age).
+            log = prune_log(self.uri, kept_versions[0], check=running.check)
         if log.start is not None:
             self._forget_before(log.start)
         pruned = log.deleted

@@ -48,6 +48,9 @@ class Reading:
     def _hold(self, version: int) -> None:  # provided by the store (Holding)
         raise NotImplementedError
 
+    def _hold_newest(self, table: DeltaTable) -> DeltaTable:  # provided by the store (Holding)
+        raise NotImplementedError
+
     # -- epochs and versions ---------------------------------------------------
 
     def epoch_versions(self) -> dict[int, int]:
@@ -180,8 +183,12 @@ class Reading:
         if table is None or self._schema is None:
             return None
         # Every snapshot reader comes through here: within holding(), the version
-        # it reads is kept from vacuum while it reads (a merge may make it old).
-        self._hold(table.version())
+        # it reads is kept from vacuum while it reads (a merge may make it old);
+        # one a vacuum took before the hold counted is read newer, audited again.
+        resolved = table.version()
+        table = self._hold_newest(table)
+        if table.version() != resolved:
+            self.audit()
         files = live_files(table, name=self.uri)
         if epoch is not None:
             last = self.last_epoch()

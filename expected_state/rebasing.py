@@ -100,6 +100,7 @@ class Rebasing:
     _token: Callable[[DeltaTable], int | None]
     snapshot: Callable[..., pa.Table]  # provided by the store (Reading)
     _hold: Callable[[int], None]  # provided by the store (Holding)
+    _hold_newest: Callable[[DeltaTable], DeltaTable]  # provided by the store (Holding)
 
     def check_files(self, files: list[StoreFile]) -> None:  # provided by the store
         raise NotImplementedError
@@ -109,7 +110,12 @@ class Rebasing:
         table = DeltaTable(self.uri, version=version) if version is not None else self._delta()
         if table is None or self._schema is None:
             raise InvalidInputError(f"table {self.uri!r} holds no epoch", table=self.uri)
-        self._hold(table.version())  # a rebuild reads it next: hold it from vacuum
+        # A rebuild reads it next: hold it from vacuum (the newest one: if a vacuum
+        # took it before the hold counted, the newest then; a given one: refused).
+        if version is None:
+            table = self._hold_newest(table)
+        else:
+            self._hold(table.version())
         return self._state_of(live_files(table, name=self.uri))
 
     def _state_of(self, files: list[StoreFile]) -> pa.Table:

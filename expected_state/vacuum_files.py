@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 
 import pyarrow.fs as pafs  # type: ignore[import-untyped, unused-ignore]
 from deltalake import DeltaTable
@@ -38,6 +39,7 @@ def delete_unreferenced(
     retention_hours: float,
     margin_minutes: float,
     now: float | None = None,
+    check: Callable[[], None] | None = None,
 ) -> list[str]:
     """Delete the files of ``table`` no kept version references, old enough; return them.
 
@@ -48,6 +50,8 @@ def delete_unreferenced(
         retention_hours: the user's extra retention (>= 0, any fraction).
         margin_minutes: the safety margin (>= 0, any fraction).
         now: the time the ages are counted to (default: now).
+        check: called before each deletion; raises to stop them (a vacuum whose
+            "running" record lapsed: readers no longer wait for it).
 
     Returns:
         The paths deleted, relative to the table's root.
@@ -91,6 +95,8 @@ def delete_unreferenced(
         if info.mtime.timestamp() > cutoff:
             continue
         hooks.point(VACUUM_DELETING)
+        if check is not None:
+            check()
         try:
             fs.delete_file(path)
         except FileNotFoundError:
