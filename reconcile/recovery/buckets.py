@@ -352,6 +352,7 @@ def search_from_summary(
     checksum_columns: Sequence[tuple[str, str]],
     first_key: str,
     limits: BucketLimits | None = None,
+    theirs: dict[int, tuple[int, int]] | None = None,
 ) -> tuple[BucketSearch, pa.Table] | None:
     """The same search, with the first level's expected figures kept from an earlier one.
 
@@ -360,10 +361,13 @@ def search_from_summary(
 
     Args:
         bounds, figures: the first level's bounds and expected (rows, checksum)
-            per range, as of the target epoch (``BucketSummary``).
+            per range, as of the target epoch (``BucketSummary``, or computed
+            in parts: ``bucket_parts.part_figures``).
         read_ranges: reads the expected rows of some ranges (any order).
         limits: how far to cut (its ``first_level`` is the summary's), and
             when full mode costs less.
+        theirs: the database's figures for ``bounds`` over the whole table,
+            when already computed (None: computed here).
 
     Returns:
         The search and the expected rows it read (sorted), or None when those
@@ -374,7 +378,8 @@ def search_from_summary(
     """
     limits = limits or BucketLimits()
     search = BucketSearch()
-    theirs = snap.bucket_sums(bounds, [KeyRange()])
+    if theirs is None:
+        theirs = snap.bucket_sums(bounds, [KeyRange()])
     search.compared = len(figures)
     lows = [None, *bounds]
     highs = [*bounds, None]

@@ -14,6 +14,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
 import pytest
 
 from expected_state.store import ExpectedStateStore
@@ -24,9 +25,10 @@ from reconcile.recovery.engine import reconcile_table
 from reconcile.recovery.modes import Mode
 from reconcile.recovery.options import RecoverOptions
 from reconcile.recovery.report import ReconcileReport
+from reconcile.recovery.summary import load_summary
 from sinks.postgres.sink import PostgresSink
 from tests.integration.test_recover_in_parts import COUNTS, spread_drift, wide  # noqa: F401
-from tests.recovery_setup import Setup, expected_rows, sink_rows
+from tests.recovery_setup import Setup, expected_rows, make_setup, sink_rows
 
 pytestmark = pytest.mark.integration
 
@@ -115,3 +117,60 @@ def test_a_store_whose_every_key_was_deleted_finds_every_sink_row_extra(
     assert held == 40
     found = check(wide, RecoverOptions(mode=Mode.BUCKETS, dry_run=True, chunk_rows=100))
     assert counts(found) == {"missing": 0, "extra": held, "changed": 0}
+
+
+def test_a_first_search_in_parts_keeps_the_summary_the_rows_read_whole_give(
+    wide: Setup,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    # The figures in parts are added up range by range as each part is read;
+    # every key is a bound's value or between two, and a row AT a bound belongs
+    # to the range it opens (width_bucket's numbering, as the database counts).
+    spread_drift(wide)
+    twin = tmp_path / "twin"
+    shutil.copytree(wide.root, twin)
+    in_parts = check(wide, RecoverOptions(mode=Mode.BUCKETS, dry_run=True, chunk_rows=100))
+    whole = check(wide, RecoverOptions(mode=Mode.BUCKETS, dry_run=True), str(twin))
+    assert counts(in_parts) == counts(whole)
+    columns = (("id", "int"), ("name", "text"), ("total", "int"))
+    kept = [
+        load_summary(ExpectedStateStore(root, wide.pipeline, "orders", wide.keys), columns, "id")
+        for root in (wide.root, str(twin))
+    ]
+    parts, read_whole = kept
+    assert parts is not None and read_whole is not None
+    assert len(parts.bounds) == LIMITS.first_level - 1
+    assert parts.bounds == read_whole.bounds
+    assert parts.rows.tolist() == read_whole.rows.tolist()
+    assert parts.sums.tolist() == read_whole.sums.tolist()
+    assert int(parts.rows.sum()) == len(expected_rows(wide))
+
+
+def test_a_text_first_key_in_parts_keeps_the_summary_the_rows_read_whole_give(
+    pg_db: str, tmp_path: Path
+) -> None:
+    # A first key that is not an integer is sorted by Arrow (byte order), as
+    # the rows read whole are: the same bounds, the same figures.
+    schema = pa.schema([("code", pa.string()), ("id", pa.int64()), ("total", pa.int64())])
+    ddl = "CREATE TABLE {} (code text PRIMARY KEY, id bigint, total bigint, _epoch bigint)"
+    setup = make_setup(pg_db, str(tmp_path / "store"), "orders", schema, ddl, ["code"])
+    codes = [f"{'é' if i % 5 == 0 else 'k'}{i * 7919 % 1500:04d}" for i in range(1500)]
+    setup.write([{"code": c, "id": i, "total": i} for i, c in enumerate(codes)])
+    setup.write([{"code": c, "id": i, "total": -i} for i, c in enumerate(codes) if i % 3 == 0])
+    hand = setup.execute("UPDATE {t} SET total = 0 WHERE id % 101 = 4")
+    twin = tmp_path / "twin"
+    shutil.copytree(setup.root, twin)
+    in_parts = check(setup, RecoverOptions(mode=Mode.BUCKETS, dry_run=True, chunk_rows=100))
+    whole = check(setup, RecoverOptions(mode=Mode.BUCKETS, dry_run=True), str(twin))
+    assert counts(in_parts) == counts(whole) == {"missing": 0, "extra": 0, "changed": hand}
+    columns = (("code", "text"), ("id", "int"), ("total", "int"))
+    parts, read_whole = (
+        load_summary(ExpectedStateStore(root, setup.pipeline, "orders", ["code"]), columns, "code")
+        for root in (setup.root, str(twin))
+    )
+    assert parts is not None and read_whole is not None
+    assert len(parts.bounds) == LIMITS.first_level - 1
+    assert any(b.startswith("é") for b in parts.bounds)
+    assert parts.bounds == read_whole.bounds
+    assert parts.rows.tolist() == read_whole.rows.tolist()
+    assert parts.sums.tolist() == read_whole.sums.tolist()
