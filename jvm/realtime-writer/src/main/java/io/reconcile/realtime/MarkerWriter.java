@@ -136,8 +136,9 @@ public final class MarkerWriter extends ForeachWriter<Row> {
         timer.schedule(this::flushIfDue, msPerTxn, TimeUnit.MILLISECONDS);
       }
     }
-    buffer.add(new OffsetRecord(row.getString(place[0]), row.getInt(place[1]),
-        row.getLong(place[2]), values));
+    // Kafka's partition is an int and its offset a long; read as numbers all the same.
+    buffer.add(new OffsetRecord(row.getString(place[0]), ((Number) row.get(place[1])).intValue(),
+        ((Number) row.get(place[2])).longValue(), values));
     if (buffer.size() >= rowsPerTxn || ageMs() >= msPerTxn) {
       flush();
     }
