@@ -16,6 +16,7 @@ import psycopg
 import pytest
 from py4j.protocol import Py4JJavaError
 
+from reconcile.core.contract import ConfigurationError
 from sinks.objects.declared import REALTIME_OFFSETS
 from sinks.postgres.realtime import jdbc_connection, open_realtime_writer
 from sinks.realtime import RealtimeTarget
@@ -138,3 +139,29 @@ def test_the_timer_commits_a_buffer_no_further_row_follows(
         finally:
             writer.close(None)
     assert rows(pg_db) == expected(range(3))
+
+
+def test_the_jdbc_url_holds_no_password_and_what_jdbc_cannot_take_is_refused_by_name() -> None:
+    url, properties = jdbc_connection(
+        "host=db.example port=6543 dbname=my/db user=writer password=s3cret sslmode=require",
+        "real-time sink events",
+    )
+    assert url == "jdbc:postgresql://db.example:6543/my%2Fdb"
+    assert properties["password"] == "s3cret" and properties["user"] == "writer"
+    assert properties["sslmode"] == "require"
+    assert "TimeZone=UTC" in properties["options"]  # the engine's session settings
+    with pytest.raises(ConfigurationError, match="over TCP to one host, not to '/run/pg'"):
+        jdbc_connection("host=/run/pg dbname=x password=s3cret", "real-time sink events")
+    with pytest.raises(ConfigurationError, match=r"parameter\(s\) target_session_attrs") as refused:
+        jdbc_connection(
+            "host=h dbname=x password=s3cret target_session_attrs=read-write",
+            "real-time sink events",
+        )
+    assert "s3cret" not in str(refused.value)
+
+
+def test_an_unknown_writer_is_refused_by_name(pg_db: str) -> None:
+    from reconcile.spark.realtime import start_realtime
+
+    with pytest.raises(ConfigurationError, match="writer must be one of jvm, python, got 'scala'"):
+        start_realtime(object(), target(pg_db), checkpoint="unused", writer="scala")

@@ -8,8 +8,8 @@ import java.util.HashMap;
 import java.util.List;
 import java.util.Map;
 import java.util.Properties;
-import java.util.concurrent.Executors;
-import java.util.concurrent.ScheduledExecutorService;
+import java.util.concurrent.RejectedExecutionException;
+import java.util.concurrent.ScheduledThreadPoolExecutor;
 import java.util.concurrent.TimeUnit;
 import org.apache.spark.sql.ForeachWriter;
 import org.apache.spark.sql.Row;
@@ -42,7 +42,7 @@ public final class MarkerWriter extends ForeachWriter<Row> {
   private transient OffsetTxn txn;
   private transient List<OffsetRecord> buffer;
   private transient long since;
-  private transient ScheduledExecutorService timer;
+  private transient ScheduledThreadPoolExecutor timer;
   private transient RuntimeException failure;
 
   /**
@@ -114,11 +114,13 @@ public final class MarkerWriter extends ForeachWriter<Row> {
     buffer = new ArrayList<>();
     failure = null;
     if (msPerTxn > 0) {
-      timer = Executors.newSingleThreadScheduledExecutor(r -> {
+      timer = new ScheduledThreadPoolExecutor(1, r -> {
         Thread t = new Thread(r, "reconcile-realtime-" + sink + "-" + partitionId);
         t.setDaemon(true);
         return t;
       });
+      // close() commits what is left itself: a commit still waiting on the timer is dropped.
+      timer.setExecuteExistingDelayedTasksAfterShutdownPolicy(false);
     }
     return true;
   }
@@ -156,7 +158,11 @@ public final class MarkerWriter extends ForeachWriter<Row> {
     long age = ageMs();
     if (age < msPerTxn) {
       // The buffer was committed by count meanwhile and refilled: due later.
-      timer.schedule(this::flushIfDue, msPerTxn - age, TimeUnit.MILLISECONDS);
+      try {
+        timer.schedule(this::flushIfDue, msPerTxn - age, TimeUnit.MILLISECONDS);
+      } catch (RejectedExecutionException e) {
+        // close() has begun: it commits the buffer itself.
+      }
       return;
     }
     try {
@@ -184,7 +190,9 @@ public final class MarkerWriter extends ForeachWriter<Row> {
   @Override
   public void close(Throwable error) {
     if (timer != null) {
-      timer.shutdownNow();
+      // Not shutdownNow(): a commit the timer is running finishes (close() waits for it on
+      // the lock) rather than being interrupted inside the JDBC driver.
+      timer.shutdown();
     }
     synchronized (this) {
       try {
