@@ -72,6 +72,7 @@ def count(dsn: str) -> int:
 @pytest.mark.slow
 @pytest.mark.spark  # in a subprocess
 @pytest.mark.chaos
+@pytest.mark.timeout(900)  # two driver starts and a 30-second batch, on a loaded machine
 @pytest.mark.parametrize("kind", ["python", "jvm"])
 def test_realtime_mode_into_postgres_exactly_once_with_the_driver_killed_mid_batch(
     kind: str,
