@@ -61,6 +61,7 @@ from benchmarks.scale.carry import (  # noqa: E402
 )
 from benchmarks.scale.report import markdown, plot  # noqa: E402
 from benchmarks.scale.stream import ratios, stream_sf1  # noqa: E402
+from expected_state.disk_use import DiskUse, pipeline_disk_use  # noqa: E402
 from expected_state.store import ExpectedStateStore  # noqa: E402
 from reconcile.core.contract import OK, SinkTxnId  # noqa: E402
 from reconcile.demo.embedded_pg import EmbeddedPostgres  # noqa: E402
@@ -220,6 +221,22 @@ def _disk_mb(path: Path) -> float:
     return round(sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) / 1e6, 1)
 
 
+# The day is one epoch a second; vacuum's safety margin (ten minutes) is in wall time,
+# so a day run in minutes would keep every rewritten file for thousands of its epochs.
+# The margin is scaled to the run's pace: it covers this many epochs, as on a real day.
+DAY_MARGIN_EPOCHS = 600
+
+
+def _trend_mb_per_10k(rss: list[tuple[int, float]], after: int) -> float | None:
+    """The least-squares slope of RSS over the epochs past ``after``, in MB per 10,000."""
+    points = [(e, mb) for e, mb in rss if e > after]
+    if len(points) < 3:
+        return None
+    x = np.array([e for e, _ in points], dtype=float)
+    y = np.array([mb for _, mb in points], dtype=float)
+    return round(float(np.polyfit(x, y, 1)[0]) * 10_000, 2)
+
+
 def bench_store_day(root: Path, epochs: int, window: int) -> dict[str, Any]:
     """``epochs`` epochs of 100 rows (half updates) with ``maintain()`` after each."""
     store = ExpectedStateStore(str(root), "bench", "t", ["k"])
@@ -227,6 +244,7 @@ def bench_store_day(root: Path, epochs: int, window: int) -> dict[str, Any]:
     rng = np.random.default_rng(3)
     latencies: list[float] = []
     rss: list[tuple[int, float]] = [(0, round(_rss_mb(), 1))]
+    load_before = round(os.getloadavg()[0], 2)
     next_key = 100_000
     started = time.perf_counter()
     for e in range(1, epochs + 1):
@@ -236,7 +254,8 @@ def bench_store_day(root: Path, epochs: int, window: int) -> dict[str, Any]:
         data = batch(np.concatenate([old, new]), seed=e)
         t0 = time.perf_counter()
         store.apply(e, data)
-        store.maintain(keep_from_epoch=e - 1)
+        pace_s = (t0 - started) / max(1, e - 1) if e > 1 else 0.0
+        store.maintain(keep_from_epoch=e - 1, safety_margin_minutes=DAY_MARGIN_EPOCHS * pace_s / 60)
         latencies.append((time.perf_counter() - t0) * 1000)
         if e % max(1, epochs // 200) == 0 or e == epochs:
             rss.append((e, round(_rss_mb(), 1)))
@@ -264,7 +283,17 @@ def bench_store_day(root: Path, epochs: int, window: int) -> dict[str, Any]:
         "latency_ms_every": latencies[:: max(1, epochs // 2000)],
         "open_s": round(open_s, 3),
         "last_epoch_read": last,
+        "rss_trend_mb_per_10k": _trend_mb_per_10k(rss, after=min(10_000, epochs // 8)),
         "disk_mb": _disk_mb(root),
+        "disk_split_mb": {
+            name: round(count / 1e6, 1)
+            for name, count in sum(pipeline_disk_use(str(root), "bench").values(), DiskUse())
+            .as_dict()
+            .items()
+            if name != "files"
+        },
+        "margin_epochs": DAY_MARGIN_EPOCHS,
+        "load_average": [load_before, round(os.getloadavg()[0], 2)],
         "seconds": round(total_s, 1),
     }
 

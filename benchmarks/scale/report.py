@@ -132,9 +132,32 @@ def _day(r: dict[str, Any]) -> list[str]:
         f"| last p95 / first p95 | **{d['last_p95_vs_first']}** | <= 1.2 |",
         f"| RSS at start, at end | {d['rss_start_mb']} MB, {d['rss_end_mb']} MB "
         f"(growth {d['rss_growth']:.1%}) | growth <= 10 % |",
+        *_day_trend(d),
         f"| time to open the store at the end | **{d['open_s']} s** | <= 1 s |",
-        f"| disk used | {d['disk_mb']:,} MB | |",
+        *_day_disk(d),
         "",
+    ]
+
+
+def _day_trend(d: dict[str, Any]) -> list[str]:
+    """The RSS slope after the first epochs (older reports have none)."""
+    if d.get("rss_trend_mb_per_10k") is None:
+        return []
+    return [f"| RSS trend after the first epochs (least squares) | "
+            f"{d['rss_trend_mb_per_10k']} MB per 10,000 epochs | no trend |"]  # fmt: skip
+
+
+def _day_disk(d: dict[str, Any]) -> list[str]:
+    """The disk used, split by why each file is kept where the run measured it."""
+    split = d.get("disk_split_mb")
+    if not split:
+        return [f"| disk used | {d['disk_mb']:,} MB | |"]
+    return [
+        f"| disk used (the store's folder) | **{d['disk_mb']:,} MB** | <= 1,000 MB |",
+        f"| of which: live {split['live']:,} MB, change files {split['change']:,} MB, "
+        f"history {split['history']:,} MB, retained {split['retained']:,} MB, "
+        f"log {split['log']:,} MB | vacuum's margin scaled to {d['margin_epochs']} epochs "
+        "(ten minutes of a day at one epoch a second) | |",
     ]
 
 

@@ -148,15 +148,17 @@ def _reconcile(
         with target.snapshot(schema, keys) as snap:
             newest = snap.newest_epoch
             trust_newest(target, store, newest)
+            # Read once: on Delta and Iceberg it opens the table's metadata again.
+            has_epoch = target.epoch_column
             chosen, why = choose_mode(
                 mode,
                 after_crash=after_crash,
-                epoch_column=target.epoch_column,
+                epoch_column=has_epoch,
                 bucket_checksums=target.bucket_checksums,
                 verified_epoch=newest,
             )
             if chosen is Mode.SCOPED:
-                if not target.epoch_column:
+                if not has_epoch:
                     raise InvalidInputError(
                         f"table {target.display} has no _epoch column, which scoped mode needs; "
                         "use mode full or buckets (or add the column: create_epoch_column=True)",

@@ -29,6 +29,7 @@ from typing import Any
 
 from reconcile.core import hooks
 from reconcile.core.contract import ConfigurationError
+from reconcile.spark.checkpoint import clear_interrupted_writes
 from reconcile.spark.jars import REALTIME_GROUP, require
 from sinks import registry
 from sinks.base import REALTIME, REALTIME_JDBC
@@ -37,6 +38,7 @@ from sinks.realtime import OffsetRecord, RealtimeTarget, RealtimeWriter
 
 __all__ = [
     "JVM_WRITER",
+    "MULTIPLYING_NODES",
     "OFFSET_COLUMNS",
     "REFUSED_NODES",
     "WRITERS",
@@ -61,6 +63,29 @@ REFUSED_NODES = frozenset(
         "FlatMapGroupsInPandasWithState",
         "TransformWithState",
         "TransformWithStateInPySpark",
+    }
+)
+
+# Logical plan nodes that may make several output rows of one record, or one row of
+# several: the writer commits in small transactions and a marker covers a record's
+# offset once a transaction with one of its rows commits, so the replay would skip the
+# rest of a record split across two transactions. One record, at most one row.
+MULTIPLYING_NODES = frozenset(
+    {
+        "Generate",
+        "Expand",
+        "MapInPandas",
+        "MapInArrow",
+        "PythonMapInArrow",
+        "MapPartitions",
+        "MapPartitionsInR",
+        "MapPartitionsInRWithArrow",
+        "MapGroups",
+        "FlatMapGroupsInArrow",
+        "FlatMapGroupsInR",
+        "FlatMapCoGroupsInPandas",
+        "FlatMapCoGroupsInArrow",
+        "CoGroup",
     }
 )
 
@@ -90,7 +115,8 @@ def check_realtime_plan(frame: Any, columns: tuple[str, ...]) -> None:
     """
     if not frame.isStreaming:
         raise ConfigurationError("real-time sink: the frame is not streaming (readStream)")
-    refused = sorted(set(_plan_nodes(frame._jdf.queryExecution().analyzed())) & REFUSED_NODES)
+    nodes = set(_plan_nodes(frame._jdf.queryExecution().analyzed()))
+    refused = sorted(nodes & REFUSED_NODES)
     if refused:
         raise ConfigurationError(
             f"real-time sink: the plan has {', '.join(refused)}, which keeps state across "
@@ -98,6 +124,15 @@ def check_realtime_plan(frame: Any, columns: tuple[str, ...]) -> None:
             "read, which per-partition offset markers cannot vouch for. Only per-record plans "
             "(select, filter, projections) are taken",
             refused=refused,
+        )
+    multiplying = sorted(nodes & MULTIPLYING_NODES)
+    if multiplying:
+        raise ConfigurationError(
+            f"real-time sink: the plan has {', '.join(multiplying)}, which may make several "
+            "rows of one record (or one of several); each record's offset is marked written "
+            "once a transaction holding one of its rows commits, so a replay would skip the "
+            "rest. Only plans that map one record to at most one row are taken",
+            refused=multiplying,
         )
     missing = [c for c in (*OFFSET_COLUMNS, *columns) if c not in frame.columns]
     if missing:
@@ -209,6 +244,8 @@ def start_realtime(
     # Bound on the driver before any task runs: the marker table is created and
     # checked once here, so a refused table stops the query before it writes a row.
     registry.capability(target.dsn, REALTIME)(target).close()
+    # A driver killed inside its checkpoint write would leave Spark refusing every restart.
+    clear_interrupted_writes(frame.sparkSession, checkpoint)
     if writer == "jvm":
         return _start_jvm(frame, target, checkpoint, batch, rows_per_txn, ms_per_txn, query_name)
     stream = frame.writeStream.outputMode("update")  # the only mode Real-Time Mode takes

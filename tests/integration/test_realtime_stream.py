@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import psycopg
@@ -34,7 +35,10 @@ FIRST = 200  # produced before the first run: 100 per partition
 RECORDS = 300  # and 100 more before the restart
 
 
-def command(broker: KafkaBroker, topic: str, dsn: str, root: Path, writer: list[str]) -> list[str]:
+def command(
+    broker: KafkaBroker, topic: str, dsn: str, root: Path, writer: Sequence[str] = ("python",)
+) -> list[str]:
+    """The pipeline's command line; ``writer`` is ``python``, or ``jvm`` and the writer's JAR."""
     return [sys.executable, "-m", "tests.realtime_pipeline", broker.bootstrap, topic, dsn,
             str(root), str(RECORDS), *writer]  # fmt: skip
 
@@ -141,3 +145,30 @@ def test_a_stateful_plan_is_refused_by_name(spark: object, kafka_broker: KafkaBr
     with pytest.raises(ConfigurationError, match="no column k"):
         check_realtime_plan(frame, ("k",))
     check_realtime_plan(frame.selectExpr("CAST(value AS STRING) AS k", "*"), ("k",))
+
+
+@pytest.mark.spark
+def test_a_plan_that_makes_several_rows_of_one_record_is_refused_by_name(
+    spark: object, kafka_broker: KafkaBroker
+) -> None:
+    from reconcile.spark.realtime import check_realtime_plan
+
+    topic = create_topic(kafka_broker, "rt")
+    frame = (
+        spark.readStream.format("kafka")  # type: ignore[attr-defined]
+        .option("kafka.bootstrap.servers", kafka_broker.bootstrap)
+        .option("subscribe", topic)
+        .load()
+    )
+    columns = ("topic", "partition", "offset", "k")
+    exploded = frame.selectExpr("explode(array(value, key)) AS k", "topic", "partition", "offset")
+    with pytest.raises(ConfigurationError, match="the plan has Generate, which may make several"):
+        check_realtime_plan(exploded, ("k",))
+
+    def batches(parts: object) -> object:
+        yield from parts  # type: ignore[attr-defined]
+
+    mapped = frame.selectExpr("CAST(value AS STRING) AS k", "topic", "partition", "offset")
+    in_arrow = mapped.mapInArrow(batches, mapped.schema)
+    with pytest.raises(ConfigurationError, match="the plan has MapInArrow"):
+        check_realtime_plan(in_arrow, columns[3:])
