@@ -2,13 +2,17 @@
 
 ``python -m benchmarks.realtime_probe [VARIANT ...]``, each VARIANT
 ``MODE,KIND,MASTER,PARTS[,CONF=V...]`` (for example
-``update,class,local[2],2,spark.buffer.size=256``; KIND ``class`` or ``function``),
-or ``jvm`` for the Java ``ForeachWriter`` in ``benchmarks/realtime_jvm/`` (compiled
-here with ``javac`` against the venv's Spark JARs). It starts a throwaway Kafka broker
-and PostgreSQL, produces ``EVENTS`` records stamped with their production time at
-about 40 a second, and prints, per variant, Spark's error if it refuses the query, or
-the p50/p99 of production to visibility (a PostgreSQL row inserted in autocommit,
-at-least-once; for ``jvm``, the row reaching the writer) and the rows visible per
+``update,class,local[2],2,spark.buffer.size=256``; KIND ``class`` or ``function``), or
+``jvm`` for the Java ``ForeachWriter`` in ``benchmarks/realtime_jvm/`` (compiled here
+with ``javac`` against the venv's Spark JARs), or ``markers`` for the engine's
+exactly-once JVM writer (``start_realtime(writer="jvm")``, the build of
+``scripts/fetch-jars``; ``markers,ROWS,MS`` for transactions of at most ROWS rows or MS
+ms, 100 and 100 by default). It starts a
+throwaway Kafka broker and PostgreSQL, produces ``EVENTS`` records stamped with their
+production time at about 40 a second, and prints, per variant, Spark's error if it
+refuses the query, or the p50/p99 of production to visibility (a PostgreSQL row inserted
+in autocommit, at-least-once; for ``jvm``, the row reaching the writer; for ``markers``,
+the row inserted in its transaction, which commits right after) and the rows visible per
 second. docs/realtime.md has the numbers.
 """
 
@@ -195,6 +199,89 @@ def jvm_variant(broker: Any) -> dict[str, Any]:
     return percentiles(lat)
 
 
+def markers_variant(broker: Any, dsn: str, variant: str) -> dict[str, Any]:
+    """The engine's JVM writer, exactly once: latency to the row's insert in its transaction.
+
+    ``variant`` is ``markers`` or ``markers,ROWS_PER_TXN,MS_PER_TXN`` (100 and 100 by default).
+    """
+    import psycopg
+    from confluent_kafka import Producer
+
+    from reconcile.spark.realtime import start_realtime
+    from sinks.realtime import RealtimeTarget
+    from tests.fix_kafka import create_topic
+    from tests.fix_spark import build_local_session
+
+    spark = build_local_session("realtime-probe-markers", master="local[2]")
+    spark.sparkContext.setLogLevel("ERROR")
+    topic = create_topic(broker, "rt", 2)
+    tag = f"markers-{time.time()}"
+    frame = (
+        spark.readStream.format("kafka")
+        .option("kafka.bootstrap.servers", broker.bootstrap)
+        .option("subscribe", topic)
+        .option("startingOffsets", "earliest")
+        .load()
+        .selectExpr(
+            "topic",
+            "partition",
+            "offset",
+            "partition AS part",
+            "offset AS off",
+            "CAST(CAST(value AS STRING) AS DOUBLE) AS produced",
+            f"'{tag}' AS tag",
+        )
+    )
+    target = RealtimeTarget(dsn, "ev", ("part", "off", "produced", "tag"), "probe", "ev")
+    _, rows_text, ms_text = (variant + ",100,100").split(",")[:3]
+    query = start_realtime(
+        frame,
+        target,
+        checkpoint=tempfile.mkdtemp(prefix="rt-probe-markers-"),
+        writer="jvm",
+        rows_per_txn=int(rows_text),
+        ms_per_txn=int(ms_text),
+    )
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        # One record per partition first, until both are visible: the figures are of
+        # records produced while a long batch runs, not of the query's start on a loaded
+        # machine. The warm-up records (offset 0) are left out of them.
+        warm = Producer({"bootstrap.servers": broker.bootstrap})
+        for partition in (0, 1):
+            warm.produce(topic, value=repr(time.time()).encode(), partition=partition)
+        warm.flush(30)
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline and query.exception() is None:
+            found = conn.execute("SELECT count(*) FROM ev WHERE tag = %s", (tag,)).fetchone()
+            if found is not None and found[0] >= 2:
+                break
+            time.sleep(0.2)
+        produce(broker.bootstrap, topic, 2)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and query.exception() is None:
+            found = conn.execute("SELECT count(*) FROM ev WHERE tag = %s", (tag,)).fetchone()
+            if found is not None and found[0] >= EVENTS + 2:
+                break
+            time.sleep(0.5)
+        lat = conn.execute(
+            "SELECT (extract(epoch FROM visible) - produced) * 1000 FROM ev "
+            "WHERE tag = %s AND off > 0",
+            (tag,),
+        ).fetchall()
+        per_second = conn.execute(
+            "SELECT to_char(date_trunc('second', visible), 'MI:SS'), count(*) FROM ev "
+            "WHERE tag = %s AND off > 0 GROUP BY 1 ORDER BY 1",
+            (tag,),
+        ).fetchall()
+    result = percentiles([float(x[0]) for x in lat])
+    result["visible_per_second"] = per_second
+    error = query.exception()
+    result["error"] = str(error)[:2000] if error is not None else None
+    query.stop()
+    spark.stop()
+    return result
+
+
 def main(argv: list[str]) -> int:
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     import psycopg
@@ -203,9 +290,11 @@ def main(argv: list[str]) -> int:
     from reconcile.testing.kafka_broker import KafkaBroker
 
     variants = argv or ["jvm", "append,class,local[2],2", "update,class,local[2],2"]
-    if "jvm" in variants[1:]:
+    if any(v.split(",")[0] in ("jvm", "markers") for v in variants[1:]):
         # spark.jars reaches the driver's classpath only when its JVM starts.
-        raise SystemExit("realtime_probe: give jvm first (the JVM starts with the first variant)")
+        raise SystemExit(
+            "realtime_probe: give jvm or markers first (the JVM starts with the first variant)"
+        )
     broker, pg = KafkaBroker(), EmbeddedPostgres()
     try:
         dsn = pg.dsn()
@@ -215,9 +304,12 @@ def main(argv: list[str]) -> int:
                 "visible timestamptz DEFAULT clock_timestamp(), tag text)"
             )
         for variant in variants:
-            found = (
-                jvm_variant(broker) if variant == "jvm" else python_variant(variant, broker, dsn)
-            )
+            if variant == "jvm":
+                found = jvm_variant(broker)
+            elif variant.split(",")[0] == "markers":
+                found = markers_variant(broker, dsn, variant)
+            else:
+                found = python_variant(variant, broker, dsn)
             print(json.dumps({"variant": variant, **found}), flush=True)
     finally:
         broker.stop()

@@ -29,6 +29,7 @@ __all__ = [
     "LEASE",
     "PULLABLE",
     "REALTIME",
+    "REALTIME_JDBC",
     "SHARED_STAGE",
     "SPARK_PULL",
     "TABLE_SINK",
@@ -68,6 +69,10 @@ SHARED_STAGE = "shared_stage"
 # Spark's Real-Time Mode (``reconcile.spark.realtime``):
 #   provider(target: sinks.realtime.RealtimeTarget) -> sinks.realtime.RealtimeWriter.
 REALTIME = "realtime"
+# The same transactions run by Real-Time Mode's JVM writer (jvm/realtime-writer), which
+# connects through JDBC: provider(dsn: str, what: str) -> (url, properties), the URL
+# without a secret, the properties with the password.
+REALTIME_JDBC = "realtime_jdbc"
 
 
 @dataclass(frozen=True)

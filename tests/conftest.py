@@ -39,6 +39,7 @@ pytest_plugins = [
     "tests.fix_pg",
     "tests.fix_mariadb",
     "tests.fix_kafka",
+    "tests.fix_realtime",
     "tests.fix_chaos",
     "tests.fix_schedule",
     "tests.fix_tiers",

@@ -1,13 +1,15 @@
 """A Real-Time Mode query from a Kafka topic into PostgreSQL, run as a driver a test can kill.
 
-``python -m tests.realtime_pipeline BOOTSTRAP TOPIC DSN ROOT TOTAL``
+``python -m tests.realtime_pipeline BOOTSTRAP TOPIC DSN ROOT TOTAL WRITER [JAR]``
 
 It reads TOPIC through Spark's Kafka connector under ``trigger(realTime=BATCH)``
 and writes each record (``k`` its value, and its topic, partition and offset)
-into the table ``events`` through ``reconcile.spark.realtime``, with the
-checkpoint under ``ROOT``. It stops once the offset markers cover TOTAL
-records and prints one JSON line: the rows in ``events`` then. Tests kill it
-with SIGKILL mid-batch and run it again on the same ROOT.
+into the table ``events`` through ``reconcile.spark.realtime``'s WRITER
+(``python``, or ``jvm`` run from JAR, the writer compiled from source by
+``tests/fix_realtime.py``), with the checkpoint under ``ROOT``. It stops once
+the offset markers cover TOTAL records and prints one JSON line: the rows in
+``events`` then. Tests kill it with SIGKILL mid-batch and run it again on the
+same ROOT.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import json
 import os
 import sys
 import time
+from pathlib import Path
 
 # Long: a kill soon after the first rows lands inside batch 0, even on a loaded machine.
 BATCH = "30 seconds"
@@ -34,11 +37,13 @@ def covered(conn: object, topic: str) -> int:
 
 def main(argv: list[str]) -> int:
     bootstrap, topic, dsn, root, total = argv[0], argv[1], argv[2], argv[3], int(argv[4])
+    writer = argv[5]
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     import psycopg
 
     from reconcile.spark.realtime import start_realtime
     from sinks.realtime import RealtimeTarget
+    from tests.fix_realtime import session_jars
     from tests.fix_spark import build_local_session
 
     with psycopg.connect(dsn, autocommit=True) as conn:
@@ -46,9 +51,11 @@ def main(argv: list[str]) -> int:
     # local[2]: one task slot per source partition (a long batch holds its slot). A small
     # spark.buffer.size: with the default 64 KiB the rows reach the Python writer only at
     # the batch's end, and a kill "mid-batch" would race with the batch's commit.
-    spark = build_local_session(
-        "reconcile-realtime-test", master="local[2]", **{"spark.buffer.size": "256"}
-    )
+    conf = {"spark.buffer.size": "256"}
+    if writer == "jvm":
+        # The writer compiled from this repository's source, not the cached build.
+        conf["spark.jars"] = ",".join(session_jars(Path(argv[6])))
+    spark = build_local_session("reconcile-realtime-test", master="local[2]", **conf)
     spark.sparkContext.setLogLevel("ERROR")
     frame = (
         spark.readStream.format("kafka")
@@ -61,7 +68,13 @@ def main(argv: list[str]) -> int:
     )
     target = RealtimeTarget(dsn, "events", ("k", "topic", "part", "off"), "rt", "events")
     query = start_realtime(
-        frame, target, checkpoint=f"{root}/checkpoint", batch=BATCH, rows_per_txn=5, ms_per_txn=50
+        frame,
+        target,
+        checkpoint=f"{root}/checkpoint",
+        batch=BATCH,
+        rows_per_txn=5,
+        ms_per_txn=50,
+        writer=writer,
     )
     deadline = time.monotonic() + 300
     with psycopg.connect(dsn, autocommit=True) as conn:

@@ -1,8 +1,9 @@
-"""The JARs Spark takes from the venv's cache: Kafka's connector and Delta's, on every session.
+"""The JARs Spark takes from the venv's cache: Kafka's connector, Delta's, the real-time writer.
 
 ``scripts/fetch-jars`` fetches each group once from Maven Central into
 ``<venv>/jars/<group>/``; a session started by the engine (``local_session``)
-lists the Spark groups that are there in ``spark.jars``. Nothing is downloaded
+lists the Spark groups that are there in ``spark.jars``. The real-time writer's group
+is built (not fetched) by the same script from ``jvm/realtime-writer``. Nothing is downloaded
 at run time: a group that is missing is named, with the script that fetches it,
 by whoever needs it (:func:`require`).
 """
@@ -18,6 +19,7 @@ from reconcile.core.contract import ConfigurationError
 __all__ = [
     "DELTA_CONF",
     "DELTA_GROUP",
+    "REALTIME_GROUP",
     "S3_GROUP",
     "SPARK_GROUPS",
     "group_folder",
@@ -30,8 +32,10 @@ __all__ = [
 DELTA_GROUP = "delta-spark"
 # Hadoop's S3A file system and the AWS SDK modules it loads (scripts/jars/spark-s3.xml).
 S3_GROUP = "spark-s3"
+# Real-Time Mode's JVM writer and the PostgreSQL JDBC driver (jvm/realtime-writer).
+REALTIME_GROUP = "realtime-writer"
 # The cached groups that go on Spark's classpath (the Kafka broker's does not).
-SPARK_GROUPS = ("spark-kafka", DELTA_GROUP, S3_GROUP)
+SPARK_GROUPS = ("spark-kafka", DELTA_GROUP, S3_GROUP, REALTIME_GROUP)
 # What a session needs besides the JARs for Delta's SQL (DESCRIBE DETAIL delta.`<path>`,
 # time travel in SQL) and its catalog; set only when the JARs are there, since Spark
 # fails to start on an extension class it cannot load.

@@ -11,6 +11,12 @@ offset markers (the backend's ``realtime`` capability, PostgreSQL's in
 ``sinks.postgres.realtime``): a replayed record at or below
 its marker is skipped, and a task of an older generation is fenced.
 
+The writer is the JVM's (``writer="jvm"``, the default: ``io.reconcile.realtime.MarkerWriter``
+from ``jvm/realtime-writer``, the same transactions in Java, with a timer that commits
+when ``ms_per_txn`` has passed even if no row follows), or Python's (``writer="python"``,
+:class:`RealtimeForeachWriter`). Rows reach a Python ``foreach`` writer in bursts, bounded
+by the batch; they reach a JVM one as they arrive (docs/realtime.md has the figures).
+
 Only plans without state are taken: an aggregation, a join, a deduplication
 or a window would make a replayed row's output depend on what else the
 replay saw, which an offset marker cannot vouch for; they are refused by name.
@@ -24,16 +30,21 @@ from typing import Any
 from reconcile.core import hooks
 from reconcile.core.contract import ConfigurationError
 from reconcile.spark.checkpoint import clear_interrupted_writes
+from reconcile.spark.jars import REALTIME_GROUP, require
 from sinks import registry
-from sinks.base import REALTIME
+from sinks.base import REALTIME, REALTIME_JDBC
+from sinks.objects.declared import REALTIME_OFFSETS
 from sinks.realtime import OffsetRecord, RealtimeTarget, RealtimeWriter
 
 __all__ = [
+    "JVM_WRITER",
     "MULTIPLYING_NODES",
     "OFFSET_COLUMNS",
     "REFUSED_NODES",
+    "WRITERS",
     "RealtimeForeachWriter",
     "check_realtime_plan",
+    "jvm_writer",
     "start_realtime",
 ]
 
@@ -79,6 +90,11 @@ MULTIPLYING_NODES = frozenset(
 )
 
 TXN_COMMITTED = hooks.declare("realtime.txn_committed")
+# The JVM writer's class (jvm/realtime-writer), and the writers start_realtime takes.
+JVM_WRITER = "io.reconcile.realtime.MarkerWriter"
+WRITERS = ("jvm", "python")
+# The Kafka source's types of its placing columns, which the JVM writer reads as such.
+OFFSET_TYPES = {"topic": "string", "partition": "int", "offset": "bigint"}
 
 
 def _plan_nodes(plan: Any) -> list[str]:
@@ -195,6 +211,7 @@ def start_realtime(
     rows_per_txn: int = 100,
     ms_per_txn: int = 100,
     query_name: str | None = None,
+    writer: str = "jvm",
 ) -> Any:
     """Start ``frame`` (from Spark's Kafka source) into ``target`` under Real-Time Mode.
 
@@ -205,27 +222,103 @@ def start_realtime(
         checkpoint: the query's checkpoint location.
         batch: Real-Time Mode's batch duration (``trigger(realTime=batch)``).
         rows_per_txn: commit every this many rows.
-        ms_per_txn: or once the oldest buffered row is this old (checked at each row).
+        ms_per_txn: or once the oldest buffered row is this old (the JVM writer's
+            timer commits then; the Python writer checks at the next row).
         query_name: the streaming query's name.
+        writer: ``"jvm"`` (rows written as they arrive; needs ``scripts/fetch-jars``'s
+            build on the session's ``spark.jars``) or ``"python"`` (rows in bursts).
 
     Returns:
         The started ``StreamingQuery``.
 
     Raises:
-        ConfigurationError: the plan is refused (see :func:`check_realtime_plan`).
+        ConfigurationError: the plan is refused (see :func:`check_realtime_plan`), or
+            the writer is unknown or the JVM writer is not on the session's classpath.
     """
+    if writer not in WRITERS:
+        raise ConfigurationError(
+            f"real-time sink {target.sink}: writer must be one of {', '.join(WRITERS)}, "
+            f"got {writer!r}"
+        )
     check_realtime_plan(frame, target.columns)
     # Bound on the driver before any task runs: the marker table is created and
     # checked once here, so a refused table stops the query before it writes a row.
     registry.capability(target.dsn, REALTIME)(target).close()
     # A driver killed inside its checkpoint write would leave Spark refusing every restart.
     clear_interrupted_writes(frame.sparkSession, checkpoint)
-    writer = frame.writeStream.outputMode("update")  # the only mode Real-Time Mode takes
+    if writer == "jvm":
+        return _start_jvm(frame, target, checkpoint, batch, rows_per_txn, ms_per_txn, query_name)
+    stream = frame.writeStream.outputMode("update")  # the only mode Real-Time Mode takes
     if query_name is not None:
-        writer = writer.queryName(query_name)
+        stream = stream.queryName(query_name)
     return (
-        writer.foreach(RealtimeForeachWriter(target, rows_per_txn, ms_per_txn))
+        stream.foreach(RealtimeForeachWriter(target, rows_per_txn, ms_per_txn))
         .option("checkpointLocation", checkpoint)
         .trigger(realTime=batch)
         .start()
     )
+
+
+def jvm_writer(frame: Any, target: RealtimeTarget, rows_per_txn: int, ms_per_txn: int) -> Any:
+    """The JVM ``ForeachWriter`` of ``frame``'s rows into ``target`` (a py4j object).
+
+    Raises:
+        ConfigurationError: the class is not on the session's classpath, a Kafka column
+            has another type than the source's, or the DSN cannot be given to JDBC.
+    """
+    what = f"real-time sink {target.sink}"
+    require(REALTIME_GROUP, f"{what} (writer='jvm')")
+    jvm = frame.sparkSession._jvm
+    found = jvm
+    for part in JVM_WRITER.split("."):
+        found = getattr(found, part)
+    if type(found).__name__ != "JavaClass":  # py4j names an unknown class a JavaPackage
+        raise ConfigurationError(
+            f"{what}: the JVM writer {JVM_WRITER} is not on this session's classpath; its "
+            "JARs must be in spark.jars when the session starts (reconcile.spark.session."
+            "local_session puts them there), or use writer='python'"
+        )
+    types = dict(frame.dtypes)
+    wrong = [f"{c} is {types[c]}" for c, t in OFFSET_TYPES.items() if types.get(c) != t]
+    if wrong:
+        raise ConfigurationError(
+            f"{what}: the Kafka columns must keep the source's types "
+            f"({', '.join(f'{c} {t}' for c, t in OFFSET_TYPES.items())}); {', '.join(wrong)}"
+        )
+    url, properties = registry.capability(target.dsn, REALTIME_JDBC)(target.dsn, what)
+    indices = [frame.columns.index(c) for c in (*OFFSET_COLUMNS, *target.columns)]
+    return found(
+        url, properties, target.schema, target.table, list(target.columns), target.pipeline,
+        target.sink, target.state_schema, REALTIME_OFFSETS.name, indices, rows_per_txn,
+        ms_per_txn,
+    )  # fmt: skip
+
+
+def _start_jvm(
+    frame: Any,
+    target: RealtimeTarget,
+    checkpoint: str,
+    batch: str,
+    rows_per_txn: int,
+    ms_per_txn: int,
+    query_name: str | None,
+) -> Any:
+    """Start the query with the JVM writer, through the JVM's DataStreamWriter."""
+    from pyspark.sql.streaming.query import StreamingQuery
+
+    if rows_per_txn < 1 or ms_per_txn < 0:
+        raise ConfigurationError(
+            f"real-time sink {target.sink}: rows_per_txn must be >= 1 and ms_per_txn >= 0, "
+            f"got {rows_per_txn} and {ms_per_txn}"
+        )
+    jvm = frame.sparkSession._jvm
+    stream = frame._jdf.writeStream().outputMode("update")
+    if query_name is not None:
+        stream = stream.queryName(query_name)
+    query = (
+        stream.foreach(jvm_writer(frame, target, rows_per_txn, ms_per_txn))
+        .option("checkpointLocation", checkpoint)
+        .trigger(jvm.org.apache.spark.sql.streaming.Trigger.RealTime(batch))
+        .start()
+    )
+    return StreamingQuery(query)

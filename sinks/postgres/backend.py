@@ -15,6 +15,7 @@ from sinks.base import (
     LEASE,
     PULLABLE,
     REALTIME,
+    REALTIME_JDBC,
     SHARED_STAGE,
     SPARK_PULL,
     TABLE_SINK,
@@ -49,6 +50,7 @@ BACKEND = Backend(
         LEASE: "sinks.postgres.lease:PgLease",
         SHARED_STAGE: "sinks.postgres.shared_stage:PgSharedStage",
         REALTIME: "sinks.postgres.realtime:open_realtime_writer",
+        REALTIME_JDBC: "sinks.postgres.realtime:jdbc_connection",
     },
     accepts=is_postgres_connection,
 )

@@ -10,23 +10,42 @@ lands once; a writer whose generation is older than the marker's is fenced:
 its transaction rolls back and it stops.
 
 No Spark here: ``reconcile.spark.realtime`` drives it from a ``foreach`` writer, through
-``sinks.registry`` (the ``realtime`` capability, :func:`open_realtime_writer`).
+``sinks.registry`` (the ``realtime`` capability, :func:`open_realtime_writer`). The JVM
+writer (``jvm/realtime-writer``, the same transactions in Java) connects through the JDBC
+driver: :func:`jdbc_connection` turns the target's DSN into its URL and properties.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Any
+from urllib.parse import quote
 
 import psycopg
 from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict
 
-from reconcile.core.contract import FencedError
+from reconcile.core.contract import ConfigurationError, FencedError
 from sinks.objects.postgres import open_realtime_offsets
 from sinks.postgres.connection import PgTarget
 from sinks.realtime import OffsetRecord, RealtimeTarget
 
-__all__ = ["RealtimeTxnWriter", "open_realtime_writer"]
+__all__ = ["JDBC_PROPERTIES", "RealtimeTxnWriter", "jdbc_connection", "open_realtime_writer"]
+
+# libpq's connection parameters the JDBC driver takes, by its own names (host, port and
+# dbname go into the URL).
+JDBC_PROPERTIES = {
+    "user": "user",
+    "password": "password",
+    "sslmode": "sslmode",
+    "gssencmode": "gssEncMode",
+    "sslrootcert": "sslrootcert",
+    "sslcert": "sslcert",
+    "sslkey": "sslkey",
+    "application_name": "ApplicationName",
+    "connect_timeout": "connectTimeout",
+    "options": "options",
+}
 
 
 class RealtimeTxnWriter:
@@ -144,3 +163,38 @@ def open_realtime_writer(target: RealtimeTarget) -> RealtimeTxnWriter:
     except BaseException:
         conn.close()
         raise
+
+
+def jdbc_connection(dsn: str, what: str) -> tuple[str, dict[str, str]]:
+    """The JDBC URL (no secret in it) and connection properties of a libpq DSN.
+
+    The engine's session settings (UTC, ISO dates, ...) go into ``options``, as for
+    every connection of the engine.
+
+    Raises:
+        ConfigurationError: a Unix socket, several hosts, or a parameter the JDBC
+            driver has no name for (each named; the DSN itself is never shown).
+    """
+    conninfo = conninfo_to_dict(PgTarget.parse(dsn).conninfo())
+    params = {k: str(v) for k, v in conninfo.items() if v}
+    host = params.pop("hostaddr", None) or params.pop("host", None) or "localhost"
+    params.pop("host", None)
+    if host.startswith("/") or "," in host:
+        # The JDBC driver speaks TCP to one server; a socket folder or a host list would
+        # need what it does not have.
+        raise ConfigurationError(
+            f"{what}: the JVM writer connects over TCP to one host, not to {host!r}; "
+            "give host= a host name or address (or use writer='python')"
+        )
+    port = params.pop("port", "5432")
+    dbname = params.pop("dbname", None) or params.get("user") or "postgres"
+    unknown = sorted(set(params) - set(JDBC_PROPERTIES))
+    if unknown:
+        raise ConfigurationError(
+            f"{what}: the JVM writer cannot pass the connection parameter(s) "
+            f"{', '.join(unknown)} to the JDBC driver; leave them out or use writer='python'",
+            parameters=unknown,
+        )
+    bracketed = f"[{host}]" if ":" in host else host
+    url = f"jdbc:postgresql://{bracketed}:{port}/{quote(dbname, safe='')}"
+    return url, {JDBC_PROPERTIES[k]: v for k, v in params.items()}

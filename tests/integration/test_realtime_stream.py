@@ -2,9 +2,10 @@
 
 A real topic on a real broker, read by Spark's Kafka connector under
 ``trigger(realTime=...)``, written by ``reconcile.spark.realtime``'s ``foreach``
-writer in small transactions. The driver is killed with SIGKILL once some rows
-of the first long batch are in PostgreSQL (so the batch's offsets are not in
-Spark's checkpoint and it runs again from its start); after a restart from the
+writer (the Python one, and the JVM one compiled from source) in small
+transactions. The driver is killed with SIGKILL once some rows of the first long
+batch are in PostgreSQL (so the batch's offsets are not in Spark's checkpoint
+and it runs again from its start); after a restart from the
 same checkpoint every record is in the table once, checked with SQL.
 """
 
@@ -15,6 +16,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import psycopg
@@ -33,9 +35,12 @@ FIRST = 200  # produced before the first run: 100 per partition
 RECORDS = 300  # and 100 more before the restart
 
 
-def command(broker: KafkaBroker, topic: str, dsn: str, root: Path) -> list[str]:
+def command(
+    broker: KafkaBroker, topic: str, dsn: str, root: Path, writer: Sequence[str] = ("python",)
+) -> list[str]:
+    """The pipeline's command line; ``writer`` is ``python``, or ``jvm`` and the writer's JAR."""
     return [sys.executable, "-m", "tests.realtime_pipeline", broker.bootstrap, topic, dsn,
-            str(root), str(RECORDS)]  # fmt: skip
+            str(root), str(RECORDS), *writer]  # fmt: skip
 
 
 ENV = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYTHONPATH": str(REPO)}
@@ -71,13 +76,22 @@ def count(dsn: str) -> int:
 @pytest.mark.slow
 @pytest.mark.spark  # in a subprocess
 @pytest.mark.chaos
+@pytest.mark.timeout(900)  # two driver starts and a 30-second batch, on a loaded machine
+@pytest.mark.parametrize("kind", ["python", "jvm"])
 def test_realtime_mode_into_postgres_exactly_once_with_the_driver_killed_mid_batch(
-    kafka_broker: KafkaBroker, pg_db: str, tmp_path: Path
+    kind: str,
+    kafka_broker: KafkaBroker,
+    pg_db: str,
+    tmp_path: Path,
+    request: pytest.FixtureRequest,
 ) -> None:
+    writer = [kind]
+    if kind == "jvm":
+        writer.append(str(request.getfixturevalue("realtime_writer_jar")))
     topic = create_topic(kafka_broker, "rt", PARTITIONS)
     produce(kafka_broker, topic, range(FIRST))
     driver = subprocess.Popen(
-        command(kafka_broker, topic, pg_db, tmp_path), cwd=REPO, env=ENV,
+        command(kafka_broker, topic, pg_db, tmp_path, writer), cwd=REPO, env=ENV,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     deadline = time.monotonic() + 240
@@ -98,7 +112,7 @@ def test_realtime_mode_into_postgres_exactly_once_with_the_driver_killed_mid_bat
     assert claimed
     produce(kafka_broker, topic, range(FIRST, RECORDS))
     resumed = subprocess.run(
-        command(kafka_broker, topic, pg_db, tmp_path), cwd=REPO, env=ENV,
+        command(kafka_broker, topic, pg_db, tmp_path, writer), cwd=REPO, env=ENV,
         capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert resumed.returncode == 0, resumed.stderr[-3000:]
