@@ -198,8 +198,7 @@ def find_buckets(
             # Too many rows to hold whole: the first level's figures are computed
             # part by part, and the search goes on as from a kept summary.
             search, expected = _first_in_parts(
-                snap, store, epoch, columns, keys[0], limits, read, chunk_rows,
-                memory.get("spill_dir"),
+                snap, store, epoch, columns, keys[0], limits, read, memory,
             )  # fmt: skip
         else:
             expected = sort_expected(source.rows(epoch), keys[0])
@@ -248,15 +247,18 @@ def _first_in_parts(
     first_key: str,
     limits: BucketLimits,
     read: Callable[[list[tuple[Any, Any]]], pa.Table],
-    chunk_rows: int,
-    where: str | None,
+    memory: MemoryKeywords,
 ) -> tuple[BucketSearch, pa.Table]:
     """A first search without a summary, the expected side read in parts (``bucket_parts.py``).
+
+    ``memory``: ``chunk_rows`` (the rows of a part, ``DEFAULT_CHUNK_ROWS`` unless
+    given) and ``spill_dir`` (where the parts spill: None, the system's temporary folder).
 
     Returns the search (its ``top`` the figures to keep) and the expected rows
     its leaves' positions are of (the rows of the first level's differing
     ranges, sorted).
     """
+    chunk_rows, where = memory.get("chunk_rows", DEFAULT_CHUNK_ROWS), memory.get("spill_dir")
     stored = store.stored_rows(epoch)
     column = sorted_first_keys(store, epoch, first_key, parts=parts_for(stored, chunk_rows),
                                where=where)  # fmt: skip
