@@ -41,6 +41,7 @@ from reconcile.recovery.options import MemoryKeywords, RecoverOptions
 from reconcile.recovery.provenance import trace
 from reconcile.recovery.report import ReconcileReport
 from reconcile.recovery.source import ExpectedSource, semi
+from reconcile.recovery.summary import load_summary
 
 __all__ = ["PULLED", "ExpectedSource", "reconcile_table"]
 
@@ -150,12 +151,15 @@ def _reconcile(
             trust_newest(target, store, newest)
             # Read once: on Delta and Iceberg it opens the table's metadata again.
             has_epoch = target.epoch_column
+            checksums = target.bucket_checksums
+            summed = [(name, sink_types[name]) for name in schema.names]
             chosen, why = choose_mode(
                 mode,
                 after_crash=after_crash,
                 epoch_column=has_epoch,
-                bucket_checksums=target.bucket_checksums,
+                bucket_checksums=checksums,
                 verified_epoch=newest,
+                summary_kept=checksums and load_summary(store, summed, keys[0]) is not None,
             )
             if chosen is Mode.SCOPED:
                 if not has_epoch:

@@ -40,6 +40,7 @@ def choose_mode(
     epoch_column: bool,
     bucket_checksums: bool,
     verified_epoch: int | None,
+    summary_kept: bool = False,
 ) -> tuple[Mode, str]:
     """The mode that runs, and why, for a requested mode (AUTO decides; others are kept).
 
@@ -51,6 +52,10 @@ def choose_mode(
         bucket_checksums: the sink's system computes bucket checksums.
         verified_epoch: the newest epoch up to which the sink is known to match
             the expected state (None: never verified).
+        summary_kept: a bucket summary of the expected side is kept for these
+            columns (``reconcile.recovery.summary``): only the database then
+            scans the whole table. Without one, the first bucket check computes it
+            from every expected row, at about a full verify's cost, and keeps it.
     """
     if requested is not Mode.AUTO:
         return requested, "requested"
@@ -63,8 +68,19 @@ def choose_mode(
         reason = "a check for drift of any kind (hand edits included)"
         if after_crash:
             reason = "no verified epoch to scope from" if epoch_column else "rows lack _epoch"
+        # WHY buckets even without a kept summary: its first check costs about a full
+        # verify (both read every expected row once) and leaves the summary, with
+        # which every later check reads only the changes since; full mode would
+        # leave nothing, and cost as much each time.
+        cost = (
+            "a kept summary stands for the expected side, brought forward from the changes "
+            "since its epoch, so only the database scans the whole table"
+            if summary_kept
+            else "no bucket summary is kept yet: this check computes it from every expected "
+            "row, at about a full verify's cost, and keeps it for the checks after it"
+        )
         return Mode.BUCKETS, (
             f"{reason}: compare bucket checksums, pull differing buckets (full mode where "
-            "they hold too many rows)"
+            f"they hold too many rows); {cost}"
         )
     return Mode.FULL, "the sink computes no bucket checksums and cannot be scoped"

@@ -246,3 +246,13 @@ def simple(pg_db: str, tmp_path: Path) -> Setup:
             [{"id": i, "name": f"n{i}", "total": 10 * i + e} for i in range(e * 40, e * 40 + 60)]
         )
     return setup
+
+
+def test_auto_says_whether_its_bucket_check_computes_the_summary_or_reads_a_kept_one(
+    simple: Setup,
+) -> None:
+    first = recover(simple.dsn, simple.root, "shop", "orders", dry_run=True)
+    assert first.mode == "buckets" and "no bucket summary is kept yet" in first.reason
+    assert list((Path(simple.root) / "shop" / "orders" / FOLDER).glob("summary-*.parquet"))
+    again = recover(simple.dsn, simple.root, "shop", "orders", dry_run=True)
+    assert again.mode == "buckets" and "a kept summary stands for the expected" in again.reason

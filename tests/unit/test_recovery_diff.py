@@ -104,7 +104,10 @@ def test_auto_mode_decision() -> None:
     crash = dict(after_crash=True, epoch_column=True, bucket_checksums=True, verified_epoch=4)
     assert choose_mode(Mode.AUTO, **crash)[0] is Mode.SCOPED  # type: ignore[arg-type]
     check = {**crash, "after_crash": False}
-    assert choose_mode(Mode.AUTO, **check)[0] is Mode.BUCKETS  # type: ignore[arg-type]
+    mode, reason = choose_mode(Mode.AUTO, **check)  # type: ignore[arg-type]
+    assert mode is Mode.BUCKETS and "no bucket summary is kept yet" in reason, reason
+    mode, reason = choose_mode(Mode.AUTO, **check, summary_kept=True)  # type: ignore[arg-type]
+    assert mode is Mode.BUCKETS and "a kept summary stands for the expected side" in reason
     bare = dict(after_crash=True, epoch_column=False, bucket_checksums=False, verified_epoch=None)
     mode, reason = choose_mode(Mode.AUTO, **bare)  # type: ignore[arg-type]
     assert mode is Mode.FULL and "no bucket checksums" in reason
