@@ -69,3 +69,15 @@ def test_figures_of_another_scale_are_never_carried(tmp_path: Path) -> None:
     (tmp_path / "scale.json").write_text(json.dumps({"verify_60m": {"tpch_scale": 10.0, "x": 1}}))
     got = with_carried_steps({"tpch_scale": 0.01, "when": "now"}, {"spark"}, previous(tmp_path))
     assert "x" not in got and "carried_when" not in got
+
+
+def test_a_step_neither_run_nor_carried_is_shown_as_not_run() -> None:
+    from benchmarks.scale.report import _verify
+
+    machine = {"cpus": 2, "cpu_model": "x", "memory_gib": 1, "platform": "p"}
+    part = {"tpch_scale": 0.1, "rows": 10, "epochs": 2, "chunk_rows": 5, "when": "t",
+            "buckets_first": {"seconds": 1.5, "peak_rss_mb": 20.0}}  # fmt: skip
+    text = "\n".join(_verify({"when": "t", "machine": machine, "verify_60m": part}))
+    assert "| buckets mode, first check (computes the summary) | 1.5 s, peak RSS 20.0 MB |" in text
+    assert "| full verify, in parts | not run |" in text
+    assert "| scoped / full | not run |" in text
