@@ -12,7 +12,6 @@ the restart must start, replay the batch, and land every record once, checked wi
 
 from __future__ import annotations
 
-import signal
 import subprocess
 import time
 import uuid
@@ -30,7 +29,7 @@ from tests.integration.test_realtime_stream import (
     RECORDS,
     REPO,
     command,
-    count,
+    kill_inside_the_first_batch,
     produce,
 )
 
@@ -56,18 +55,8 @@ def test_a_restart_after_an_interrupted_commit_log_write_lands_every_record_once
     kafka_broker: KafkaBroker, pg_db: str, tmp_path: Path
 ) -> None:
     topic = create_topic(kafka_broker, "rtcp", PARTITIONS)
-    produce(kafka_broker, topic, range(FIRST))
-    driver = subprocess.Popen(
-        command(kafka_broker, topic, pg_db, tmp_path), cwd=REPO, env=ENV,
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    deadline = time.monotonic() + 240
-    while count(pg_db) == 0 and driver.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert driver.poll() is None, driver.communicate()[1][-3000:]  # still inside batch 0
-    driver.send_signal(signal.SIGKILL)
-    _, err = driver.communicate(timeout=60)
-    assert driver.returncode == -9, err[-3000:]  # the fault fired
+    kill_inside_the_first_batch(kafka_broker, topic, pg_db, command(
+        kafka_broker, topic, pg_db, tmp_path))  # fmt: skip
     checkpoint = tmp_path / "checkpoint"
     assert not (checkpoint / "commits" / "0").exists()
     left = leave_an_interrupted_commit(checkpoint)

@@ -18,6 +18,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -73,6 +74,32 @@ def count(dsn: str) -> int:
     return int(row[0]) if row else 0
 
 
+def kill_inside_the_first_batch(
+    broker: KafkaBroker, topic: str, dsn: str, driver_command: list[str]
+) -> None:
+    """Produce the first records, start the driver, SIGKILL it once rows are visible."""
+    produce(broker, topic, range(FIRST))
+    driver = subprocess.Popen(driver_command, cwd=REPO, env=ENV, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)  # fmt: skip
+    deadline = time.monotonic() + 240
+    while count(dsn) == 0 and driver.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert driver.poll() is None, driver.communicate()[1][-3000:]  # still inside batch 0
+    driver.send_signal(signal.SIGKILL)
+    _, err = driver.communicate(timeout=60)
+    assert driver.returncode == -9, err[-3000:]  # the fault fired
+
+
+def kafka_frame(spark: object, broker: KafkaBroker) -> object:
+    """A streaming frame of a fresh topic, through Spark's Kafka source."""
+    return (
+        spark.readStream.format("kafka")  # type: ignore[attr-defined]
+        .option("kafka.bootstrap.servers", broker.bootstrap)
+        .option("subscribe", create_topic(broker, "rt"))
+        .load()
+    )
+
+
 @pytest.mark.slow
 @pytest.mark.spark  # in a subprocess
 @pytest.mark.chaos
@@ -89,18 +116,8 @@ def test_realtime_mode_into_postgres_exactly_once_with_the_driver_killed_mid_bat
     if kind == "jvm":
         writer.append(str(request.getfixturevalue("realtime_writer_jar")))
     topic = create_topic(kafka_broker, "rt", PARTITIONS)
-    produce(kafka_broker, topic, range(FIRST))
-    driver = subprocess.Popen(
-        command(kafka_broker, topic, pg_db, tmp_path, writer), cwd=REPO, env=ENV,
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    deadline = time.monotonic() + 240
-    while count(pg_db) == 0 and driver.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert driver.poll() is None, driver.communicate()[1][-3000:]  # still inside batch 0
-    driver.send_signal(signal.SIGKILL)
-    _, err = driver.communicate(timeout=60)
-    assert driver.returncode == -9, err[-3000:]  # the fault fired
+    kill_inside_the_first_batch(kafka_broker, topic, pg_db, command(
+        kafka_broker, topic, pg_db, tmp_path, writer))  # fmt: skip
     # Batch 0 was running: it never reached the commit log (Real-Time Mode writes a
     # batch's offset log entry only at its end, when its end offsets are known), so
     # the restart runs it again from its start offsets: a replay of what was committed.
@@ -132,13 +149,7 @@ def test_realtime_mode_into_postgres_exactly_once_with_the_driver_killed_mid_bat
 def test_a_stateful_plan_is_refused_by_name(spark: object, kafka_broker: KafkaBroker) -> None:
     from reconcile.spark.realtime import check_realtime_plan
 
-    topic = create_topic(kafka_broker, "rt")
-    frame = (
-        spark.readStream.format("kafka")  # type: ignore[attr-defined]
-        .option("kafka.bootstrap.servers", kafka_broker.bootstrap)
-        .option("subscribe", topic)
-        .load()
-    )
+    frame: Any = kafka_frame(spark, kafka_broker)
     counted = frame.groupBy("topic", "partition").count()
     with pytest.raises(ConfigurationError, match="the plan has Aggregate"):
         check_realtime_plan(counted, ())
@@ -153,13 +164,7 @@ def test_a_plan_that_makes_several_rows_of_one_record_is_refused_by_name(
 ) -> None:
     from reconcile.spark.realtime import check_realtime_plan
 
-    topic = create_topic(kafka_broker, "rt")
-    frame = (
-        spark.readStream.format("kafka")  # type: ignore[attr-defined]
-        .option("kafka.bootstrap.servers", kafka_broker.bootstrap)
-        .option("subscribe", topic)
-        .load()
-    )
+    frame: Any = kafka_frame(spark, kafka_broker)
     columns = ("topic", "partition", "offset", "k")
     exploded = frame.selectExpr("explode(array(value, key)) AS k", "topic", "partition", "offset")
     with pytest.raises(ConfigurationError, match="the plan has Generate, which may make several"):

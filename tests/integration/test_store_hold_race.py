@@ -36,6 +36,7 @@ from expected_state.housekeeping import VACUUM_LISTED
 from expected_state.store import ExpectedStateStore
 from expected_state.vacuum_record import VACUUM_SUFFIX
 from reconcile.core import hooks
+from tests.integration.test_store_holds import _as_map, _epochs
 
 pytestmark = pytest.mark.integration
 
@@ -47,24 +48,6 @@ VACUUM = {"keep_epochs": 1, "retention_hours": 0, "safety_margin_minutes": 0}
 
 def _store(root: str) -> ExpectedStateStore:
     return ExpectedStateStore(root, "shop", "orders", ["k"], schema=SCHEMA)
-
-
-def _as_map(table: pa.Table) -> dict[int, int]:
-    return dict(zip(*(table.column(c).to_pylist() for c in ("k", "v")), strict=True))
-
-
-def _epochs(
-    store: ExpectedStateStore, first: int, last: int, states: dict[int, dict[int, int]]
-) -> None:
-    """Apply epochs ``first..last`` (each updates a third of 30 keys), recording each state."""
-    state = dict(states[max(states)]) if states else {}
-    for e in range(first, last + 1):
-        rows = {k: e * 100 + k for k in range(e % 3, 30, 3)}
-        store.apply(
-            e, pa.table({"k": list(rows), "v": list(rows.values()), "_op": ["upsert"] * 10})
-        )
-        state.update(rows)
-        states[e] = dict(state)
 
 
 def _on_storage(uri: str) -> set[str]:
