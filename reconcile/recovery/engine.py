@@ -152,14 +152,23 @@ def _reconcile(
             # Read once: on Delta and Iceberg it opens the table's metadata again.
             has_epoch = target.epoch_column
             checksums = target.bucket_checksums
-            summed = [(name, sink_types[name]) for name in schema.names]
+            # The checksummed columns and their sink kinds, which key a kept summary; asked
+            # only of a sink that computes bucket checksums (a topic or an object store
+            # names its columns otherwise, and keeps no summary).
+            kept = (
+                checksums
+                and load_summary(
+                    store, [(name, sink_types[name]) for name in schema.names], keys[0]
+                )
+                is not None
+            )
             chosen, why = choose_mode(
                 mode,
                 after_crash=after_crash,
                 epoch_column=has_epoch,
                 bucket_checksums=checksums,
                 verified_epoch=newest,
-                summary_kept=checksums and load_summary(store, summed, keys[0]) is not None,
+                summary_kept=kept,
             )
             if chosen is Mode.SCOPED:
                 if not has_epoch:
