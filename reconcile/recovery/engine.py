@@ -152,11 +152,13 @@ def _reconcile(
             # Read once: on Delta and Iceberg it opens the table's metadata again.
             has_epoch = target.epoch_column
             checksums = target.bucket_checksums
-            # The checksummed columns and their sink kinds, which key a kept summary; asked
-            # only of a sink that computes bucket checksums (a topic or an object store
-            # names its columns otherwise, and keeps no summary).
+            # The checksummed columns and their sink kinds, which key a kept summary; read
+            # only where auto decides (a requested mode needs no reason), and only of a
+            # sink that computes bucket checksums (a topic or an object store names its
+            # columns otherwise, and keeps no summary).
             kept = (
-                checksums
+                mode is Mode.AUTO
+                and checksums
                 and load_summary(
                     store, [(name, sink_types[name]) for name in schema.names], keys[0]
                 )
