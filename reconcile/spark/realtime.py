@@ -143,6 +143,15 @@ def check_realtime_plan(frame: Any, columns: tuple[str, ...]) -> None:
         )
 
 
+def check_txn_bounds(target: RealtimeTarget, rows_per_txn: int, ms_per_txn: int) -> None:
+    """Refuse transaction bounds no writer can keep (either writer, before it starts)."""
+    if rows_per_txn < 1 or ms_per_txn < 0:
+        raise ConfigurationError(
+            f"real-time sink {target.sink}: rows_per_txn must be >= 1 and ms_per_txn >= 0, "
+            f"got {rows_per_txn} and {ms_per_txn}"
+        )
+
+
 class RealtimeForeachWriter:
     """The ``foreach`` writer: one per task, small transactions with offset markers.
 
@@ -153,11 +162,7 @@ class RealtimeForeachWriter:
     """
 
     def __init__(self, target: RealtimeTarget, rows_per_txn: int, ms_per_txn: int) -> None:
-        if rows_per_txn < 1 or ms_per_txn < 0:
-            raise ConfigurationError(
-                f"real-time sink {target.sink}: rows_per_txn must be >= 1 and ms_per_txn >= 0, "
-                f"got {rows_per_txn} and {ms_per_txn}"
-            )
+        check_txn_bounds(target, rows_per_txn, ms_per_txn)
         self.target = target
         self.rows_per_txn = rows_per_txn
         self.ms_per_txn = ms_per_txn
@@ -306,11 +311,7 @@ def _start_jvm(
     """Start the query with the JVM writer, through the JVM's DataStreamWriter."""
     from pyspark.sql.streaming.query import StreamingQuery
 
-    if rows_per_txn < 1 or ms_per_txn < 0:
-        raise ConfigurationError(
-            f"real-time sink {target.sink}: rows_per_txn must be >= 1 and ms_per_txn >= 0, "
-            f"got {rows_per_txn} and {ms_per_txn}"
-        )
+    check_txn_bounds(target, rows_per_txn, ms_per_txn)
     jvm = frame.sparkSession._jvm
     stream = frame._jdf.writeStream().outputMode("update")
     if query_name is not None:
