@@ -247,6 +247,7 @@ def bench_store_day(root: Path, epochs: int, window: int) -> dict[str, Any]:
     rss: list[tuple[int, float]] = [(0, round(_rss_mb(), 1))]
     load_before = round(os.getloadavg()[0], 2)
     next_key = 100_000
+    merges = merged_rows = 0  # the rows the merges wrote: their write amplification
     started = time.perf_counter()
     for e in range(1, epochs + 1):
         old = rng.choice(next_key, 50, replace=False)
@@ -256,7 +257,12 @@ def bench_store_day(root: Path, epochs: int, window: int) -> dict[str, Any]:
         t0 = time.perf_counter()
         store.apply(e, data)
         pace_s = (t0 - started) / max(1, e - 1) if e > 1 else 0.0
-        store.maintain(keep_from_epoch=e - 1, safety_margin_minutes=DAY_MARGIN_EPOCHS * pace_s / 60)
+        done = store.maintain(
+            keep_from_epoch=e - 1, safety_margin_minutes=DAY_MARGIN_EPOCHS * pace_s / 60
+        )
+        if "compact_changes" in done:
+            merges += 1
+            merged_rows += done["compact_changes"]["rows"]
         latencies.append((time.perf_counter() - t0) * 1000)
         if e % max(1, epochs // 200) == 0 or e == epochs:
             rss.append((e, round(_rss_mb(), 1)))
@@ -294,6 +300,10 @@ def bench_store_day(root: Path, epochs: int, window: int) -> dict[str, Any]:
             if name != "files"
         },
         "margin_epochs": DAY_MARGIN_EPOCHS,
+        "merges": merges,
+        "merge_rows_written": merged_rows,
+        # Rows the merges wrote per row the epochs wrote.
+        "write_amplification": round(merged_rows / (epochs * 100), 2),
         "load_average": [load_before, round(os.getloadavg()[0], 2)],
         "seconds": round(total_s, 1),
     }

@@ -137,8 +137,17 @@ def _day(r: dict[str, Any]) -> list[str]:
         *_day_trend(d),
         f"| time to open the store at the end | **{d['open_s']} s** | <= 1 s |",
         *_day_disk(d),
+        *_day_merges(d),
         "",
     ]
+
+
+def _day_merges(d: dict[str, Any]) -> list[str]:
+    """The rows the merges wrote per row the epochs wrote (older reports have none)."""
+    if d.get("write_amplification") is None:
+        return []
+    return [f"| rows the merges wrote, per row the epochs wrote | {d['write_amplification']} "
+            f"({d['merge_rows_written']:,} rows in {d['merges']:,} merges) | |"]  # fmt: skip
 
 
 def _day_trend(d: dict[str, Any]) -> list[str]:
