@@ -52,38 +52,73 @@ DEFAULT_TARGET_SIZE = 128 * 1024 * 1024  # bytes of Arrow data per base file
 # as many or more is large: it is never merged again.
 DEFAULT_MERGE_MAX_ROWS = 1_000_000
 _COMMIT_ATTEMPTS = 4
+# Files of one segment that its runs may leave as they are (each run becomes one
+# file): past it the segment is packed by rows alone (``_tiered_runs``).
+_MOST_FILES_LEFT = 64
 
 
 def merge_groups(changes: list[StoreFile], max_rows: int) -> list[list[StoreFile]]:
-    """The runs of change files one merge each takes: consecutive, small, at most ``max_rows``.
+    """The runs of change files one merge each takes: consecutive, small, of like sizes.
 
     Merging every change file each time would read the whole table again once
     per merge where epochs mostly insert (the changes are the table): the cost
     and the memory would grow with the table. So a change file of at least
     ``max_rows // 2`` rows (or of no recorded count) is large and left as it
-    is; the small ones between two large ones are packed, oldest first, into
-    runs of at most ``max_rows`` rows. A run closed by the cap holds more than
-    half of it, so what it merges into is large too (unless keys repeat): each
-    row is merged a bounded number of times. Only runs of consecutive files
-    are merged: a merged file covers the epochs first..last, and the ranges of
-    live change files never overlap (merge-on-read orders files by epoch).
+    is. The small ones between two large ones form a *segment*, cut into runs
+    by ``_tiered_runs``: a file joins the newer files after it only once those
+    hold at least as many rows as it does, so a merged file is rewritten only
+    when what joins it about doubles it (a row is merged about log2(max_rows /
+    rows a merge adds) times before its file is large, not once per merge).
+    Only runs of consecutive files are merged: a merged file covers the epochs
+    first..last, and the ranges of live change files never overlap
+    (merge-on-read orders files by epoch).
 
     Returns:
         Runs of two files or more, oldest first.
     """
-    runs: list[list[StoreFile]] = [[]]
-    total = 0
+    segments: list[list[StoreFile]] = [[]]
     for f in sorted(changes, key=lambda f: f.epoch):
         if f.rows is None or f.rows >= max_rows // 2:
-            runs.append([])  # large: it stays, and no run spans it
-            total = 0
+            segments.append([])  # large: it stays, and no run spans it
             continue
-        if total + f.rows > max_rows:
-            runs.append([])
+        segments[-1].append(f)
+    return [run for segment in segments for run in _tiered_runs(segment, max_rows)
+            if len(run) > 1]  # fmt: skip
+
+
+def _tiered_runs(segment: list[StoreFile], max_rows: int) -> list[list[StoreFile]]:
+    """A segment of small files (oldest first) cut into runs, oldest first.
+
+    From the newest file back: an older file joins the run while the run holds
+    at least as many rows as it (and stays within ``max_rows``). Epochs of like
+    sizes merge at once; an older, bigger merged file waits until newer ones
+    add up to it. Where epochs shrink steadily (each older file bigger than all
+    the newer ones together) no run would form and the files would pile up
+    without bound: past ``_MOST_FILES_LEFT`` files left alone, the segment is
+    packed oldest first into runs of at most ``max_rows`` rows instead.
+    """
+    runs: list[list[StoreFile]] = []
+    end = len(segment)
+    while end > 0:
+        start, total = end - 1, segment[end - 1].rows or 0
+        while start > 0:
+            older = segment[start - 1].rows or 0
+            if older > total or total + older > max_rows:
+                break
+            start, total = start - 1, total + older
+        runs.insert(0, segment[start:end])
+        end = start
+    if len(runs) <= _MOST_FILES_LEFT:
+        return runs
+    packed: list[list[StoreFile]] = [[]]
+    total = 0
+    for f in segment:
+        if total + (f.rows or 0) > max_rows:
+            packed.append([])
             total = 0
-        runs[-1].append(f)
-        total += f.rows
-    return [run for run in runs if len(run) > 1]
+        packed[-1].append(f)
+        total += f.rows or 0
+    return packed
 
 
 class Compaction:
