@@ -10,7 +10,8 @@ entries, the DeltaTable objects alive, and the sizes of the store's own caches.
 
 ``--workload same`` updates 100 of the first 100,000 keys each epoch, so that
 the table does not grow: what still grows with epochs there is not the table.
-``--tracemalloc A`` diffs Python's allocations between epoch ``A`` and the end.
+``--merge-max-rows`` is passed to ``maintain()``. ``--tracemalloc A`` diffs
+Python's allocations between epoch ``A`` and the end.
 The glibc and Arrow knobs are environment variables, set by the caller
 (``MALLOC_ARENA_MAX``, ``ARROW_DEFAULT_MEMORY_POOL``).
 """
@@ -38,6 +39,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.expected_state import batch  # noqa: E402
 from benchmarks.scale.bench import DAY_MARGIN_EPOCHS  # noqa: E402
+from expected_state.compaction import DEFAULT_MERGE_MAX_ROWS  # noqa: E402
 from expected_state.live import live_files  # noqa: E402
 from expected_state.store import ExpectedStateStore  # noqa: E402
 
@@ -146,7 +148,11 @@ def run(args: argparse.Namespace) -> None:
         t0 = time.perf_counter()
         store.apply(e, batch(numbers, seed=e))
         pace_s = (t0 - started) / max(1, e - 1) if e > 1 else 0.0
-        store.maintain(keep_from_epoch=e - 1, safety_margin_minutes=DAY_MARGIN_EPOCHS * pace_s / 60)
+        store.maintain(
+            keep_from_epoch=e - 1,
+            safety_margin_minutes=DAY_MARGIN_EPOCHS * pace_s / 60,
+            merge_max_rows=args.merge_max_rows,
+        )
         if args.tracemalloc and e == args.tracemalloc:
             gc.collect()
             snapshot = tracemalloc.take_snapshot()
@@ -166,6 +172,7 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=20_000)
     parser.add_argument("--every", type=int, default=500)
     parser.add_argument("--workload", choices=["grow", "same"], default="grow")
+    parser.add_argument("--merge-max-rows", type=int, default=DEFAULT_MERGE_MAX_ROWS)
     parser.add_argument("--tracemalloc", type=int, default=0, help="diff from this epoch on")
     parser.add_argument("--workdir", default=None)
     parser.add_argument("--out", required=True)
