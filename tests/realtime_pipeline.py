@@ -102,12 +102,13 @@ def main(argv: list[str]) -> int:
         if query.exception() is not None:
             if restarts >= allowed:
                 raise RuntimeError(str(query.exception()))
-            restarts += 1
             print(f"query failed, starting it again: {query.exception()}", file=sys.stderr)
             try:
                 query = start()
+                restarts += 1
             except Exception as err:  # the server may still be down: the next look retries
                 print(f"could not start the query again: {err}", file=sys.stderr)
+                time.sleep(1)
         time.sleep(0.2)
     query.stop()
     print(json.dumps({"covered": done, "rows": rows[0] if rows else None, "restarts": restarts}),

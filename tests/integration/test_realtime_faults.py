@@ -71,13 +71,14 @@ def writer_args(kind: str, request: pytest.FixtureRequest) -> list[str]:
     return [kind]
 
 
-def each_record_once(dsn: str) -> None:
+def each_record_once(dsn: str, log: str = "") -> None:
+    """Every record in ``events`` once (``log``: the driver's, shown when it is not)."""
     with psycopg.connect(dsn) as conn:
         rows = conn.execute("SELECT k, part, off FROM events").fetchall()
-    assert len(rows) == RECORDS  # none twice
+    assert len(rows) == RECORDS, log  # none twice
     assert sorted((k, p, o) for k, p, o in rows) == sorted(
         (f"v{i}", i % PARTITIONS, i // PARTITIONS) for i in range(RECORDS)
-    )  # none missing, each from its own offset
+    ), log  # none missing, each from its own offset
 
 
 def run(argv: list[str], **env: str) -> dict[str, int]:
@@ -154,6 +155,6 @@ def test_a_postgres_restart_mid_stream_is_ridden_out_exactly_once(
             driver.kill()
             driver.communicate()
     assert driver.returncode == 0, err[-3000:]
-    each_record_once(dsn)
+    each_record_once(dsn, f"{out}\n{err[-3000:]}")
     # The batch ran again past the restart: a writer claimed a partition anew.
     assert max(generations(dsn, topic).values()) >= 2, (out, err[-3000:])
