@@ -63,6 +63,10 @@ class RealtimeWriter(Protocol):
         """Write the records past their partitions' markers, and the markers; rows written."""
         ...
 
+    def marker_check(self) -> tuple[str, str]:
+        """A query a JVM task runs on the marker table, and the answer the driver vetted."""
+        ...
+
     def close(self) -> None:
         """Release the connection."""
         ...

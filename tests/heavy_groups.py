@@ -40,6 +40,8 @@ HEAVY: dict[str, tuple[int, frozenset[str]]] = {
         "tests/integration/test_delta_spark_interop.py::test_spark_reads_a_store_on_s3_as_the_engine_does",
         "tests/integration/test_realtime_stream.py::test_realtime_mode_into_postgres_exactly_once_with_the_driver_killed_mid_batch",
         "tests/integration/test_realtime_checkpoint.py::test_a_restart_after_an_interrupted_commit_log_write_lands_every_record_once",
+        "tests/integration/test_realtime_faults.py::test_a_task_that_fails_after_committing_is_retried_and_lands_each_record_once",
+        "tests/integration/test_realtime_faults.py::test_a_postgres_restart_mid_stream_is_ridden_out_exactly_once",
         "tests/integration/test_spark_stream.py::test_format_reconcile_commit_process_killed_after_the_decision",
         "tests/unit/test_mutation_baseline.py::test_the_joint_selection_is_pytests_own",
     })),

@@ -8,8 +8,12 @@ into the table ``events`` through ``reconcile.spark.realtime``'s WRITER
 (``python``, or ``jvm`` run from JAR, the writer compiled from source by
 ``tests/fix_realtime.py``), with the checkpoint under ``ROOT``. It stops once
 the offset markers cover TOTAL records and prints one JSON line: the rows in
-``events`` then. Tests kill it with SIGKILL mid-batch and run it again on the
-same ROOT.
+``events`` then, and how often the query failed and was started again. Tests kill
+it with SIGKILL mid-batch and run it again on the same ROOT.
+
+Two environment variables serve the fault tests: ``RT_MASTER`` (default ``local[2]``;
+``local[2,4]`` lets Spark retry a failed task) and ``RT_RESTARTS`` (default 0: how many
+times a failed query is started again on its checkpoint, as a supervisor would).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 # Long: a kill soon after the first rows lands inside batch 0, even on a loaded machine.
 BATCH = "30 seconds"
@@ -55,7 +60,8 @@ def main(argv: list[str]) -> int:
     if writer == "jvm":
         # The writer compiled from this repository's source, not the cached build.
         conf["spark.jars"] = ",".join(session_jars(Path(argv[6])))
-    spark = build_local_session("reconcile-realtime-test", master="local[2]", **conf)
+    master = os.environ.get("RT_MASTER", "local[2]")
+    spark = build_local_session("reconcile-realtime-test", master=master, **conf)
     spark.sparkContext.setLogLevel("ERROR")
     frame = (
         spark.readStream.format("kafka")
@@ -67,25 +73,46 @@ def main(argv: list[str]) -> int:
         .selectExpr("k", "topic", "partition", "offset", "partition AS part", "offset AS off")
     )
     target = RealtimeTarget(dsn, "events", ("k", "topic", "part", "off"), "rt", "events")
-    query = start_realtime(
-        frame,
-        target,
-        checkpoint=f"{root}/checkpoint",
-        batch=BATCH,
-        rows_per_txn=5,
-        ms_per_txn=50,
-        writer=writer,
-    )
+
+    def start() -> Any:
+        return start_realtime(
+            frame,
+            target,
+            checkpoint=f"{root}/checkpoint",
+            batch=BATCH,
+            rows_per_txn=5,
+            ms_per_txn=50,
+            writer=writer,
+        )
+
+    query, restarts, allowed = start(), 0, int(os.environ.get("RT_RESTARTS", "0"))
     deadline = time.monotonic() + 300
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        while covered(conn, topic) < total and time.monotonic() < deadline:
-            if query.exception() is not None:
-                raise RuntimeError(str(query.exception()))
+    done, rows = 0, None
+    while time.monotonic() < deadline:
+        try:
+            # A connection per look: the server may be restarted under the query.
+            with psycopg.connect(dsn, autocommit=True, connect_timeout=5) as conn:
+                done = covered(conn, topic)
+                rows = conn.execute("SELECT count(*) FROM events").fetchone()
+        except psycopg.OperationalError:
             time.sleep(0.2)
-        done = covered(conn, topic)
-        rows = conn.execute("SELECT count(*) FROM events").fetchone()
+            continue
+        if done >= total:
+            break
+        if query.exception() is not None:
+            if restarts >= allowed:
+                raise RuntimeError(str(query.exception()))
+            print(f"query failed, starting it again: {query.exception()}", file=sys.stderr)
+            try:
+                query = start()
+                restarts += 1
+            except Exception as err:  # the server may still be down: the next look retries
+                print(f"could not start the query again: {err}", file=sys.stderr)
+                time.sleep(1)
+        time.sleep(0.2)
     query.stop()
-    print(json.dumps({"covered": done, "rows": rows[0] if rows else None}), flush=True)
+    print(json.dumps({"covered": done, "rows": rows[0] if rows else None, "restarts": restarts}),
+          flush=True)  # fmt: skip
     spark.stop()
     return 0 if done >= total else 2
 

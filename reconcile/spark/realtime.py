@@ -248,11 +248,19 @@ def start_realtime(
     check_realtime_plan(frame, target.columns)
     # Bound on the driver before any task runs: the marker table is created and
     # checked once here, so a refused table stops the query before it writes a row.
-    registry.capability(target.dsn, REALTIME)(target).close()
+    bound = registry.capability(target.dsn, REALTIME)(target)
+    try:
+        # The JVM writer's tasks cannot run the checks: they require the catalog facts
+        # vetted here (the Python writer's tasks run the checks themselves).
+        marker_check = bound.marker_check() if writer == "jvm" else None
+    finally:
+        bound.close()
     # A driver killed inside its checkpoint write would leave Spark refusing every restart.
     clear_interrupted_writes(frame.sparkSession, checkpoint)
-    if writer == "jvm":
-        return _start_jvm(frame, target, checkpoint, batch, rows_per_txn, ms_per_txn, query_name)
+    if marker_check is not None:
+        return _start_jvm(
+            frame, target, checkpoint, batch, rows_per_txn, ms_per_txn, query_name, marker_check
+        )
     stream = frame.writeStream.outputMode("update")  # the only mode Real-Time Mode takes
     if query_name is not None:
         stream = stream.queryName(query_name)
@@ -264,8 +272,17 @@ def start_realtime(
     )
 
 
-def jvm_writer(frame: Any, target: RealtimeTarget, rows_per_txn: int, ms_per_txn: int) -> Any:
+def jvm_writer(
+    frame: Any,
+    target: RealtimeTarget,
+    rows_per_txn: int,
+    ms_per_txn: int,
+    marker_check: tuple[str, str],
+) -> Any:
     """The JVM ``ForeachWriter`` of ``frame``'s rows into ``target`` (a py4j object).
+
+    ``marker_check`` is the writer's ``marker_check()`` on the driver: the query each
+    task runs on the marker table in ``open()``, and the answer it requires.
 
     Raises:
         ConfigurationError: the class is not on the session's classpath, a Kafka column
@@ -295,7 +312,7 @@ def jvm_writer(frame: Any, target: RealtimeTarget, rows_per_txn: int, ms_per_txn
     return found(
         url, properties, target.schema, target.table, list(target.columns), target.pipeline,
         target.sink, target.state_schema, REALTIME_OFFSETS.name, indices, rows_per_txn,
-        ms_per_txn,
+        ms_per_txn, *marker_check,
     )  # fmt: skip
 
 
@@ -307,6 +324,7 @@ def _start_jvm(
     rows_per_txn: int,
     ms_per_txn: int,
     query_name: str | None,
+    marker_check: tuple[str, str],
 ) -> Any:
     """Start the query with the JVM writer, through the JVM's DataStreamWriter."""
     from pyspark.sql.streaming.query import StreamingQuery
@@ -317,7 +335,7 @@ def _start_jvm(
     if query_name is not None:
         stream = stream.queryName(query_name)
     query = (
-        stream.foreach(jvm_writer(frame, target, rows_per_txn, ms_per_txn))
+        stream.foreach(jvm_writer(frame, target, rows_per_txn, ms_per_txn, marker_check))
         .option("checkpointLocation", checkpoint)
         .trigger(jvm.org.apache.spark.sql.streaming.Trigger.RealTime(batch))
         .start()

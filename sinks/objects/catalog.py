@@ -13,8 +13,10 @@ import psycopg
 from psycopg import sql
 
 __all__ = [
+    "RELATION_FACTS_SQL",
     "WRITE_PRIVILEGES",
     "relation_exists",
+    "relation_facts",
     "relation_problems",
     "revoke_relation",
     "revoke_schema",
@@ -77,6 +79,42 @@ SELECT pg_get_userbyid(n.nspowner),
 """
 )
 
+# Everything the checks below read of a table and its schema, as one line of text: owner,
+# kind, persistence, row-level security, the whole ACL, triggers, rules, policies, primary
+# key, columns, the schema's owner and ACL. Not a rule: a fingerprint of what a rule vetted.
+# A process that cannot run the checks (the JVM writer's tasks) runs this instead and
+# requires the line the checks passed on, so the rule is written once, here in Python, and
+# anything that changed since (a grant, a column, a trigger) is refused. Positional
+# parameters (schema, table), written %s (JDBC takes them as ?); no row: no such table.
+RELATION_FACTS_SQL = """
+SELECT concat_ws(' | ',
+  'owner ' || pg_get_userbyid(c.relowner),
+  'kind ' || c.relkind::text,
+  'persistence ' || c.relpersistence::text,
+  'row security ' || (c.relrowsecurity OR c.relforcerowsecurity)::text,
+  'acl ' || coalesce(c.relacl::text, 'default'),
+  'triggers ' || coalesce((SELECT string_agg(t.tgname::text, ',' ORDER BY t.tgname)
+                             FROM pg_trigger t WHERE t.tgrelid = c.oid), ''),
+  'rules ' || coalesce((SELECT string_agg(r.rulename::text, ',' ORDER BY r.rulename)
+                          FROM pg_rewrite r WHERE r.ev_class = c.oid), ''),
+  'policies ' || coalesce((SELECT string_agg(p.polname::text, ',' ORDER BY p.polname)
+                             FROM pg_policy p WHERE p.polrelid = c.oid), ''),
+  'key ' || coalesce((SELECT string_agg(a.attname::text, ',' ORDER BY k.ord) FROM pg_index i
+                        CROSS JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord)
+                        JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
+                       WHERE i.indrelid = c.oid AND i.indisprimary AND i.indisvalid
+                         AND i.indimmediate), ''),
+  'columns ' || coalesce((SELECT string_agg(a.attname::text || ' ' || format_type(a.atttypid,
+                            a.atttypmod) || CASE WHEN a.attnotnull THEN ' not null' ELSE '' END,
+                            ', ' ORDER BY a.attnum)
+                            FROM pg_attribute a WHERE a.attrelid = c.oid AND a.attnum > 0
+                             AND NOT a.attisdropped), ''),
+  'schema owner ' || pg_get_userbyid(n.nspowner),
+  'schema acl ' || coalesce(n.nspacl::text, 'default'))
+  FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+ WHERE n.nspname = %s AND c.relname = %s
+"""
+
 _KINDS = {
     "v": "a view",
     "m": "a materialized view",
@@ -110,6 +148,12 @@ def relation_exists(conn: psycopg.Connection[Any], schema: str, name: str) -> bo
         (schema, name),
     ).fetchone()
     return found is not None
+
+
+def relation_facts(conn: psycopg.Connection[Any], schema: str, name: str) -> str | None:
+    """The line :data:`RELATION_FACTS_SQL` gives of ``schema.name`` (None: no such table)."""
+    row = conn.execute(RELATION_FACTS_SQL, (schema, name)).fetchone()
+    return None if row is None else str(row[0])
 
 
 def _grant_problems(name: str, grants: list[str] | None) -> list[str]:

@@ -23,6 +23,7 @@ from reconcile.core.contract import ConfigurationError
 
 from .catalog import (
     relation_exists,
+    relation_facts,
     relation_problems,
     revoke_relation,
     revoke_schema,
@@ -50,6 +51,7 @@ __all__ = [
     "open_lease_table",
     "open_realtime_offsets",
     "open_state_schema",
+    "vet_realtime_offsets",
 ]
 
 log = logging.getLogger("reconcile.sinks.objects")
@@ -301,6 +303,18 @@ def open_lease_table(
     return sql.Identifier(schema, LEASES.name)
 
 
+def _markers_refused(what: str, schema: str, trusted: list[str], problems: list[str]) -> Exception:
+    # The markers decide which rows a replay skips: a table another role can write,
+    # or of another shape, could make the writer drop rows, so it is never used.
+    return ConfigurationError(
+        f"{what}: refusing to use the offset markers {schema}.{REALTIME_OFFSETS.name}: "
+        + "; ".join(problems)
+        + f". Drop it as its owner ({trusted[0]}), or give the writer a schema of its own",
+        schema=schema,
+        problems=problems,
+    )
+
+
 def open_realtime_offsets(
     conn: psycopg.Connection[Any], schema: str, *, what: str
 ) -> sql.Identifier:
@@ -311,16 +325,30 @@ def open_realtime_offsets(
             or what exists is not what it must be (named, with every finding).
     """
     trusted = trusted_roles(conn)
-    name = REALTIME_OFFSETS.name
     problems = _create_and_check(conn, schema, REALTIME_OFFSETS, trusted, what=what, role="writer")
     if problems:
-        # The markers decide which rows a replay skips: a table another role can write,
-        # or of another shape, could make the writer drop rows, so it is never used.
-        raise ConfigurationError(
-            f"{what}: refusing to use the offset markers {schema}.{name}: "
-            + "; ".join(problems)
-            + f". Drop it as its owner ({trusted[0]}), or give the writer a schema of its own",
-            schema=schema,
-            problems=problems,
-        )
-    return sql.Identifier(schema, name)
+        raise _markers_refused(what, schema, trusted, problems)
+    return sql.Identifier(schema, REALTIME_OFFSETS.name)
+
+
+def vet_realtime_offsets(conn: psycopg.Connection[Any], schema: str, *, what: str) -> str:
+    """Check the offset markers (they exist) and read their catalog facts in one snapshot.
+
+    The facts (``catalog.RELATION_FACTS_SQL``'s line) are what the checks passed on:
+    the JVM writer's tasks, which cannot run the checks, require the same line.
+
+    Raises:
+        ConfigurationError: the markers are refused (named, with every finding).
+    """
+    trusted = trusted_roles(conn)
+    name = REALTIME_OFFSETS.name
+    with conn.transaction():
+        # One snapshot for the checks and the facts: a grant slipped in between would
+        # otherwise be in the facts the tasks trust without having been checked.
+        conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+        problems = schema_problems(conn, schema, trusted)
+        problems += _table_problems(conn, schema, REALTIME_OFFSETS, trusted)
+        facts = relation_facts(conn, schema, name)
+    if problems or facts is None:
+        raise _markers_refused(what, schema, trusted, problems or [f"{schema}.{name} is gone"])
+    return facts

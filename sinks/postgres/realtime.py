@@ -26,7 +26,8 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 
 from reconcile.core.contract import ConfigurationError, FencedError
-from sinks.objects.postgres import open_realtime_offsets
+from sinks.objects.catalog import RELATION_FACTS_SQL
+from sinks.objects.postgres import open_realtime_offsets, vet_realtime_offsets
 from sinks.postgres.connection import PgTarget
 from sinks.realtime import OffsetRecord, RealtimeTarget
 
@@ -143,6 +144,20 @@ class RealtimeTxnWriter:
             (self.target.pipeline, self.target.sink, topic, partition),
         ).fetchone()
         return None if row is None else int(row[0])
+
+    def marker_check(self) -> tuple[str, str]:
+        """What the JVM writer's tasks run on the marker table, and the answer they require.
+
+        The checks run here (on the driver) and the catalog facts they passed on are
+        read in the same snapshot; each JVM task reads the facts again with the same
+        query (``MarkerWriter.open``) and refuses the table unless they are the same.
+
+        Raises:
+            ConfigurationError: the markers are refused (named, with every finding).
+        """
+        what = f"real-time sink {self.target.sink}"
+        facts = vet_realtime_offsets(self.conn, self.target.state_schema, what=what)
+        return RELATION_FACTS_SQL.replace("%s", "?"), facts  # JDBC's placeholders
 
     def close(self) -> None:
         """Close the connection."""

@@ -2,7 +2,8 @@
 
 ``jvm/realtime-writer`` is compiled from source for the session (``tests/fix_realtime.py``)
 and driven through py4j without a stream: ``OffsetTxn`` replays and fences as the Python
-writer does, and ``MarkerWriter``'s timer commits a buffer that no further row follows.
+writer does, ``MarkerWriter``'s timer commits a buffer that no further row follows, and
+each task's ``open()`` refuses a marker table that changed since the driver checked it.
 The checks read the target table and the marker table with SQL.
 """
 
@@ -55,6 +56,24 @@ def marker(dsn: str, partition: int) -> tuple[int, int]:
 
 def expected(offsets: range) -> list[tuple[str, int]]:
     return [(f"in-0-{o}", o) for o in offsets]
+
+
+def marker_check(t: RealtimeTarget) -> tuple[str, str]:
+    """The driver's part for the JVM writer: the markers checked, and their facts."""
+    driver = open_realtime_writer(t)
+    try:
+        return driver.marker_check()
+    finally:
+        driver.close()
+
+
+def marker_writer(jvm: Any, t: RealtimeTarget, check: tuple[str, str]) -> Any:
+    """A ``MarkerWriter`` of rows laid out as topic, partition, offset, k, off."""
+    url, properties = jdbc_connection(t.dsn, "test")
+    return jvm.io.reconcile.realtime.MarkerWriter(
+        url, properties, "public", "events", COLUMNS, t.pipeline, t.sink, "reconcile",
+        REALTIME_OFFSETS.name, [0, 1, 2, 3, 4], 1000, 100, *check,
+    )  # fmt: skip
 
 
 def txn(jvm: Any, dsn: str) -> Any:
@@ -116,13 +135,8 @@ def test_the_timer_commits_a_buffer_no_further_row_follows(
     spark: Any, realtime_writer_jar: Path, pg_db: str
 ) -> None:
     t = target(pg_db)
-    url, properties = jdbc_connection(pg_db, "test")
     with writer_classes(spark, realtime_writer_jar) as jvm:
-        # Row layout: topic, partition, offset, then k and off.
-        writer = jvm.io.reconcile.realtime.MarkerWriter(
-            url, properties, "public", "events", COLUMNS, t.pipeline, t.sink, "reconcile",
-            REALTIME_OFFSETS.name, [0, 1, 2, 3, 4], 1000, 100,
-        )  # fmt: skip
+        writer = marker_writer(jvm, t, marker_check(t))
         assert writer.open(0, 0)
         try:
             for o in range(3):
@@ -165,3 +179,34 @@ def test_an_unknown_writer_is_refused_by_name(pg_db: str) -> None:
 
     with pytest.raises(ConfigurationError, match="writer must be one of jvm, python, got 'scala'"):
         start_realtime(object(), target(pg_db), checkpoint="unused", writer="scala")
+
+
+@pytest.mark.parametrize(
+    ("change", "python_finding"),
+    [
+        ("GRANT INSERT ON reconcile.reconcile_realtime_offsets TO PUBLIC", "writable by other"),
+        ("ALTER TABLE reconcile.reconcile_realtime_offsets ADD COLUMN note text", "has columns"),
+    ],
+)
+def test_each_task_refuses_marker_table_another_role_can_reach_or_of_another_shape(
+    spark: Any, realtime_writer_jar: Path, pg_db: str, change: str, python_finding: str
+) -> None:
+    t = target(pg_db)
+    check = marker_check(t)
+    with writer_classes(spark, realtime_writer_jar) as jvm:
+        vetted = marker_writer(jvm, t, check)
+        assert vetted.open(0, 0)  # the table as the driver checked it: taken
+        vetted.close(None)
+        # Changed after the query started (its driver checked the table then).
+        with psycopg.connect(pg_db, autocommit=True) as conn:
+            conn.execute(change)
+        task = marker_writer(jvm, t, check)
+        with pytest.raises(Py4JJavaError) as refused:
+            task.open(0, 1)
+    message = str(refused.value.java_exception.getMessage())
+    assert "refusing to use the offset markers reconcile.reconcile_realtime_offsets" in message
+    assert "changed since the query started" in message
+    # The same table, refused by the rule itself: by a Python writer's task, and by the
+    # driver of a query started now.
+    with pytest.raises(ConfigurationError, match=python_finding):
+        open_realtime_writer(t)

@@ -81,6 +81,9 @@ def test_a_writer_fenced_by_a_newer_generation_rolls_back_its_transaction(pg_db:
         assert successor.commit(records("in", 0, range(0, 5))) == 2
         with pytest.raises(FencedError, match=r"in\[0\] was claimed by generation 2"):
             zombie.commit(records("in", 0, range(5, 8)))
+        # Nothing of the zombie's transaction: no row, and the marker as the successor left it.
+        assert sorted(rows(pg_db)) == sorted(expected("in", 0, range(5)))
+        assert marker(pg_db, "in", 0) == (4, 2)
         assert successor.commit(records("in", 0, range(5, 8))) == 3
     assert sorted(rows(pg_db)) == sorted(expected("in", 0, range(8)))
     assert marker(pg_db, "in", 0) == (7, 2)

@@ -2,6 +2,8 @@
 package io.reconcile.realtime;
 
 import java.sql.Connection;
+import java.sql.PreparedStatement;
+import java.sql.ResultSet;
 import java.sql.SQLException;
 import java.util.ArrayList;
 import java.util.HashMap;
@@ -20,7 +22,9 @@ import org.apache.spark.sql.Row;
  * are buffered, when the oldest buffered row is {@code msPerTxn} old (a timer in the task
  * commits then even if no further row arrives), and when the task ends. Built on the driver by
  * reconcile.spark.realtime.start_realtime(writer="jvm"), which creates and checks the marker
- * table first. The connection's password is a field (the task needs it) but never shown.
+ * table first; each task's open() reads the table's catalog facts again and refuses it unless
+ * they are the ones the driver's checks passed on. The connection's password is a field (the
+ * task needs it) but never shown.
  */
 public final class MarkerWriter extends ForeachWriter<Row> {
   private static final long serialVersionUID = 1L;
@@ -38,6 +42,8 @@ public final class MarkerWriter extends ForeachWriter<Row> {
   private final int[] valueIndices; // the row's index of each target column
   private final int rowsPerTxn;
   private final long msPerTxn;
+  private final String markerFactsQuery;
+  private final String markerFacts;
 
   private transient OffsetTxn txn;
   private transient List<OffsetRecord> buffer;
@@ -51,10 +57,14 @@ public final class MarkerWriter extends ForeachWriter<Row> {
    * @param url the JDBC URL (no secret in it)
    * @param properties the JDBC connection properties (the password among them)
    * @param rowIndices the row's index of topic, partition, offset, then of each target column
+   * @param markerFactsQuery the query of the marker table's catalog facts (parameters: its
+   *     schema and name), sinks/objects/catalog.py's RELATION_FACTS_SQL
+   * @param markerFacts its answer that the driver's checks passed on
    */
   public MarkerWriter(String url, Map<String, String> properties, String schema, String table,
       List<String> columns, String pipeline, String sink, String stateSchema, String markers,
-      List<Integer> rowIndices, int rowsPerTxn, long msPerTxn) {
+      List<Integer> rowIndices, int rowsPerTxn, long msPerTxn, String markerFactsQuery,
+      String markerFacts) {
     if (rowsPerTxn < 1 || msPerTxn < 0) {
       throw new IllegalArgumentException("real-time sink " + sink + ": rowsPerTxn must be >= 1 "
           + "and msPerTxn >= 0, got " + rowsPerTxn + " and " + msPerTxn);
@@ -79,6 +89,43 @@ public final class MarkerWriter extends ForeachWriter<Row> {
     }
     this.rowsPerTxn = rowsPerTxn;
     this.msPerTxn = msPerTxn;
+    this.markerFactsQuery = markerFactsQuery;
+    this.markerFacts = markerFacts;
+  }
+
+  /**
+   * Refuse the marker table unless its catalog facts are the ones the driver vetted.
+   *
+   * <p>The rule (who may own and reach the table, its columns and key, no triggers, rules or
+   * row-level security) is written once, in Python (sinks/objects/catalog.py), and run on the
+   * driver, which reads the facts it passed on in the same snapshot. A task cannot run the
+   * rule; it reads the facts with the same query and requires the same line, so a grant to
+   * another role, a column or a trigger added since the query started is refused here, as the
+   * Python writer's tasks refuse it by running the rule.
+   */
+  static void checkMarkers(Connection conn, String query, String stateSchema, String markers,
+      String vetted, String sink) {
+    String found;
+    try (PreparedStatement st = conn.prepareStatement(query)) {
+      st.setString(1, stateSchema);
+      st.setString(2, markers);
+      try (ResultSet rs = st.executeQuery()) {
+        found = rs.next() ? rs.getString(1) : null;
+      }
+    } catch (SQLException e) {
+      throw new SinkException("real-time sink " + sink + ": cannot read the catalog of the "
+          + "offset markers " + stateSchema + "." + markers + ": " + e.getMessage(), e);
+    }
+    if (!vetted.equals(found)) {
+      // The markers decide which rows a replay skips: a table another role can write, or of
+      // another shape, could make the writer drop rows, so it is never used.
+      throw new SinkException("real-time sink " + sink + ": refusing to use the offset markers "
+          + stateSchema + "." + markers + ": "
+          + (found == null ? "the table is gone" : "the table changed since the query started "
+              + "and checked it (now: " + found + "; checked: " + vetted + ")")
+          + ". Another role may reach it or its shape differs: fix or drop it as its owner, and "
+          + "start the query again (its start checks the table anew)", null);
+    }
   }
 
   /** Open a JDBC connection; an error names the sink and never holds the password. */
@@ -109,8 +156,18 @@ public final class MarkerWriter extends ForeachWriter<Row> {
   public boolean open(long partitionId, long epochId) {
     // Always true: the epoch alone cannot say what is written (a batch is long and committed
     // in parts), the markers say it row by row.
-    txn = new OffsetTxn(connect(url, properties, sink), schema, table, columns, pipeline, sink,
-        stateSchema, markers);
+    Connection conn = connect(url, properties, sink);
+    try {
+      checkMarkers(conn, markerFactsQuery, stateSchema, markers, markerFacts, sink);
+      txn = new OffsetTxn(conn, schema, table, columns, pipeline, sink, stateSchema, markers);
+    } catch (RuntimeException e) {
+      try {
+        conn.close();
+      } catch (SQLException closing) {
+        e.addSuppressed(closing);
+      }
+      throw e;
+    }
     buffer = new ArrayList<>();
     failure = null;
     if (msPerTxn > 0) {
