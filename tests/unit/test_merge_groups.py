@@ -1,4 +1,4 @@
-"""Which change files one merge takes: consecutive small ones of like sizes, at most ``max_rows``."""
+"""Which change files one merge takes: consecutive, small, of like sizes, at most ``max_rows``."""
 
 from __future__ import annotations
 
