@@ -38,7 +38,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.expected_state import batch  # noqa: E402
-from benchmarks.scale.bench import DAY_MARGIN_EPOCHS  # noqa: E402
+from benchmarks.scale.day import DAY_MARGIN_EPOCHS  # noqa: E402
 from expected_state.compaction import DEFAULT_MERGE_MAX_ROWS  # noqa: E402
 from expected_state.live import live_files  # noqa: E402
 from expected_state.store import ExpectedStateStore  # noqa: E402
