@@ -237,14 +237,17 @@ def start_realtime(
         The started ``StreamingQuery``.
 
     Raises:
-        ConfigurationError: the plan is refused (see :func:`check_realtime_plan`), or
-            the writer is unknown or the JVM writer is not on the session's classpath.
+        ConfigurationError: the plan is refused (see :func:`check_realtime_plan`), the
+            transaction bounds are out of range, the writer is unknown, or the JVM writer
+            is not on the session's classpath.
     """
     if writer not in WRITERS:
         raise ConfigurationError(
             f"real-time sink {target.sink}: writer must be one of {', '.join(WRITERS)}, "
             f"got {writer!r}"
         )
+    # Before anything is created or cleared: refused bounds leave nothing behind.
+    check_txn_bounds(target, rows_per_txn, ms_per_txn)
     check_realtime_plan(frame, target.columns)
     # Bound on the driver before any task runs: the marker table is created and
     # checked once here, so a refused table stops the query before it writes a row.
@@ -329,7 +332,6 @@ def _start_jvm(
     """Start the query with the JVM writer, through the JVM's DataStreamWriter."""
     from pyspark.sql.streaming.query import StreamingQuery
 
-    check_txn_bounds(target, rows_per_txn, ms_per_txn)
     jvm = frame.sparkSession._jvm
     stream = frame._jdf.writeStream().outputMode("update")
     if query_name is not None:

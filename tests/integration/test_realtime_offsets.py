@@ -117,3 +117,23 @@ def test_the_foreach_writer_commits_by_row_count_and_drops_a_failed_tasks_buffer
         replay.process(row(o))
     replay.close(None)
     assert sorted(rows(pg_db)) == expected("in", 0, range(6))
+
+
+@pytest.mark.parametrize(("rows_per_txn", "ms_per_txn"), [(0, 100), (100, -1)])
+def test_bounds_no_writer_can_keep_are_refused_before_anything_is_created(
+    pg_db: str, rows_per_txn: int, ms_per_txn: int
+) -> None:
+    from reconcile.spark.realtime import start_realtime
+    from sinks.objects.postgres import REALTIME_OFFSETS
+
+    target = RealtimeTarget(pg_db, "events", ("k",), pipeline="shop", sink="s")
+    # No frame: the refusal comes before the plan, the marker table and the checkpoint.
+    with pytest.raises(ConfigurationError, match="rows_per_txn must be >= 1"):
+        start_realtime(object(), target, checkpoint="/nonexistent", rows_per_txn=rows_per_txn,
+                       ms_per_txn=ms_per_txn)  # fmt: skip
+    with psycopg.connect(pg_db) as conn:
+        found = conn.execute(
+            "SELECT to_regclass(format('%%I.%%I', %s::text, %s::text))",
+            (target.state_schema, REALTIME_OFFSETS.name),
+        ).fetchone()
+    assert found == (None,)
