@@ -19,6 +19,20 @@ Read by :func:`reconcile.cli.config.load_config` into :class:`RunSettings`
     [pipelines.orders.run.spark]        # Spark conf, strings
     "spark.sql.shuffle.partitions" = "4"
 
+A pipeline of one PostgreSQL sink fed by Kafka may run under Spark's Real-Time
+Mode instead of micro-batches (``reconcile.spark.realtime``, docs/realtime.md)::
+
+    [pipelines.events.run]
+    app = "shop.stream:events"          # a frame of the Kafka source's topic/partition/offset
+    checkpoint = "state/checkpoints/events"
+    realtime = "5 seconds"              # the long batch's duration
+    rows_per_txn = 100                  # a transaction holds at most this many rows
+    ms_per_txn = 100                    # or is committed once its oldest row is this old
+    writer = "jvm"                      # or "python"
+
+``trigger``, ``via`` and ``collect_max_bytes`` are the micro-batch writer's, and
+refused beside ``realtime``.
+
 Paths are taken from the config file's folder, as everywhere in the file.
 """
 
@@ -33,14 +47,18 @@ from typing import Any
 from reconcile.cli.config_read import Connection, TableReader, choice, fill_connection, local_path
 from reconcile.core.lease import DEFAULT_TERM_S
 from sinks import registry
-from sinks.base import LEASE
+from sinks.base import LEASE, REALTIME
 
 __all__ = ["RUN_KEYS", "RunSettings", "provides", "read_run"]
 
 RUN_KEYS = (
     "app", "logic_version", "checkpoint", "staging", "trigger", "via", "collect_max_bytes",
-    "lease_term_s", "lease_dsn", "master", "spark", "rebuild_input",
+    "lease_term_s", "lease_dsn", "master", "spark", "rebuild_input", "realtime", "rows_per_txn",
+    "ms_per_txn", "writer",
 )  # fmt: skip
+# The micro-batch writer's keys: Real-Time Mode has no trigger of its own nor staging path.
+MICRO_BATCH_KEYS = ("trigger", "via", "collect_max_bytes")
+REALTIME_WRITERS = ("jvm", "python")
 VIA = ("auto", "executors", "driver")
 AVAILABLE_NOW = "available-now"
 DEFAULT_MASTER = "local[2]"
@@ -74,6 +92,10 @@ class RunSettings:
         rebuild_input: a folder (or file) of the stream's retained input that
             ``reconcile rebuild`` reads whole through the app, for a source whose
             checkpoint keeps no file list; "": the checkpoint's file list.
+        realtime: Real-Time Mode's batch duration (``"5 seconds"``), or None: micro-batches.
+        rows_per_txn: under Real-Time Mode, the most rows one sink transaction holds.
+        ms_per_txn: under Real-Time Mode, the age of its oldest row at which it commits.
+        writer: under Real-Time Mode, the ``foreach`` writer, ``"jvm"`` or ``"python"``.
     """
 
     app: str
@@ -89,6 +111,10 @@ class RunSettings:
     spark: tuple[tuple[str, str], ...] = ()
     logic_version: str = ""
     rebuild_input: str = ""
+    realtime: str | None = None
+    rows_per_txn: int = 100
+    ms_per_txn: int = 100
+    writer: str = "jvm"
 
     @property
     def logic(self) -> str:
@@ -161,6 +187,7 @@ def read_run(
         raise reader.error(f"must be > 0, got {term}", "lease_term_s")
     lease, lease_from = _lease(reader, sinks, env)
     master = _nonempty(reader, "master") or DEFAULT_MASTER
+    realtime = _realtime(reader, sinks)
     spark = _spark(reader.table("spark"))
     reader.done()
     return RunSettings(
@@ -177,7 +204,54 @@ def read_run(
         spark=spark,
         logic_version=logic_version,
         rebuild_input=rebuild_input,
+        **realtime,
     )
+
+
+def _realtime(reader: TableReader, sinks: Sequence[tuple[str, Connection]]) -> dict[str, Any]:
+    """The Real-Time Mode keys, checked against the rest of the table and the sinks."""
+    realtime = _nonempty(reader, "realtime")
+    tuning = {key: reader.get(key, int) for key in ("rows_per_txn", "ms_per_txn")}
+    writer = reader.get("writer", str)
+    if realtime is None:
+        given = [key for key, value in (*tuning.items(), ("writer", writer)) if value is not None]
+        if given:
+            raise reader.error(
+                'is Real-Time Mode\'s: set realtime (the batch duration, e.g. "5 seconds") '
+                "or remove it",
+                given[0],
+            )
+        return {}
+    if not _DURATION.fullmatch(realtime):
+        raise reader.error(f'expected a duration such as "5 seconds", got {realtime!r}', "realtime")
+    for key in MICRO_BATCH_KEYS:
+        if reader.get(key, object) is not None:
+            raise reader.error(
+                f"is the micro-batch writer's, and realtime is set: Real-Time Mode runs long "
+                f"batches of {realtime} with no trigger of its own; remove one of them",
+                key,
+            )
+    for key, value in tuning.items():
+        if value is not None and value < 1:
+            raise reader.error(f"must be >= 1, got {value}", key)
+    if writer is not None and writer not in REALTIME_WRITERS:
+        raise reader.error(f"expected one of {list(REALTIME_WRITERS)}, got {writer!r}", "writer")
+    # WHY one PostgreSQL sink: the offset markers that make a replayed record land once
+    # live in the sink's own database, in the transaction that writes its rows; a second
+    # sink would need a transaction across both.
+    if len(sinks) != 1 or not provides(sinks[0][1], REALTIME):
+        shown = ", ".join(key for key, _ in sinks)
+        raise reader.error(
+            f"needs exactly one sink whose database keeps offset markers (PostgreSQL), in the "
+            f"same transaction as its rows; the pipeline has {shown}",
+            "realtime",
+        )
+    return {
+        "realtime": realtime,
+        "rows_per_txn": tuning["rows_per_txn"] or 100,
+        "ms_per_txn": tuning["ms_per_txn"] or 100,
+        "writer": writer or "jvm",
+    }
 
 
 def _nonempty(reader: TableReader, key: str, *, required: bool = False) -> str | None:

@@ -301,7 +301,10 @@ def _run(config: Config, pipeline: PipelineConfig, settings: RunSettings, args: 
         # From here a signal is a graceful stop: the node stops the query and
         # releases the lease.
         with interrupts.stopping(stop) as guard:
-            _run_node(pipeline, settings, role, df, outputs, build, metrics, stop)
+            if settings.realtime is not None:
+                _run_realtime(pipeline, settings, df, outputs, stop)
+            else:
+                _run_node(pipeline, settings, role, df, outputs, build, metrics, stop)
         return guard.signal_name
     finally:
         if spark is not None:
@@ -316,6 +319,34 @@ def _spark(pipeline: PipelineConfig, settings: RunSettings) -> Any:
     spark = local_session(f"reconcile-{pipeline.name}", settings.master, **settings.spark_conf)
     spark.sparkContext.setLogLevel("WARN")
     return spark
+
+
+def _run_realtime(
+    pipeline: PipelineConfig,
+    settings: RunSettings,
+    df: Any,
+    outputs: dict[str, Any] | None,
+    stop: threading.Event,
+) -> None:
+    from reconcile.cli.run_realtime import run_realtime
+    from reconcile.ha import open_lease
+
+    if outputs is not None and any(transform is not _as_is for transform in outputs.values()):
+        raise ConfigurationError(
+            f"pipeline {pipeline.name}: run.realtime: the app returned a transform per sink; "
+            "Real-Time Mode has no micro-batch to transform: return the frame alone"
+        )
+    lease = open_lease(
+        settings.lease.get_secret_value(), pipeline.name, term_s=settings.lease_term_s
+    )
+    try:
+        finished = run_realtime(pipeline, settings, df, lease, stop)
+    finally:
+        lease.release()
+        lease.close()
+    log.info("pipeline %s: %s; lease released", pipeline.name,
+             "the query finished" if finished else "stopped",
+             extra={"pipeline": pipeline.name})  # fmt: skip
 
 
 def _run_node(
