@@ -26,6 +26,7 @@ HEAVY: dict[str, tuple[int, frozenset[str]]] = {
     # each on two cores (their cheaper neighbours of each kind are in the default tier).
     "the long end-to-end runs": (2, frozenset({
         "tests/chaos/test_demo_kafka.py::test_a_kafka_fed_demo_under_chaos_writes_every_line_once",
+        "tests/chaos/test_demo_realtime.py::test_a_realtime_demo_killed_mid_batch_writes_every_line_once",
         "tests/chaos/test_demo.py::test_demo_under_chaos_verifies_and_its_faults_fired",
         "tests/chaos/test_demo.py::test_demo_killed_whole_resumes_with_the_same_workdir",
         "tests/chaos/test_ha.py::test_kill_pause_kill_the_leader_nothing_lost_or_doubled",
