@@ -48,6 +48,12 @@ JDBC_PROPERTIES = {
     "options": "options",
 }
 
+# The JVM writer's socket, whatever the DSN says: TCP keepalives, and a read that gets no
+# byte for this long fails. A transaction holds at most a few hundred rows and waits for
+# a marker's lock only while another task's small transaction holds it: seconds at most.
+JDBC_SOCKET_TIMEOUT_S = 120
+JDBC_SOCKET_DEFAULTS = {"tcpKeepAlive": "true", "socketTimeout": str(JDBC_SOCKET_TIMEOUT_S)}
+
 
 class RealtimeTxnWriter:
     """One task's writer: claims a generation per topic-partition, commits rows with markers.
@@ -212,4 +218,7 @@ def jdbc_connection(dsn: str, what: str) -> tuple[str, dict[str, str]]:
         )
     bracketed = f"[{host}]" if ":" in host else host
     url = f"jdbc:postgresql://{bracketed}:{port}/{quote(dbname, safe='')}"
-    return url, {JDBC_PROPERTIES[k]: v for k, v in params.items()}
+    # WHY both: without them a task whose server vanished without closing the socket (a
+    # host lost, a network cut) waits on its read forever, holding its slot for the whole
+    # long batch; with them its commit fails, the task fails and Spark runs it again.
+    return url, {**JDBC_SOCKET_DEFAULTS, **{JDBC_PROPERTIES[k]: v for k, v in params.items()}}

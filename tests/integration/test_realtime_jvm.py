@@ -164,6 +164,8 @@ def test_the_jdbc_url_holds_no_password_and_what_jdbc_cannot_take_is_refused_by_
     assert properties["password"] == "s3cret" and properties["user"] == "writer"
     assert properties["sslmode"] == "require"
     assert "TimeZone=UTC" in properties["options"]  # the engine's session settings
+    # A server that vanished without closing the socket fails the read, not the task's slot.
+    assert (properties["tcpKeepAlive"], properties["socketTimeout"]) == ("true", "120")
     with pytest.raises(ConfigurationError, match="over TCP to one host, not to '/run/pg'"):
         jdbc_connection("host=/run/pg dbname=x password=s3cret", "real-time sink events")
     with pytest.raises(ConfigurationError, match=r"parameter\(s\) target_session_attrs") as refused:
