@@ -21,7 +21,7 @@ import os
 import stat
 import tomllib
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from reconcile.cli.config_read import (
@@ -76,6 +76,7 @@ class SinkTableConfig:
         progress: the progress log folder of its pipeline, if given.
         max_change_fraction: the repair's mass-change brake: the most of the
             table a repair may delete or change on its own (0 to 1, default 0.1).
+        realtime: its pipeline runs under Real-Time Mode (``run.realtime``).
     """
 
     pipeline: str
@@ -88,6 +89,7 @@ class SinkTableConfig:
     store: str
     progress: Path | None
     max_change_fraction: float = 0.1
+    realtime: bool = False
 
 
 @dataclass(frozen=True)
@@ -324,6 +326,8 @@ def _pipeline(
             (sinks_table.key(f"{s.name}.{s.connection.kind}"), s.connection) for s in sinks
         ]
         run = read_run(run_table, base, connections, env)
+        if run.realtime is not None:
+            sinks = [replace(s, realtime=True) for s in sinks]
     hours = next((h for h in (own_retention, retention[0]) if h is not None),
                  DEFAULT_RETENTION_HOURS)  # fmt: skip
     minutes = next((m for m in (own_margin, retention[1]) if m is not None),

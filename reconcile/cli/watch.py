@@ -165,6 +165,15 @@ def check_table(
 
     schema, name = split_table(sink.table)
     try:
+        if sink.realtime:
+            # WHY refused: no expected state is kept for a Real-Time Mode pipeline, so a
+            # check would compare the table with nothing and a repair would delete it.
+            raise ConfigurationError(
+                f"pipeline {sink.pipeline} runs under Real-Time Mode (run.realtime), whose "
+                "expected state is not kept: verify, repair and watch would compare the table "
+                "with nothing; its offset markers say what is in it. Nothing was pulled or "
+                "written"
+            )
         missing = missing_store(sink.store)
         if missing is not None:
             raise ConfigurationError(

@@ -74,3 +74,26 @@ def test_the_target_is_the_sink_with_the_frames_columns_but_kafkas(tmp_path: Pat
     plain = realtime_target(load_config(write(tmp_path, MINIMAL + REALTIME), env=ENV)
                             .pipeline("orders"), ["topic", "partition", "offset", "v"])  # fmt: skip
     assert (plain.schema, plain.table) == ("public", "order_lines")
+
+
+@pytest.mark.parametrize("command", ["verify", "repair"])
+def test_verify_and_repair_refuse_a_realtime_pipeline_before_connecting(
+    tmp_path: Path, command: str
+) -> None:
+    from tests.cli_run import cli
+
+    path = write(tmp_path, MINIMAL + REALTIME)
+    path.chmod(0o600)
+    done = cli(command, "--config", str(path), "--pipeline", "orders", env=ENV)
+    assert done.returncode == 2, done.stderr
+    said = done.stdout + done.stderr
+    assert "pipeline orders runs under Real-Time Mode (run.realtime)" in said
+    assert "Nothing was pulled or written" in said and SECRET not in said
+    assert realtime_sink_flag(tmp_path)
+
+
+def realtime_sink_flag(tmp_path: Path) -> bool:
+    """The sinks of a pipeline with ``run.realtime`` say so; others do not."""
+    config = load_config(write(tmp_path, MINIMAL + REALTIME), env=ENV)
+    plain = load_config(write(tmp_path, MINIMAL + RUN), env=ENV)
+    return all(s.realtime for s in config.tables()) and not any(s.realtime for s in plain.tables())
