@@ -112,7 +112,8 @@ def markdown(r: dict[str, Any]) -> str:
             f"{_fmt(x.get('p90_ms'))} | {_fmt(x.get('p99_ms'))} | {_fmt(x.get('max_ms'))} | "
             f"{_fmt(x.get('p50_first_tenth_ms'))}, {_fmt(x.get('p50_last_tenth_ms'))} | "
             f"{x['commits']:,} | {_fmt(p.get('achieved_rate_per_s'))} "
-            f"({_fmt(p.get('max_behind_s'), 2)}) | {x['duplicates']:,} | {x['missing']:,} | "
+            f"({_fmt(p.get('max_behind_s'), 2)}) | {x['duplicates']:,} | {x['missing']:,}"
+            f"{'' if x.get('drained') else ' (not all visible in time)'} | "
             f"{x['load_average_start'][0]}, {x['load_average_end'][0]} |"
         )
     problems = [(mode, x) for mode, x in modes.items() if x.get("error") or x.get("driver_error")]
@@ -128,7 +129,10 @@ def markdown(r: dict[str, Any]) -> str:
         "inserts each row in its own autocommit transaction, one WAL flush a row. "
         "Duplicates: rows minus distinct record ids; the micro-batch modes' "
         "table has `id` as its key, so a replay there could not show as one. Missing: record "
-        "ids produced but not in the table. p50 first, last tenth: the median latency of the "
+        "ids produced but not in the table when the mode stopped (a mode not all visible in "
+        "time was stopped after waiting 2 minutes, plus a checkpoint interval, past the last "
+        "record: its missing rows were late, not necessarily lost). "
+        "p50 first, last tenth: the median latency of the "
         "first and the last tenth of the measured records; a mode that does not keep up with "
         "the rate shows it growing. Producer rate: what the paced producer achieved over the "
         "measured records (behind s: how far it fell behind its schedule at worst).",
