@@ -43,7 +43,9 @@ __all__ = ["Bench", "produce"]
 ROOT = Path(__file__).resolve().parents[2]
 PARTITIONS = 2
 _START_TIMEOUT_S = 300.0  # a Spark driver's start and first batch on 2 busy cores
-_DRAIN_TIMEOUT_S = 120.0  # after the last record, for the rest to become visible
+# After the last record, for the rest to become visible: this, plus the time the records
+# took to produce (a mode delivering half the rate still drains), plus a checkpoint interval.
+_DRAIN_TIMEOUT_S = 120.0
 _STOP_TIMEOUT_S = 120.0
 
 
@@ -176,7 +178,8 @@ class Bench:
             result["producer"] = produce(producer, topic, PARTITIONS + warm_n, count, args.rate)
             if producer.flush(60):
                 raise RuntimeError("records left unsent")
-            drained = self.wait_for(dsn, total, driver, _DRAIN_TIMEOUT_S + spec["checkpoint_s"])
+            wait = _DRAIN_TIMEOUT_S + args.warmup + args.duration + spec["checkpoint_s"]
+            drained = self.wait_for(dsn, total, driver, wait)
             result["drained"] = drained
         except Exception as exc:
             result["error"] = f"{type(exc).__name__}: {exc}"
