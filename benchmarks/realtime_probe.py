@@ -147,21 +147,31 @@ def python_variant(variant: str, broker: Any, dsn: str) -> dict[str, Any]:
     return result
 
 
+def build_jar(name: str, build: Path) -> Path:
+    """Compile ``realtime_jvm/NAME.java`` against the venv's Spark and JDBC JARs into a JAR.
+
+    Returns the JAR's path, in ``build`` (its classes beside it).
+    """
+    import pyspark
+
+    from reconcile.spark.jars import spark_jars
+
+    jars = [*glob.glob(str(Path(pyspark.__file__).parent / "jars" / "*.jar")), *spark_jars()]
+    classes = build / "classes"
+    source = HERE / "realtime_jvm" / f"{name}.java"
+    subprocess.run(["javac", "-cp", ":".join(jars), "-d", str(classes), str(source)], check=True)
+    jar = build / f"{name}.jar"
+    subprocess.run(["jar", "cf", str(jar), "-C", str(classes), "."], check=True)
+    return jar
+
+
 def jvm_variant(broker: Any) -> dict[str, Any]:
     from reconcile.spark.jars import spark_jars
     from tests.fix_kafka import create_topic
     from tests.fix_spark import build_local_session
 
     build = Path(tempfile.mkdtemp(prefix="rt-probe-jvm-"))
-    import pyspark
-
-    classpath = ":".join(glob.glob(str(Path(pyspark.__file__).parent / "jars" / "*.jar")))
-    subprocess.run(
-        ["javac", "-cp", classpath, "-d", str(build), str(HERE / "realtime_jvm/StampWriter.java")],
-        check=True,
-    )
-    jar = build / "stamp.jar"
-    subprocess.run(["jar", "cf", str(jar), "-C", str(build), "probe"], check=True)
+    jar = build_jar("StampWriter", build)
     spark = build_local_session(
         "realtime-probe-jvm",
         master="local[2]",

@@ -18,6 +18,7 @@ HEAVY: dict[str, tuple[int, frozenset[str]]] = {
     "the benchmarks' smoke runs": (1, frozenset({
         "tests/integration/test_benchmark_scale.py::test_scale_benchmark_quick",
         "tests/integration/test_benchmark_kafka.py::test_kafka_benchmark_quick",
+        "tests/integration/test_benchmark_realtime.py::test_quick_run_measures_the_four_modes_and_the_exactly_once_ones_write_each_record_once",
         "tests/integration/test_benchmark_latency.py::test_latency_benchmark_tiny",
         "tests/integration/test_benchmark_sinks.py::test_one_command_measures_every_sink_beside_postgres",
         "tests/integration/test_benchmark_rebuild.py::test_quick_run_reports_both_ratios_and_the_rebuild_writes_only_the_changed_rows",
