@@ -4,12 +4,16 @@ The pipeline of ``test_realtime_stream.py`` (``tests/realtime_pipeline.py``: a r
 on a real broker, each writer) runs on ``local-cluster[2,1,1024]``: two executor JVMs in
 processes of their own, one task slot each, one per Kafka partition. Once both partitions'
 first rows are committed (their markers in PostgreSQL) and the first long batch still runs,
-one executor process (``CoarseGrainedExecutorBackend``) is killed with SIGKILL. Its task
-fails; the standalone worker starts a new executor, and Spark runs the task there again
-from the batch's start offsets: a replay of rows the markers already cover. The test
-asserts the kill fired (the process existed and is gone) and a new executor started,
-then checks with SQL that every record is in the table once and the markers are at the
-last offsets.
+one executor process (``CoarseGrainedExecutorBackend``) is killed with SIGKILL. The test
+asserts the kill fired (the process existed and is gone, and Spark logged the executor
+lost with exit code 137), that the standalone worker started a new executor and the
+query never failed, then checks with SQL that every record is in the table once and the
+markers are at the last offsets.
+
+Observed on Spark 4.2.0: no record the markers covered reached a writer again after the
+kill (with the JVM writer's skip removed, no row was doubled), so this test does not
+guard the skip; the retried task and the driver kill do (``test_realtime_faults.py``,
+``test_realtime_stream.py``).
 """
 
 from __future__ import annotations
@@ -147,9 +151,11 @@ def test_an_executor_killed_mid_batch_is_replaced_and_each_record_lands_once(
             driver.communicate()
     assert driver.returncode == 0, err[-3000:]
     assert '"restarts": 0' in out, out  # Spark retried the task; the query never failed
+    # Spark saw the executor die of the signal (128 + 9), and the query went on.
+    assert "Lost executor" in err and "exited with code 137" in err, err[-3000:]
     each_record_once(pg_db, f"{out}\n{err[-3000:]}")
     per_partition = RECORDS // PARTITIONS
     assert markers(pg_db, topic) == {p: per_partition - 1 for p in range(PARTITIONS)}
-    # The lost task's retry claimed its partition anew, past the generation it had.
+    # Each partition was written by a task after the kill, which claimed it anew.
     after = generations(pg_db, topic)
-    assert any(after[p] > g for p, g in claimed.items()), (claimed, after)
+    assert all(after[p] > g for p, g in claimed.items()), (claimed, after)
