@@ -45,6 +45,7 @@ HEAVY: dict[str, tuple[int, frozenset[str]]] = {
         "tests/integration/test_realtime_faults.py::test_a_task_that_fails_after_committing_is_retried_and_lands_each_record_once",
         "tests/integration/test_realtime_faults.py::test_a_postgres_restart_mid_stream_is_ridden_out_exactly_once",
         "tests/integration/test_cli_run_realtime.py::test_a_realtime_run_killed_is_taken_over_by_its_standby_and_each_record_lands_once",
+        "tests/integration/test_realtime_executor_kill.py::test_an_executor_killed_mid_batch_is_replaced_and_each_record_lands_once",
         "tests/integration/test_spark_stream.py::test_format_reconcile_commit_process_killed_after_the_decision",
         "tests/unit/test_mutation_baseline.py::test_the_joint_selection_is_pytests_own",
     })),

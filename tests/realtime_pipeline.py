@@ -13,7 +13,8 @@ it with SIGKILL mid-batch and run it again on the same ROOT.
 
 Two environment variables serve the fault tests: ``RT_MASTER`` (default ``local[2]``;
 ``local[2,4]`` lets Spark retry a failed task) and ``RT_RESTARTS`` (default 0: how many
-times a failed query is started again on its checkpoint, as a supervisor would).
+times a failed query is started again on its checkpoint, as a supervisor would), and
+``RT_SECONDS`` (default 300: how long the query may take to cover TOTAL records).
 """
 
 from __future__ import annotations
@@ -86,7 +87,7 @@ def main(argv: list[str]) -> int:
         )
 
     query, restarts, allowed = start(), 0, int(os.environ.get("RT_RESTARTS", "0"))
-    deadline = time.monotonic() + 300
+    deadline = time.monotonic() + int(os.environ.get("RT_SECONDS", "300"))
     done, rows = 0, None
     while time.monotonic() < deadline:
         try:
