@@ -162,10 +162,12 @@ def test_a_holder_whose_session_is_gone_is_taken_over_before_its_term(pg_db: str
     assert a.try_acquire() is not None
     # Alive: its session is open. Not renewed for longer than half a term is
     # not enough: a paused holder keeps its session, and waits for its term.
-    paused = PgLease(pg_db, "paused", term_s=0.6, holder="a")
+    # A term of 6 s, slept past its half: nearly 3 s of margin before it runs out, which a
+    # loaded machine's connect and statement need (0.2 s of margin was not always enough).
+    paused = PgLease(pg_db, "paused", term_s=6.0, holder="a")
     assert paused.try_acquire() is not None
-    time.sleep(0.4)
-    assert PgLease(pg_db, "paused", term_s=0.6, holder="b").try_acquire() is None, (
+    time.sleep(3.2)
+    assert PgLease(pg_db, "paused", term_s=6.0, holder="b").try_acquire() is None, (
         "a live holder's lease was taken before its term ran out"
     )
     # a's process dies: its session ends. Half a term after its last renewal
