@@ -35,7 +35,7 @@ import pyarrow.compute as pc  # type: ignore[import-untyped, unused-ignore]
 from reconcile.core.contract import ConfigurationError
 from reconcile.demo.tpch.data import LINEITEM_COLUMNS, Feed
 
-__all__ = ["ENV", "SOURCES", "TOPIC", "KafkaFeed", "feed_source", "lines_stream"]
+__all__ = ["ENV", "SOURCES", "TOPIC", "KafkaFeed", "feed_source", "lineitem_rows", "lines_stream"]
 
 SOURCES = ("files", "kafka")
 ENV = "RECONCILE_DEMO_KAFKA"  # BOOTSTRAP|TOPIC|RECORDS_PER_BATCH, for the pipeline process
@@ -155,8 +155,6 @@ def feed_source(
 
 def lines_stream(spark: Any, workdir: Path) -> Any:
     """The stream of lineitem rows: the topic named in ``ENV`` if set, else the inbox's files."""
-    from pyspark.sql import functions as F
-
     from reconcile.demo.tpch.data import LINEITEM_SPARK_SCHEMA
 
     source = os.environ.get(ENV)
@@ -167,7 +165,6 @@ def lines_stream(spark: Any, workdir: Path) -> Any:
             .parquet(str(workdir / "inbox"))
         )
     bootstrap, topic, per_batch = source.split("|", 2)
-    as_text = ", ".join(f"{name} string" for name, _, _ in LINEITEM_COLUMNS)
     records = (
         spark.readStream.format("kafka")
         .option("kafka.bootstrap.servers", bootstrap)
@@ -177,10 +174,19 @@ def lines_stream(spark: Any, workdir: Path) -> Any:
         .option("failOnDataLoss", "true")
         .load()
     )
-    parsed = records.select(F.from_json(F.col("value").cast("string"), as_text).alias("r"))
+    return lineitem_rows(records)
+
+
+def lineitem_rows(records: Any, keep: tuple[str, ...] = ()) -> Any:
+    """The Kafka source's records as lineitem rows (each column cast to its type), and ``keep``."""
+    from pyspark.sql import functions as F
+
+    as_text = ", ".join(f"{name} string" for name, _, _ in LINEITEM_COLUMNS)
+    parsed = records.select(*keep, F.from_json(F.col("value").cast("string"), as_text).alias("r"))
     return parsed.select(
+        *keep,
         *(
             F.col(f"r.{name}").cast(spark_type).alias(name)
             for name, spark_type, _ in LINEITEM_COLUMNS
-        )
+        ),
     )

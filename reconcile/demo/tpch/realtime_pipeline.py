@@ -37,10 +37,7 @@ COLUMNS = _columns()
 
 def main(argv: list[str]) -> int:
     workdir, master = Path(argv[0]), argv[1]
-    from pyspark.sql import functions as F
-
-    from reconcile.demo.tpch.data import LINEITEM_COLUMNS
-    from reconcile.demo.tpch.kafka_source import ENV
+    from reconcile.demo.tpch.kafka_source import ENV, lineitem_rows
     from reconcile.spark.realtime import start_realtime
     from reconcile.spark.session import local_session
     from sinks.realtime import RealtimeTarget
@@ -48,7 +45,6 @@ def main(argv: list[str]) -> int:
     bootstrap, topic, _ = os.environ[ENV].split("|", 2)
     spark = local_session("reconcile-demo-realtime", master)
     spark.sparkContext.setLogLevel("ERROR")
-    as_text = ", ".join(f"{name} string" for name, _, _ in LINEITEM_COLUMNS)
     records = (
         spark.readStream.format("kafka")
         .option("kafka.bootstrap.servers", bootstrap)
@@ -56,12 +52,8 @@ def main(argv: list[str]) -> int:
         .option("startingOffsets", "earliest")
         .load()
     )
-    value = F.from_json(F.col("value").cast("string"), as_text).alias("r")
-    parsed = records.select("topic", "partition", "offset", value)
-    frame = parsed.select(
-        "topic", "partition", "offset",
-        *(F.col(f"r.{name}").cast(kind).alias(name) for name, kind, _ in LINEITEM_COLUMNS),
-    )  # fmt: skip
+    # The offset columns kept: the writer's markers are made of them.
+    frame = lineitem_rows(records, keep=("topic", "partition", "offset"))
     target = RealtimeTarget(os.environ["RECONCILE_DEMO_DSN"], TABLE, COLUMNS, PIPELINE, SINK)
     query = start_realtime(
         frame,
