@@ -46,6 +46,7 @@ __all__ = ["RealtimeSummary", "run_realtime"]
 
 DEADLINE_S = 900.0  # from the first launch to the last record: a bound, not a target
 MAX_FAILURES = 3  # exits nobody caused, in a row, before the demo gives up
+MARKERS = "reconcile.reconcile_realtime_offsets"  # the writer's offset markers (a fixed name)
 
 
 @dataclass
@@ -116,29 +117,22 @@ def run_realtime(options: Options) -> RealtimeSummary:
 def _prepare(dsn: str, reset: bool) -> None:
     """The demo's table, empty, and no markers of an earlier run (whose offsets would skip ours)."""
     with psycopg.connect(dsn, autocommit=True) as conn:
-        markers = conn.execute(
-            "SELECT to_regclass('reconcile.reconcile_realtime_offsets') IS NOT NULL"
-        ).fetchone()
         table = conn.execute("SELECT to_regclass(%s) IS NOT NULL", (TABLE,)).fetchone()
-        earlier = bool(table and table[0]) and bool(
+        rows = bool(table and table[0]) and bool(
             conn.execute(
                 sql.SQL("SELECT EXISTS (SELECT FROM {})").format(sql.Identifier(TABLE))
             ).fetchone()[0]  # type: ignore[index]
         )
-        if markers and markers[0]:
-            earlier = earlier or bool(conn.execute(
-                "SELECT EXISTS (SELECT FROM reconcile.reconcile_realtime_offsets "
-                "WHERE pipeline = %s AND sink = %s)", (PIPELINE, SINK)).fetchone()[0]  # type: ignore[index]
-            )  # fmt: skip
-        if earlier and not reset:
+        covered = _covered(conn)
+        if (rows or covered) and not reset:
             raise ConfigurationError(
                 f"the database holds an earlier realtime demo ({TABLE} rows or {PIPELINE} "
                 "offset markers): its markers would skip this run's records. Use --reset to "
                 "drop them, or another database"
             )
-        if markers and markers[0]:
-            conn.execute("DELETE FROM reconcile.reconcile_realtime_offsets "
-                         "WHERE pipeline = %s AND sink = %s", (PIPELINE, SINK))  # fmt: skip
+        if covered is not None:
+            conn.execute(f"DELETE FROM {MARKERS} WHERE pipeline = %s AND sink = %s",
+                         (PIPELINE, SINK))  # fmt: skip
         conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(TABLE)))
         columns = sql.SQL(", ").join(
             sql.SQL("{} {}").format(sql.Identifier(name), sql.SQL(pg))
@@ -147,16 +141,16 @@ def _prepare(dsn: str, reset: bool) -> None:
         conn.execute(sql.SQL("CREATE TABLE {} ({})").format(sql.Identifier(TABLE), columns))
 
 
-def _covered(dsn: str) -> int:
-    """How many records the markers say are in the table."""
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        if not conn.execute(
-            "SELECT to_regclass('reconcile.reconcile_realtime_offsets') IS NOT NULL"
-        ).fetchone()[0]:  # type: ignore[index]
-            return 0
-        row = conn.execute(
-            "SELECT coalesce(sum(last_offset + 1), 0) FROM reconcile.reconcile_realtime_offsets "
-            "WHERE pipeline = %s AND sink = %s", (PIPELINE, SINK)).fetchone()  # fmt: skip
+def _covered(conn: psycopg.Connection[Any]) -> int | None:
+    """How many records the markers say are in the table; None before the marker table exists."""
+    made = conn.execute("SELECT to_regclass(%s) IS NOT NULL", (MARKERS,)).fetchone()
+    if not (made and made[0]):
+        return None
+    row = conn.execute(
+        f"SELECT coalesce(sum(last_offset + 1), 0) FROM {MARKERS} "
+        "WHERE pipeline = %s AND sink = %s",
+        (PIPELINE, SINK),
+    ).fetchone()
     return int(row[0]) if row else 0
 
 
@@ -185,9 +179,11 @@ def _drive(
     proc = _launch(workdir, options, dsn, env, launches)
     started.set()
     deadline = time.monotonic() + DEADLINE_S
-    at_launch, kill_at = _covered(dsn), None
+    # One connection for the loop's looks, five a second: not a connect each.
+    look = psycopg.connect(dsn, autocommit=True)
+    at_launch, kill_at = _covered(look) or 0, None
     try:
-        while (done := _covered(dsn)) < total:
+        while (done := _covered(look) or 0) < total:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"demo --realtime: {done} of {total} lines in after "
                                    f"{DEADLINE_S:.0f}s; see {workdir / 'logs'}")  # fmt: skip
@@ -210,9 +206,10 @@ def _drive(
                     failures = 0
                     launches += 1
                     proc = _launch(workdir, options, dsn, env, launches)
-                    at_launch, kill_at = _covered(dsn), None
+                    at_launch, kill_at = _covered(look) or 0, None
             time.sleep(0.2)
     finally:
+        look.close()
         feeder.stop.set()
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGTERM)
