@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from reconcile.core import interrupts
+from reconcile.core.contract import ConfigurationError
 
 __all__ = ["add_demo_parser", "run_demo_command"]
 
@@ -86,15 +87,10 @@ def run_demo_command(args: argparse.Namespace) -> int:
         return _files_demo(args)
     if args.realtime:
         return _realtime_demo(args)
-    from reconcile.core.contract import ConfigurationError
     from reconcile.demo.tpch.summary import render
-    from reconcile.demo.tpch.supervisor import Options, run
+    from reconcile.demo.tpch.supervisor import run
 
-    epochs = 10 if args.epochs is None else args.epochs
-    if epochs < 1 or args.scale <= 0 or args.crashes < 0 or args.interval < 0:
-        raise ConfigurationError(
-            "--epochs must be >= 1, --scale > 0, --crashes >= 0 and --interval >= 0"
-        )
+    options = _tpch_options(args)
     # Interrupted, its pipeline process has committed epochs: they stay in
     # --pg (each exactly once), or go with the embedded server unless kept.
     interrupts.writing(
@@ -104,25 +100,7 @@ def run_demo_command(args: argparse.Namespace) -> int:
         else "its epochs went into its embedded server, which "
         + ("is kept (--keep)" if args.keep else "is stopped and removed")
     )
-    summary = run(
-        Options(
-            scale=args.scale,
-            epochs=epochs,
-            interval=args.interval,
-            trigger=args.trigger,
-            chaos=args.chaos,
-            crashes=args.crashes,
-            drop_rate=args.drop_rate,
-            pg=args.pg,
-            workdir=args.workdir,
-            keep=args.keep,
-            reset=args.reset,
-            master=args.master,
-            via=args.via,
-            progress=not args.json,
-            source=args.source or "files",
-        )
-    )
+    summary = run(options)
     if args.json:
         print(summary.to_json())
     else:
@@ -164,11 +142,10 @@ def _files_demo(args: argparse.Namespace) -> int:
 
 
 def _realtime_demo(args: argparse.Namespace) -> int:
-    from reconcile.core.contract import ConfigurationError
-    from reconcile.demo.tpch.realtime import run_realtime
-    from reconcile.demo.tpch.supervisor import Options
+    from dataclasses import replace
 
-    epochs = 10 if args.epochs is None else args.epochs
+    from reconcile.demo.tpch.realtime import run_realtime
+
     # WHY refused rather than ignored: each is a micro-batch setting (a file source, a
     # trigger, a staging path, a proxy dropping COMMITs) the realtime run has no use for.
     for flag, given in (
@@ -179,26 +156,37 @@ def _realtime_demo(args: argparse.Namespace) -> int:
     ):
         if given:
             raise ConfigurationError(f"{flag} does not apply to --realtime (Kafka, long batches)")
+    options = replace(_tpch_options(args), source="kafka")
+    interrupts.writing("its lines went into " + ("--pg, each once" if args.pg else
+                       "its embedded server, which is stopped and removed"))  # fmt: skip
+    summary = run_realtime(options)
+    print(summary.to_json() if args.json else summary.render())
+    return 0 if summary.verified else 1
+
+
+def _tpch_options(args: argparse.Namespace) -> Any:
+    """The TPC-H demo's ``Options`` from the command line, checked (the realtime one's too)."""
+    from reconcile.demo.tpch.supervisor import Options
+
+    epochs = 10 if args.epochs is None else args.epochs
     if epochs < 1 or args.scale <= 0 or args.crashes < 0 or args.interval < 0:
         raise ConfigurationError(
             "--epochs must be >= 1, --scale > 0, --crashes >= 0 and --interval >= 0"
         )
-    interrupts.writing("its lines went into " + ("--pg, each once" if args.pg else
-                       "its embedded server, which is stopped and removed"))  # fmt: skip
-    summary = run_realtime(
-        Options(
-            scale=args.scale,
-            epochs=epochs,
-            interval=args.interval,
-            chaos=args.chaos,
-            crashes=args.crashes,
-            pg=args.pg,
-            workdir=args.workdir,
-            keep=args.keep,
-            reset=args.reset,
-            master=args.master,
-            source="kafka",
-        )
+    return Options(
+        scale=args.scale,
+        epochs=epochs,
+        interval=args.interval,
+        trigger=args.trigger,
+        chaos=args.chaos,
+        crashes=args.crashes,
+        drop_rate=args.drop_rate,
+        pg=args.pg,
+        workdir=args.workdir,
+        keep=args.keep,
+        reset=args.reset,
+        master=args.master,
+        via=args.via,
+        progress=not args.json,
+        source=args.source or "files",
     )
-    print(summary.to_json() if args.json else summary.render())
-    return 0 if summary.verified else 1
