@@ -69,3 +69,34 @@ def test_the_micro_batch_demos_flags_are_refused_before_anything_starts(
     assert done.returncode == 2, done.stderr
     assert named in done.stderr
     assert not (tmp_path / "demo").exists()  # nothing generated, no broker started
+
+
+def test_an_earlier_runs_markers_are_refused_or_reset_never_left_to_skip_records(
+    pg_db: str,
+) -> None:
+    # The new broker's topic starts at offset 0 again under the same name: markers left by
+    # an earlier run would skip that many of this run's records, which would never land.
+    from reconcile.core.contract import ConfigurationError
+    from reconcile.demo.tpch.realtime import _prepare
+    from sinks.objects.postgres import open_realtime_offsets
+
+    with psycopg.connect(pg_db, autocommit=True) as conn:
+        markers = open_realtime_offsets(conn, "reconcile", what="test")
+        conn.execute(
+            psycopg.sql.SQL(
+                "INSERT INTO {} (pipeline, sink, topic, kafka_partition, last_offset, generation) "
+                "VALUES (%s, %s, 'demo_lineitem_in', 0, 41, 1)"
+            ).format(markers),
+            (PIPELINE, SINK),
+        )
+    with pytest.raises(ConfigurationError, match="earlier realtime demo"):
+        _prepare(pg_db, reset=False)
+    _prepare(pg_db, reset=True)
+    with psycopg.connect(pg_db) as conn:
+        left = conn.execute(
+            "SELECT count(*) FROM reconcile.reconcile_realtime_offsets "
+            "WHERE pipeline = %s AND sink = %s",
+            (PIPELINE, SINK),
+        ).fetchone()
+        rows = conn.execute(f"SELECT count(*) FROM {TABLE}").fetchone()
+    assert left == (0,) and rows == (0,)
